@@ -1,0 +1,238 @@
+//! Configuration: every setting is a command-line flag with an environment-variable fallback.
+//!
+//! The environment names are part of the contract (README, k8s manifests); the flag names are
+//! their lower-case, dashed twins. Defaults run the local Quick start: the Pub/Sub emulator when
+//! `PUBSUB_EMULATOR_HOST` is set, and a SQLite file in the working directory.
+
+use crate::telemetry::LogFormat;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// spotinfer: batch inference on preemptible capacity without losing or duplicating a result.
+#[derive(Debug, Parser)]
+#[command(name = "spotinfer", version, about, long_about = None)]
+pub struct Cli {
+    /// Log format: text for people, json (one object per line, Cloud Logging `severity`).
+    #[arg(long, env = "SPOTINFER_LOG_FORMAT", value_enum, default_value = "text", global = true)]
+    pub log_format: LogFormat,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create the topic and subscription (idempotent) and run the database migrations.
+    Setup(SetupArgs),
+    /// Publish records from a JSONL file (one `{"id","text","job"?}` object per line).
+    Publish(PublishArgs),
+    /// Run a worker until SIGTERM/SIGINT (or until idle, with --exit-when-idle).
+    Work(WorkArgs),
+    /// Embed a JSONL file offline, without Pub/Sub, into a JSONL file of vectors.
+    Embed(EmbedArgs),
+    /// Measure model throughput on a JSONL file; the last line printed is a JSON report.
+    Bench(BenchArgs),
+    /// Print done/failed counts from the database.
+    Status(StatusArgs),
+}
+
+/// Where Pub/Sub is and which topic and subscription to use.
+#[derive(Debug, Clone, Args)]
+pub struct PubsubArgs {
+    /// Google Cloud project that owns the topic and subscription.
+    #[arg(long, env = "GOOGLE_CLOUD_PROJECT", default_value = "spotinfer-local")]
+    pub project: String,
+    /// host:port of the Pub/Sub emulator. When set, every client talks plaintext to
+    /// http://HOST:PORT with anonymous credentials (the Rust crates do not read it themselves).
+    #[arg(long, env = "PUBSUB_EMULATOR_HOST")]
+    pub emulator_host: Option<String>,
+    /// Topic: a short name or projects/P/topics/T.
+    #[arg(long, env = "SPOTINFER_TOPIC", default_value = "spotinfer-records")]
+    pub topic: String,
+    /// Subscription: a short name or projects/P/subscriptions/S.
+    #[arg(long, env = "SPOTINFER_SUBSCRIPTION", default_value = "spotinfer-workers")]
+    pub subscription: String,
+}
+
+/// Which database holds the results.
+#[derive(Debug, Clone, Args)]
+pub struct DbArgs {
+    /// postgres://… or sqlite://… (the SQLite file is created if missing).
+    #[arg(long, env = "DATABASE_URL", default_value = "sqlite://spotinfer.db")]
+    pub database_url: String,
+}
+
+/// Where the model comes from and where it runs.
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    /// Local model directory (model.safetensors, tokenizer.json, config.json, …).
+    #[arg(long, env = "SPOTINFER_MODEL", default_value = "models/all-MiniLM-L6-v2")]
+    pub model: PathBuf,
+    /// Device: auto picks CUDA when built with the `cuda` feature and a GPU is present.
+    #[arg(long, env = "SPOTINFER_DEVICE", value_enum, default_value = "auto")]
+    pub device: DeviceChoice,
+    /// Largest text accepted, in bytes; larger payloads are recorded as failed. Texts under it are
+    /// truncated to the model's token limit, as sentence-transformers does.
+    #[arg(long, env = "SPOTINFER_MAX_TEXT_BYTES", default_value_t = 1 << 20)]
+    pub max_text_bytes: usize,
+}
+
+/// The compute device requested.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DeviceChoice {
+    /// CUDA if available, else CPU.
+    Auto,
+    /// Always the CPU.
+    Cpu,
+    /// CUDA device 0; an error when unavailable.
+    Cuda,
+}
+
+/// Model batching settings, shared by `work`, `embed` and `bench`.
+#[derive(Debug, Clone, Args)]
+pub struct BatchArgs {
+    /// Most records in one model batch.
+    #[arg(long, env = "SPOTINFER_BATCH_SIZE", default_value_t = 32)]
+    pub batch_size: usize,
+    /// Longest a partial batch waits for more records before it runs.
+    #[arg(long, env = "SPOTINFER_BATCH_WAIT", value_parser = parse_duration, default_value = "50ms")]
+    pub batch_wait: Duration,
+}
+
+/// `spotinfer setup`.
+#[derive(Debug, Clone, Args)]
+pub struct SetupArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub pubsub: PubsubArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub db: DbArgs,
+    /// Ack deadline set on a newly created subscription.
+    #[arg(long, env = "SPOTINFER_ACK_DEADLINE", value_parser = parse_duration, default_value = "10s")]
+    pub ack_deadline: Duration,
+    /// Skip the database migrations (Pub/Sub resources only).
+    #[arg(long)]
+    pub skip_db: bool,
+}
+
+/// `spotinfer publish`.
+#[derive(Debug, Clone, Args)]
+pub struct PublishArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub pubsub: PubsubArgs,
+    /// The JSONL file to publish.
+    pub file: PathBuf,
+    /// Job id stamped on records that carry none.
+    #[arg(long, env = "SPOTINFER_JOB")]
+    pub job: Option<String>,
+}
+
+/// `spotinfer work`.
+#[derive(Debug, Clone, Args)]
+pub struct WorkArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub pubsub: PubsubArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub batch: BatchArgs,
+    /// Streaming-pull streams to open (one emulator stream delivers about 1,900 messages/s).
+    #[arg(long, env = "SPOTINFER_STREAMS", default_value_t = 1)]
+    pub streams: usize,
+    /// Flow control: most unacked messages per stream.
+    #[arg(long, env = "SPOTINFER_MAX_OUTSTANDING", default_value_t = 256)]
+    pub max_outstanding: i64,
+    /// Lease extension asked of Pub/Sub (10 s to 600 s). It bounds how long the messages of a
+    /// SIGKILLed worker stay invisible before redelivery.
+    #[arg(long, env = "SPOTINFER_LEASE_EXTENSION", value_parser = parse_duration, default_value = "10s")]
+    pub lease_extension: Duration,
+    /// Longest one commit may take before it counts as failed (its messages are nacked).
+    #[arg(long, env = "SPOTINFER_COMMIT_TIMEOUT", value_parser = parse_duration, default_value = "15s")]
+    pub commit_timeout: Duration,
+    /// Budget for the whole graceful shutdown after SIGTERM (Spot allows about 15 s).
+    #[arg(long, env = "SPOTINFER_SHUTDOWN_TIMEOUT", value_parser = parse_duration, default_value = "8s")]
+    pub shutdown_timeout: Duration,
+    /// Exit 0 once no message has arrived for this long and nothing is in flight.
+    #[arg(long, env = "SPOTINFER_EXIT_WHEN_IDLE", value_parser = parse_duration)]
+    pub exit_when_idle: Option<Duration>,
+    /// host:port for /metrics, /healthz and /readyz; unset disables the endpoint.
+    #[arg(long, env = "SPOTINFER_METRICS_ADDR")]
+    pub metrics_addr: Option<String>,
+}
+
+/// `spotinfer embed`.
+#[derive(Debug, Clone, Args)]
+pub struct EmbedArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub batch: BatchArgs,
+    /// Input JSONL: one {"id","text"} object per line.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Output JSONL: one {"id","embedding"} object per line.
+    #[arg(long)]
+    pub output: PathBuf,
+}
+
+/// `spotinfer bench`.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub batch: BatchArgs,
+    /// Input JSONL: one {"id","text"} object per line.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Untimed warm-up batches before measuring.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+}
+
+/// `spotinfer status`.
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub db: DbArgs,
+    /// Only count records of this job.
+    #[arg(long)]
+    pub job: Option<String>,
+}
+
+/// Parses `500ms`, `10s`, `2m`, …
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration like 500ms or 10s: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert!(parse_duration("soon").unwrap_err().contains("500ms"));
+    }
+}

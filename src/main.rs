@@ -1,0 +1,199 @@
+//! The `spotinfer` binary: parses the command line and runs one subcommand.
+
+use anyhow::Context;
+use clap::Parser;
+use spotinfer::batcher::BatchConfig;
+use spotinfer::config::{
+    BenchArgs, Cli, Command, EmbedArgs, ModelArgs, PublishArgs, SetupArgs, StatusArgs, WorkArgs,
+};
+use spotinfer::model::{Embedder, ModelHandle};
+use spotinfer::pubsub::PubsubConfig;
+use spotinfer::shutdown::{self, Shutdown};
+use spotinfer::store::Store;
+use spotinfer::telemetry::{self, Metrics};
+use spotinfer::worker::{self, WorkerConfig};
+use spotinfer::{offline, publish};
+use std::time::Instant;
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    telemetry::init_logging(cli.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Setup(a) => setup(a).await,
+            Command::Publish(a) => publish(a).await,
+            Command::Work(a) => work(a).await,
+            Command::Embed(a) => tokio::task::spawn_blocking(move || embed(a)).await?,
+            Command::Bench(a) => tokio::task::spawn_blocking(move || bench(a)).await?,
+            Command::Status(a) => status(a).await,
+        }
+    })
+}
+
+async fn setup(a: SetupArgs) -> anyhow::Result<()> {
+    let ps = PubsubConfig::from_args(&a.pubsub);
+    let outcome = ps.setup(a.ack_deadline).await?;
+    println!(
+        "topic {} {}",
+        ps.topic,
+        if outcome.topic_created { "created" } else { "exists" }
+    );
+    println!(
+        "subscription {} {}",
+        ps.subscription,
+        if outcome.subscription_created { "created" } else { "exists" }
+    );
+    if !a.skip_db {
+        let store = Store::connect(&a.db.database_url).await?;
+        store.migrate().await?;
+        println!("database migrated");
+    }
+    Ok(())
+}
+
+async fn publish(a: PublishArgs) -> anyhow::Result<()> {
+    let ps = PubsubConfig::from_args(&a.pubsub);
+    let publisher = ps.publisher().await?;
+    let file = std::fs::File::open(&a.file)
+        .with_context(|| format!("cannot open {}", a.file.display()))?;
+    let lines = std::io::BufReader::new(&file)
+        .lines_count()
+        .with_context(|| format!("cannot read {}", a.file.display()))?;
+    let progress = indicatif::ProgressBar::new(lines as u64).with_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} published {per_sec}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let input = std::io::BufReader::new(
+        std::fs::File::open(&a.file).with_context(|| format!("cannot open {}", a.file.display()))?,
+    );
+    let summary = publish::publish_lines(&publisher, input, a.job.as_deref(), &progress).await?;
+    progress.finish_and_clear();
+    println!(
+        "published {} records to {} ({} lines skipped, {} failed)",
+        summary.published, ps.topic, summary.skipped, summary.failed
+    );
+    if summary.failed > 0 {
+        anyhow::bail!("{} publishes failed", summary.failed);
+    }
+    Ok(())
+}
+
+trait LinesCount {
+    fn lines_count(self) -> std::io::Result<usize>;
+}
+
+impl<R: std::io::BufRead> LinesCount for R {
+    fn lines_count(self) -> std::io::Result<usize> {
+        let mut n = 0;
+        for l in self.lines() {
+            if !l?.trim().is_empty() {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+}
+
+async fn work(a: WorkArgs) -> anyhow::Result<()> {
+    let shutdown = Shutdown::new();
+    shutdown::listen_for_signals(shutdown.clone()).context("cannot install signal handlers")?;
+    let metrics = Metrics::new();
+    if let Some(addr) = &a.metrics_addr {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on SPOTINFER_METRICS_ADDR={addr}"))?;
+        tokio::spawn(telemetry::serve(listener, metrics.clone()));
+    }
+    let started = Instant::now();
+    let store = Store::connect(&a.db.database_url).await?;
+    store.migrate().await?;
+    metrics.set_store_ok(true);
+    let model = load_model(&a.model).await?;
+    metrics.set_model_loaded(true);
+    tracing::info!(
+        startup_seconds = started.elapsed().as_secs_f64(),
+        "database and model ready"
+    );
+    let cfg = WorkerConfig {
+        pubsub: PubsubConfig::from_args(&a.pubsub),
+        streams: a.streams,
+        max_outstanding: a.max_outstanding,
+        lease_extension: a.lease_extension,
+        batch: BatchConfig {
+            max_records: a.batch.batch_size,
+            max_wait: a.batch.batch_wait,
+        },
+        max_text_bytes: a.model.max_text_bytes,
+        commit_timeout: a.commit_timeout,
+        shutdown_timeout: a.shutdown_timeout,
+        exit_when_idle: a.exit_when_idle,
+    };
+    let report = worker::run(cfg, store, model, metrics, shutdown).await?;
+    let c = report.counts;
+    println!(
+        "worker done: {} received, {} acked, {} nacked, {} results committed, {} failed payloads recorded, {:.1} records/s",
+        c.received,
+        c.acked,
+        c.nacked,
+        c.committed,
+        c.failed,
+        c.committed as f64 / report.run_seconds.max(1e-9)
+    );
+    Ok(())
+}
+
+async fn load_model(m: &ModelArgs) -> anyhow::Result<ModelHandle> {
+    let dir = m.model.clone();
+    let device = m.device;
+    let embedder = tokio::task::spawn_blocking(move || Embedder::load(&dir, device)).await??;
+    Ok(ModelHandle::spawn(embedder).context("cannot start the model thread")?)
+}
+
+fn embed(a: EmbedArgs) -> anyhow::Result<()> {
+    let records = offline::read_records(&a.input, a.model.max_text_bytes)?;
+    let embedder = Embedder::load(&a.model.model, a.model.device)?;
+    let (vectors, _) = offline::embed_all(&embedder, &records, a.batch.batch_size)?;
+    offline::write_embeddings(&a.output, &records, &vectors)?;
+    println!("embedded {} records into {}", records.len(), a.output.display());
+    Ok(())
+}
+
+fn bench(a: BenchArgs) -> anyhow::Result<()> {
+    let records = offline::read_records(&a.input, a.model.max_text_bytes)?;
+    let started = Instant::now();
+    let embedder = Embedder::load(&a.model.model, a.model.device)?;
+    let load_seconds = started.elapsed().as_secs_f64();
+    let report = offline::bench(
+        &embedder,
+        &records,
+        a.batch.batch_size,
+        a.warmup,
+        load_seconds,
+    )?;
+    println!(
+        "{} records, {} tokens in {:.3} s: {:.1} records/s, {:.0} tokens/s on {}",
+        report.records,
+        report.tokens,
+        report.seconds,
+        report.records_per_s,
+        report.tokens_per_s,
+        report.device
+    );
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+async fn status(a: StatusArgs) -> anyhow::Result<()> {
+    let store = Store::connect(&a.db.database_url).await?;
+    store.migrate().await?;
+    let c = store.status(a.job.as_deref()).await?;
+    match &a.job {
+        Some(j) => println!("job {j}: {} done, {} failed", c.done, c.failed),
+        None => println!("{} done, {} failed", c.done, c.failed),
+    }
+    Ok(())
+}

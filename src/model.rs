@@ -1,0 +1,302 @@
+//! The model backend: all-MiniLM-L6-v2 (BERT) with candle, on its own thread.
+//!
+//! [`Embedder`] reproduces sentence-transformers exactly: the tokenizer truncates at the model's
+//! `max_seq_length` (256 for this model, not the 128 baked into the package's tokenizer.json) and
+//! pads to the batch's longest text (not to a fixed 128), then the BERT output is mean-pooled over
+//! the attention mask and L2-normalised.
+//!
+//! [`ModelHandle`] runs an `Embedder` on a dedicated OS thread and talks to it through a channel,
+//! so a batch that computes for seconds never stalls the async runtime that keeps Pub/Sub leases,
+//! acks and nacks flowing.
+
+use crate::config::DeviceChoice;
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert::{BertModel, Config as BertConfig};
+use std::path::{Path, PathBuf};
+use tokenizers::{PaddingStrategy, Tokenizer};
+use tokio::sync::{mpsc, oneshot};
+
+/// Errors loading or running the model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A model file is missing or unreadable.
+    #[error("cannot read model file {path}: {source} (fetch the model with scripts/fetch-model.sh, or set SPOTINFER_MODEL)")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A model config file is not what this backend understands.
+    #[error("invalid model config {path}: {message}")]
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The tokenizer failed.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// candle failed (weights, device or compute).
+    #[error("model: {0}")]
+    Candle(#[from] candle_core::Error),
+    /// CUDA was requested but this build or machine has none.
+    #[error("CUDA requested but unavailable: {0}")]
+    NoCuda(String),
+    /// The model thread is gone (it panicked or was shut down).
+    #[error("the model thread is not running")]
+    Stopped,
+    /// The model panicked on a batch.
+    #[error("the model panicked: {0}")]
+    Panic(String),
+}
+
+/// What the loaded model is, for result rows and logs.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    /// Model name (the model directory's name).
+    pub name: String,
+    /// Embedding dimension.
+    pub dim: usize,
+    /// Token limit per text.
+    pub max_seq_len: usize,
+    /// Device in words.
+    pub device: String,
+}
+
+/// The embeddings of one batch, in input order.
+#[derive(Debug, Clone)]
+pub struct Embedded {
+    /// One unit-length vector per input text.
+    pub vectors: Vec<Vec<f32>>,
+    /// Real (unpadded) tokens embedded, for throughput figures.
+    pub tokens: usize,
+}
+
+/// A loaded sentence-embedding model.
+pub struct Embedder {
+    model: BertModel,
+    tokenizer: Tokenizer,
+    device: Device,
+    info: ModelInfo,
+}
+
+impl Embedder {
+    /// Loads the model from a local directory, checking every file it needs up front so a
+    /// missing or broken model is a clear error at startup.
+    pub fn load(dir: &Path, device: DeviceChoice) -> Result<Self, ModelError> {
+        let device = select_device(device)?;
+        let config_path = dir.join("config.json");
+        let config: BertConfig = read_json(&config_path)?;
+        let st_path = dir.join("sentence_bert_config.json");
+        let st: serde_json::Value = read_json(&st_path)?;
+        let max_seq_len = st
+            .get("max_seq_length")
+            .and_then(|v| v.as_u64())
+            .map(|v| v as usize)
+            .unwrap_or(config.max_position_embeddings)
+            .min(config.max_position_embeddings);
+        let pooling_path = dir.join("1_Pooling").join("config.json");
+        let pooling: serde_json::Value = read_json(&pooling_path)?;
+        if pooling.get("pooling_mode_mean_tokens") != Some(&serde_json::Value::Bool(true)) {
+            return Err(ModelError::Config {
+                path: pooling_path,
+                message: "only mean-token pooling is supported".into(),
+            });
+        }
+
+        let tok_path = dir.join("tokenizer.json");
+        if !tok_path.is_file() {
+            return Err(ModelError::File {
+                path: tok_path,
+                source: std::io::ErrorKind::NotFound.into(),
+            });
+        }
+        let mut tokenizer = Tokenizer::from_file(&tok_path)
+            .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", tok_path.display())))?;
+        // The package's tokenizer.json truncates at 128 and pads to a fixed 128;
+        // sentence-transformers truncates at max_seq_length and pads to the batch's longest.
+        let mut truncation = tokenizer.get_truncation().cloned().unwrap_or_default();
+        truncation.max_length = max_seq_len;
+        let mut padding = tokenizer.get_padding().cloned().unwrap_or_default();
+        padding.strategy = PaddingStrategy::BatchLongest;
+        tokenizer
+            .with_truncation(Some(truncation))
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?
+            .with_padding(Some(padding));
+
+        let weights_path = dir.join("model.safetensors");
+        let bytes = std::fs::read(&weights_path).map_err(|source| ModelError::File {
+            path: weights_path.clone(),
+            source,
+        })?;
+        let vb = VarBuilder::from_buffered_safetensors(bytes, DType::F32, &device)?;
+        let model = BertModel::load(vb, &config)?;
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into());
+        let info = ModelInfo {
+            name,
+            dim: config.hidden_size,
+            max_seq_len,
+            device: format!("{device:?}"),
+        };
+        Ok(Self {
+            model,
+            tokenizer,
+            device,
+            info,
+        })
+    }
+
+    /// What the model is.
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    /// Counts the tokens each text becomes (after truncation), without running the model.
+    pub fn token_counts(&self, texts: &[&str]) -> Result<Vec<usize>, ModelError> {
+        let enc = self
+            .tokenizer
+            .encode_batch(texts.to_vec(), true)
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        Ok(enc
+            .iter()
+            .map(|e| e.get_attention_mask().iter().filter(|m| **m == 1).count())
+            .collect())
+    }
+
+    /// Embeds a batch: tokenize (pad to the longest), BERT, mean pooling, L2 normalisation.
+    pub fn embed(&self, texts: &[&str]) -> Result<Embedded, ModelError> {
+        if texts.is_empty() {
+            return Ok(Embedded {
+                vectors: Vec::new(),
+                tokens: 0,
+            });
+        }
+        let encodings = self
+            .tokenizer
+            .encode_batch(texts.to_vec(), true)
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        let n = encodings.len();
+        let len = encodings.first().map_or(0, |e| e.len());
+        let mut ids = Vec::with_capacity(n * len);
+        let mut types = Vec::with_capacity(n * len);
+        let mut mask = Vec::with_capacity(n * len);
+        for e in &encodings {
+            ids.extend_from_slice(e.get_ids());
+            types.extend_from_slice(e.get_type_ids());
+            mask.extend_from_slice(e.get_attention_mask());
+        }
+        let tokens = mask.iter().filter(|m| **m == 1).count();
+        let ids = Tensor::from_vec(ids, (n, len), &self.device)?;
+        let types = Tensor::from_vec(types, (n, len), &self.device)?;
+        let mask = Tensor::from_vec(mask, (n, len), &self.device)?;
+        let hidden = self.model.forward(&ids, &types, Some(&mask))?; // (n, len, dim)
+        let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?; // (n, len, 1)
+        let summed = hidden.broadcast_mul(&mask)?.sum(1)?; // (n, dim)
+        let counts = mask.sum(1)?; // (n, 1)
+        let mean = summed.broadcast_div(&counts)?;
+        let norm = mean.sqr()?.sum_keepdim(1)?.sqrt()?.clamp(1e-12, f32::MAX)?;
+        let vectors = mean.broadcast_div(&norm)?.to_vec2::<f32>()?;
+        Ok(Embedded { vectors, tokens })
+    }
+}
+
+fn select_device(choice: DeviceChoice) -> Result<Device, ModelError> {
+    match choice {
+        DeviceChoice::Cpu => Ok(Device::Cpu),
+        DeviceChoice::Auto => Ok(Device::cuda_if_available(0).unwrap_or(Device::Cpu)),
+        DeviceChoice::Cuda => {
+            if !candle_core::utils::cuda_is_available() {
+                return Err(ModelError::NoCuda(
+                    "this binary was built without the `cuda` feature".into(),
+                ));
+            }
+            Device::new_cuda(0).map_err(|e| ModelError::NoCuda(e.to_string()))
+        }
+    }
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ModelError> {
+    let bytes = std::fs::read(path).map_err(|source| ModelError::File {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| ModelError::Config {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+struct Job {
+    texts: Vec<String>,
+    reply: oneshot::Sender<Result<Embedded, ModelError>>,
+}
+
+/// A handle to the model thread. Cheap to clone; the thread stops when every handle is dropped.
+#[derive(Clone)]
+pub struct ModelHandle {
+    tx: mpsc::Sender<Job>,
+    info: ModelInfo,
+}
+
+impl ModelHandle {
+    /// Moves `embedder` onto a new thread named `model` and returns a handle to it.
+    pub fn spawn(embedder: Embedder) -> std::io::Result<Self> {
+        let info = embedder.info().clone();
+        // One job queued while one computes: enough to keep the model busy, little to discard
+        // on shutdown.
+        let (tx, mut rx) = mpsc::channel::<Job>(1);
+        std::thread::Builder::new()
+            .name("model".into())
+            .spawn(move || {
+                while let Some(job) = rx.blocking_recv() {
+                    if job.reply.is_closed() {
+                        continue; // the caller gave up (shutdown): skip the work
+                    }
+                    let texts: Vec<&str> = job.texts.iter().map(String::as_str).collect();
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        embedder.embed(&texts)
+                    }))
+                    .unwrap_or_else(|p| Err(ModelError::Panic(panic_message(&p))));
+                    let _ = job.reply.send(result);
+                }
+            })?;
+        Ok(Self { tx, info })
+    }
+
+    /// What the model is.
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    /// Embeds `texts` on the model thread.
+    pub async fn embed(&self, texts: Vec<String>) -> Result<Embedded, ModelError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Job { texts, reply })
+            .await
+            .map_err(|_| ModelError::Stopped)?;
+        rx.await.map_err(|_| ModelError::Stopped)?
+    }
+}
+
+fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// Cosine similarity of two vectors (1.0 for identical directions).
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let na: f32 = a.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let nb: f32 = b.iter().map(|x| x * x).sum::<f32>().sqrt();
+    dot / (na * nb).max(f32::MIN_POSITIVE)
+}

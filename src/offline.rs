@@ -1,0 +1,153 @@
+//! Offline use of the model: `spotinfer embed` (file to file) and `spotinfer bench`.
+//!
+//! Both read the same JSONL contract as the worker and report bad lines by number. The bench
+//! excludes model load time and prints, as its last line, one JSON object with the figures.
+
+use crate::model::{Embedder, ModelError};
+use crate::record::{self, Record};
+use serde::Serialize;
+use std::io::{BufRead, Write};
+use std::time::Instant;
+
+/// Errors from offline commands.
+#[derive(Debug, thiserror::Error)]
+pub enum OfflineError {
+    /// A file cannot be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The model failed.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// Nothing valid to work on.
+    #[error("{0} has no valid record")]
+    Empty(String),
+}
+
+/// Reads a JSONL file of records, reporting (to stderr) and skipping invalid lines.
+pub fn read_records(path: &std::path::Path, max_text_bytes: usize) -> Result<Vec<Record>, OfflineError> {
+    let io = |source| OfflineError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let mut out = Vec::new();
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(io)?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        match record::parse(line.as_bytes(), max_text_bytes) {
+            Ok(r) => out.push(r),
+            Err(e) => eprintln!("{}:{}: {e}; skipped", path.display(), i + 1),
+        }
+    }
+    if out.is_empty() {
+        return Err(OfflineError::Empty(path.display().to_string()));
+    }
+    Ok(out)
+}
+
+/// Indices of `records` in batches of at most `batch_size`, shortest texts first, so each batch
+/// pads to a similar length.
+pub fn length_sorted_batches(records: &[Record], batch_size: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..records.len()).collect();
+    order.sort_by_key(|&i| records[i].text.len());
+    order
+        .chunks(batch_size.max(1))
+        .map(<[usize]>::to_vec)
+        .collect()
+}
+
+/// Embeds every record; vectors come back in input order.
+pub fn embed_all(
+    embedder: &Embedder,
+    records: &[Record],
+    batch_size: usize,
+) -> Result<(Vec<Vec<f32>>, usize), OfflineError> {
+    let mut vectors = vec![Vec::new(); records.len()];
+    let mut tokens = 0;
+    for batch in length_sorted_batches(records, batch_size) {
+        let texts: Vec<&str> = batch.iter().map(|&i| records[i].text.as_str()).collect();
+        let out = embedder.embed(&texts)?;
+        tokens += out.tokens;
+        for (i, v) in batch.into_iter().zip(out.vectors) {
+            vectors[i] = v;
+        }
+    }
+    Ok((vectors, tokens))
+}
+
+/// Writes `{"id","embedding"}` lines.
+pub fn write_embeddings(
+    path: &std::path::Path,
+    records: &[Record],
+    vectors: &[Vec<f32>],
+) -> Result<(), OfflineError> {
+    let io = |source| OfflineError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut w = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
+    for (r, v) in records.iter().zip(vectors) {
+        let line = serde_json::json!({"id": r.id, "embedding": v});
+        writeln!(w, "{line}").map_err(io)?;
+    }
+    w.flush().map_err(io)
+}
+
+/// The bench's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    /// Records embedded.
+    pub records: usize,
+    /// Real tokens embedded.
+    pub tokens: usize,
+    /// Seconds spent embedding (model load excluded).
+    pub seconds: f64,
+    /// Records per second.
+    pub records_per_s: f64,
+    /// Tokens per second.
+    pub tokens_per_s: f64,
+    /// Seconds to load the model.
+    pub load_seconds: f64,
+    /// Records per batch.
+    pub batch_size: usize,
+    /// Device.
+    pub device: String,
+    /// Compute threads available.
+    pub threads: usize,
+}
+
+/// Runs `warmup` untimed batches, then embeds every record once, timed.
+pub fn bench(
+    embedder: &Embedder,
+    records: &[Record],
+    batch_size: usize,
+    warmup: usize,
+    load_seconds: f64,
+) -> Result<BenchReport, OfflineError> {
+    for batch in length_sorted_batches(records, batch_size).iter().take(warmup) {
+        let texts: Vec<&str> = batch.iter().map(|&i| records[i].text.as_str()).collect();
+        embedder.embed(&texts)?;
+    }
+    let started = Instant::now();
+    let (_, tokens) = embed_all(embedder, records, batch_size)?;
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(BenchReport {
+        records: records.len(),
+        tokens,
+        seconds,
+        records_per_s: records.len() as f64 / seconds,
+        tokens_per_s: tokens as f64 / seconds,
+        load_seconds,
+        batch_size,
+        device: embedder.info().device.clone(),
+        threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+    })
+}

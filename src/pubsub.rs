@@ -1,0 +1,218 @@
+//! Pub/Sub plumbing: resource names, clients pointed at the emulator or the real service, and
+//! the idempotent creation of the topic and subscription.
+//!
+//! The official Rust crates ignore `PUBSUB_EMULATOR_HOST`; this module honours it the way Google's
+//! other client libraries do: every client (admin REST, publisher and subscriber gRPC) talks
+//! plaintext to `http://HOST:PORT` with anonymous credentials.
+
+use crate::config::PubsubArgs;
+use google_cloud_auth::credentials::{anonymous, Credentials};
+use google_cloud_gax::error::rpc::Code;
+use google_cloud_pubsub::client::{Publisher, Subscriber, SubscriptionAdmin, TopicAdmin};
+use std::time::Duration;
+
+/// Errors talking to Pub/Sub.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// A client could not be built (bad endpoint, no credentials).
+    #[error("cannot build the Pub/Sub {client} client: {source}")]
+    Client {
+        /// Which client.
+        client: &'static str,
+        /// Why.
+        #[source]
+        source: google_cloud_gax::client_builder::Error,
+    },
+    /// An admin call failed.
+    #[error("Pub/Sub {op} {name} failed: {source}")]
+    Admin {
+        /// The operation.
+        op: &'static str,
+        /// The resource.
+        name: String,
+        /// Why.
+        #[source]
+        source: google_cloud_pubsub::Error,
+    },
+    /// A publish failed.
+    #[error("publish failed: {0}")]
+    Publish(#[from] google_cloud_pubsub::error::PublishError),
+    /// The subscription's stream failed permanently.
+    #[error("streaming pull on {subscription} failed: {source}")]
+    Stream {
+        /// The subscription.
+        subscription: String,
+        /// Why.
+        #[source]
+        source: google_cloud_pubsub::Error,
+    },
+}
+
+/// Resolved Pub/Sub settings: full resource names and the endpoint to use.
+#[derive(Debug, Clone)]
+pub struct PubsubConfig {
+    /// `projects/P/topics/T`.
+    pub topic: String,
+    /// `projects/P/subscriptions/S`.
+    pub subscription: String,
+    /// `http://HOST:PORT` when talking to the emulator.
+    pub emulator_endpoint: Option<String>,
+}
+
+impl PubsubConfig {
+    /// Resolves short names against the project and the emulator host into an endpoint.
+    pub fn from_args(args: &PubsubArgs) -> Self {
+        Self {
+            topic: resource_name(&args.project, "topics", &args.topic),
+            subscription: resource_name(&args.project, "subscriptions", &args.subscription),
+            emulator_endpoint: args
+                .emulator_host
+                .as_deref()
+                .filter(|h| !h.trim().is_empty())
+                .map(emulator_endpoint),
+        }
+    }
+
+    /// A publisher for the topic.
+    pub async fn publisher(&self) -> Result<Publisher, QueueError> {
+        let mut b = Publisher::builder(self.topic.clone())
+            .set_message_count_threshold(1000)
+            .set_delay_threshold(Duration::from_millis(10));
+        if let Some(e) = &self.emulator_endpoint {
+            b = b.with_endpoint(e).with_credentials(anonymous_credentials());
+        }
+        b.build().await.map_err(|source| QueueError::Client {
+            client: "publisher",
+            source,
+        })
+    }
+
+    /// A subscriber client (one connection pool; open streams with `subscribe`).
+    pub async fn subscriber(&self, streams: usize) -> Result<Subscriber, QueueError> {
+        let mut b = Subscriber::builder().with_grpc_subchannel_count(streams.max(1));
+        if let Some(e) = &self.emulator_endpoint {
+            b = b.with_endpoint(e).with_credentials(anonymous_credentials());
+        }
+        b.build().await.map_err(|source| QueueError::Client {
+            client: "subscriber",
+            source,
+        })
+    }
+
+    async fn topic_admin(&self) -> Result<TopicAdmin, QueueError> {
+        let mut b = TopicAdmin::builder();
+        if let Some(e) = &self.emulator_endpoint {
+            b = b.with_endpoint(e).with_credentials(anonymous_credentials());
+        }
+        b.build().await.map_err(|source| QueueError::Client {
+            client: "topic admin",
+            source,
+        })
+    }
+
+    async fn subscription_admin(&self) -> Result<SubscriptionAdmin, QueueError> {
+        let mut b = SubscriptionAdmin::builder();
+        if let Some(e) = &self.emulator_endpoint {
+            b = b.with_endpoint(e).with_credentials(anonymous_credentials());
+        }
+        b.build().await.map_err(|source| QueueError::Client {
+            client: "subscription admin",
+            source,
+        })
+    }
+
+    /// Creates the topic and the subscription unless they exist. Safe to run any number of
+    /// times, on the emulator and on the real service.
+    pub async fn setup(&self, ack_deadline: Duration) -> Result<SetupOutcome, QueueError> {
+        let topics = self.topic_admin().await?;
+        let topic_created = match topics.create_topic().set_name(&self.topic).send().await {
+            Ok(_) => true,
+            Err(e) if already_exists(&e) => false,
+            Err(source) => {
+                return Err(QueueError::Admin {
+                    op: "create topic",
+                    name: self.topic.clone(),
+                    source,
+                })
+            }
+        };
+        let subs = self.subscription_admin().await?;
+        let subscription_created = match subs
+            .create_subscription()
+            .set_name(&self.subscription)
+            .set_topic(&self.topic)
+            .set_ack_deadline_seconds(ack_deadline.as_secs().clamp(10, 600) as i32)
+            .send()
+            .await
+        {
+            Ok(_) => true,
+            Err(e) if already_exists(&e) => false,
+            Err(source) => {
+                return Err(QueueError::Admin {
+                    op: "create subscription",
+                    name: self.subscription.clone(),
+                    source,
+                })
+            }
+        };
+        Ok(SetupOutcome {
+            topic_created,
+            subscription_created,
+        })
+    }
+}
+
+/// What `setup` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SetupOutcome {
+    /// The topic did not exist and was created.
+    pub topic_created: bool,
+    /// The subscription did not exist and was created.
+    pub subscription_created: bool,
+}
+
+/// `projects/{project}/{kind}/{name}`, unless `name` already is a full resource name.
+pub fn resource_name(project: &str, kind: &str, name: &str) -> String {
+    if name.starts_with("projects/") {
+        name.to_string()
+    } else {
+        format!("projects/{project}/{kind}/{name}")
+    }
+}
+
+/// `http://HOST:PORT` from `PUBSUB_EMULATOR_HOST`, which by convention carries no scheme.
+pub fn emulator_endpoint(host: &str) -> String {
+    let host = host.trim();
+    if host.starts_with("http://") || host.starts_with("https://") {
+        host.to_string()
+    } else {
+        format!("http://{host}")
+    }
+}
+
+fn anonymous_credentials() -> Credentials {
+    anonymous::Builder::new().build()
+}
+
+fn already_exists(e: &google_cloud_pubsub::Error) -> bool {
+    e.status().is_some_and(|s| s.code == Code::AlreadyExists) || e.http_status_code() == Some(409)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_endpoints() {
+        assert_eq!(
+            resource_name("p", "topics", "t1"),
+            "projects/p/topics/t1"
+        );
+        assert_eq!(
+            resource_name("p", "subscriptions", "projects/q/subscriptions/s"),
+            "projects/q/subscriptions/s"
+        );
+        assert_eq!(emulator_endpoint("localhost:8085"), "http://localhost:8085");
+        assert_eq!(emulator_endpoint("http://h:1"), "http://h:1");
+    }
+}

@@ -1,0 +1,176 @@
+//! The message contract: what a Pub/Sub message's data must hold, and why it is refused.
+//!
+//! Data is a UTF-8 JSON object `{"id": string, "text": string, "job"?: string}`. Anything else is
+//! a [`RecordError`], which the worker records in `failed_records` and acks: a bad payload never
+//! becomes a redelivery loop and is never dropped silently.
+
+use serde_json::Value;
+
+/// Longest record id accepted, in bytes: ids are primary keys and appear in logs.
+pub const MAX_ID_BYTES: usize = 256;
+
+/// One unit of work: a text to embed under a caller-chosen id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The caller's key; the result row is UPSERTed under it.
+    pub id: String,
+    /// The text to embed (over-long texts are truncated by the tokenizer, like sentence-transformers).
+    pub text: String,
+    /// Optional grouping for `spotinfer status --job`.
+    pub job: Option<String>,
+}
+
+/// Why a payload is not a valid record. The message is final: redelivering it cannot help.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    /// The data is not UTF-8.
+    #[error("payload is not valid UTF-8: {0}")]
+    NotUtf8(String),
+    /// The data is not JSON.
+    #[error("payload is not JSON: {0}")]
+    NotJson(String),
+    /// The data is JSON but not an object.
+    #[error("payload is JSON but not an object")]
+    NotObject,
+    /// A required field is absent.
+    #[error("field \"{0}\" is missing")]
+    Missing(&'static str),
+    /// A field has the wrong JSON type.
+    #[error("field \"{0}\" must be a string")]
+    NotString(&'static str),
+    /// A required string is empty.
+    #[error("field \"{0}\" is empty")]
+    Empty(&'static str),
+    /// The id is longer than [`MAX_ID_BYTES`].
+    #[error("field \"id\" is {0} bytes, the limit is {MAX_ID_BYTES}")]
+    IdTooLong(usize),
+    /// The text is larger than the configured limit.
+    #[error("field \"text\" is {len} bytes, the limit is {max} (--max-text-bytes)")]
+    TextTooLarge {
+        /// Size of the text.
+        len: usize,
+        /// The configured limit.
+        max: usize,
+    },
+}
+
+/// Parses message data into a [`Record`], enforcing the contract.
+///
+/// `max_text_bytes` guards the tokenizer against absurd inputs; texts under it are truncated to
+/// the model's token limit rather than refused.
+pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> {
+    let text = std::str::from_utf8(data).map_err(|e| RecordError::NotUtf8(e.to_string()))?;
+    let value: Value = serde_json::from_str(text).map_err(|e| RecordError::NotJson(e.to_string()))?;
+    let Value::Object(map) = value else {
+        return Err(RecordError::NotObject);
+    };
+    let id = required_string(&map, "id")?;
+    if id.len() > MAX_ID_BYTES {
+        return Err(RecordError::IdTooLong(id.len()));
+    }
+    let text = required_string(&map, "text")?;
+    if text.len() > max_text_bytes {
+        return Err(RecordError::TextTooLarge {
+            len: text.len(),
+            max: max_text_bytes,
+        });
+    }
+    let job = match map.get("job") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err(RecordError::NotString("job")),
+    };
+    Ok(Record {
+        id: id.to_owned(),
+        text: text.to_owned(),
+        job,
+    })
+}
+
+/// Best-effort extraction of `id` and `job` from a payload that failed [`parse`], so the
+/// failure row can still be found by record id or job.
+pub fn salvage_keys(data: &[u8]) -> (Option<String>, Option<String>) {
+    let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(data) else {
+        return (None, None);
+    };
+    let get = |k: &str| match map.get(k) {
+        Some(Value::String(s)) if !s.is_empty() => Some(s.chars().take(MAX_ID_BYTES).collect()),
+        _ => None,
+    };
+    (get("id"), get("job"))
+}
+
+fn required_string<'a>(
+    map: &'a serde_json::Map<String, Value>,
+    key: &'static str,
+) -> Result<&'a str, RecordError> {
+    match map.get(key) {
+        None | Some(Value::Null) => Err(RecordError::Missing(key)),
+        Some(Value::String(s)) if s.is_empty() => Err(RecordError::Empty(key)),
+        Some(Value::String(s)) => Ok(s),
+        Some(_) => Err(RecordError::NotString(key)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAX: usize = 1 << 20;
+
+    #[test]
+    fn accepts_valid_record_with_and_without_job() {
+        let r = parse(br#"{"id":"a1","text":"hello","job":"j"}"#, MAX).unwrap();
+        assert_eq!(r.id, "a1");
+        assert_eq!(r.text, "hello");
+        assert_eq!(r.job.as_deref(), Some("j"));
+        let r = parse(br#"{"id":"a1","text":"hello"}"#, MAX).unwrap();
+        assert_eq!(r.job, None);
+    }
+
+    #[test]
+    fn refuses_every_kind_of_bad_payload() {
+        let cases: &[(&[u8], RecordError)] = &[
+            (b"\xff\xfe{}", RecordError::NotUtf8(String::new())),
+            (b"not json", RecordError::NotJson(String::new())),
+            (b"[1,2]", RecordError::NotObject),
+            (br#"{"text":"x"}"#, RecordError::Missing("id")),
+            (br#"{"id":"a"}"#, RecordError::Missing("text")),
+            (br#"{"id":7,"text":"x"}"#, RecordError::NotString("id")),
+            (br#"{"id":"","text":"x"}"#, RecordError::Empty("id")),
+            (br#"{"id":"a","text":""}"#, RecordError::Empty("text")),
+            (br#"{"id":"a","text":"x","job":3}"#, RecordError::NotString("job")),
+        ];
+        for (data, want) in cases {
+            let got = parse(data, MAX).unwrap_err();
+            assert_eq!(
+                std::mem::discriminant(&got),
+                std::mem::discriminant(want),
+                "{:?} gave {got}",
+                String::from_utf8_lossy(data)
+            );
+        }
+    }
+
+    #[test]
+    fn enforces_size_limits() {
+        let long_id = format!(r#"{{"id":"{}","text":"x"}}"#, "i".repeat(MAX_ID_BYTES + 1));
+        assert_eq!(
+            parse(long_id.as_bytes(), MAX).unwrap_err(),
+            RecordError::IdTooLong(MAX_ID_BYTES + 1)
+        );
+        let big = format!(r#"{{"id":"a","text":"{}"}}"#, "w ".repeat(100));
+        let err = parse(big.as_bytes(), 50).unwrap_err();
+        assert_eq!(err, RecordError::TextTooLarge { len: 200, max: 50 });
+        assert!(err.to_string().contains("--max-text-bytes"));
+    }
+
+    #[test]
+    fn salvages_keys_from_bad_payloads() {
+        assert_eq!(
+            salvage_keys(br#"{"id":"a","job":"j","text":""}"#),
+            (Some("a".into()), Some("j".into()))
+        );
+        assert_eq!(salvage_keys(b"garbage"), (None, None));
+    }
+}

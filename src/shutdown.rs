@@ -1,0 +1,37 @@
+//! Shutdown: one cancellation every stage watches.
+//!
+//! Spot preemption sends SIGTERM and allows about 15 s before SIGKILL. The worker turns SIGTERM
+//! and SIGINT into a cancelled [`Shutdown`]; each stage is handed a clone explicitly and reacts
+//! on its own: the source stops pulling, the batcher and the model stage drop (and so NACK) what
+//! they hold, and the sink finishes the commit it is in, if any, and stops. A second signal while
+//! draining exits at once with status 130.
+
+use tokio_util::sync::CancellationToken;
+
+/// The shutdown signal handed to every stage. Cheap to clone; `cancelled()` resolves once.
+pub type Shutdown = CancellationToken;
+
+/// Cancels `shutdown` on the first SIGTERM or SIGINT; exits the process on the second.
+///
+/// Returns an error when the signal handlers cannot be installed, which only happens when the
+/// process has no signal support at all.
+pub fn listen_for_signals(shutdown: Shutdown) -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::spawn(async move {
+        let name = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        tracing::info!(signal = name, "shutdown requested: stop pulling, nack uncommitted, finish the commit in flight");
+        shutdown.cancel();
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
+        }
+        tracing::warn!("second signal while draining: exiting now");
+        std::process::exit(130);
+    });
+    Ok(())
+}

@@ -1,0 +1,424 @@
+//! The result store: PostgreSQL in production, SQLite as the embedded default.
+//!
+//! Every write is one transaction holding a batch's results and its failure rows, so the sink can
+//! ack exactly the messages whose outcome is durable. Results are UPSERTed by record id with a
+//! guard on the publish time: a redelivered or republished record leaves exactly one row, and a
+//! redelivery of an older publish never overwrites the result of a newer one.
+
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::{QueryBuilder, Row};
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// Errors from the store. Any of them during a commit means "nothing was written".
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The URL names no supported database.
+    #[error("DATABASE_URL must start with postgres:// or sqlite:, got {0}")]
+    UnsupportedUrl(String),
+    /// The database cannot be reached.
+    #[error("cannot reach the database at {url}: {source}")]
+    Connect {
+        /// The URL, password removed.
+        url: String,
+        /// Why.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// A migration failed.
+    #[error("database migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A statement failed.
+    #[error("database error: {0}")]
+    Sql(#[from] sqlx::Error),
+}
+
+/// One embedding to store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResultRow {
+    /// The record's id (primary key).
+    pub record_id: String,
+    /// The unit-length vector.
+    pub embedding: Vec<f32>,
+    /// Model name.
+    pub model: String,
+    /// The record's job, if any.
+    pub job: Option<String>,
+    /// Hex SHA-256 of the input text.
+    pub input_sha256: String,
+    /// The Pub/Sub message that carried it.
+    pub message_id: String,
+    /// Publish time of that message, microseconds since the epoch.
+    pub publish_time_us: i64,
+}
+
+/// One payload that can never succeed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailureRow {
+    /// The Pub/Sub message (primary key).
+    pub message_id: String,
+    /// The record id, when the payload had one.
+    pub record_id: Option<String>,
+    /// The job, when the payload had one.
+    pub job: Option<String>,
+    /// Why it failed.
+    pub error: String,
+    /// The raw message data.
+    pub payload: Vec<u8>,
+    /// Publish time, microseconds since the epoch.
+    pub publish_time_us: i64,
+}
+
+/// A stored embedding, as read back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredEmbedding {
+    /// The vector.
+    pub embedding: Vec<f32>,
+    /// The message whose result it is.
+    pub message_id: String,
+    /// That message's publish time.
+    pub publish_time_us: i64,
+    /// Hex SHA-256 of the input text.
+    pub input_sha256: String,
+}
+
+/// Done and failed counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct StatusCounts {
+    /// Records with a stored embedding.
+    pub done: i64,
+    /// Messages recorded as failed.
+    pub failed: i64,
+}
+
+/// A connection pool to one of the supported databases.
+#[derive(Debug, Clone)]
+pub enum Store {
+    /// PostgreSQL.
+    Postgres(PgPool),
+    /// SQLite.
+    Sqlite(SqlitePool),
+}
+
+const UPSERT_COLUMNS: &str = "INSERT INTO embeddings (record_id, embedding, model, dim, job, input_sha256, message_id, publish_time_us) ";
+
+fn upsert_tail(now: &str) -> String {
+    format!(
+        " ON CONFLICT (record_id) DO UPDATE SET embedding = excluded.embedding, model = excluded.model, \
+         dim = excluded.dim, job = excluded.job, input_sha256 = excluded.input_sha256, \
+         message_id = excluded.message_id, publish_time_us = excluded.publish_time_us, processed_at = {now} \
+         WHERE embeddings.publish_time_us <= excluded.publish_time_us"
+    )
+}
+
+const FAILURE_COLUMNS: &str =
+    "INSERT INTO failed_records (message_id, record_id, job, error, payload, publish_time_us) ";
+const FAILURE_TAIL: &str = " ON CONFLICT (message_id) DO NOTHING";
+const SQLITE_NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+
+impl Store {
+    /// Connects (and for SQLite creates the file), failing fast with a clear error when the
+    /// database is unreachable.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let connect_err = |source| StoreError::Connect {
+            url: redact_url(url),
+            source,
+        };
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let pool = PgPoolOptions::new()
+                .max_connections(4)
+                .acquire_timeout(Duration::from_secs(5))
+                .connect(url)
+                .await
+                .map_err(connect_err)?;
+            Ok(Self::Postgres(pool))
+        } else if url.starts_with("sqlite:") {
+            let opts = SqliteConnectOptions::from_str(url)
+                .map_err(connect_err)?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .busy_timeout(Duration::from_secs(30));
+            let pool = SqlitePoolOptions::new()
+                .max_connections(4)
+                .connect_with(opts)
+                .await
+                .map_err(connect_err)?;
+            Ok(Self::Sqlite(pool))
+        } else {
+            Err(StoreError::UnsupportedUrl(redact_url(url)))
+        }
+    }
+
+    /// Runs the migrations under `migrations/postgres` or `migrations/sqlite`.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        match self {
+            Self::Postgres(p) => sqlx::migrate!("./migrations/postgres").run(p).await?,
+            Self::Sqlite(p) => sqlx::migrate!("./migrations/sqlite").run(p).await?,
+        }
+        Ok(())
+    }
+
+    /// Cheap liveness probe.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        match self {
+            Self::Postgres(p) => {
+                sqlx::query("SELECT 1").execute(p).await?;
+            }
+            Self::Sqlite(p) => {
+                sqlx::query("SELECT 1").execute(p).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a batch's results and failures in one transaction.
+    ///
+    /// Results with the same record id are reduced to the newest publish first (one statement
+    /// cannot update a row twice), and rows are written in record-id order so two workers
+    /// committing overlapping batches lock rows in the same order and cannot deadlock.
+    pub async fn commit(
+        &self,
+        results: &[ResultRow],
+        failures: &[FailureRow],
+    ) -> Result<(), StoreError> {
+        let results = newest_per_record(results);
+        match self {
+            Self::Postgres(pool) => {
+                let mut tx = pool.begin().await?;
+                if !results.is_empty() {
+                    let mut q = QueryBuilder::new(UPSERT_COLUMNS);
+                    q.push_values(&results, |mut b, r| {
+                        b.push_bind(&r.record_id)
+                            .push_bind(&r.embedding)
+                            .push_bind(&r.model)
+                            .push_bind(r.embedding.len() as i32)
+                            .push_bind(&r.job)
+                            .push_bind(&r.input_sha256)
+                            .push_bind(&r.message_id)
+                            .push_bind(r.publish_time_us);
+                    });
+                    q.push(upsert_tail("now()"));
+                    q.build().execute(&mut *tx).await?;
+                }
+                if !failures.is_empty() {
+                    let mut q = QueryBuilder::new(FAILURE_COLUMNS);
+                    q.push_values(failures, |mut b, f| {
+                        b.push_bind(&f.message_id)
+                            .push_bind(&f.record_id)
+                            .push_bind(&f.job)
+                            .push_bind(&f.error)
+                            .push_bind(&f.payload)
+                            .push_bind(f.publish_time_us);
+                    });
+                    q.push(FAILURE_TAIL);
+                    q.build().execute(&mut *tx).await?;
+                }
+                tx.commit().await?;
+            }
+            Self::Sqlite(pool) => {
+                let mut tx = pool.begin().await?;
+                if !results.is_empty() {
+                    let mut q = QueryBuilder::new(UPSERT_COLUMNS);
+                    q.push_values(&results, |mut b, r| {
+                        b.push_bind(&r.record_id)
+                            .push_bind(f32s_to_le_bytes(&r.embedding))
+                            .push_bind(&r.model)
+                            .push_bind(r.embedding.len() as i32)
+                            .push_bind(&r.job)
+                            .push_bind(&r.input_sha256)
+                            .push_bind(&r.message_id)
+                            .push_bind(r.publish_time_us);
+                    });
+                    q.push(upsert_tail(SQLITE_NOW));
+                    q.build().execute(&mut *tx).await?;
+                }
+                if !failures.is_empty() {
+                    let mut q = QueryBuilder::new(FAILURE_COLUMNS);
+                    q.push_values(failures, |mut b, f| {
+                        b.push_bind(&f.message_id)
+                            .push_bind(&f.record_id)
+                            .push_bind(&f.job)
+                            .push_bind(&f.error)
+                            .push_bind(&f.payload)
+                            .push_bind(f.publish_time_us);
+                    });
+                    q.push(FAILURE_TAIL);
+                    q.build().execute(&mut *tx).await?;
+                }
+                tx.commit().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Done and failed counts, for one job or all.
+    pub async fn status(&self, job: Option<&str>) -> Result<StatusCounts, StoreError> {
+        let (done, failed): (i64, i64) = match self {
+            Self::Postgres(p) => {
+                let d = sqlx::query_scalar("SELECT COUNT(*) FROM embeddings WHERE $1::text IS NULL OR job = $1")
+                    .bind(job)
+                    .fetch_one(p)
+                    .await?;
+                let f = sqlx::query_scalar("SELECT COUNT(*) FROM failed_records WHERE $1::text IS NULL OR job = $1")
+                    .bind(job)
+                    .fetch_one(p)
+                    .await?;
+                (d, f)
+            }
+            Self::Sqlite(p) => {
+                let d = sqlx::query_scalar("SELECT COUNT(*) FROM embeddings WHERE ?1 IS NULL OR job = ?1")
+                    .bind(job)
+                    .fetch_one(p)
+                    .await?;
+                let f = sqlx::query_scalar("SELECT COUNT(*) FROM failed_records WHERE ?1 IS NULL OR job = ?1")
+                    .bind(job)
+                    .fetch_one(p)
+                    .await?;
+                (d, f)
+            }
+        };
+        Ok(StatusCounts { done, failed })
+    }
+
+    /// Reads every stored embedding, keyed by record id (for verification and tests).
+    pub async fn embeddings(&self) -> Result<HashMap<String, StoredEmbedding>, StoreError> {
+        const Q: &str =
+            "SELECT record_id, embedding, message_id, publish_time_us, input_sha256 FROM embeddings";
+        let mut out = HashMap::new();
+        match self {
+            Self::Postgres(p) => {
+                for row in sqlx::query(Q).fetch_all(p).await? {
+                    out.insert(
+                        row.try_get("record_id")?,
+                        StoredEmbedding {
+                            embedding: row.try_get("embedding")?,
+                            message_id: row.try_get("message_id")?,
+                            publish_time_us: row.try_get("publish_time_us")?,
+                            input_sha256: row.try_get("input_sha256")?,
+                        },
+                    );
+                }
+            }
+            Self::Sqlite(p) => {
+                for row in sqlx::query(Q).fetch_all(p).await? {
+                    let blob: Vec<u8> = row.try_get("embedding")?;
+                    out.insert(
+                        row.try_get("record_id")?,
+                        StoredEmbedding {
+                            embedding: le_bytes_to_f32s(&blob),
+                            message_id: row.try_get("message_id")?,
+                            publish_time_us: row.try_get("publish_time_us")?,
+                            input_sha256: row.try_get("input_sha256")?,
+                        },
+                    );
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads every failure row as (message_id, record_id, error).
+    pub async fn failures(&self) -> Result<Vec<(String, Option<String>, String)>, StoreError> {
+        const Q: &str = "SELECT message_id, record_id, error FROM failed_records ORDER BY message_id";
+        let rows = match self {
+            Self::Postgres(p) => sqlx::query_as(Q).fetch_all(p).await?,
+            Self::Sqlite(p) => sqlx::query_as(Q).fetch_all(p).await?,
+        };
+        Ok(rows)
+    }
+}
+
+/// Keeps, for each record id, the row with the newest publish time; sorted by record id.
+pub fn newest_per_record(rows: &[ResultRow]) -> Vec<&ResultRow> {
+    let mut best: HashMap<&str, &ResultRow> = HashMap::new();
+    for r in rows {
+        best.entry(&r.record_id)
+            .and_modify(|cur| {
+                if r.publish_time_us >= cur.publish_time_us {
+                    *cur = r;
+                }
+            })
+            .or_insert(r);
+    }
+    let mut out: Vec<&ResultRow> = best.into_values().collect();
+    out.sort_by(|a, b| a.record_id.cmp(&b.record_id));
+    out
+}
+
+/// Encodes a vector as little-endian f32 bytes (the SQLite BLOB format).
+pub fn f32s_to_le_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Decodes little-endian f32 bytes (trailing partial values are ignored).
+pub fn le_bytes_to_f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// The URL with any password replaced by `***`, safe for logs.
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_string();
+    };
+    let rest = &url[scheme_end + 3..];
+    let Some(at) = rest.find('@') else {
+        return url.to_string();
+    };
+    let userinfo = &rest[..at];
+    match userinfo.find(':') {
+        Some(colon) => format!(
+            "{}{}:***{}",
+            &url[..scheme_end + 3],
+            &userinfo[..colon],
+            &rest[at..]
+        ),
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: &str, t: i64) -> ResultRow {
+        ResultRow {
+            record_id: id.into(),
+            embedding: vec![t as f32],
+            model: "m".into(),
+            job: None,
+            input_sha256: String::new(),
+            message_id: format!("{id}-{t}"),
+            publish_time_us: t,
+        }
+    }
+
+    #[test]
+    fn newest_publish_wins_within_a_batch() {
+        let rows = vec![row("b", 1), row("a", 5), row("b", 3), row("a", 2)];
+        let out = newest_per_record(&rows);
+        let got: Vec<(&str, i64)> = out
+            .iter()
+            .map(|r| (r.record_id.as_str(), r.publish_time_us))
+            .collect();
+        assert_eq!(got, vec![("a", 5), ("b", 3)]);
+    }
+
+    #[test]
+    fn blob_round_trip() {
+        let v = vec![0.5f32, -1.25, 3.0e-7];
+        assert_eq!(le_bytes_to_f32s(&f32s_to_le_bytes(&v)), v);
+    }
+
+    #[test]
+    fn passwords_never_reach_logs() {
+        assert_eq!(
+            redact_url("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(redact_url("sqlite://x.db"), "sqlite://x.db");
+    }
+}

@@ -1,0 +1,255 @@
+//! The worker: wires source → batcher → model → sink and runs the shutdown sequence.
+//!
+//! Shutdown, in order, once the [`Shutdown`] is cancelled (SIGTERM, SIGINT or idle):
+//! 1. sources stop pulling; batcher and model stage drop what they hold (NACK at once);
+//! 2. the sink finishes the commit in flight, if any, and acks it;
+//! 3. each stream's shutdown flushes the pending acks and NACKs every message still leased
+//!    (`ShutdownBehavior::NackImmediately`);
+//! 4. `run` returns and the process exits 0.
+//!
+//! Steps 2–3 share one budget (`--shutdown-timeout`); whatever has not finished by then is left
+//! to Pub/Sub's redelivery, which the idempotent UPSERT makes safe.
+
+use crate::batcher::{self, Batch, BatchConfig};
+use crate::model::ModelHandle;
+use crate::pubsub::{PubsubConfig, QueueError};
+use crate::shutdown::Shutdown;
+use crate::sink::{self, Outcome, SinkConfig};
+use crate::source;
+use crate::store::Store;
+use crate::telemetry::{Counts, Metrics};
+use google_cloud_pubsub::subscriber::ShutdownBehavior;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// Everything `run` needs besides its collaborators.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Pub/Sub names and endpoint.
+    pub pubsub: PubsubConfig,
+    /// Streaming-pull streams to open.
+    pub streams: usize,
+    /// Flow control per stream.
+    pub max_outstanding: i64,
+    /// Lease extension asked of Pub/Sub.
+    pub lease_extension: Duration,
+    /// Batch bounds.
+    pub batch: BatchConfig,
+    /// Largest text accepted.
+    pub max_text_bytes: usize,
+    /// Longest one commit may take.
+    pub commit_timeout: Duration,
+    /// Budget for the graceful shutdown.
+    pub shutdown_timeout: Duration,
+    /// Exit once idle this long.
+    pub exit_when_idle: Option<Duration>,
+}
+
+/// What a finished worker did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    /// Counters at exit.
+    pub counts: Counts,
+    /// Seconds from the shutdown signal to the end of `run`.
+    pub drain_seconds: f64,
+    /// Seconds the worker ran.
+    pub run_seconds: f64,
+}
+
+/// Errors that end a worker early.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// Pub/Sub failed permanently (missing subscription, no permission, …).
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    /// A pipeline task panicked.
+    #[error("pipeline task failed: {0}")]
+    Task(String),
+}
+
+/// Runs the worker until `shutdown` is cancelled (or it goes idle, or a stream fails).
+pub async fn run(
+    cfg: WorkerConfig,
+    store: Store,
+    model: ModelHandle,
+    metrics: Arc<Metrics>,
+    shutdown: Shutdown,
+) -> Result<Report, WorkerError> {
+    let started = Instant::now();
+    let subscriber = cfg.pubsub.subscriber(cfg.streams).await?;
+    let max = cfg.batch.max_records.max(1);
+
+    let (dtx, drx) = mpsc::channel(max * 2);
+    let mut sources = Vec::new();
+    let mut tokens = Vec::new();
+    for _ in 0..cfg.streams.max(1) {
+        let stream = subscriber
+            .subscribe(&cfg.pubsub.subscription)
+            .set_max_lease_extension(cfg.lease_extension)
+            .set_max_outstanding_messages(cfg.max_outstanding)
+            .set_shutdown_behavior(ShutdownBehavior::NackImmediately)
+            .build();
+        tokens.push(stream.shutdown_token());
+        sources.push(tokio::spawn(source::run(
+            stream,
+            dtx.clone(),
+            cfg.max_text_bytes,
+            metrics.clone(),
+            shutdown.clone(),
+            cfg.pubsub.subscription.clone(),
+        )));
+    }
+    drop(dtx);
+
+    let (btx, brx) = mpsc::channel(1);
+    let batcher = tokio::spawn(batcher::run(drx, btx, cfg.batch, shutdown.clone()));
+    let (otx, orx) = mpsc::channel(1);
+    let stage = tokio::spawn(embed_stage(
+        brx,
+        otx,
+        model.clone(),
+        metrics.clone(),
+        shutdown.clone(),
+    ));
+    let sink_cfg = SinkConfig {
+        model: model.info().name.clone(),
+        commit_timeout: cfg.commit_timeout,
+    };
+    let mut sink = tokio::spawn(sink::run(
+        orx,
+        store,
+        sink_cfg,
+        metrics.clone(),
+        shutdown.clone(),
+    ));
+    if let Some(idle) = cfg.exit_when_idle {
+        tokio::spawn(exit_when_idle(idle, metrics.clone(), shutdown.clone()));
+    }
+    tracing::info!(subscription = %cfg.pubsub.subscription, streams = cfg.streams, model = %model.info().name, device = %model.info().device, "worker started");
+
+    // Run until told to stop, or until the pipeline ends on its own (every stream closed).
+    tokio::select! {
+        _ = shutdown.cancelled() => {},
+        _ = &mut sink => { shutdown.cancel(); },
+    }
+    let drain_started = Instant::now();
+    metrics.set_draining();
+    let deadline = tokio::time::Instant::now() + cfg.shutdown_timeout;
+
+    // Sources stop at once; collect their streams so the leases stay managed until step 3.
+    let mut streams = Vec::new();
+    let mut failure = None;
+    for s in sources {
+        match s.await {
+            Ok((stream, result)) => {
+                streams.push(stream);
+                if let Err(e) = result {
+                    tracing::error!(error = %e, "stream failed");
+                    failure = Some(e);
+                }
+            }
+            Err(e) => return Err(WorkerError::Task(e.to_string())),
+        }
+    }
+    let _ = batcher.await;
+    let _ = stage.await;
+    // The sink finishes the commit in flight and acks it, within the budget.
+    if !sink.is_finished() {
+        if tokio::time::timeout_at(deadline, &mut sink).await.is_err() {
+            tracing::warn!("commit still running at the shutdown deadline; its messages will be redelivered");
+            sink.abort();
+        }
+    }
+    // Flush acks and nack everything still leased.
+    for t in &tokens {
+        if tokio::time::timeout_at(deadline, t.shutdown()).await.is_err() {
+            tracing::warn!("ack flush did not finish before the shutdown deadline");
+        }
+    }
+    drop(streams);
+    let report = Report {
+        counts: metrics.counts(),
+        drain_seconds: drain_started.elapsed().as_secs_f64(),
+        run_seconds: started.elapsed().as_secs_f64(),
+    };
+    tracing::info!(drain_seconds = report.drain_seconds, acked = report.counts.acked, nacked = report.counts.nacked, committed = report.counts.committed, failed = report.counts.failed, "worker stopped");
+    match failure {
+        Some(e) => Err(e.into()),
+        None => Ok(report),
+    }
+}
+
+/// Sends each batch's texts to the model thread and forwards the results to the sink.
+/// A model error NACKs the batch's records (their rejected payloads still go to the sink).
+async fn embed_stage(
+    mut rx: mpsc::Receiver<Batch>,
+    tx: mpsc::Sender<Outcome>,
+    model: ModelHandle,
+    metrics: Arc<Metrics>,
+    shutdown: Shutdown,
+) {
+    loop {
+        let batch = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            b = rx.recv() => match b {
+                Some(b) => b,
+                None => return,
+            },
+        };
+        let Batch { records, rejected } = batch;
+        let mut outcome = Outcome {
+            done: Vec::with_capacity(records.len()),
+            rejected,
+        };
+        if !records.is_empty() {
+            metrics.batch_size.observe(records.len() as f64);
+            let texts = records.iter().map(|p| p.record.text.clone()).collect();
+            let started = Instant::now();
+            let result = tokio::select! {
+                biased;
+                // Dropping the records NACKs them; the model thread skips or finishes the work.
+                _ = shutdown.cancelled() => return,
+                r = model.embed(texts) => r,
+            };
+            match result {
+                Ok(embedded) => {
+                    metrics
+                        .inference_seconds
+                        .observe(started.elapsed().as_secs_f64());
+                    metrics.tokens(embedded.tokens as u64);
+                    outcome.done = records.into_iter().zip(embedded.vectors).collect();
+                }
+                Err(e) => {
+                    metrics.model_error();
+                    tracing::error!(error = %e, records = records.len(), "model failed; nacking the batch for redelivery");
+                    drop(records);
+                }
+            }
+        }
+        if outcome.is_empty() {
+            continue;
+        }
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            sent = tx.send(outcome) => if sent.is_err() { return },
+        }
+    }
+}
+
+async fn exit_when_idle(idle: Duration, metrics: Arc<Metrics>, shutdown: Shutdown) {
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {},
+        }
+        if metrics.idle_for() >= idle && metrics.in_flight() == 0 {
+            tracing::info!(idle = ?idle, "no message for the idle period and nothing in flight: exiting");
+            shutdown.cancel();
+            return;
+        }
+    }
+}
