@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: fetches the model, starts PostgreSQL and the Pub/Sub
+# emulator (with the stream-cancel fix), then runs every test against them.
+#
+#   scripts/test.sh [extra cargo test args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/fetch-model.sh
+pg_url=$(scripts/postgres.sh start | tail -n1)
+emulator=${SPOTINFER_TEST_EMULATOR:-127.0.0.1:8086}
+scripts/pubsub-emulator.sh start "$emulator"
+export PUBSUB_EMULATOR_HOST=$emulator
+export SPOTINFER_TEST_PG_URL=$pg_url
+export SPOTINFER_MODEL=$PWD/models/all-MiniLM-L6-v2
+export RUST_BACKTRACE=1
+cargo test "$@"
