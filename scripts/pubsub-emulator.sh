@@ -3,10 +3,10 @@
 # for its stream-cancel bug (see emulator-fix/io/grpc/InternalStatus.java and the README).
 #
 #   scripts/pubsub-emulator.sh start [HOST:PORT]   start in the background, wait until it answers
-#   scripts/pubsub-emulator.sh stop                stop the one started from this checkout
+#   scripts/pubsub-emulator.sh stop [HOST:PORT]    stop the one started from this checkout
 #   scripts/pubsub-emulator.sh run [HOST:PORT]     run in the foreground
 #
-# The compiled fix and the pid/log files live under .cache/emulator/ in the checkout.
+# The compiled fix and the pid/log files (one pair per port) live under .cache/emulator/.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -50,8 +50,8 @@ wait_ready() {
     if (exec 3<>"/dev/tcp/${addr%:*}/${addr##*:}") 2>/dev/null; then return 0; fi
     sleep 0.5
   done
-  echo "pubsub emulator did not open $addr; log: $state/emulator.log" >&2
-  tail -n 20 "$state/emulator.log" >&2 || true
+  echo "pubsub emulator did not open $addr; log: $state/${addr##*:}.log" >&2
+  tail -n 20 "$state/${addr##*:}.log" >&2 || true
   return 1
 }
 
@@ -61,15 +61,18 @@ case "${1:-start}" in
     exec $(cmd_line "${2:-}") ;;
   start)
     addr=${2:-127.0.0.1:8085}
-    if [ -f "$state/pid" ] && kill -0 "$(cat "$state/pid")" 2>/dev/null; then
+    pidf="$state/${addr##*:}.pid"
+    if [ -f "$pidf" ] && kill -0 "$(cat "$pidf")" 2>/dev/null; then
       wait_ready "$addr"; exit 0
     fi
     # shellcheck disable=SC2046
-    nohup $(cmd_line "$addr") >"$state/emulator.log" 2>&1 &
-    echo $! >"$state/pid"
+    nohup $(cmd_line "$addr") >"$state/${addr##*:}.log" 2>&1 &
+    echo $! >"$pidf"
     wait_ready "$addr"
-    echo "pubsub emulator on $addr (pid $(cat "$state/pid"))" ;;
+    echo "pubsub emulator on $addr (pid $(cat "$pidf"))" ;;
   stop)
-    if [ -f "$state/pid" ]; then kill "$(cat "$state/pid")" 2>/dev/null || true; rm -f "$state/pid"; fi ;;
+    addr=${2:-127.0.0.1:8085}
+    pidf="$state/${addr##*:}.pid"
+    if [ -f "$pidf" ]; then kill "$(cat "$pidf")" 2>/dev/null || true; rm -f "$pidf"; fi ;;
   *) echo "usage: $0 start|stop|run [HOST:PORT]" >&2; exit 2 ;;
 esac

@@ -14,7 +14,13 @@ use std::time::Duration;
 #[command(name = "spotinfer", version, about, long_about = None)]
 pub struct Cli {
     /// Log format: text for people, json (one object per line, Cloud Logging `severity`).
-    #[arg(long, env = "SPOTINFER_LOG_FORMAT", value_enum, default_value = "text", global = true)]
+    #[arg(
+        long,
+        env = "SPOTINFER_LOG_FORMAT",
+        value_enum,
+        default_value = "text",
+        global = true
+    )]
     pub log_format: LogFormat,
     /// What to do.
     #[command(subcommand)]
@@ -52,7 +58,11 @@ pub struct PubsubArgs {
     #[arg(long, env = "SPOTINFER_TOPIC", default_value = "spotinfer-records")]
     pub topic: String,
     /// Subscription: a short name or projects/P/subscriptions/S.
-    #[arg(long, env = "SPOTINFER_SUBSCRIPTION", default_value = "spotinfer-workers")]
+    #[arg(
+        long,
+        env = "SPOTINFER_SUBSCRIPTION",
+        default_value = "spotinfer-workers"
+    )]
     pub subscription: String,
 }
 
@@ -68,7 +78,11 @@ pub struct DbArgs {
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
     /// Local model directory (model.safetensors, tokenizer.json, config.json, …).
-    #[arg(long, env = "SPOTINFER_MODEL", default_value = "models/all-MiniLM-L6-v2")]
+    #[arg(
+        long,
+        env = "SPOTINFER_MODEL",
+        default_value = "models/all-MiniLM-L6-v2"
+    )]
     pub model: PathBuf,
     /// Device: auto picks CUDA when built with the `cuda` feature and a GPU is present.
     #[arg(long, env = "SPOTINFER_DEVICE", value_enum, default_value = "auto")]
@@ -217,7 +231,8 @@ pub struct StatusArgs {
 
 /// Parses `500ms`, `10s`, `2m`, …
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration like 500ms or 10s: {e}"))
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration like 500ms or 10s: {e}"))
 }
 
 #[cfg(test)]

@@ -40,12 +40,20 @@ async fn setup(a: SetupArgs) -> anyhow::Result<()> {
     println!(
         "topic {} {}",
         ps.topic,
-        if outcome.topic_created { "created" } else { "exists" }
+        if outcome.topic_created {
+            "created"
+        } else {
+            "exists"
+        }
     );
     println!(
         "subscription {} {}",
         ps.subscription,
-        if outcome.subscription_created { "created" } else { "exists" }
+        if outcome.subscription_created {
+            "created"
+        } else {
+            "exists"
+        }
     );
     if !a.skip_db {
         let store = Store::connect(&a.db.database_url).await?;
@@ -68,7 +76,8 @@ async fn publish(a: PublishArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let input = std::io::BufReader::new(
-        std::fs::File::open(&a.file).with_context(|| format!("cannot open {}", a.file.display()))?,
+        std::fs::File::open(&a.file)
+            .with_context(|| format!("cannot open {}", a.file.display()))?,
     );
     let summary = publish::publish_lines(&publisher, input, a.job.as_deref(), &progress).await?;
     progress.finish_and_clear();
@@ -150,7 +159,7 @@ async fn load_model(m: &ModelArgs) -> anyhow::Result<ModelHandle> {
     let dir = m.model.clone();
     let device = m.device;
     let embedder = tokio::task::spawn_blocking(move || Embedder::load(&dir, device)).await??;
-    Ok(ModelHandle::spawn(embedder).context("cannot start the model thread")?)
+    ModelHandle::spawn(embedder).context("cannot start the model thread")
 }
 
 fn embed(a: EmbedArgs) -> anyhow::Result<()> {
@@ -158,7 +167,11 @@ fn embed(a: EmbedArgs) -> anyhow::Result<()> {
     let embedder = Embedder::load(&a.model.model, a.model.device)?;
     let (vectors, _) = offline::embed_all(&embedder, &records, a.batch.batch_size)?;
     offline::write_embeddings(&a.output, &records, &vectors)?;
-    println!("embedded {} records into {}", records.len(), a.output.display());
+    println!(
+        "embedded {} records into {}",
+        records.len(),
+        a.output.display()
+    );
     Ok(())
 }
 

@@ -30,7 +30,10 @@ pub enum OfflineError {
 }
 
 /// Reads a JSONL file of records, reporting (to stderr) and skipping invalid lines.
-pub fn read_records(path: &std::path::Path, max_text_bytes: usize) -> Result<Vec<Record>, OfflineError> {
+pub fn read_records(
+    path: &std::path::Path,
+    max_text_bytes: usize,
+) -> Result<Vec<Record>, OfflineError> {
     let io = |source| OfflineError::Io {
         path: path.display().to_string(),
         source,
@@ -132,7 +135,10 @@ pub fn bench(
     warmup: usize,
     load_seconds: f64,
 ) -> Result<BenchReport, OfflineError> {
-    for batch in length_sorted_batches(records, batch_size).iter().take(warmup) {
+    for batch in length_sorted_batches(records, batch_size)
+        .iter()
+        .take(warmup)
+    {
         let texts: Vec<&str> = batch.iter().map(|&i| records[i].text.as_str()).collect();
         embedder.embed(&texts)?;
     }

@@ -204,10 +204,7 @@ mod tests {
 
     #[test]
     fn names_and_endpoints() {
-        assert_eq!(
-            resource_name("p", "topics", "t1"),
-            "projects/p/topics/t1"
-        );
+        assert_eq!(resource_name("p", "topics", "t1"), "projects/p/topics/t1");
         assert_eq!(
             resource_name("p", "subscriptions", "projects/q/subscriptions/s"),
             "projects/q/subscriptions/s"

@@ -60,7 +60,8 @@ pub enum RecordError {
 /// the model's token limit rather than refused.
 pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> {
     let text = std::str::from_utf8(data).map_err(|e| RecordError::NotUtf8(e.to_string()))?;
-    let value: Value = serde_json::from_str(text).map_err(|e| RecordError::NotJson(e.to_string()))?;
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| RecordError::NotJson(e.to_string()))?;
     let Value::Object(map) = value else {
         return Err(RecordError::NotObject);
     };
@@ -139,7 +140,10 @@ mod tests {
             (br#"{"id":7,"text":"x"}"#, RecordError::NotString("id")),
             (br#"{"id":"","text":"x"}"#, RecordError::Empty("id")),
             (br#"{"id":"a","text":""}"#, RecordError::Empty("text")),
-            (br#"{"id":"a","text":"x","job":3}"#, RecordError::NotString("job")),
+            (
+                br#"{"id":"a","text":"x","job":3}"#,
+                RecordError::NotString("job"),
+            ),
         ];
         for (data, want) in cases {
             let got = parse(data, MAX).unwrap_err();

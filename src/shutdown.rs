@@ -24,7 +24,10 @@ pub fn listen_for_signals(shutdown: Shutdown) -> std::io::Result<()> {
             _ = term.recv() => "SIGTERM",
             _ = int.recv() => "SIGINT",
         };
-        tracing::info!(signal = name, "shutdown requested: stop pulling, nack uncommitted, finish the commit in flight");
+        tracing::info!(
+            signal = name,
+            "shutdown requested: stop pulling, nack uncommitted, finish the commit in flight"
+        );
         shutdown.cancel();
         tokio::select! {
             _ = term.recv() => {},

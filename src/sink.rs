@@ -111,7 +111,9 @@ pub async fn run(
             tokio::time::timeout(cfg.commit_timeout, store.commit(&results, &failures)).await;
         match committed {
             Ok(Ok(())) => {
-                metrics.commit_seconds.observe(started.elapsed().as_secs_f64());
+                metrics
+                    .commit_seconds
+                    .observe(started.elapsed().as_secs_f64());
                 metrics.committed(results.len() as u64, failures.len() as u64);
                 metrics.set_store_ok(true);
                 for f in &failures {

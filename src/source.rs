@@ -11,8 +11,10 @@ use crate::record::{self, Record, RecordError};
 use crate::shutdown::Shutdown;
 use crate::telemetry::Metrics;
 use bytes::Bytes;
+use google_cloud_pubsub::subscriber::handler::Handler;
 use google_cloud_pubsub::subscriber::MessageStream;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// Where a record came from: enough to order publishes and to key failure rows.
@@ -37,9 +39,24 @@ pub struct Delivery {
     pub ack: Ack,
 }
 
+/// What a source hands back when it stops: its stream (so the leases stay managed until the
+/// worker flushes acks and NACKs the rest) and the messages it drained from the stream's buffer
+/// on shutdown (under lease management, NACKed by the stream's shutdown).
+pub struct Stopped {
+    /// The stream, still open.
+    pub stream: MessageStream,
+    /// Handlers of messages read on shutdown and never processed.
+    pub drained: Vec<Handler>,
+    /// The permanent stream error, if that is why the source stopped.
+    pub result: Result<(), QueueError>,
+}
+
+/// How long the shutdown drain waits for one more buffered message.
+const DRAIN_GAP: Duration = Duration::from_millis(50);
+/// The most time the shutdown drain may take.
+const DRAIN_MAX: Duration = Duration::from_millis(1000);
+
 /// Pulls from `stream` into `tx` until shutdown, the stream ends, or the receiver goes away.
-/// Returns the stream (so its leases stay managed until the worker flushes them) and, when the
-/// stream failed permanently, the error.
 pub async fn run(
     mut stream: MessageStream,
     tx: mpsc::Sender<Delivery>,
@@ -47,7 +64,7 @@ pub async fn run(
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
     subscription: String,
-) -> (MessageStream, Result<(), QueueError>) {
+) -> Stopped {
     metrics.set_stream_open(true);
     let result = loop {
         let next = tokio::select! {
@@ -89,5 +106,37 @@ pub async fn run(
         }
     };
     metrics.set_stream_open(false);
-    (stream, result)
+    let drained = if shutdown.is_cancelled() {
+        drain(&mut stream).await
+    } else {
+        Vec::new()
+    };
+    Stopped {
+        stream,
+        drained,
+        result,
+    }
+}
+
+/// Reads the messages the server already pushed into this stream's buffers. They were delivered
+/// to this worker: left unread, Pub/Sub would only redeliver them once their lease expired. Read,
+/// they come under lease management and the stream's shutdown NACKs them at once. The handlers
+/// are held, not dropped: a NACK now would free flow-control room and invite the server to push
+/// more into a stream that is closing.
+async fn drain(stream: &mut MessageStream) -> Vec<Handler> {
+    let started = tokio::time::Instant::now();
+    let mut held = Vec::new();
+    while started.elapsed() < DRAIN_MAX {
+        match tokio::time::timeout(DRAIN_GAP, stream.next()).await {
+            Ok(Some(Ok((_, handler)))) => held.push(handler),
+            _ => break,
+        }
+    }
+    if !held.is_empty() {
+        tracing::info!(
+            messages = held.len(),
+            "drained buffered messages for an immediate nack"
+        );
+    }
+    held
 }

@@ -257,25 +257,33 @@ impl Store {
     pub async fn status(&self, job: Option<&str>) -> Result<StatusCounts, StoreError> {
         let (done, failed): (i64, i64) = match self {
             Self::Postgres(p) => {
-                let d = sqlx::query_scalar("SELECT COUNT(*) FROM embeddings WHERE $1::text IS NULL OR job = $1")
-                    .bind(job)
-                    .fetch_one(p)
-                    .await?;
-                let f = sqlx::query_scalar("SELECT COUNT(*) FROM failed_records WHERE $1::text IS NULL OR job = $1")
-                    .bind(job)
-                    .fetch_one(p)
-                    .await?;
+                let d = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM embeddings WHERE $1::text IS NULL OR job = $1",
+                )
+                .bind(job)
+                .fetch_one(p)
+                .await?;
+                let f = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM failed_records WHERE $1::text IS NULL OR job = $1",
+                )
+                .bind(job)
+                .fetch_one(p)
+                .await?;
                 (d, f)
             }
             Self::Sqlite(p) => {
-                let d = sqlx::query_scalar("SELECT COUNT(*) FROM embeddings WHERE ?1 IS NULL OR job = ?1")
-                    .bind(job)
-                    .fetch_one(p)
-                    .await?;
-                let f = sqlx::query_scalar("SELECT COUNT(*) FROM failed_records WHERE ?1 IS NULL OR job = ?1")
-                    .bind(job)
-                    .fetch_one(p)
-                    .await?;
+                let d = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM embeddings WHERE ?1 IS NULL OR job = ?1",
+                )
+                .bind(job)
+                .fetch_one(p)
+                .await?;
+                let f = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM failed_records WHERE ?1 IS NULL OR job = ?1",
+                )
+                .bind(job)
+                .fetch_one(p)
+                .await?;
                 (d, f)
             }
         };
@@ -321,7 +329,8 @@ impl Store {
 
     /// Reads every failure row as (message_id, record_id, error).
     pub async fn failures(&self) -> Result<Vec<(String, Option<String>, String)>, StoreError> {
-        const Q: &str = "SELECT message_id, record_id, error FROM failed_records ORDER BY message_id";
+        const Q: &str =
+            "SELECT message_id, record_id, error FROM failed_records ORDER BY message_id";
         let rows = match self {
             Self::Postgres(p) => sqlx::query_as(Q).fetch_all(p).await?,
             Self::Sqlite(p) => sqlx::query_as(Q).fetch_all(p).await?,

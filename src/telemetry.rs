@@ -429,9 +429,18 @@ mod tests {
         m.batch_size.observe(32.0);
         m.batch_size.observe(1000.0);
         let text = m.render();
-        assert!(text.contains("spotinfer_batch_size_bucket{le=\"4\"} 1"), "{text}");
-        assert!(text.contains("spotinfer_batch_size_bucket{le=\"32\"} 2"), "{text}");
-        assert!(text.contains("spotinfer_batch_size_bucket{le=\"+Inf\"} 3"), "{text}");
+        assert!(
+            text.contains("spotinfer_batch_size_bucket{le=\"4\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("spotinfer_batch_size_bucket{le=\"32\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("spotinfer_batch_size_bucket{le=\"+Inf\"} 3"),
+            "{text}"
+        );
         assert!(text.contains("spotinfer_batch_size_count 3"), "{text}");
     }
 

@@ -1,7 +1,8 @@
 //! The worker: wires source → batcher → model → sink and runs the shutdown sequence.
 //!
 //! Shutdown, in order, once the [`Shutdown`] is cancelled (SIGTERM, SIGINT or idle):
-//! 1. sources stop pulling; batcher and model stage drop what they hold (NACK at once);
+//! 1. sources stop pulling and read out what the server already pushed into the stream buffers
+//!    (held for step 3); batcher and model stage drop what they hold (NACK at once);
 //! 2. the sink finishes the commit in flight, if any, and acks it;
 //! 3. each stream's shutdown flushes the pending acks and NACKs every message still leased
 //!    (`ShutdownBehavior::NackImmediately`);
@@ -142,9 +143,9 @@ pub async fn run(
     let mut failure = None;
     for s in sources {
         match s.await {
-            Ok((stream, result)) => {
-                streams.push(stream);
-                if let Err(e) = result {
+            Ok(stopped) => {
+                streams.push((stopped.stream, stopped.drained));
+                if let Err(e) = stopped.result {
                     tracing::error!(error = %e, "stream failed");
                     failure = Some(e);
                 }
@@ -155,15 +156,18 @@ pub async fn run(
     let _ = batcher.await;
     let _ = stage.await;
     // The sink finishes the commit in flight and acks it, within the budget.
-    if !sink.is_finished() {
-        if tokio::time::timeout_at(deadline, &mut sink).await.is_err() {
-            tracing::warn!("commit still running at the shutdown deadline; its messages will be redelivered");
-            sink.abort();
-        }
+    if !sink.is_finished() && tokio::time::timeout_at(deadline, &mut sink).await.is_err() {
+        tracing::warn!(
+            "commit still running at the shutdown deadline; its messages will be redelivered"
+        );
+        sink.abort();
     }
-    // Flush acks and nack everything still leased.
+    // Flush acks and nack everything still leased, the drained messages included.
     for t in &tokens {
-        if tokio::time::timeout_at(deadline, t.shutdown()).await.is_err() {
+        if tokio::time::timeout_at(deadline, t.shutdown())
+            .await
+            .is_err()
+        {
             tracing::warn!("ack flush did not finish before the shutdown deadline");
         }
     }
@@ -173,7 +177,14 @@ pub async fn run(
         drain_seconds: drain_started.elapsed().as_secs_f64(),
         run_seconds: started.elapsed().as_secs_f64(),
     };
-    tracing::info!(drain_seconds = report.drain_seconds, acked = report.counts.acked, nacked = report.counts.nacked, committed = report.counts.committed, failed = report.counts.failed, "worker stopped");
+    tracing::info!(
+        drain_seconds = report.drain_seconds,
+        acked = report.counts.acked,
+        nacked = report.counts.nacked,
+        committed = report.counts.committed,
+        failed = report.counts.failed,
+        "worker stopped"
+    );
     match failure {
         Some(e) => Err(e.into()),
         None => Ok(report),

@@ -1,0 +1,143 @@
+//! The command-line surface: publish, embed, bench and status as a user runs them.
+
+mod common;
+
+use common::*;
+use std::process::Command;
+
+fn spotinfer() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_spotinfer"));
+    c.env("SPOTINFER_MODEL", model_dir())
+        .env("RUST_LOG", "warn");
+    c
+}
+
+#[test]
+fn publish_reports_bad_lines_by_number_and_counts_the_rest() {
+    let name = unique("cli-pub");
+    let args = pubsub_args(&name);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("in.jsonl");
+    std::fs::write(
+        &file,
+        "{\"id\":\"a\",\"text\":\"first\"}\nnot json\n\n{\"id\":\"b\"}\n{\"id\":\"c\",\"text\":\"third\"}\n",
+    )
+    .unwrap();
+    let setup = spotinfer()
+        .args(["setup", "--skip-db"])
+        .env("PUBSUB_EMULATOR_HOST", emulator())
+        .env("GOOGLE_CLOUD_PROJECT", &args.project)
+        .env("SPOTINFER_TOPIC", &args.topic)
+        .env("SPOTINFER_SUBSCRIPTION", &args.subscription)
+        .output()
+        .unwrap();
+    assert!(setup.status.success(), "{setup:?}");
+    let out = spotinfer()
+        .arg("publish")
+        .arg(&file)
+        .env("PUBSUB_EMULATOR_HOST", emulator())
+        .env("GOOGLE_CLOUD_PROJECT", &args.project)
+        .env("SPOTINFER_TOPIC", &args.topic)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("line 2: payload is not JSON"), "{stderr}");
+    assert!(
+        stderr.contains("line 4: field \"text\" is missing"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("published 2 records"), "{stdout}");
+    assert!(stdout.contains("2 lines skipped"), "{stdout}");
+}
+
+#[test]
+fn embed_and_bench_run_offline() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    let output = dir.path().join("out.jsonl");
+    let mut lines = record_lines("cli-embed", 20);
+    lines.insert(3, "{\"id\":\"\",\"text\":\"empty id\"}".into());
+    std::fs::write(&input, lines.join("\n")).unwrap();
+
+    let out = spotinfer()
+        .args(["embed", "--batch-size", "8", "--input"])
+        .arg(&input)
+        .arg("--output")
+        .arg(&output)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains(":4: field \"id\" is empty"), "{stderr}");
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(&output)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 20);
+    assert_eq!(rows[0]["id"], "cli-embed-00000");
+    assert_eq!(rows[0]["embedding"].as_array().unwrap().len(), 384);
+
+    let out = spotinfer()
+        .args(["bench", "--input"])
+        .arg(&input)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(last["records"], 20);
+    assert!(last["seconds"].as_f64().unwrap() > 0.0);
+    assert!(last["records_per_s"].as_f64().unwrap() > 0.0);
+    assert!(last["tokens_per_s"].as_f64().unwrap() > last["records_per_s"].as_f64().unwrap());
+}
+
+#[test]
+fn status_counts_and_unreachable_database_is_a_clear_error() {
+    let (_dir, db) = fresh_sqlite();
+    let out = spotinfer()
+        .args(["status", "--job", "nothing"])
+        .env("DATABASE_URL", &db)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "job nothing: 0 done, 0 failed"
+    );
+
+    let out = spotinfer()
+        .arg("status")
+        .env(
+            "DATABASE_URL",
+            "postgres://someone:hunter2@127.0.0.1:1/nope",
+        )
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("cannot reach the database at postgres://someone:***@127.0.0.1:1/nope"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("hunter2"), "password leaked: {stderr}");
+}
+
+#[test]
+fn worker_with_a_missing_model_fails_at_startup_with_a_clear_error() {
+    let (_dir, db) = fresh_sqlite();
+    let out = spotinfer()
+        .args(["work", "--model", "/nonexistent/model"])
+        .env("DATABASE_URL", &db)
+        .env("PUBSUB_EMULATOR_HOST", emulator())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("/nonexistent/model/config.json") && stderr.contains("fetch-model.sh"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,270 @@
+//! Shared helpers for the integration tests. They use the real Pub/Sub emulator and real
+//! PostgreSQL started by `scripts/test.sh`; nothing here mocks either.
+#![allow(dead_code)]
+
+use google_cloud_pubsub::model::Message;
+use spotinfer::config::PubsubArgs;
+use spotinfer::pubsub::PubsubConfig;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// host:port of the emulator the harness started.
+pub fn emulator() -> String {
+    std::env::var("PUBSUB_EMULATOR_HOST")
+        .expect("PUBSUB_EMULATOR_HOST is not set: run the suite with scripts/test.sh")
+}
+
+/// Admin URL of the test PostgreSQL.
+pub fn pg_admin_url() -> String {
+    std::env::var("SPOTINFER_TEST_PG_URL")
+        .expect("SPOTINFER_TEST_PG_URL is not set: run the suite with scripts/test.sh")
+}
+
+/// The local model directory.
+pub fn model_dir() -> PathBuf {
+    std::env::var_os("SPOTINFER_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/all-MiniLM-L6-v2")
+        })
+}
+
+/// A name unique to this process and call.
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "{prefix}-{}-{}-{nanos}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Pub/Sub args for a fresh topic and subscription.
+pub fn pubsub_args(name: &str) -> PubsubArgs {
+    PubsubArgs {
+        project: "spotinfer-test".into(),
+        emulator_host: Some(emulator()),
+        topic: format!("t-{name}"),
+        subscription: format!("s-{name}"),
+    }
+}
+
+/// Creates a fresh topic and subscription on the emulator.
+pub async fn fresh_pubsub(name: &str) -> (PubsubArgs, PubsubConfig) {
+    let args = pubsub_args(name);
+    let cfg = PubsubConfig::from_args(&args);
+    cfg.setup(Duration::from_secs(10)).await.expect("setup");
+    (args, cfg)
+}
+
+/// Creates a fresh PostgreSQL database and returns its URL.
+pub async fn fresh_pg_database() -> String {
+    let admin = pg_admin_url();
+    let name = unique("t").replace('-', "_");
+    let pool = sqlx::PgPool::connect(&admin)
+        .await
+        .expect("connect to test postgres");
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&pool)
+        .await
+        .expect("create database");
+    pool.close().await;
+    let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
+    format!("{base}/{name}")
+}
+
+/// A SQLite URL in a fresh temporary directory (kept alive by the returned guard).
+pub fn fresh_sqlite() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("results.db").display());
+    (dir, url)
+}
+
+/// `n` valid record lines with short, varied texts.
+pub fn record_lines(prefix: &str, n: usize) -> Vec<String> {
+    const WORDS: &[&str] = &[
+        "spot",
+        "node",
+        "worker",
+        "batch",
+        "commit",
+        "lease",
+        "message",
+        "vector",
+        "preempted",
+        "drain",
+        "queue",
+        "result",
+        "model",
+        "token",
+        "retry",
+        "cluster",
+    ];
+    (0..n)
+        .map(|i| {
+            let len = 3 + (i * 7) % 17;
+            let text: Vec<&str> = (0..len).map(|j| WORDS[(i * 31 + j * 7) % WORDS.len()]).collect();
+            serde_json::json!({"id": format!("{prefix}-{i:05}"), "text": format!("{} {i}", text.join(" ")), "job": prefix}).to_string()
+        })
+        .collect()
+}
+
+/// Publishes raw payloads and waits for every publish to be confirmed.
+pub async fn publish_raw(cfg: &PubsubConfig, payloads: Vec<Vec<u8>>) {
+    let publisher = cfg.publisher().await.expect("publisher");
+    let futs: Vec<_> = payloads
+        .into_iter()
+        .map(|p| publisher.publish(Message::new().set_data(p)))
+        .collect();
+    publisher.flush().await;
+    for f in futs {
+        f.await.expect("publish");
+    }
+}
+
+/// Publishes lines as message data.
+pub async fn publish_lines(cfg: &PubsubConfig, lines: &[String]) {
+    publish_raw(cfg, lines.iter().map(|l| l.clone().into_bytes()).collect()).await;
+}
+
+/// Polls `f` every 100 ms until it returns true; panics with `what` after `timeout`.
+pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !f().await {
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Asserts that nothing can be pulled from the subscription for `window`.
+pub async fn assert_subscription_empty(cfg: &PubsubConfig, window: Duration) {
+    let sub = cfg.subscriber(1).await.expect("subscriber");
+    let mut stream = sub
+        .subscribe(&cfg.subscription)
+        .set_shutdown_behavior(google_cloud_pubsub::subscriber::ShutdownBehavior::NackImmediately)
+        .build();
+    let token = stream.shutdown_token();
+    let got = tokio::time::timeout(window, stream.next()).await;
+    token.shutdown().await;
+    if let Ok(Some(Ok((m, h)))) = got {
+        h.nack();
+        panic!(
+            "subscription not empty: message {} {:?}",
+            m.message_id,
+            String::from_utf8_lossy(&m.data)
+        );
+    }
+}
+
+/// A `spotinfer work` child process.
+pub struct WorkerProcess {
+    /// The child.
+    pub child: Child,
+    /// Its metrics address.
+    pub metrics_addr: String,
+}
+
+/// A free loopback port.
+pub fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").to_string()
+}
+
+impl WorkerProcess {
+    /// Starts `spotinfer work` against `args` and `db_url` with extra flags.
+    pub fn start(args: &PubsubArgs, db_url: &str, extra: &[&str]) -> Self {
+        let metrics_addr = free_addr();
+        let child = Command::new(env!("CARGO_BIN_EXE_spotinfer"))
+            .arg("work")
+            .args(extra)
+            .env("PUBSUB_EMULATOR_HOST", emulator())
+            .env("GOOGLE_CLOUD_PROJECT", &args.project)
+            .env("SPOTINFER_TOPIC", &args.topic)
+            .env("SPOTINFER_SUBSCRIPTION", &args.subscription)
+            .env("DATABASE_URL", db_url)
+            .env("SPOTINFER_MODEL", model_dir())
+            .env("SPOTINFER_METRICS_ADDR", &metrics_addr)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn spotinfer work");
+        Self {
+            child,
+            metrics_addr,
+        }
+    }
+
+    /// Sends a signal.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY-free: libc::kill on our own child's pid.
+        let rc = unsafe { libc::kill(self.child.id() as i32, sig) };
+        assert_eq!(rc, 0, "kill failed");
+    }
+
+    /// Waits for exit up to `timeout`; returns the status and how long it took.
+    pub fn wait(&mut self, timeout: Duration) -> (std::process::ExitStatus, Duration) {
+        let start = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                return (s, start.elapsed());
+            }
+            if start.elapsed() > timeout {
+                let _ = self.child.kill();
+                panic!("worker did not exit within {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Reads one counter from /metrics (None while the endpoint is not up).
+    pub async fn metric(&self, name: &str) -> Option<f64> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(&self.metrics_addr)
+            .await
+            .ok()?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).await.ok()?;
+        body.lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+    }
+
+    /// Whether /readyz answers 200.
+    pub async fn ready(&self) -> bool {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let Ok(mut s) = tokio::net::TcpStream::connect(&self.metrics_addr).await else {
+            return false;
+        };
+        if s.write_all(b"GET /readyz HTTP/1.1\r\n\r\n").await.is_err() {
+            return false;
+        }
+        let mut body = String::new();
+        let _ = s.read_to_string(&mut body).await;
+        body.starts_with("HTTP/1.1 200")
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,425 @@
+//! The worker end to end against the real Pub/Sub emulator, real PostgreSQL and SQLite.
+
+mod common;
+
+use common::*;
+use sha2::{Digest, Sha256};
+use spotinfer::batcher::BatchConfig;
+use spotinfer::config::{DeviceChoice, PubsubArgs};
+use spotinfer::model::{cosine, Embedder, ModelHandle};
+use spotinfer::pubsub::PubsubConfig;
+use spotinfer::shutdown::Shutdown;
+use spotinfer::store::{ResultRow, Store};
+use spotinfer::telemetry::Metrics;
+use spotinfer::worker::{self, Report, WorkerConfig};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn worker_config(args: &PubsubArgs, idle: Option<Duration>) -> WorkerConfig {
+    WorkerConfig {
+        pubsub: PubsubConfig::from_args(args),
+        streams: 1,
+        max_outstanding: 256,
+        lease_extension: Duration::from_secs(10),
+        batch: BatchConfig {
+            max_records: 32,
+            max_wait: Duration::from_millis(20),
+        },
+        max_text_bytes: 4096,
+        commit_timeout: Duration::from_secs(10),
+        shutdown_timeout: Duration::from_secs(8),
+        exit_when_idle: idle,
+    }
+}
+
+fn model() -> ModelHandle {
+    ModelHandle::spawn(Embedder::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap()
+}
+
+async fn run_until_idle(args: &PubsubArgs, db: &str) -> Report {
+    let store = Store::connect(db).await.unwrap();
+    store.migrate().await.unwrap();
+    let cfg = worker_config(args, Some(Duration::from_secs(3)));
+    worker::run(cfg, store, model(), Metrics::new(), Shutdown::new())
+        .await
+        .unwrap()
+}
+
+fn poison() -> Vec<(Vec<u8>, &'static str)> {
+    vec![
+        (b"this is not json".to_vec(), "not JSON"),
+        (b"[1, 2, 3]".to_vec(), "not an object"),
+        (br#"{"text": "no id here"}"#.to_vec(), "\"id\" is missing"),
+        (
+            br#"{"id": "p-empty", "text": ""}"#.to_vec(),
+            "\"text\" is empty",
+        ),
+        (
+            br#"{"id": 42, "text": "numeric id"}"#.to_vec(),
+            "\"id\" must be a string",
+        ),
+        (b"\xff\xfe\x00 invalid utf-8".to_vec(), "not valid UTF-8"),
+        (
+            format!(r#"{{"id": "p-huge", "text": "{}"}}"#, "x".repeat(5000)).into_bytes(),
+            "the limit is 4096",
+        ),
+    ]
+}
+
+async fn commits_every_record_once(db: &str, name: &str) {
+    let (args, cfg) = fresh_pubsub(name).await;
+    let lines = record_lines(name, 80);
+    publish_lines(&cfg, &lines).await;
+    // Republish record 0 with a new text: the newer publish must win.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let newer_text = "a newer version of the first record";
+    publish_lines(
+        &cfg,
+        &[
+            serde_json::json!({"id": format!("{name}-00000"), "text": newer_text, "job": name})
+                .to_string(),
+        ],
+    )
+    .await;
+    let bad = poison();
+    publish_raw(&cfg, bad.iter().map(|(p, _)| p.clone()).collect()).await;
+
+    let report = run_until_idle(&args, db).await;
+
+    let store = Store::connect(db).await.unwrap();
+    let status = store.status(None).await.unwrap();
+    assert_eq!(status.done, 80, "one row per record id");
+    assert_eq!(
+        status.failed,
+        bad.len() as i64,
+        "one failure row per poison message"
+    );
+    assert_eq!(store.status(Some(name)).await.unwrap().done, 80);
+    assert_eq!(report.counts.nacked, 0, "{report:?}");
+    assert!(report.counts.acked >= 88, "every message acked: {report:?}");
+
+    let failures = store.failures().await.unwrap();
+    for (_, want) in &bad {
+        assert!(
+            failures.iter().any(|(_, _, e)| e.contains(want)),
+            "no failure row mentions {want:?}: {failures:?}"
+        );
+    }
+    assert!(failures
+        .iter()
+        .any(|(_, id, _)| id.as_deref() == Some("p-empty")));
+
+    let rows = store.embeddings().await.unwrap();
+    let first = &rows[&format!("{name}-00000")];
+    assert_eq!(first.input_sha256, hex::encode(Sha256::digest(newer_text)));
+    // Stored vectors are the model's vectors for those texts.
+    let embedder = Embedder::load(&model_dir(), DeviceChoice::Cpu).unwrap();
+    for line in lines.iter().skip(1).step_by(17) {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let want = &embedder
+            .embed(&[v["text"].as_str().unwrap()])
+            .unwrap()
+            .vectors[0];
+        let got = &rows[v["id"].as_str().unwrap()].embedding;
+        assert_eq!(got.len(), 384);
+        assert!(cosine(got, want) > 0.9999);
+    }
+    assert_subscription_empty(&cfg, Duration::from_secs(2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_commits_every_record_once_and_records_poison() {
+    let db = fresh_pg_database().await;
+    commits_every_record_once(&db, &unique("pg-once")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_commits_every_record_once_and_records_poison() {
+    let (_dir, db) = fresh_sqlite();
+    commits_every_record_once(&db, &unique("sq-once")).await;
+}
+
+fn row(id: &str, t: i64, v: f32) -> ResultRow {
+    ResultRow {
+        record_id: id.into(),
+        embedding: vec![v; 4],
+        model: "m".into(),
+        job: None,
+        input_sha256: format!("h{t}"),
+        message_id: format!("m{t}"),
+        publish_time_us: t,
+    }
+}
+
+async fn older_publish_never_overwrites(db: &str) {
+    let store = Store::connect(db).await.unwrap();
+    store.migrate().await.unwrap();
+    store.commit(&[row("r", 200, 2.0)], &[]).await.unwrap();
+    // A redelivery of an older publish arrives late: ignored.
+    store.commit(&[row("r", 100, 1.0)], &[]).await.unwrap();
+    assert_eq!(store.embeddings().await.unwrap()["r"].publish_time_us, 200);
+    // The same message again: idempotent.
+    store.commit(&[row("r", 200, 2.0)], &[]).await.unwrap();
+    // A newer publish replaces it, and duplicates inside one batch keep the newest.
+    store
+        .commit(
+            &[row("r", 300, 3.0), row("r", 250, 2.5), row("s", 1, 1.0)],
+            &[],
+        )
+        .await
+        .unwrap();
+    let rows = store.embeddings().await.unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows["r"].publish_time_us, 300);
+    assert_eq!(rows["r"].embedding, vec![3.0; 4]);
+}
+
+#[tokio::test]
+async fn postgres_older_publish_never_overwrites_newer() {
+    older_publish_never_overwrites(&fresh_pg_database().await).await;
+}
+
+#[tokio::test]
+async fn sqlite_older_publish_never_overwrites_newer() {
+    let (_dir, db) = fresh_sqlite();
+    older_publish_never_overwrites(&db).await;
+}
+
+#[tokio::test]
+async fn setup_is_idempotent() {
+    let name = unique("setup");
+    let (_, cfg) = fresh_pubsub(&name).await;
+    let again = cfg.setup(Duration::from_secs(10)).await.unwrap();
+    assert!(!again.topic_created && !again.subscription_created);
+}
+
+async fn count_rows(db: &str) -> i64 {
+    let store = Store::connect(db).await.unwrap();
+    store.status(None).await.unwrap().done
+}
+
+/// SIGTERM mid-stream: exit 0 well inside Spot's 15 s, nothing lost, and the NACKed messages
+/// reach a second worker at once instead of after a lease timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_stream_exits_fast_and_a_second_worker_takes_over() {
+    let name = unique("sigterm");
+    let (args, cfg) = fresh_pubsub(&name).await;
+    let db = fresh_pg_database().await;
+    let n = 300;
+    publish_lines(&cfg, &record_lines(&name, n)).await;
+
+    let mut a = WorkerProcess::start(
+        &args,
+        &db,
+        &["--max-outstanding", "1000", "--batch-size", "16"],
+    );
+    wait_until(Duration::from_secs(120), "worker A to commit", || async {
+        a.metric("spotinfer_records_committed_total")
+            .await
+            .unwrap_or(0.0)
+            >= 32.0
+    })
+    .await;
+    let mut b = WorkerProcess::start(
+        &args,
+        &db,
+        &["--exit-when-idle", "4s", "--batch-size", "16"],
+    );
+    wait_until(Duration::from_secs(60), "worker B ready", || b.ready()).await;
+    let b_before = b
+        .metric("spotinfer_messages_received_total")
+        .await
+        .unwrap_or(0.0);
+
+    let sigterm_at = Instant::now();
+    a.signal(libc::SIGTERM);
+    let (status, exit_time) = a.wait(Duration::from_secs(15));
+    let mut takeover = None;
+    while takeover.is_none() && sigterm_at.elapsed() < Duration::from_secs(30) {
+        if b.metric("spotinfer_messages_received_total")
+            .await
+            .unwrap_or(0.0)
+            > b_before
+        {
+            takeover = Some(sigterm_at.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("SIGTERM: exit {status} in {exit_time:?}; B received redeliveries {takeover:?} after SIGTERM (B had {b_before} before)");
+    assert!(status.success(), "graceful exit must be 0: {status}");
+    assert!(
+        exit_time < Duration::from_secs(5),
+        "exit took {exit_time:?}"
+    );
+    let takeover = takeover.expect("B never received a message after SIGTERM");
+    assert!(
+        takeover < Duration::from_secs(3),
+        "redelivery took {takeover:?}: NACK was not immediate"
+    );
+
+    let (status_b, _) = b.wait(Duration::from_secs(240));
+    assert!(status_b.success());
+    assert_eq!(count_rows(&db).await, n as i64, "every record exactly once");
+    assert_subscription_empty(&cfg, Duration::from_secs(2)).await;
+}
+
+/// SIGKILL mid-stream: the dead worker's messages come back after the lease extension and are
+/// committed once; nothing is duplicated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_stream_redelivers_without_duplicates() {
+    let name = unique("sigkill");
+    let (args, cfg) = fresh_pubsub(&name).await;
+    let (_dir, db) = fresh_sqlite();
+    let n = 200;
+    let lines = record_lines(&name, n);
+    publish_lines(&cfg, &lines).await;
+
+    let mut a = WorkerProcess::start(&args, &db, &["--batch-size", "16"]);
+    wait_until(Duration::from_secs(120), "worker A to commit", || async {
+        a.metric("spotinfer_records_committed_total")
+            .await
+            .unwrap_or(0.0)
+            >= 32.0
+    })
+    .await;
+    a.signal(libc::SIGKILL);
+    let (status, _) = a.wait(Duration::from_secs(5));
+    assert!(!status.success());
+    let killed_at = Instant::now();
+
+    // Idle longer than the 10 s lease so the dead worker's messages come back in time.
+    let mut b = WorkerProcess::start(
+        &args,
+        &db,
+        &["--exit-when-idle", "15s", "--batch-size", "16"],
+    );
+    let (status_b, _) = b.wait(Duration::from_secs(240));
+    assert!(status_b.success());
+    eprintln!(
+        "SIGKILL: all records committed {:?} after the kill",
+        killed_at.elapsed()
+    );
+    let store = Store::connect(&db).await.unwrap();
+    let rows = store.embeddings().await.unwrap();
+    assert_eq!(rows.len(), n);
+    for line in &lines {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert!(rows.contains_key(v["id"].as_str().unwrap()));
+    }
+    assert_subscription_empty(&cfg, Duration::from_secs(2)).await;
+}
+
+/// A TCP proxy in front of PostgreSQL that can cut every connection and refuse new ones: a real
+/// database outage as the worker sees it, without stopping the server other tests share.
+struct Proxy {
+    addr: String,
+    up: Arc<std::sync::atomic::AtomicBool>,
+    conns: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl Proxy {
+    async fn start(upstream: String) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let up = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let conns = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (up2, conns2) = (up.clone(), conns.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    continue;
+                };
+                if !up2.load(std::sync::atomic::Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let upstream = upstream.clone();
+                let task = tokio::spawn(async move {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+                conns2.lock().unwrap().push(task.abort_handle());
+            }
+        });
+        Self { addr, up, conns }
+    }
+
+    fn cut(&self) {
+        self.up.store(false, std::sync::atomic::Ordering::SeqCst);
+        for c in self.conns.lock().unwrap().drain(..) {
+            c.abort();
+        }
+    }
+
+    fn restore(&self) {
+        self.up.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// The database goes away mid-run: commits fail, their messages are NACKed, the worker stays up
+/// and finishes every record once the database is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_outage_nacks_then_recovers() {
+    let name = unique("dbdown");
+    let (args, cfg) = fresh_pubsub(&name).await;
+    let db = fresh_pg_database().await;
+    let n = 150;
+    publish_lines(&cfg, &record_lines(&name, n)).await;
+
+    let (hostport, rest) = {
+        let after_at = db.split_once('@').unwrap().1;
+        after_at.split_once('/').unwrap()
+    };
+    let proxy = Proxy::start(hostport.to_string()).await;
+    let proxied = db.replace(hostport, &proxy.addr);
+    assert!(proxied.ends_with(rest));
+
+    let store = Store::connect(&proxied).await.unwrap();
+    store.migrate().await.unwrap();
+    let metrics = Metrics::new();
+    let shutdown = Shutdown::new();
+    let worker = tokio::spawn(worker::run(
+        worker_config(&args, None),
+        store,
+        model(),
+        metrics.clone(),
+        shutdown.clone(),
+    ));
+    wait_until(Duration::from_secs(120), "first commits", || async {
+        metrics.counts().committed >= 32
+    })
+    .await;
+    proxy.cut();
+    let cut_at = Instant::now();
+    wait_until(Duration::from_secs(30), "a failed commit", || async {
+        metrics.counts().commit_errors >= 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3).saturating_sub(cut_at.elapsed())).await;
+    let during = metrics.counts();
+    proxy.restore();
+    let restored_at = Instant::now();
+    wait_until(
+        Duration::from_secs(180),
+        "all records after recovery",
+        || async { count_rows(&db).await == n as i64 },
+    )
+    .await;
+    eprintln!(
+        "DB outage: {} failed commits, {} nacks during the outage; all {n} records {:?} after restore",
+        during.commit_errors,
+        during.nacked,
+        restored_at.elapsed()
+    );
+    assert!(during.nacked > 0, "failed commits must nack: {during:?}");
+    assert!(
+        !worker.is_finished(),
+        "the worker must stay up through the outage"
+    );
+    shutdown.cancel();
+    let report = worker.await.unwrap().unwrap();
+    assert!(report.counts.committed >= n as u64);
+    assert_eq!(count_rows(&db).await, n as i64);
+    assert_subscription_empty(&cfg, Duration::from_secs(2)).await;
+}
