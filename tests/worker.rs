@@ -39,7 +39,7 @@ fn model() -> ModelHandle {
 async fn run_until_idle(args: &PubsubArgs, db: &str) -> Report {
     let store = Store::connect(db).await.unwrap();
     store.migrate().await.unwrap();
-    let cfg = worker_config(args, Some(Duration::from_secs(3)));
+    let cfg = worker_config(args, Some(Duration::from_secs(5)));
     worker::run(cfg, store, model(), Metrics::new(), Shutdown::new())
         .await
         .unwrap()
