@@ -17,7 +17,10 @@
 
 pub mod ack;
 pub mod batcher;
+pub mod chaos;
 pub mod config;
+pub mod emulator;
+pub mod loadtest;
 pub mod model;
 pub mod offline;
 pub mod publish;

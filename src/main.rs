@@ -12,7 +12,7 @@ use spotinfer::shutdown::{self, Shutdown};
 use spotinfer::store::Store;
 use spotinfer::telemetry::{self, Metrics};
 use spotinfer::worker::{self, WorkerConfig};
-use spotinfer::{offline, publish};
+use spotinfer::{loadtest, offline, publish};
 use std::time::Instant;
 
 fn main() -> anyhow::Result<()> {
@@ -30,6 +30,7 @@ fn main() -> anyhow::Result<()> {
             Command::Embed(a) => tokio::task::spawn_blocking(move || embed(a)).await?,
             Command::Bench(a) => tokio::task::spawn_blocking(move || bench(a)).await?,
             Command::Status(a) => status(a).await,
+            Command::Loadtest(a) => loadtest(a).await,
         }
     })
 }
@@ -98,8 +99,8 @@ trait LinesCount {
 impl<R: std::io::BufRead> LinesCount for R {
     fn lines_count(self) -> std::io::Result<usize> {
         let mut n = 0;
-        for l in self.lines() {
-            if !l?.trim().is_empty() {
+        for l in self.split(b'\n') {
+            if !l?.iter().all(u8::is_ascii_whitespace) {
                 n += 1;
             }
         }
@@ -118,8 +119,10 @@ async fn work(a: WorkArgs) -> anyhow::Result<()> {
         tokio::spawn(telemetry::serve(listener, metrics.clone()));
     }
     let started = Instant::now();
-    let store = Store::connect(&a.db.database_url).await?;
-    store.migrate().await?;
+    let Some(store) = connect_until_ready(&a.db.database_url, &shutdown).await else {
+        println!("worker done: stopped before the database was reachable");
+        return Ok(());
+    };
     metrics.set_store_ok(true);
     let model = load_model(&a.model).await?;
     metrics.set_model_loaded(true);
@@ -153,6 +156,29 @@ async fn work(a: WorkArgs) -> anyhow::Result<()> {
         c.committed as f64 / report.run_seconds.max(1e-9)
     );
     Ok(())
+}
+
+/// Connects and migrates, retrying with backoff while the database is unreachable: a worker that
+/// starts during a database outage waits for it (it holds no message yet) instead of crash-looping.
+/// Returns None when shutdown comes first.
+async fn connect_until_ready(url: &str, shutdown: &Shutdown) -> Option<Store> {
+    let mut backoff = std::time::Duration::from_millis(250);
+    loop {
+        let attempt = async {
+            let store = Store::connect(url).await?;
+            store.migrate().await?;
+            Ok::<_, spotinfer::store::StoreError>(store)
+        };
+        match attempt.await {
+            Ok(store) => return Some(store),
+            Err(e) => tracing::warn!(error = %e, retry_in = ?backoff, "database not ready"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            _ = tokio::time::sleep(backoff) => {},
+        }
+        backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
+    }
 }
 
 async fn load_model(m: &ModelArgs) -> anyhow::Result<ModelHandle> {
@@ -197,6 +223,17 @@ fn bench(a: BenchArgs) -> anyhow::Result<()> {
         report.device
     );
     println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+async fn loadtest(a: spotinfer::config::LoadtestArgs) -> anyhow::Result<()> {
+    let report_path = a.report.clone();
+    let report = loadtest::run(a).await?;
+    println!("{}", loadtest::summary(&report));
+    println!("report: {}", report_path.display());
+    if !report.ok {
+        anyhow::bail!("load test failed: {}", report.problems.join("; "));
+    }
     Ok(())
 }
 

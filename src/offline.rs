@@ -40,12 +40,12 @@ pub fn read_records(
     };
     let file = std::fs::File::open(path).map_err(io)?;
     let mut out = Vec::new();
-    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+    for (i, line) in std::io::BufReader::new(file).split(b'\n').enumerate() {
         let line = line.map_err(io)?;
-        if line.trim().is_empty() {
+        if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        match record::parse(line.as_bytes(), max_text_bytes) {
+        match record::parse(&line, max_text_bytes) {
             Ok(r) => out.push(r),
             Err(e) => eprintln!("{}:{}: {e}; skipped", path.display(), i + 1),
         }

@@ -52,16 +52,17 @@ pub async fn publish_lines(
 ) -> Result<PublishSummary, PublishError> {
     let mut summary = PublishSummary::default();
     let mut pending = FuturesUnordered::new();
-    for (i, line) in input.lines().enumerate() {
+    for (i, line) in input.split(b'\n').enumerate() {
         let line = line.map_err(|source| PublishError::Read {
             path: "input".into(),
             source,
         })?;
         let n = i + 1;
-        if line.trim().is_empty() {
+        if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let mut rec = match record::parse(line.as_bytes(), usize::MAX) {
+        // Lines are bytes: an invalid UTF-8 line is reported and skipped like any other bad line.
+        let mut rec = match record::parse(&line, usize::MAX) {
             Ok(r) => r,
             Err(e) => {
                 progress.suspend(|| eprintln!("line {n}: {e}; skipped"));

@@ -25,8 +25,10 @@ pub enum LogFormat {
 pub fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
@@ -228,6 +230,11 @@ impl Metrics {
     /// Counts messages received, and notes the time for idle detection.
     pub fn received(&self, n: u64) {
         self.received.fetch_add(n, Ordering::Relaxed);
+        self.mark_active();
+    }
+    /// Restarts the idle clock (the worker calls it when it starts pulling, so time spent
+    /// waiting for the database or loading the model does not count as idle).
+    pub fn mark_active(&self) {
         self.last_received_ms
             .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
     }

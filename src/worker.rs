@@ -124,6 +124,7 @@ pub async fn run(
         metrics.clone(),
         shutdown.clone(),
     ));
+    metrics.mark_active();
     if let Some(idle) = cfg.exit_when_idle {
         tokio::spawn(exit_when_idle(idle, metrics.clone(), shutdown.clone()));
     }

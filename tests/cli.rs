@@ -20,7 +20,7 @@ fn publish_reports_bad_lines_by_number_and_counts_the_rest() {
     let file = dir.path().join("in.jsonl");
     std::fs::write(
         &file,
-        "{\"id\":\"a\",\"text\":\"first\"}\nnot json\n\n{\"id\":\"b\"}\n{\"id\":\"c\",\"text\":\"third\"}\n",
+        b"{\"id\":\"a\",\"text\":\"first\"}\nnot json\n\n{\"id\":\"b\"}\n{\"id\":\"c\",\"text\":\"third\"}\n{\"id\":\"d\",\"text\":\"\xff\"}\n",
     )
     .unwrap();
     let setup = spotinfer()
@@ -49,7 +49,11 @@ fn publish_reports_bad_lines_by_number_and_counts_the_rest() {
         "{stderr}"
     );
     assert!(stdout.contains("published 2 records"), "{stdout}");
-    assert!(stdout.contains("2 lines skipped"), "{stdout}");
+    assert!(
+        stderr.contains("line 6: payload is not valid UTF-8"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("3 lines skipped"), "{stdout}");
 }
 
 #[test]

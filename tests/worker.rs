@@ -5,6 +5,7 @@ mod common;
 use common::*;
 use sha2::{Digest, Sha256};
 use spotinfer::batcher::BatchConfig;
+use spotinfer::chaos::Proxy;
 use spotinfer::config::{DeviceChoice, PubsubArgs};
 use spotinfer::model::{cosine, Embedder, ModelHandle};
 use spotinfer::pubsub::PubsubConfig;
@@ -12,7 +13,6 @@ use spotinfer::shutdown::Shutdown;
 use spotinfer::store::{ResultRow, Store};
 use spotinfer::telemetry::Metrics;
 use spotinfer::worker::{self, Report, WorkerConfig};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn worker_config(args: &PubsubArgs, idle: Option<Duration>) -> WorkerConfig {
@@ -309,54 +309,6 @@ async fn sigkill_mid_stream_redelivers_without_duplicates() {
     assert_subscription_empty(&cfg, Duration::from_secs(2)).await;
 }
 
-/// A TCP proxy in front of PostgreSQL that can cut every connection and refuse new ones: a real
-/// database outage as the worker sees it, without stopping the server other tests share.
-struct Proxy {
-    addr: String,
-    up: Arc<std::sync::atomic::AtomicBool>,
-    conns: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
-}
-
-impl Proxy {
-    async fn start(upstream: String) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let up = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let conns = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (up2, conns2) = (up.clone(), conns.clone());
-        tokio::spawn(async move {
-            loop {
-                let Ok((mut client, _)) = listener.accept().await else {
-                    continue;
-                };
-                if !up2.load(std::sync::atomic::Ordering::SeqCst) {
-                    drop(client);
-                    continue;
-                }
-                let upstream = upstream.clone();
-                let task = tokio::spawn(async move {
-                    if let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                    }
-                });
-                conns2.lock().unwrap().push(task.abort_handle());
-            }
-        });
-        Self { addr, up, conns }
-    }
-
-    fn cut(&self) {
-        self.up.store(false, std::sync::atomic::Ordering::SeqCst);
-        for c in self.conns.lock().unwrap().drain(..) {
-            c.abort();
-        }
-    }
-
-    fn restore(&self) {
-        self.up.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
 /// The database goes away mid-run: commits fail, their messages are NACKed, the worker stays up
 /// and finishes every record once the database is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -371,8 +323,8 @@ async fn database_outage_nacks_then_recovers() {
         let after_at = db.split_once('@').unwrap().1;
         after_at.split_once('/').unwrap()
     };
-    let proxy = Proxy::start(hostport.to_string()).await;
-    let proxied = db.replace(hostport, &proxy.addr);
+    let proxy = Proxy::start(hostport.to_string()).await.unwrap();
+    let proxied = db.replace(hostport, proxy.addr());
     assert!(proxied.ends_with(rest));
 
     let store = Store::connect(&proxied).await.unwrap();
@@ -422,4 +374,31 @@ async fn database_outage_nacks_then_recovers() {
     assert!(report.counts.committed >= n as u64);
     assert_eq!(count_rows(&db).await, n as i64);
     assert_subscription_empty(&cfg, Duration::from_secs(2)).await;
+}
+
+/// Regression (found by the load test): a worker restarted during a database outage exited 1 at
+/// startup. It now waits for the database and then works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_started_during_a_database_outage_waits_for_it() {
+    let name = unique("dbstart");
+    let (args, cfg) = fresh_pubsub(&name).await;
+    let db = fresh_pg_database().await;
+    let n = 20;
+    publish_lines(&cfg, &record_lines(&name, n)).await;
+    Store::connect(&db).await.unwrap().migrate().await.unwrap();
+    let hostport = db.split_once('@').unwrap().1.split_once('/').unwrap().0;
+    let proxy = Proxy::start(hostport.to_string()).await.unwrap();
+    proxy.cut();
+    let proxied = db.replace(hostport, proxy.addr());
+    let mut w = WorkerProcess::start(&args, &proxied, &["--exit-when-idle", "4s"]);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        w.child.try_wait().unwrap().is_none(),
+        "worker gave up while the database was down"
+    );
+    assert_eq!(count_rows(&db).await, 0);
+    proxy.restore();
+    let (status, _) = w.wait(Duration::from_secs(120));
+    assert!(status.success(), "{status}");
+    assert_eq!(count_rows(&db).await, n as i64);
 }

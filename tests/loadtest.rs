@@ -1,0 +1,118 @@
+//! CI-sized runs of `spotinfer loadtest`: real emulator, real PostgreSQL/SQLite, real worker
+//! processes, real faults. The big run is documented in the README.
+
+mod common;
+
+use common::*;
+use std::process::Command;
+
+fn loadtest(extra: &[&str], db: Option<&str>, own_emulator: bool) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("report.json");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_spotinfer"));
+    cmd.arg("loadtest")
+        .args(extra)
+        .arg("--report")
+        .arg(&report)
+        .arg("--workdir")
+        .arg(dir.path())
+        .env("SPOTINFER_MODEL", model_dir())
+        .env("RUST_LOG", "warn");
+    if own_emulator {
+        cmd.env_remove("PUBSUB_EMULATOR_HOST");
+    } else {
+        cmd.env("PUBSUB_EMULATOR_HOST", emulator());
+    }
+    match db {
+        Some(db) => cmd.env("SPOTINFER_LOADTEST_DATABASE_URL", db),
+        None => cmd.env_remove("SPOTINFER_LOADTEST_DATABASE_URL"),
+    };
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).unwrap_or_default()).unwrap_or_else(|_| {
+            panic!(
+                "no report; stderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    assert!(out.status.success(), "loadtest failed: {stdout}");
+    report
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_under_sigterm_sigkill_db_outage_and_stream_drops_loses_nothing() {
+    let db = fresh_pg_database().await;
+    let report = tokio::task::spawn_blocking(move || {
+        loadtest(
+            &[
+                "--records",
+                "240",
+                "--poison",
+                "12",
+                "--workers",
+                "2",
+                "--seed",
+                "11",
+                "--chaos-interval",
+                "4s",
+                "--sigkill-ratio",
+                "0.3",
+                "--db-outage",
+                "2s",
+                "--stream-drop-every",
+                "8s",
+                "--verify-sample",
+                "24",
+                "--worker-arg=--batch-size=16",
+            ],
+            Some(&db),
+            false,
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(report["ok"], true, "{report}");
+    assert_eq!(report["lost"], 0);
+    assert_eq!(report["wrong"], 0);
+    assert_eq!(report["poison_missing"], 0);
+    assert_eq!(report["left_on_subscription"], 0);
+    assert_eq!(report["db_outages"], 1);
+    assert!(report["sigterms"].as_u64().unwrap() + report["sigkills"].as_u64().unwrap() >= 1);
+    assert!(report["max_sigterm_exit_seconds"].as_f64().unwrap() < 5.0);
+    assert!(report["verified_vectors"].as_u64().unwrap() >= 20);
+}
+
+#[test]
+fn sqlite_with_its_own_emulator_and_sigterms_only() {
+    let report = loadtest(
+        &[
+            "--records",
+            "160",
+            "--poison",
+            "6",
+            "--workers",
+            "2",
+            "--seed",
+            "5",
+            "--chaos-interval",
+            "3s",
+            "--sigkill-ratio",
+            "0",
+            "--verify-sample",
+            "16",
+            "--worker-arg=--batch-size=16",
+        ],
+        None,
+        true,
+    );
+    assert_eq!(report["ok"], true, "{report}");
+    assert_eq!(report["lost"], 0);
+    assert_eq!(report["sigkills"], 0);
+    assert!(report["max_sigterm_exit_seconds"].as_f64().unwrap() < 5.0);
+    eprintln!(
+        "longest stall after a SIGTERM: {} s",
+        report["max_stall_after_sigterm_seconds"]
+    );
+}
