@@ -52,6 +52,22 @@ impl Ack {
         self.acked = true;
     }
 
+    /// Acknowledges and, on an exactly-once subscription, waits until Pub/Sub confirms. An error
+    /// means the ack was not confirmed: the message may come back and its commit be redone, which
+    /// the UPSERT makes harmless. Call only once the result is durably committed.
+    pub async fn confirmed_ack(mut self) -> Result<(), String> {
+        let result = match self.handler.take() {
+            Some(Handler::ExactlyOnce(h)) => h.confirmed_ack().await.map_err(|e| e.to_string()),
+            Some(h) => {
+                h.ack();
+                Ok(())
+            }
+            None => Ok(()),
+        };
+        self.acked = result.is_ok();
+        result
+    }
+
     /// Returns the message to Pub/Sub for immediate redelivery.
     pub fn nack(self) {
         drop(self);

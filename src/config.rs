@@ -132,6 +132,29 @@ pub struct SetupArgs {
     /// Skip the database migrations (Pub/Sub resources only).
     #[arg(long)]
     pub skip_db: bool,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub policy: SubscriptionPolicyArgs,
+}
+
+/// Delivery policy of a subscription `setup` creates (an existing one is left as it is).
+#[derive(Debug, Clone, Default, Args)]
+pub struct SubscriptionPolicyArgs {
+    /// Create the subscription with exactly-once delivery (pair with `work --exactly-once`).
+    #[arg(long, env = "SPOTINFER_EXACTLY_ONCE")]
+    pub exactly_once: bool,
+    /// Dead-letter topic (short name or full); created with a `-sub` subscription to keep what it gets.
+    #[arg(long, env = "SPOTINFER_DEAD_LETTER_TOPIC")]
+    pub dead_letter_topic: Option<String>,
+    /// Deliveries before a message goes to the dead-letter topic (5 to 100).
+    #[arg(long, env = "SPOTINFER_MAX_DELIVERY_ATTEMPTS", default_value_t = 10)]
+    pub max_delivery_attempts: i32,
+    /// Retry policy: backoff before redelivering a NACKed message (unset: immediate).
+    #[arg(long, env = "SPOTINFER_MIN_RETRY_BACKOFF", value_parser = parse_duration)]
+    pub min_retry_backoff: Option<Duration>,
+    /// Retry policy: the longest backoff.
+    #[arg(long, env = "SPOTINFER_MAX_RETRY_BACKOFF", value_parser = parse_duration, default_value = "60s")]
+    pub max_retry_backoff: Duration,
 }
 
 /// `spotinfer publish`.
@@ -184,6 +207,10 @@ pub struct WorkArgs {
     /// host:port for /metrics, /healthz and /readyz; unset disables the endpoint.
     #[arg(long, env = "SPOTINFER_METRICS_ADDR")]
     pub metrics_addr: Option<String>,
+    /// Require an exactly-once subscription and confirm every ack (a commit whose ack is not
+    /// confirmed is redelivered and redone, which the UPSERT makes harmless).
+    #[arg(long, env = "SPOTINFER_EXACTLY_ONCE")]
+    pub exactly_once: bool,
 }
 
 /// `spotinfer embed`.

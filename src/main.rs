@@ -37,7 +37,7 @@ fn main() -> anyhow::Result<()> {
 
 async fn setup(a: SetupArgs) -> anyhow::Result<()> {
     let ps = PubsubConfig::from_args(&a.pubsub);
-    let outcome = ps.setup(a.ack_deadline).await?;
+    let outcome = ps.setup_with(a.ack_deadline, &a.policy).await?;
     println!(
         "topic {} {}",
         ps.topic,
@@ -143,6 +143,7 @@ async fn work(a: WorkArgs) -> anyhow::Result<()> {
         commit_timeout: a.commit_timeout,
         shutdown_timeout: a.shutdown_timeout,
         exit_when_idle: a.exit_when_idle,
+        exactly_once: a.exactly_once,
     };
     let report = worker::run(cfg, store, model, metrics, shutdown).await?;
     let c = report.counts;

@@ -5,10 +5,11 @@
 //! other client libraries do: every client (admin REST, publisher and subscriber gRPC) talks
 //! plaintext to `http://HOST:PORT` with anonymous credentials.
 
-use crate::config::PubsubArgs;
+use crate::config::{PubsubArgs, SubscriptionPolicyArgs};
 use google_cloud_auth::credentials::{anonymous, Credentials};
 use google_cloud_gax::error::rpc::Code;
 use google_cloud_pubsub::client::{Publisher, Subscriber, SubscriptionAdmin, TopicAdmin};
+use google_cloud_pubsub::model::{DeadLetterPolicy, RetryPolicy};
 use std::time::Duration;
 
 /// Errors talking to Pub/Sub.
@@ -99,6 +100,22 @@ impl PubsubConfig {
         })
     }
 
+    /// Whether the subscription has exactly-once delivery enabled.
+    pub async fn exactly_once_enabled(&self) -> Result<bool, QueueError> {
+        let subs = self.subscription_admin().await?;
+        let s = subs
+            .get_subscription()
+            .set_subscription(&self.subscription)
+            .send()
+            .await
+            .map_err(|source| QueueError::Admin {
+                op: "get subscription",
+                name: self.subscription.clone(),
+                source,
+            })?;
+        Ok(s.enable_exactly_once_delivery)
+    }
+
     async fn topic_admin(&self) -> Result<TopicAdmin, QueueError> {
         let mut b = TopicAdmin::builder();
         if let Some(e) = &self.emulator_endpoint {
@@ -124,27 +141,48 @@ impl PubsubConfig {
     /// Creates the topic and the subscription unless they exist. Safe to run any number of
     /// times, on the emulator and on the real service.
     pub async fn setup(&self, ack_deadline: Duration) -> Result<SetupOutcome, QueueError> {
+        self.setup_with(ack_deadline, &SubscriptionPolicyArgs::default())
+            .await
+    }
+
+    /// [`PubsubConfig::setup`] with a delivery policy for a newly created subscription:
+    /// exactly-once delivery, a dead-letter topic (created, with a `-sub` subscription that keeps
+    /// what it receives) and a retry backoff.
+    pub async fn setup_with(
+        &self,
+        ack_deadline: Duration,
+        policy: &SubscriptionPolicyArgs,
+    ) -> Result<SetupOutcome, QueueError> {
         let topics = self.topic_admin().await?;
-        let topic_created = match topics.create_topic().set_name(&self.topic).send().await {
-            Ok(_) => true,
-            Err(e) if already_exists(&e) => false,
-            Err(source) => {
-                return Err(QueueError::Admin {
-                    op: "create topic",
-                    name: self.topic.clone(),
-                    source,
-                })
-            }
-        };
         let subs = self.subscription_admin().await?;
-        let subscription_created = match subs
+        let topic_created = create_topic(&topics, &self.topic).await?;
+        let mut create = subs
             .create_subscription()
             .set_name(&self.subscription)
             .set_topic(&self.topic)
             .set_ack_deadline_seconds(ack_deadline.as_secs().clamp(10, 600) as i32)
-            .send()
-            .await
-        {
+            .set_enable_exactly_once_delivery(policy.exactly_once);
+        if let Some(dlt) = &policy.dead_letter_topic {
+            let project = self.topic.split('/').nth(1).unwrap_or_default();
+            let dlt = resource_name(project, "topics", dlt);
+            create_topic(&topics, &dlt).await?;
+            let keep = format!("{}-sub", dlt.replacen("/topics/", "/subscriptions/", 1));
+            create_subscription(&subs, &keep, &dlt).await?;
+            create = create.set_dead_letter_policy(
+                DeadLetterPolicy::new()
+                    .set_dead_letter_topic(dlt)
+                    .set_max_delivery_attempts(policy.max_delivery_attempts.clamp(5, 100)),
+            );
+        }
+        if let Some(min) = policy.min_retry_backoff {
+            let to_wkt = |d: Duration| google_cloud_wkt::Duration::try_from(d).unwrap_or_default();
+            create = create.set_retry_policy(
+                RetryPolicy::new()
+                    .set_minimum_backoff(to_wkt(min))
+                    .set_maximum_backoff(to_wkt(policy.max_retry_backoff.max(min))),
+            );
+        }
+        let subscription_created = match create.send().await {
             Ok(_) => true,
             Err(e) if already_exists(&e) => false,
             Err(source) => {
@@ -159,6 +197,40 @@ impl PubsubConfig {
             topic_created,
             subscription_created,
         })
+    }
+}
+
+async fn create_topic(admin: &TopicAdmin, name: &str) -> Result<bool, QueueError> {
+    match admin.create_topic().set_name(name).send().await {
+        Ok(_) => Ok(true),
+        Err(e) if already_exists(&e) => Ok(false),
+        Err(source) => Err(QueueError::Admin {
+            op: "create topic",
+            name: name.to_string(),
+            source,
+        }),
+    }
+}
+
+async fn create_subscription(
+    admin: &SubscriptionAdmin,
+    name: &str,
+    topic: &str,
+) -> Result<bool, QueueError> {
+    match admin
+        .create_subscription()
+        .set_name(name)
+        .set_topic(topic)
+        .send()
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(e) if already_exists(&e) => Ok(false),
+        Err(source) => Err(QueueError::Admin {
+            op: "create subscription",
+            name: name.to_string(),
+            source,
+        }),
     }
 }
 

@@ -63,14 +63,20 @@ impl Outcome {
         (results, failures)
     }
 
-    /// Acks every message: call only after the commit.
-    fn ack_all(self) {
-        for (p, _) in self.done {
-            p.ack.ack();
+    /// Acks every message: call only after the commit. With `confirm`, waits for exactly-once
+    /// confirmations and returns how many were not confirmed.
+    async fn ack_all(self, confirm: bool) -> usize {
+        let acks = self
+            .done
+            .into_iter()
+            .map(|(p, _)| p.ack)
+            .chain(self.rejected.into_iter().map(|r| r.ack));
+        if !confirm {
+            acks.for_each(crate::ack::Ack::ack);
+            return 0;
         }
-        for r in self.rejected {
-            r.ack.ack();
-        }
+        let results = futures::future::join_all(acks.map(crate::ack::Ack::confirmed_ack)).await;
+        results.iter().filter(|r| r.is_err()).count()
     }
 }
 
@@ -81,6 +87,8 @@ pub struct SinkConfig {
     pub model: String,
     /// Longest a commit may take before it counts as failed.
     pub commit_timeout: Duration,
+    /// Wait for exactly-once ack confirmations.
+    pub confirm_acks: bool,
 }
 
 const BACKOFF_START: Duration = Duration::from_millis(200);
@@ -119,7 +127,10 @@ pub async fn run(
                 for f in &failures {
                     tracing::warn!(message_id = %f.message_id, record_id = ?f.record_id, error = %f.error, "recorded invalid payload in failed_records");
                 }
-                outcome.ack_all();
+                let unconfirmed = outcome.ack_all(cfg.confirm_acks).await;
+                if unconfirmed > 0 {
+                    tracing::warn!(unconfirmed, "acks not confirmed; those messages may be redelivered and their idempotent commit redone");
+                }
                 backoff = BACKOFF_START;
             }
             failed => {

@@ -45,6 +45,8 @@ pub struct WorkerConfig {
     pub shutdown_timeout: Duration,
     /// Exit once idle this long.
     pub exit_when_idle: Option<Duration>,
+    /// Require an exactly-once subscription and confirm acks.
+    pub exactly_once: bool,
 }
 
 /// What a finished worker did.
@@ -64,6 +66,9 @@ pub enum WorkerError {
     /// Pub/Sub failed permanently (missing subscription, no permission, …).
     #[error(transparent)]
     Queue(#[from] QueueError),
+    /// `--exactly-once` on a subscription without exactly-once delivery.
+    #[error("--exactly-once: subscription {0} does not have exactly-once delivery (create it with `setup --exactly-once`)")]
+    NotExactlyOnce(String),
     /// A pipeline task panicked.
     #[error("pipeline task failed: {0}")]
     Task(String),
@@ -78,6 +83,9 @@ pub async fn run(
     shutdown: Shutdown,
 ) -> Result<Report, WorkerError> {
     let started = Instant::now();
+    if cfg.exactly_once && !cfg.pubsub.exactly_once_enabled().await? {
+        return Err(WorkerError::NotExactlyOnce(cfg.pubsub.subscription.clone()));
+    }
     let subscriber = cfg.pubsub.subscriber(cfg.streams).await?;
     let max = cfg.batch.max_records.max(1);
 
@@ -116,6 +124,7 @@ pub async fn run(
     let sink_cfg = SinkConfig {
         model: model.info().name.clone(),
         commit_timeout: cfg.commit_timeout,
+        confirm_acks: cfg.exactly_once,
     };
     let mut sink = tokio::spawn(sink::run(
         orx,

@@ -29,6 +29,7 @@ fn worker_config(args: &PubsubArgs, idle: Option<Duration>) -> WorkerConfig {
         commit_timeout: Duration::from_secs(10),
         shutdown_timeout: Duration::from_secs(8),
         exit_when_idle: idle,
+        exactly_once: false,
     }
 }
 
