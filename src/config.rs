@@ -303,6 +303,9 @@ pub struct LoadtestArgs {
     /// Drop every Pub/Sub stream this often (through a proxy in front of the emulator); 0 disables.
     #[arg(long, value_parser = parse_duration, default_value = "0s")]
     pub stream_drop_every: Duration,
+    /// Latency added to every chunk between the workers and the emulator (a slow server); 0: none.
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    pub emulator_latency: Duration,
     /// Extra argument for every worker (repeatable), e.g. --worker-arg=--batch-size=16.
     #[arg(long = "worker-arg", allow_hyphen_values = true)]
     pub worker_args: Vec<String>,

@@ -101,8 +101,14 @@ pub struct LoadtestReport {
     pub sigterm_exits: Vec<SigtermExit>,
     /// Slowest graceful exit, seconds.
     pub max_sigterm_exit_seconds: f64,
-    /// Longest time from a SIGTERM to the next committed record, seconds.
+    /// Longest time from a SIGTERM to the next committed record, seconds, over the SIGTERMs
+    /// that left another worker running and were not followed by another fault first.
     pub max_stall_after_sigterm_seconds: f64,
+    /// How many SIGTERMs that stall was measured over.
+    pub stalls_measured: usize,
+    /// Median time between two progress steps (batch commits) over the whole run, seconds: the
+    /// floor under any stall.
+    pub median_commit_gap_seconds: f64,
     /// Database outages injected.
     pub db_outages: usize,
     /// Stream drops injected.
@@ -286,10 +292,12 @@ pub async fn run(args: LoadtestArgs) -> Result<LoadtestReport, LoadtestError> {
     };
     let ps = PubsubConfig::from_args(&pubsub_args);
     ps.setup(Duration::from_secs(10)).await?;
-    let stream_proxy = if args.stream_drop_every.is_zero() {
+    let stream_proxy = if args.stream_drop_every.is_zero() && args.emulator_latency.is_zero() {
         None
     } else {
-        Some(Proxy::start(emulator_host.clone()).await?)
+        let p = Proxy::start(emulator_host.clone()).await?;
+        p.set_latency(args.emulator_latency);
+        Some(p)
     };
     let worker_emulator = stream_proxy
         .as_ref()
@@ -409,6 +417,9 @@ pub async fn run(args: LoadtestArgs) -> Result<LoadtestReport, LoadtestError> {
     let mut stream_drops = 0;
     let mut exits: Vec<std::thread::JoinHandle<SigtermExit>> = Vec::new();
     let mut pending_stalls: Vec<Instant> = Vec::new();
+    let mut stalls_measured = 0usize;
+    let mut last_progress: Option<Instant> = None;
+    let mut commit_gaps: Vec<f64> = Vec::new();
     let mut max_stall = Duration::ZERO;
     let mut peak_rss_kb = 0u64;
     let mut done = 0i64;
@@ -418,6 +429,18 @@ pub async fn run(args: LoadtestArgs) -> Result<LoadtestReport, LoadtestError> {
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let mut problems = Vec::new();
+    // One line per event and per progress change, for replaying what happened.
+    let mut timeline =
+        std::io::BufWriter::new(std::fs::File::create(workdir.join("timeline.csv"))?);
+    use std::io::Write as _;
+    let _ = writeln!(timeline, "seconds,settled,event");
+    let event = |timeline: &mut std::io::BufWriter<std::fs::File>, settled: i64, what: &str| {
+        let _ = writeln!(
+            timeline,
+            "{:.3},{settled},{what}",
+            processing_started.elapsed().as_secs_f64()
+        );
+    };
     let finished_at;
     loop {
         let now = Instant::now();
@@ -434,6 +457,10 @@ pub async fn run(args: LoadtestArgs) -> Result<LoadtestReport, LoadtestError> {
             last_poll = now;
             if let Ok(c) = count_settled(&store, &name, &poison_ids).await {
                 if c > done {
+                    event(&mut timeline, c, "progress");
+                    if let Some(prev) = last_progress.replace(now) {
+                        commit_gaps.push(now.duration_since(prev).as_secs_f64());
+                    }
                     for t in pending_stalls.drain(..) {
                         max_stall = max_stall.max(now.duration_since(t));
                     }
@@ -451,6 +478,7 @@ pub async fn run(args: LoadtestArgs) -> Result<LoadtestReport, LoadtestError> {
             if slot.worker.is_none() && slot.restart_at.is_some_and(|t| t <= now) {
                 slot.worker = Some(spawn(i, &slot.log)?);
                 slot.restart_at = None;
+                event(&mut timeline, done, &format!("start worker {i}"));
             }
             if let Some(w) = &mut slot.worker {
                 peak_rss_kb = peak_rss_kb.max(peak_rss(w.child.id()));
@@ -478,17 +506,26 @@ pub async fn run(args: LoadtestArgs) -> Result<LoadtestReport, LoadtestError> {
             if !live.is_empty() {
                 let i = live[rng.random_range(0..live.len())];
                 let kill = rng.random::<f64>() < args.sigkill_ratio;
+                // A second fault inside a stall window confounds it: that stall is not counted.
+                pending_stalls.clear();
                 if let Some(w) = slots[i].worker.take() {
                     if kill {
                         sigkills += 1;
                         progress.set_message(format!("SIGKILL worker {i}"));
+                        event(&mut timeline, done, &format!("SIGKILL worker {i}"));
                         let mut child = w.child;
                         let _ = child.kill();
                         let _ = child.wait();
                     } else {
                         sigterms += 1;
                         progress.set_message(format!("SIGTERM worker {i}"));
-                        pending_stalls.push(now);
+                        event(&mut timeline, done, &format!("SIGTERM worker {i}"));
+                        // A takeover needs someone to take over: measure the stall only when
+                        // another worker has been up for a while.
+                        if live.len() > 1 {
+                            stalls_measured += 1;
+                            pending_stalls.push(now);
+                        }
                         exits.push(sigterm(i, w.child, false));
                     }
                     slots[i].restart_at = Some(now + args.restart_delay);
@@ -500,21 +537,29 @@ pub async fn run(args: LoadtestArgs) -> Result<LoadtestReport, LoadtestError> {
             if !outage_done && outage.is_none() && done as usize >= total / 3 {
                 progress.set_message("database outage");
                 p.cut();
+                pending_stalls.clear();
                 db_outages += 1;
+                event(&mut timeline, done, "database outage");
                 outage = Some(now);
             }
             if outage.is_some_and(|t| now.duration_since(t) >= args.db_outage) {
                 p.restore();
                 outage = None;
                 outage_done = true;
+                event(&mut timeline, done, "database back");
             }
         }
         // Stream drops.
-        if let Some(p) = &stream_proxy {
+        if let Some(p) = stream_proxy
+            .as_ref()
+            .filter(|_| !args.stream_drop_every.is_zero())
+        {
             if now >= next_drop {
                 progress.set_message("streams dropped");
                 p.drop_connections();
+                pending_stalls.clear();
                 stream_drops += 1;
+                event(&mut timeline, done, "streams dropped");
                 next_drop = now + args.stream_drop_every;
             }
         }
@@ -523,6 +568,7 @@ pub async fn run(args: LoadtestArgs) -> Result<LoadtestReport, LoadtestError> {
     if let Some(p) = &db_proxy {
         p.restore();
     }
+    let _ = timeline.flush();
     progress.finish_and_clear();
     let processing_seconds = finished_at.duration_since(processing_started).as_secs_f64();
 
@@ -658,6 +704,8 @@ pub async fn run(args: LoadtestArgs) -> Result<LoadtestReport, LoadtestError> {
         sigterm_exits,
         max_sigterm_exit_seconds: max_exit,
         max_stall_after_sigterm_seconds: max_stall.as_secs_f64(),
+        stalls_measured,
+        median_commit_gap_seconds: median(&mut commit_gaps),
         db_outages,
         stream_drops,
         processing_seconds,
@@ -682,7 +730,7 @@ pub fn summary(r: &LoadtestReport) -> String {
         "{verdict}: {records} records + {poison} poison, {workers} workers, seed {seed}\n\
          lost {lost}, wrong {wrong} ({verified} vectors recomputed, min cosine {mincos:.5}), poison missing {pm}, left on subscription {left}\n\
          faults: {st} SIGTERM, {sk} SIGKILL, {dbo} database outage(s), {sd} stream drop(s)\n\
-         graceful exits: {ne}, slowest {maxexit:.3} s; longest stall after a SIGTERM {stall:.3} s\n\
+         graceful exits: {ne}, slowest {maxexit:.3} s; longest stall after a SIGTERM {stall:.3} s (over {sm} isolated SIGTERMs; median gap between commits {gap:.3} s)\n\
          throughput {rps:.1} records/s over {secs:.1} s; worker peak RSS {rss:.0} MiB{problems}",
         verdict = if r.ok { "PASS" } else { "FAIL" },
         records = r.records,
@@ -702,11 +750,21 @@ pub fn summary(r: &LoadtestReport) -> String {
         ne = r.sigterm_exits.len(),
         maxexit = r.max_sigterm_exit_seconds,
         stall = r.max_stall_after_sigterm_seconds,
+        sm = r.stalls_measured,
+        gap = r.median_commit_gap_seconds,
         rps = r.records_per_s,
         secs = r.processing_seconds,
         rss = r.worker_peak_rss_mib,
         problems = if r.problems.is_empty() { String::new() } else { format!("\nproblems:\n  - {}", r.problems.join("\n  - ")) },
     )
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 fn pg_host_port(url: &str) -> &str {

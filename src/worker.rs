@@ -4,8 +4,9 @@
 //! 1. sources stop pulling and read out what the server already pushed into the stream buffers
 //!    (held for step 3); batcher and model stage drop what they hold (NACK at once);
 //! 2. the sink finishes the commit in flight, if any, and acks it;
-//! 3. each stream's shutdown flushes the pending acks and NACKs every message still leased
-//!    (`ShutdownBehavior::NackImmediately`);
+//! 3. each streaming pull is closed, then its lease loop flushes the pending acks and NACKs
+//!    every message still leased (`ShutdownBehavior::NackImmediately`); closing first keeps the
+//!    NACKed messages from being redelivered into a stream that is going away;
 //! 4. `run` returns and the process exits 0.
 //!
 //! Steps 2–3 share one budget (`--shutdown-timeout`); whatever has not finished by then is left
@@ -172,7 +173,16 @@ pub async fn run(
         );
         sink.abort();
     }
-    // Flush acks and nack everything still leased, the drained messages included.
+    // Close the streaming pulls first (dropping a stream cancels its gRPC call at once), so no
+    // message we are about to NACK can be redelivered into a stream that is going away; then
+    // let each lease loop flush the acks and NACK everything still leased, drained ones included.
+    let drained: Vec<_> = streams
+        .into_iter()
+        .map(|(stream, drained)| {
+            drop(stream);
+            drained
+        })
+        .collect();
     for t in &tokens {
         if tokio::time::timeout_at(deadline, t.shutdown())
             .await
@@ -181,7 +191,7 @@ pub async fn run(
             tracing::warn!("ack flush did not finish before the shutdown deadline");
         }
     }
-    drop(streams);
+    drop(drained);
     let report = Report {
         counts: metrics.counts(),
         drain_seconds: drain_started.elapsed().as_secs_f64(),

@@ -6,7 +6,11 @@ mod common;
 use common::*;
 use std::process::Command;
 
+/// The scenarios run one at a time: each already runs two worker processes on a 2-core machine.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn loadtest(extra: &[&str], db: Option<&str>, own_emulator: bool) -> serde_json::Value {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let report = dir.path().join("report.json");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_spotinfer"));
@@ -42,7 +46,7 @@ fn loadtest(extra: &[&str], db: Option<&str>, own_emulator: bool) -> serde_json:
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_under_sigterm_sigkill_db_outage_and_stream_drops_loses_nothing() {
+async fn postgres_under_sigterm_sigkill_db_outage_stream_drops_and_a_slow_emulator_loses_nothing() {
     let db = fresh_pg_database().await;
     let report = tokio::task::spawn_blocking(move || {
         loadtest(
@@ -63,9 +67,11 @@ async fn postgres_under_sigterm_sigkill_db_outage_and_stream_drops_loses_nothing
                 "2s",
                 "--stream-drop-every",
                 "8s",
+                "--emulator-latency",
+                "20ms",
                 "--verify-sample",
                 "24",
-                "--worker-arg=--batch-size=16",
+                "--worker-arg=--batch-size=8",
             ],
             Some(&db),
             false,
@@ -102,7 +108,7 @@ fn sqlite_with_its_own_emulator_and_sigterms_only() {
             "0",
             "--verify-sample",
             "16",
-            "--worker-arg=--batch-size=16",
+            "--worker-arg=--batch-size=8",
         ],
         None,
         true,
@@ -111,8 +117,10 @@ fn sqlite_with_its_own_emulator_and_sigterms_only() {
     assert_eq!(report["lost"], 0);
     assert_eq!(report["sigkills"], 0);
     assert!(report["max_sigterm_exit_seconds"].as_f64().unwrap() < 5.0);
-    eprintln!(
-        "longest stall after a SIGTERM: {} s",
-        report["max_stall_after_sigterm_seconds"]
-    );
+    // Another worker takes over at once: the stall stays near the normal gap between commits
+    // (0.5 s measured here; the bound leaves room for a loaded CI machine).
+    if report["stalls_measured"].as_u64().unwrap() > 0 {
+        let stall = report["max_stall_after_sigterm_seconds"].as_f64().unwrap();
+        assert!(stall < 5.0, "stall after SIGTERM {stall} s: {report}");
+    }
 }
