@@ -76,16 +76,35 @@ pub struct DbArgs {
     pub database_url: String,
 }
 
+/// Cloud Storage settings.
+#[derive(Debug, Clone, Args)]
+pub struct StorageArgs {
+    /// host:port (or URL) of a Cloud Storage emulator; when set, the client uses it with anonymous
+    /// credentials (the Rust crate does not read this variable itself).
+    #[arg(long, env = "STORAGE_EMULATOR_HOST")]
+    pub storage_emulator_host: Option<String>,
+    /// Local cache for models fetched from gs:// (an emptyDir on Kubernetes).
+    #[arg(long, env = "SPOTINFER_CACHE_DIR", default_value_os_t = std::env::temp_dir().join("spotinfer-cache"))]
+    pub cache_dir: PathBuf,
+    /// Largest object a record's `uri` may point to; larger ones are recorded as failed.
+    #[arg(long, env = "SPOTINFER_MAX_OBJECT_BYTES", default_value_t = 10 << 20)]
+    pub max_object_bytes: u64,
+}
+
 /// Where the model comes from and where it runs.
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
-    /// Local model directory (model.safetensors, tokenizer.json, config.json, …).
+    /// Model: a local directory (model.safetensors, tokenizer.json, config.json, …) or
+    /// gs://BUCKET/PREFIX, fetched into SPOTINFER_CACHE_DIR and verified.
     #[arg(
         long,
         env = "SPOTINFER_MODEL",
         default_value = "models/all-MiniLM-L6-v2"
     )]
     pub model: PathBuf,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub storage: StorageArgs,
     /// Device: auto picks CUDA when built with the `cuda` feature and a GPU is present.
     #[arg(long, env = "SPOTINFER_DEVICE", value_enum, default_value = "auto")]
     pub device: DeviceChoice,
@@ -163,8 +182,11 @@ pub struct PublishArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub pubsub: PubsubArgs,
-    /// The JSONL file to publish.
+    /// The JSONL file to publish: a local path or gs://BUCKET/OBJECT.
     pub file: PathBuf,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub storage: StorageArgs,
     /// Job id stamped on records that carry none.
     #[arg(long, env = "SPOTINFER_JOB")]
     pub job: Option<String>,

@@ -20,6 +20,7 @@ pub mod batcher;
 pub mod chaos;
 pub mod config;
 pub mod emulator;
+pub mod gcs;
 pub mod loadtest;
 pub mod model;
 pub mod offline;

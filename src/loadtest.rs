@@ -210,6 +210,7 @@ pub fn corpus(n: usize, seed: u64, prefix: &str) -> Vec<Record> {
             Record {
                 id: format!("{prefix}-{i:07}"),
                 text: words.join(" "),
+                uri: None,
                 job: Some(prefix.to_string()),
             }
         })

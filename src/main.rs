@@ -6,6 +6,7 @@ use spotinfer::batcher::BatchConfig;
 use spotinfer::config::{
     BenchArgs, Cli, Command, EmbedArgs, ModelArgs, PublishArgs, SetupArgs, StatusArgs, WorkArgs,
 };
+use spotinfer::gcs::Gcs;
 use spotinfer::model::{Embedder, ModelHandle};
 use spotinfer::pubsub::PubsubConfig;
 use spotinfer::shutdown::{self, Shutdown};
@@ -27,8 +28,14 @@ fn main() -> anyhow::Result<()> {
             Command::Setup(a) => setup(a).await,
             Command::Publish(a) => publish(a).await,
             Command::Work(a) => work(a).await,
-            Command::Embed(a) => tokio::task::spawn_blocking(move || embed(a)).await?,
-            Command::Bench(a) => tokio::task::spawn_blocking(move || bench(a)).await?,
+            Command::Embed(mut a) => {
+                a.model.model = model_dir(&a.model).await?;
+                tokio::task::spawn_blocking(move || embed(a)).await?
+            }
+            Command::Bench(mut a) => {
+                a.model.model = model_dir(&a.model).await?;
+                tokio::task::spawn_blocking(move || bench(a)).await?
+            }
             Command::Status(a) => status(a).await,
             Command::Loadtest(a) => loadtest(a).await,
         }
@@ -67,19 +74,23 @@ async fn setup(a: SetupArgs) -> anyhow::Result<()> {
 async fn publish(a: PublishArgs) -> anyhow::Result<()> {
     let ps = PubsubConfig::from_args(&a.pubsub);
     let publisher = ps.publisher().await?;
-    let file = std::fs::File::open(&a.file)
-        .with_context(|| format!("cannot open {}", a.file.display()))?;
-    let lines = std::io::BufReader::new(&file)
-        .lines_count()
-        .with_context(|| format!("cannot read {}", a.file.display()))?;
+    let data = match a.file.to_str().filter(|s| s.starts_with("gs://")) {
+        Some(uri) => {
+            Gcs::new(a.storage.storage_emulator_host.as_deref())
+                .await?
+                .read(uri, None)
+                .await?
+        }
+        None => {
+            std::fs::read(&a.file).with_context(|| format!("cannot read {}", a.file.display()))?
+        }
+    };
+    let lines = std::io::Cursor::new(&data).lines_count()?;
     let progress = indicatif::ProgressBar::new(lines as u64).with_style(
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} published {per_sec}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let input = std::io::BufReader::new(
-        std::fs::File::open(&a.file)
-            .with_context(|| format!("cannot open {}", a.file.display()))?,
-    );
+    let input = std::io::Cursor::new(&data);
     let summary = publish::publish_lines(&publisher, input, a.job.as_deref(), &progress).await?;
     progress.finish_and_clear();
     println!(
@@ -144,6 +155,8 @@ async fn work(a: WorkArgs) -> anyhow::Result<()> {
         shutdown_timeout: a.shutdown_timeout,
         exit_when_idle: a.exit_when_idle,
         exactly_once: a.exactly_once,
+        storage_emulator_host: a.model.storage.storage_emulator_host.clone(),
+        max_object_bytes: a.model.storage.max_object_bytes,
     };
     let report = worker::run(cfg, store, model, metrics, shutdown).await?;
     let c = report.counts;
@@ -182,8 +195,24 @@ async fn connect_until_ready(url: &str, shutdown: &Shutdown) -> Option<Store> {
     }
 }
 
+/// The local model directory: `SPOTINFER_MODEL` itself, or, for gs://BUCKET/PREFIX, the
+/// verified copy in the cache (downloaded unless a valid copy is already there).
+async fn model_dir(m: &ModelArgs) -> anyhow::Result<std::path::PathBuf> {
+    let Some(uri) = m.model.to_str().filter(|s| s.starts_with("gs://")) else {
+        return Ok(m.model.clone());
+    };
+    let started = Instant::now();
+    let gcs = Gcs::new(m.storage.storage_emulator_host.as_deref()).await?;
+    let fetched = gcs
+        .fetch_model(uri, &m.storage.cache_dir)
+        .await
+        .with_context(|| format!("cannot fetch the model from {uri}"))?;
+    tracing::info!(model = uri, dir = %fetched.dir.display(), downloaded = ?fetched.downloaded, seconds = started.elapsed().as_secs_f64(), "model ready in the cache");
+    Ok(fetched.dir)
+}
+
 async fn load_model(m: &ModelArgs) -> anyhow::Result<ModelHandle> {
-    let dir = m.model.clone();
+    let dir = model_dir(m).await?;
     let device = m.device;
     let embedder = tokio::task::spawn_blocking(move || Embedder::load(&dir, device)).await??;
     ModelHandle::spawn(embedder).context("cannot start the model thread")

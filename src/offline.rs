@@ -46,6 +46,11 @@ pub fn read_records(
             continue;
         }
         match record::parse(&line, max_text_bytes) {
+            Ok(r) if r.uri.is_some() => eprintln!(
+                "{}:{}: \"uri\" inputs are read by `spotinfer work`, not offline; skipped",
+                path.display(),
+                i + 1
+            ),
             Ok(r) => out.push(r),
             Err(e) => eprintln!("{}:{}: {e}; skipped", path.display(), i + 1),
         }

@@ -73,7 +73,11 @@ pub async fn publish_lines(
         if rec.job.is_none() {
             rec.job = job.map(str::to_string);
         }
-        let data = serde_json::json!({"id": rec.id, "text": rec.text, "job": rec.job}).to_string();
+        let data = match &rec.uri {
+            Some(uri) => serde_json::json!({"id": rec.id, "uri": uri, "job": rec.job}),
+            None => serde_json::json!({"id": rec.id, "text": rec.text, "job": rec.job}),
+        }
+        .to_string();
         pending.push(publisher.publish(Message::new().set_data(data)));
         if pending.len() >= IN_FLIGHT {
             settle(pending.next().await, &mut summary, progress);

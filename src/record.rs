@@ -15,7 +15,10 @@ pub struct Record {
     /// The caller's key; the result row is UPSERTed under it.
     pub id: String,
     /// The text to embed (over-long texts are truncated by the tokenizer, like sentence-transformers).
+    /// Empty until resolved when the record came with a `uri`.
     pub text: String,
+    /// `gs://bucket/object` holding the text, for records that carry no `text`.
+    pub uri: Option<String>,
     /// Optional grouping for `spotinfer status --job`.
     pub job: Option<String>,
 }
@@ -44,6 +47,15 @@ pub enum RecordError {
     /// The id is longer than [`MAX_ID_BYTES`].
     #[error("field \"id\" is {0} bytes, the limit is {MAX_ID_BYTES}")]
     IdTooLong(usize),
+    /// Both `text` and `uri` are given.
+    #[error("give either \"text\" or \"uri\", not both")]
+    TextAndUri,
+    /// The `uri` is not a gs:// object.
+    #[error("field \"uri\" must be gs://BUCKET/OBJECT, got {0:?}")]
+    BadUri(String),
+    /// The object a `uri` names cannot be used (missing, too large, not UTF-8, empty).
+    #[error("input object: {0}")]
+    Object(String),
     /// The text is larger than the configured limit.
     #[error("field \"text\" is {len} bytes, the limit is {max} (--max-text-bytes)")]
     TextTooLarge {
@@ -69,6 +81,27 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
     if id.len() > MAX_ID_BYTES {
         return Err(RecordError::IdTooLong(id.len()));
     }
+    let job = match map.get("job") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err(RecordError::NotString("job")),
+    };
+    let has_text = !matches!(map.get("text"), None | Some(Value::Null));
+    if !has_text && !matches!(map.get("uri"), None | Some(Value::Null)) {
+        let uri = required_string(&map, "uri")?;
+        if crate::gcs::parse_uri(uri).is_err() {
+            return Err(RecordError::BadUri(uri.to_owned()));
+        }
+        return Ok(Record {
+            id: id.to_owned(),
+            text: String::new(),
+            uri: Some(uri.to_owned()),
+            job,
+        });
+    }
+    if has_text && !matches!(map.get("uri"), None | Some(Value::Null)) {
+        return Err(RecordError::TextAndUri);
+    }
     let text = required_string(&map, "text")?;
     if text.len() > max_text_bytes {
         return Err(RecordError::TextTooLarge {
@@ -76,14 +109,10 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
             max: max_text_bytes,
         });
     }
-    let job = match map.get("job") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(_) => return Err(RecordError::NotString("job")),
-    };
     Ok(Record {
         id: id.to_owned(),
         text: text.to_owned(),
+        uri: None,
         job,
     })
 }
@@ -154,6 +183,21 @@ mod tests {
                 String::from_utf8_lossy(data)
             );
         }
+    }
+
+    #[test]
+    fn accepts_a_gs_uri_instead_of_text() {
+        let r = parse(br#"{"id":"a","uri":"gs://b/in/a.txt"}"#, MAX).unwrap();
+        assert_eq!(r.uri.as_deref(), Some("gs://b/in/a.txt"));
+        assert!(r.text.is_empty());
+        assert_eq!(
+            parse(br#"{"id":"a","text":"t","uri":"gs://b/o"}"#, MAX).unwrap_err(),
+            RecordError::TextAndUri
+        );
+        assert!(matches!(
+            parse(br#"{"id":"a","uri":"http://x/y"}"#, MAX).unwrap_err(),
+            RecordError::BadUri(_)
+        ));
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! which keeps it alive until the sink's last ack is flushed.
 
 use crate::ack::Ack;
+use crate::gcs::{InputReader, StorageError};
 use crate::pubsub::QueueError;
 use crate::record::{self, Record, RecordError};
 use crate::shutdown::Shutdown;
@@ -56,15 +57,32 @@ const DRAIN_GAP: Duration = Duration::from_millis(50);
 /// The most time the shutdown drain may take.
 const DRAIN_MAX: Duration = Duration::from_millis(1000);
 
+/// Everything a source needs besides its stream.
+#[derive(Debug, Clone)]
+pub struct SourceContext {
+    /// Largest text accepted.
+    pub max_text_bytes: usize,
+    /// Reads the objects of `uri` records.
+    pub inputs: Arc<InputReader>,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+    /// The subscription, for error messages.
+    pub subscription: String,
+}
+
 /// Pulls from `stream` into `tx` until shutdown, the stream ends, or the receiver goes away.
 pub async fn run(
     mut stream: MessageStream,
     tx: mpsc::Sender<Delivery>,
-    max_text_bytes: usize,
-    metrics: Arc<Metrics>,
+    ctx: SourceContext,
     shutdown: Shutdown,
-    subscription: String,
 ) -> Stopped {
+    let SourceContext {
+        max_text_bytes,
+        inputs,
+        metrics,
+        subscription,
+    } = ctx;
     metrics.set_stream_open(true);
     let result = loop {
         let next = tokio::select! {
@@ -89,12 +107,24 @@ pub async fn run(
             .as_ref()
             .map(|t| t.seconds() * 1_000_000 + i64::from(t.nanos()) / 1_000)
             .unwrap_or(0);
+        let payload = match record::parse(&message.data, max_text_bytes) {
+            Ok(rec) if rec.uri.is_some() => match resolve_uri(rec, &inputs).await {
+                Ok(p) => p,
+                Err(e) => {
+                    // Transient (storage unreachable): NACK, Pub/Sub redelivers.
+                    tracing::warn!(message_id = %message.message_id, error = %e, "cannot read the record's input object; nacking");
+                    drop(ack);
+                    continue;
+                }
+            },
+            other => other,
+        };
         let delivery = Delivery {
             meta: MessageMeta {
                 message_id: message.message_id,
                 publish_time_us,
             },
-            payload: record::parse(&message.data, max_text_bytes),
+            payload,
             data: message.data,
             ack,
         };
@@ -115,6 +145,24 @@ pub async fn run(
         stream,
         drained,
         result,
+    }
+}
+
+/// Fills a `uri` record's text from Cloud Storage. `Ok(Err(_))`: the object can never be used
+/// (the record fails); `Err(_)`: a transient error (the message is retried).
+async fn resolve_uri(
+    mut rec: Record,
+    inputs: &InputReader,
+) -> Result<Result<Record, RecordError>, StorageError> {
+    let uri = rec.uri.clone().unwrap_or_default();
+    match inputs.text(&uri).await {
+        Ok(text) if text.is_empty() => Ok(Err(RecordError::Object(format!("{uri} is empty")))),
+        Ok(text) => {
+            rec.text = text;
+            Ok(Ok(rec))
+        }
+        Err(e) if e.is_permanent() => Ok(Err(RecordError::Object(e.to_string()))),
+        Err(e) => Err(e),
     }
 }
 

@@ -48,6 +48,10 @@ pub struct WorkerConfig {
     pub exit_when_idle: Option<Duration>,
     /// Require an exactly-once subscription and confirm acks.
     pub exactly_once: bool,
+    /// Cloud Storage emulator for `uri` records (`STORAGE_EMULATOR_HOST`).
+    pub storage_emulator_host: Option<String>,
+    /// Largest object a `uri` record may name.
+    pub max_object_bytes: u64,
 }
 
 /// What a finished worker did.
@@ -93,6 +97,15 @@ pub async fn run(
     let (dtx, drx) = mpsc::channel(max * 2);
     let mut sources = Vec::new();
     let mut tokens = Vec::new();
+    let ctx = source::SourceContext {
+        max_text_bytes: cfg.max_text_bytes,
+        inputs: Arc::new(crate::gcs::InputReader::new(
+            cfg.storage_emulator_host.clone(),
+            cfg.max_object_bytes,
+        )),
+        metrics: metrics.clone(),
+        subscription: cfg.pubsub.subscription.clone(),
+    };
     for _ in 0..cfg.streams.max(1) {
         let stream = subscriber
             .subscribe(&cfg.pubsub.subscription)
@@ -104,10 +117,8 @@ pub async fn run(
         sources.push(tokio::spawn(source::run(
             stream,
             dtx.clone(),
-            cfg.max_text_bytes,
-            metrics.clone(),
+            ctx.clone(),
             shutdown.clone(),
-            cfg.pubsub.subscription.clone(),
         )));
     }
     drop(dtx);

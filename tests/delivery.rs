@@ -28,6 +28,8 @@ fn config(cfg: PubsubConfig, exactly_once: bool) -> WorkerConfig {
         shutdown_timeout: Duration::from_secs(8),
         exit_when_idle: Some(Duration::from_secs(4)),
         exactly_once,
+        storage_emulator_host: None,
+        max_object_bytes: 1 << 20,
     }
 }
 

@@ -30,6 +30,8 @@ fn worker_config(args: &PubsubArgs, idle: Option<Duration>) -> WorkerConfig {
         shutdown_timeout: Duration::from_secs(8),
         exit_when_idle: idle,
         exactly_once: false,
+        storage_emulator_host: None,
+        max_object_bytes: 1 << 20,
     }
 }
 

@@ -268,3 +268,72 @@ impl Drop for WorkerProcess {
         let _ = self.child.wait();
     }
 }
+
+/// A real Cloud Storage emulator (fake-gcs-server, installed by scripts/fake-gcs.sh), serving the
+/// objects under a data directory (`DIR/BUCKET/OBJECT`). Killed on drop.
+pub struct FakeGcs {
+    child: Option<Child>,
+    /// host:port it listens on.
+    pub host: String,
+    data: PathBuf,
+}
+
+impl FakeGcs {
+    /// Starts a server on a free port with the objects under `data`.
+    pub fn start(data: &std::path::Path) -> Self {
+        let mut s = Self {
+            child: None,
+            host: free_addr(),
+            data: data.to_path_buf(),
+        };
+        s.restart();
+        s
+    }
+
+    /// Starts (again) on the same port with the same data.
+    pub fn restart(&mut self) {
+        self.stop();
+        let bin = std::env::var("SPOTINFER_FAKE_GCS_BIN")
+            .expect("SPOTINFER_FAKE_GCS_BIN is not set: run the suite with scripts/test.sh");
+        let (host, port) = self.host.split_once(':').unwrap();
+        let child = Command::new(bin)
+            .args([
+                "-scheme",
+                "http",
+                "-backend",
+                "memory",
+                "-log-level",
+                "warn",
+            ])
+            .args(["-host", host, "-port", port])
+            .arg("-data")
+            .arg(&self.data)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start fake-gcs-server");
+        self.child = Some(child);
+        let start = Instant::now();
+        while std::net::TcpStream::connect(&self.host).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "fake-gcs-server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops the server (the port then refuses connections).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for FakeGcs {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,422 @@
+//! Cloud Storage: model weights and record inputs from `gs://` URIs.
+//!
+//! On Spot nodes the local disk dies with the node, so models and large inputs live in a bucket.
+//! [`Gcs::fetch_model`] copies a model prefix into a local cache directory: each file is
+//! downloaded to a temporary name, checked against the object's CRC32C, and renamed into place,
+//! under a per-file lock so several workers starting on one node download it once; a cached file
+//! whose CRC32C still matches the object is reused across restarts. [`Gcs::read`] reads one object
+//! with a size limit, for records that carry a `uri` instead of a `text`.
+//!
+//! The official crate does not read `STORAGE_EMULATOR_HOST`; spotinfer does, like Google's other
+//! client libraries: when set, the client talks to that endpoint with anonymous credentials.
+
+use google_cloud_auth::credentials::anonymous;
+use google_cloud_storage::client::Storage;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+
+/// The files a sentence-transformers model directory needs.
+pub const MODEL_FILES: &[&str] = &[
+    "config.json",
+    "sentence_bert_config.json",
+    "1_Pooling/config.json",
+    "tokenizer.json",
+    "model.safetensors",
+];
+
+/// Errors reading from Cloud Storage.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// Not a `gs://bucket/object` URI.
+    #[error("{0:?} is not a gs://BUCKET/OBJECT uri")]
+    BadUri(String),
+    /// The object does not exist.
+    #[error("{0} does not exist")]
+    NotFound(String),
+    /// The object is larger than allowed.
+    #[error("{uri} is {size} bytes, the limit is {max} (--max-object-bytes)")]
+    TooLarge {
+        /// The object.
+        uri: String,
+        /// Its size.
+        size: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// The object is not UTF-8 text.
+    #[error("{0} is not UTF-8 text")]
+    NotUtf8(String),
+    /// The bytes do not match the object's checksum.
+    #[error("{uri}: checksum mismatch ({detail})")]
+    Checksum {
+        /// The object.
+        uri: String,
+        /// What differed.
+        detail: String,
+    },
+    /// The object's metadata carries no checksum to verify against.
+    #[error("{0} has no crc32c or md5 checksum in its metadata")]
+    NoChecksum(String),
+    /// The client could not be built.
+    #[error("cannot build the Cloud Storage client: {0}")]
+    Client(String),
+    /// A request failed (network, permission, server): may succeed later.
+    #[error("reading {uri} failed: {source}")]
+    Request {
+        /// The object.
+        uri: String,
+        /// Why.
+        #[source]
+        source: google_cloud_storage::Error,
+    },
+    /// A read did not finish in time (the client retries transient errors until then).
+    #[error("reading {0} timed out")]
+    Timeout(String),
+    /// A local cache file could not be written.
+    #[error("model cache {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl StorageError {
+    /// Whether retrying cannot help (the record is then recorded as failed, not redelivered).
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            Self::BadUri(_) | Self::NotFound(_) | Self::TooLarge { .. } | Self::NotUtf8(_)
+        )
+    }
+}
+
+/// Splits `gs://bucket/object` into the crate's bucket name and the object name.
+pub fn parse_uri(uri: &str) -> Result<(String, String), StorageError> {
+    let rest = uri
+        .strip_prefix("gs://")
+        .ok_or_else(|| StorageError::BadUri(uri.to_string()))?;
+    match rest.split_once('/') {
+        Some((bucket, object)) if !bucket.is_empty() && !object.is_empty() => {
+            Ok((format!("projects/_/buckets/{bucket}"), object.to_string()))
+        }
+        _ => Err(StorageError::BadUri(uri.to_string())),
+    }
+}
+
+/// A Cloud Storage client.
+#[derive(Clone, Debug)]
+pub struct Gcs {
+    client: Storage,
+}
+
+/// What [`Gcs::fetch_model`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchedModel {
+    /// The local directory holding the model.
+    pub dir: PathBuf,
+    /// Files downloaded this time (the rest were reused from the cache).
+    pub downloaded: Vec<String>,
+}
+
+impl Gcs {
+    /// A client for the real service (Application Default Credentials, e.g. Workload Identity),
+    /// or for the emulator at `emulator_host` (`STORAGE_EMULATOR_HOST`) with anonymous credentials.
+    pub async fn new(emulator_host: Option<&str>) -> Result<Self, StorageError> {
+        let mut b = Storage::builder();
+        if let Some(host) = emulator_host.filter(|h| !h.trim().is_empty()) {
+            let endpoint = if host.starts_with("http://") || host.starts_with("https://") {
+                host.to_string()
+            } else {
+                format!("http://{host}")
+            };
+            b = b
+                .with_endpoint(endpoint)
+                .with_credentials(anonymous::Builder::new().build());
+        }
+        let client = b
+            .build()
+            .await
+            .map_err(|e| StorageError::Client(e.to_string()))?;
+        Ok(Self { client })
+    }
+
+    /// Reads a whole object, refusing one larger than `max_bytes`.
+    pub async fn read(&self, uri: &str, max_bytes: Option<u64>) -> Result<Vec<u8>, StorageError> {
+        let (bucket, object) = parse_uri(uri)?;
+        let mut resp = self
+            .client
+            .read_object(bucket, object)
+            .send()
+            .await
+            .map_err(|e| request_error(uri, e))?;
+        let size = resp.object().size.max(0) as u64;
+        if let Some(max) = max_bytes.filter(|m| size > *m) {
+            return Err(StorageError::TooLarge {
+                uri: uri.to_string(),
+                size,
+                max,
+            });
+        }
+        let mut out = Vec::with_capacity(size as usize);
+        while let Some(chunk) = resp.next().await {
+            let chunk = chunk.map_err(|e| request_error(uri, e))?;
+            out.extend_from_slice(&chunk);
+            if let Some(max) = max_bytes.filter(|m| out.len() as u64 > *m) {
+                return Err(StorageError::TooLarge {
+                    uri: uri.to_string(),
+                    size: out.len() as u64,
+                    max,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads an object as UTF-8 text.
+    pub async fn read_text(&self, uri: &str, max_bytes: u64) -> Result<String, StorageError> {
+        let bytes = self.read(uri, Some(max_bytes)).await?;
+        String::from_utf8(bytes).map_err(|_| StorageError::NotUtf8(uri.to_string()))
+    }
+
+    /// Copies the model under `gs://bucket/prefix` into `cache_dir` (see the module docs) and
+    /// returns the local directory. A missing object or a bad checksum is an error.
+    pub async fn fetch_model(
+        &self,
+        uri: &str,
+        cache_dir: &Path,
+    ) -> Result<FetchedModel, StorageError> {
+        let base = uri.trim_end_matches('/');
+        let (bucket, prefix) = parse_uri(base)?;
+        let bucket_name = bucket.rsplit('/').next().unwrap_or_default().to_string();
+        let dir = cache_dir.join(&bucket_name).join(&prefix);
+        let mut downloaded = Vec::new();
+        for file in MODEL_FILES {
+            let object = format!("{prefix}/{file}");
+            let local = dir.join(file);
+            if self
+                .cache_file(
+                    &bucket,
+                    &object,
+                    &format!("gs://{bucket_name}/{object}"),
+                    &local,
+                )
+                .await?
+            {
+                downloaded.push(file.to_string());
+            }
+        }
+        Ok(FetchedModel { dir, downloaded })
+    }
+
+    /// Makes `local` a verified copy of the object; returns whether it downloaded.
+    async fn cache_file(
+        &self,
+        bucket: &str,
+        object: &str,
+        uri: &str,
+        local: &Path,
+    ) -> Result<bool, StorageError> {
+        let io = |path: &Path, source| StorageError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let parent = local.parent().unwrap_or(Path::new("."));
+        tokio::fs::create_dir_all(parent)
+            .await
+            .map_err(|e| io(parent, e))?;
+        let lock_path = local.with_extension("lock");
+        let _lock = FileLock::acquire(&lock_path)
+            .await
+            .map_err(|e| io(&lock_path, e))?;
+
+        let mut resp = self
+            .client
+            .read_object(bucket.to_string(), object.to_string())
+            .send()
+            .await
+            .map_err(|e| request_error(uri, e))?;
+        let meta = resp.object();
+        let want = Expected::from_metadata(uri, &meta)?;
+        if let Ok(bytes) = tokio::fs::read(local).await {
+            if want.matches(&bytes) {
+                return Ok(false); // a valid cache: the response body is never read
+            }
+            tracing::warn!(file = %local.display(), "cached model file does not match the object; downloading again");
+        }
+        let tmp = local.with_extension(format!("partial.{}", std::process::id()));
+        let mut out = tokio::fs::File::create(&tmp)
+            .await
+            .map_err(|e| io(&tmp, e))?;
+        let mut crc = 0u32;
+        let mut md5 = md5::Context::new();
+        while let Some(chunk) = resp.next().await {
+            let chunk = chunk.map_err(|e| request_error(uri, e))?;
+            crc = crc32c::crc32c_append(crc, &chunk);
+            md5.consume(&chunk);
+            out.write_all(&chunk).await.map_err(|e| io(&tmp, e))?;
+        }
+        out.sync_all().await.map_err(|e| io(&tmp, e))?;
+        drop(out);
+        if let Err(e) = want.check(uri, crc, &md5.finalize().0) {
+            let _ = tokio::fs::remove_file(&tmp).await;
+            return Err(e);
+        }
+        tokio::fs::rename(&tmp, local)
+            .await
+            .map_err(|e| io(local, e))?;
+        Ok(true)
+    }
+}
+
+/// Longest one input read may take before its message is NACKed for a later retry.
+const INPUT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Reads record inputs (`"uri"` records) for the source: builds its client on first use, so a
+/// worker that never sees a `uri` never needs Cloud Storage credentials.
+#[derive(Debug)]
+pub struct InputReader {
+    emulator_host: Option<String>,
+    max_bytes: u64,
+    client: tokio::sync::OnceCell<Gcs>,
+}
+
+impl InputReader {
+    /// A reader for objects of at most `max_bytes`.
+    pub fn new(emulator_host: Option<String>, max_bytes: u64) -> Self {
+        Self {
+            emulator_host,
+            max_bytes,
+            client: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// The object's text. Permanent errors ([`StorageError::is_permanent`]) mean the record can
+    /// never succeed; any other error may pass on a retry.
+    pub async fn text(&self, uri: &str) -> Result<String, StorageError> {
+        let client = self
+            .client
+            .get_or_try_init(|| Gcs::new(self.emulator_host.as_deref()))
+            .await?;
+        // The client retries transient errors with backoff for a long time; a record should go
+        // back to Pub/Sub (NACK) well before its lease matters.
+        tokio::time::timeout(INPUT_TIMEOUT, client.read_text(uri, self.max_bytes))
+            .await
+            .map_err(|_| StorageError::Timeout(uri.to_string()))?
+    }
+}
+
+/// The checksums an object's metadata promises.
+struct Expected {
+    crc32c: Option<u32>,
+    md5: Option<[u8; 16]>,
+}
+
+impl Expected {
+    fn from_metadata(
+        uri: &str,
+        meta: &google_cloud_storage::model_ext::ObjectHighlights,
+    ) -> Result<Self, StorageError> {
+        let sums = meta.checksums.as_ref();
+        let crc32c = sums.and_then(|c| c.crc32c);
+        let md5 = sums.and_then(|c| <[u8; 16]>::try_from(c.md5_hash.as_ref()).ok());
+        if crc32c.is_none() && md5.is_none() {
+            return Err(StorageError::NoChecksum(uri.to_string()));
+        }
+        Ok(Self { crc32c, md5 })
+    }
+
+    fn matches(&self, bytes: &[u8]) -> bool {
+        self.crc32c.is_none_or(|c| crc32c::crc32c(bytes) == c)
+            && self.md5.is_none_or(|m| md5::compute(bytes).0 == m)
+    }
+
+    fn check(&self, uri: &str, crc: u32, md5: &[u8; 16]) -> Result<(), StorageError> {
+        if let Some(want) = self.crc32c.filter(|w| *w != crc) {
+            return Err(StorageError::Checksum {
+                uri: uri.to_string(),
+                detail: format!("crc32c {crc:08x}, object says {want:08x}"),
+            });
+        }
+        if let Some(want) = self.md5.filter(|w| w != md5) {
+            return Err(StorageError::Checksum {
+                uri: uri.to_string(),
+                detail: format!(
+                    "md5 {}, object says {}",
+                    hex::encode(md5),
+                    hex::encode(want)
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn request_error(uri: &str, e: google_cloud_storage::Error) -> StorageError {
+    if e.http_status_code() == Some(404)
+        || e.status()
+            .is_some_and(|s| s.code == google_cloud_gax::error::rpc::Code::NotFound)
+    {
+        StorageError::NotFound(uri.to_string())
+    } else {
+        StorageError::Request {
+            uri: uri.to_string(),
+            source: e,
+        }
+    }
+}
+
+/// An exclusive advisory lock on a file (flock), released on drop.
+struct FileLock(std::fs::File);
+
+impl FileLock {
+    async fn acquire(path: &Path) -> std::io::Result<Self> {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)?;
+        loop {
+            // SAFETY: flock on a descriptor this function owns.
+            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+            if rc == 0 {
+                return Ok(Self(file));
+            }
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(err);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for FileLock {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: unlocking the descriptor we locked.
+        unsafe {
+            libc::flock(self.0.as_raw_fd(), libc::LOCK_UN);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_gs_uris() {
+        assert_eq!(
+            parse_uri("gs://b/dir/o.txt").unwrap(),
+            ("projects/_/buckets/b".to_string(), "dir/o.txt".to_string())
+        );
+        assert!(parse_uri("gs://b").is_err());
+        assert!(parse_uri("gs:///o").is_err());
+        assert!(parse_uri("s3://b/o").is_err());
+    }
+}

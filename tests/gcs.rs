@@ -1,0 +1,296 @@
+//! Cloud Storage against a real local emulator (fake-gcs-server): models from gs:// with a
+//! verified, shared cache; records whose text lives in an object; publishing from gs://.
+
+mod common;
+
+use common::*;
+use spotinfer::batcher::BatchConfig;
+use spotinfer::config::DeviceChoice;
+use spotinfer::gcs::{Gcs, StorageError, MODEL_FILES};
+use spotinfer::model::{cosine, Embedder, ModelHandle};
+use spotinfer::pubsub::PubsubConfig;
+use spotinfer::shutdown::Shutdown;
+use spotinfer::store::Store;
+use spotinfer::telemetry::Metrics;
+use spotinfer::worker::{self, WorkerConfig};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+fn put(data: &Path, bucket: &str, object: &str, bytes: &[u8]) {
+    let path = data.join(bucket).join(object);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, bytes).unwrap();
+}
+
+fn put_model(data: &Path) {
+    for f in MODEL_FILES {
+        let bytes = std::fs::read(model_dir().join(f)).unwrap();
+        put(data, "models", &format!("minilm/{f}"), &bytes);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_from_gs_is_verified_cached_and_shared_by_concurrent_workers() {
+    let data = tempfile::tempdir().unwrap();
+    put_model(data.path());
+    let gcs_server = FakeGcs::start(data.path());
+    let cache = tempfile::tempdir().unwrap();
+    let gcs = Gcs::new(Some(&gcs_server.host)).await.unwrap();
+
+    // Three workers on one node start at once: one downloads, the others reuse its copy.
+    let fetches = (0..3).map(|_| {
+        let (gcs, cache) = (gcs.clone(), cache.path().to_path_buf());
+        tokio::spawn(async move { gcs.fetch_model("gs://models/minilm", &cache).await })
+    });
+    let mut downloaded = 0;
+    let mut dir = None;
+    for f in fetches {
+        let fetched = f.await.unwrap().unwrap();
+        downloaded += fetched.downloaded.len();
+        dir = Some(fetched.dir);
+    }
+    assert_eq!(
+        downloaded,
+        MODEL_FILES.len(),
+        "each file downloaded exactly once"
+    );
+    let dir = dir.unwrap();
+    for f in MODEL_FILES {
+        assert_eq!(
+            std::fs::read(dir.join(f)).unwrap(),
+            std::fs::read(model_dir().join(f)).unwrap(),
+            "{f} differs"
+        );
+    }
+    // A restart reuses the valid cache; a corrupted file is downloaded again.
+    let again = gcs
+        .fetch_model("gs://models/minilm/", cache.path())
+        .await
+        .unwrap();
+    assert!(again.downloaded.is_empty(), "{again:?}");
+    let mut tok = std::fs::read(dir.join("tokenizer.json")).unwrap();
+    tok.push(b' ');
+    std::fs::write(dir.join("tokenizer.json"), tok).unwrap();
+    let repaired = gcs
+        .fetch_model("gs://models/minilm", cache.path())
+        .await
+        .unwrap();
+    assert_eq!(repaired.downloaded, vec!["tokenizer.json".to_string()]);
+
+    // The cached model is the model.
+    let from_cache = Embedder::load(&dir, DeviceChoice::Cpu).unwrap();
+    let local = Embedder::load(&model_dir(), DeviceChoice::Cpu).unwrap();
+    let a = &from_cache
+        .embed(&["weights from a bucket"])
+        .unwrap()
+        .vectors[0];
+    let b = &local.embed(&["weights from a bucket"]).unwrap().vectors[0];
+    assert!(cosine(a, b) > 0.99999);
+
+    // A missing object is a clear error naming it.
+    let err = gcs
+        .fetch_model("gs://models/nothere", cache.path())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StorageError::NotFound(_)), "{err}");
+    assert!(
+        err.to_string().contains("gs://models/nothere/config.json"),
+        "{err}"
+    );
+}
+
+fn worker_config(
+    args: &spotinfer::config::PubsubArgs,
+    gcs: &str,
+    idle: Option<Duration>,
+) -> WorkerConfig {
+    WorkerConfig {
+        pubsub: PubsubConfig::from_args(args),
+        streams: 1,
+        max_outstanding: 64,
+        lease_extension: Duration::from_secs(10),
+        batch: BatchConfig {
+            max_records: 8,
+            max_wait: Duration::from_millis(20),
+        },
+        max_text_bytes: 4096,
+        commit_timeout: Duration::from_secs(10),
+        shutdown_timeout: Duration::from_secs(8),
+        exit_when_idle: idle,
+        exactly_once: false,
+        storage_emulator_host: Some(gcs.to_string()),
+        max_object_bytes: 1000,
+    }
+}
+
+fn model() -> ModelHandle {
+    ModelHandle::spawn(Embedder::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_embeds_uri_records_and_records_unusable_objects() {
+    let data = tempfile::tempdir().unwrap();
+    let text = "this record's text lives in a bucket";
+    put(data.path(), "inputs", "ok.txt", text.as_bytes());
+    put(data.path(), "inputs", "big.txt", &vec![b'a'; 2000]);
+    put(data.path(), "inputs", "bad.bin", b"\xff\xfe\xfd not text");
+    put(data.path(), "inputs", "empty.txt", b"");
+    let gcs_server = FakeGcs::start(data.path());
+    let name = unique("gcs-uri");
+    let (args, cfg) = fresh_pubsub(&name).await;
+    let lines: Vec<String> = [
+        ("ok", "gs://inputs/ok.txt"),
+        ("missing", "gs://inputs/missing.txt"),
+        ("big", "gs://inputs/big.txt"),
+        ("bad", "gs://inputs/bad.bin"),
+        ("empty", "gs://inputs/empty.txt"),
+    ]
+    .iter()
+    .map(|(id, uri)| serde_json::json!({"id": id, "uri": uri}).to_string())
+    .collect();
+    publish_lines(&cfg, &lines).await;
+
+    let (_dir, db) = fresh_sqlite();
+    let store = Store::connect(&db).await.unwrap();
+    store.migrate().await.unwrap();
+    let report = worker::run(
+        worker_config(&args, &gcs_server.host, Some(Duration::from_secs(4))),
+        store.clone(),
+        model(),
+        Metrics::new(),
+        Shutdown::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.counts.nacked, 0, "{report:?}");
+    let rows = store.embeddings().await.unwrap();
+    assert_eq!(rows.len(), 1);
+    let want = &Embedder::load(&model_dir(), DeviceChoice::Cpu)
+        .unwrap()
+        .embed(&[text])
+        .unwrap()
+        .vectors[0];
+    assert!(cosine(&rows["ok"].embedding, want) > 0.9999);
+    let failures = store.failures().await.unwrap();
+    let error_of = |id: &str| {
+        failures
+            .iter()
+            .find(|(_, r, _)| r.as_deref() == Some(id))
+            .map(|(_, _, e)| e.clone())
+            .unwrap_or_else(|| panic!("no failure row for {id}: {failures:?}"))
+    };
+    assert!(error_of("missing").contains("gs://inputs/missing.txt does not exist"));
+    assert!(error_of("big").contains("the limit is 1000"));
+    assert!(error_of("bad").contains("not UTF-8"));
+    assert!(error_of("empty").contains("is empty"));
+    assert_subscription_empty(&cfg, Duration::from_secs(2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storage_outage_nacks_then_recovers() {
+    let data = tempfile::tempdir().unwrap();
+    put(
+        data.path(),
+        "inputs",
+        "a.txt",
+        b"text behind a flaky bucket",
+    );
+    let mut gcs_server = FakeGcs::start(data.path());
+    gcs_server.stop();
+    let name = unique("gcs-down");
+    let (args, cfg) = fresh_pubsub(&name).await;
+    publish_lines(
+        &cfg,
+        &[serde_json::json!({"id": "a", "uri": "gs://inputs/a.txt"}).to_string()],
+    )
+    .await;
+
+    let (_dir, db) = fresh_sqlite();
+    let store = Store::connect(&db).await.unwrap();
+    store.migrate().await.unwrap();
+    let metrics = Metrics::new();
+    let shutdown = Shutdown::new();
+    let task = tokio::spawn(worker::run(
+        worker_config(&args, &gcs_server.host, None),
+        store.clone(),
+        model(),
+        metrics.clone(),
+        shutdown.clone(),
+    ));
+    wait_until(
+        Duration::from_secs(60),
+        "a nack while storage is down",
+        || async { metrics.counts().nacked >= 1 },
+    )
+    .await;
+    assert_eq!(
+        store.status(None).await.unwrap(),
+        spotinfer::store::StatusCounts { done: 0, failed: 0 }
+    );
+    gcs_server.restart();
+    wait_until(
+        Duration::from_secs(60),
+        "the record after storage is back",
+        || async { store.status(None).await.unwrap().done == 1 },
+    )
+    .await;
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+    assert_eq!(store.status(None).await.unwrap().failed, 0);
+}
+
+#[test]
+fn publish_and_bench_read_from_gs() {
+    let data = tempfile::tempdir().unwrap();
+    put_model(data.path());
+    let jsonl = "{\"id\":\"g1\",\"text\":\"from a bucket\"}\nnot json\n{\"id\":\"g2\",\"uri\":\"gs://inputs/x.txt\"}\n";
+    put(data.path(), "jobs", "in.jsonl", jsonl.as_bytes());
+    let gcs_server = FakeGcs::start(data.path());
+    let args = pubsub_args(&unique("gcs-pub"));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(fresh_pubsub(&args.topic[2..]));
+
+    let out = Command::new(env!("CARGO_BIN_EXE_spotinfer"))
+        .args(["publish", "gs://jobs/in.jsonl"])
+        .env("STORAGE_EMULATOR_HOST", &gcs_server.host)
+        .env("PUBSUB_EMULATOR_HOST", emulator())
+        .env("GOOGLE_CLOUD_PROJECT", &args.project)
+        .env("SPOTINFER_TOPIC", &args.topic)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("published 2 records"), "{stdout}");
+    assert!(stderr.contains("line 2: payload is not JSON"), "{stderr}");
+
+    // The model straight from the bucket, through the cache.
+    let cache = tempfile::tempdir().unwrap();
+    let input = cache.path().join("in.jsonl");
+    std::fs::write(&input, record_lines("gcs-bench", 8).join("\n")).unwrap();
+    let run = |model: &str| {
+        Command::new(env!("CARGO_BIN_EXE_spotinfer"))
+            .args(["bench", "--model", model, "--input"])
+            .arg(&input)
+            .env("STORAGE_EMULATOR_HOST", &gcs_server.host)
+            .env("SPOTINFER_CACHE_DIR", cache.path())
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap()
+    };
+    let out = run("gs://models/minilm");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run("gs://models/absent");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("cannot fetch the model from gs://models/absent")
+            && stderr.contains("does not exist"),
+        "{stderr}"
+    );
+}
