@@ -410,6 +410,37 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_bad_checksum_is_refused() {
+        let data = b"model bytes";
+        let good = Expected {
+            crc32c: Some(crc32c::crc32c(data)),
+            md5: Some(md5::compute(data).0),
+        };
+        assert!(good.matches(data));
+        assert!(good
+            .check("gs://b/o", crc32c::crc32c(data), &md5::compute(data).0)
+            .is_ok());
+        let err = good
+            .check("gs://b/o", crc32c::crc32c(b"other"), &md5::compute(data).0)
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("gs://b/o: checksum mismatch (crc32c"),
+            "{err}"
+        );
+        let md5_only = Expected {
+            crc32c: None,
+            md5: Some(md5::compute(data).0),
+        };
+        assert!(!md5_only.matches(b"model bytez"));
+        assert!(md5_only
+            .check("gs://b/o", 0, &md5::compute(b"x").0)
+            .unwrap_err()
+            .to_string()
+            .contains("md5"));
+    }
+
+    #[test]
     fn parses_gs_uris() {
         assert_eq!(
             parse_uri("gs://b/dir/o.txt").unwrap(),
