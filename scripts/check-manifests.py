@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Checks a rendered kustomization for the mistakes schemas cannot see.
+
+- every workload that selects Spot or flex-start nodes tolerates the matching taint
+  (a taint/selector mismatch leaves pods Pending forever);
+- terminationGracePeriodSeconds covers the worker's SPOTINFER_SHUTDOWN_TIMEOUT with room to spare,
+  and stays within Spot's ~15 s for non-system pods;
+- containers run as non-root with a read-only root filesystem, request a priority class, and
+  (Deployments) have liveness and readiness probes;
+- no literal secret values: DATABASE_URL comes from a Secret.
+"""
+import re
+import sys
+
+import yaml
+
+TAINTED_SELECTORS = {
+    "cloud.google.com/gke-spot": "cloud.google.com/gke-spot",
+    "cloud.google.com/gke-flex-start": "cloud.google.com/gke-flex-start",
+}
+
+
+def seconds(v):
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m)", str(v))
+    if not m:
+        raise ValueError(f"unparsed duration {v!r}")
+    n, unit = float(m.group(1)), m.group(2)
+    return n / 1000 if unit == "ms" else n * 60 if unit == "m" else n
+
+
+def main(path):
+    docs = [d for d in yaml.safe_load_all(open(path)) if d]
+    config = {}
+    for d in docs:
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("spotinfer"):
+            config.update(d.get("data", {}))
+    problems = []
+    for d in docs:
+        if d["kind"] not in ("Deployment", "Job"):
+            continue
+        name = f'{d["kind"]}/{d["metadata"]["name"]}'
+        pod = d["spec"]["template"]["spec"]
+        tolerated = {t.get("key") for t in pod.get("tolerations", [])}
+        for sel, taint in TAINTED_SELECTORS.items():
+            if sel in pod.get("nodeSelector", {}) and taint not in tolerated:
+                problems.append(f"{name}: selects {sel} but does not tolerate the {taint} taint")
+        grace = pod.get("terminationGracePeriodSeconds", 30)
+        budget = seconds(config.get("SPOTINFER_SHUTDOWN_TIMEOUT", "8s"))
+        if grace < budget + 2:
+            problems.append(f"{name}: grace period {grace}s leaves no room over the {budget}s shutdown budget")
+        if "cloud.google.com/gke-spot" in pod.get("nodeSelector", {}) and grace > 15:
+            problems.append(f"{name}: Spot gives non-system pods about 15 s; grace period is {grace}s")
+        if not pod.get("priorityClassName"):
+            problems.append(f"{name}: no priorityClassName")
+        if not pod.get("securityContext", {}).get("runAsNonRoot"):
+            problems.append(f"{name}: pod does not set runAsNonRoot")
+        for c in pod["containers"]:
+            sc = c.get("securityContext", {})
+            if not sc.get("readOnlyRootFilesystem"):
+                problems.append(f"{name}/{c['name']}: root filesystem is writable")
+            if d["kind"] == "Deployment" and not (c.get("livenessProbe") and c.get("readinessProbe")):
+                problems.append(f"{name}/{c['name']}: missing liveness or readiness probe")
+            for e in c.get("env", []):
+                if e["name"] == "DATABASE_URL" and "value" in e:
+                    problems.append(f"{name}/{c['name']}: DATABASE_URL is a literal; use a Secret")
+    if problems:
+        print("\n".join(problems))
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
