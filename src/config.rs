@@ -229,6 +229,30 @@ pub struct WorkArgs {
     /// host:port for /metrics, /healthz and /readyz; unset disables the endpoint.
     #[arg(long, env = "SPOTINFER_METRICS_ADDR")]
     pub metrics_addr: Option<String>,
+    /// Early drain on preemption notices: off, or a comma list of `taint` (the node's
+    /// impending-termination taint, via the Kubernetes API) and `metadata` (the metadata server).
+    #[arg(long, env = "SPOTINFER_EARLY_DRAIN", default_value = "off")]
+    pub early_drain: String,
+    /// Metadata server host[:port] for the `metadata` watch.
+    #[arg(
+        long,
+        env = "GCE_METADATA_HOST",
+        default_value = "metadata.google.internal"
+    )]
+    pub metadata_host: String,
+    /// Kubernetes API base URL for the `taint` watch.
+    #[arg(
+        long,
+        env = "SPOTINFER_KUBE_API",
+        default_value = "https://kubernetes.default.svc"
+    )]
+    pub kube_api: String,
+    /// This pod's node (downward API `spec.nodeName`), for the `taint` watch.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// How often the `taint` watch reads the node.
+    #[arg(long, env = "SPOTINFER_DRAIN_POLL", value_parser = parse_duration, default_value = "2s")]
+    pub drain_poll: Duration,
     /// Require an exactly-once subscription and confirm every ack (a commit whose ack is not
     /// confirmed is redelivered and redone, which the UPSERT makes harmless).
     #[arg(long, env = "SPOTINFER_EXACTLY_ONCE")]

@@ -19,6 +19,7 @@ pub mod ack;
 pub mod batcher;
 pub mod chaos;
 pub mod config;
+pub mod drain;
 pub mod emulator;
 pub mod gcs;
 pub mod loadtest;

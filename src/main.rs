@@ -121,7 +121,22 @@ impl<R: std::io::BufRead> LinesCount for R {
 
 async fn work(a: WorkArgs) -> anyhow::Result<()> {
     let shutdown = Shutdown::new();
-    shutdown::listen_for_signals(shutdown.clone()).context("cannot install signal handlers")?;
+    let signalled = Shutdown::new();
+    shutdown::listen_for_signals(shutdown.clone(), signalled.clone())
+        .context("cannot install signal handlers")?;
+    let drained = Shutdown::new();
+    let watches = spotinfer::drain::parse_watches(&a.early_drain).map_err(anyhow::Error::msg)?;
+    spotinfer::drain::spawn(
+        spotinfer::drain::DrainConfig {
+            watches,
+            metadata_host: a.metadata_host.clone(),
+            kube_api: a.kube_api.clone(),
+            node_name: a.node_name.clone(),
+            poll: a.drain_poll,
+        },
+        shutdown.clone(),
+        drained.clone(),
+    );
     let metrics = Metrics::new();
     if let Some(addr) = &a.metrics_addr {
         let listener = tokio::net::TcpListener::bind(addr)
@@ -159,6 +174,14 @@ async fn work(a: WorkArgs) -> anyhow::Result<()> {
         max_object_bytes: a.model.storage.max_object_bytes,
     };
     let report = worker::run(cfg, store, model, metrics, shutdown).await?;
+    if drained.is_cancelled() && !signalled.is_cancelled() {
+        // Exiting now would only get the container restarted on the node that is going away.
+        tracing::info!(
+            drain_seconds = report.drain_seconds,
+            "drained early; idle and not ready until SIGTERM"
+        );
+        signalled.cancelled().await;
+    }
     let c = report.counts;
     println!(
         "worker done: {} received, {} acked, {} nacked, {} results committed, {} failed payloads recorded, {:.1} records/s",
@@ -183,7 +206,11 @@ async fn connect_until_ready(url: &str, shutdown: &Shutdown) -> Option<Store> {
             store.migrate().await?;
             Ok::<_, spotinfer::store::StoreError>(store)
         };
-        match attempt.await {
+        let result = tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            r = attempt => r,
+        };
+        match result {
             Ok(store) => return Some(store),
             Err(e) => tracing::warn!(error = %e, retry_in = ?backoff, "database not ready"),
         }

@@ -11,11 +11,12 @@ use tokio_util::sync::CancellationToken;
 /// The shutdown signal handed to every stage. Cheap to clone; `cancelled()` resolves once.
 pub type Shutdown = CancellationToken;
 
-/// Cancels `shutdown` on the first SIGTERM or SIGINT; exits the process on the second.
+/// Cancels `shutdown` (and `signalled`) on the first SIGTERM or SIGINT; exits the process on the
+/// second. `signalled` tells a worker that drained early that its end has come.
 ///
 /// Returns an error when the signal handlers cannot be installed, which only happens when the
 /// process has no signal support at all.
-pub fn listen_for_signals(shutdown: Shutdown) -> std::io::Result<()> {
+pub fn listen_for_signals(shutdown: Shutdown, signalled: Shutdown) -> std::io::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -28,6 +29,7 @@ pub fn listen_for_signals(shutdown: Shutdown) -> std::io::Result<()> {
             signal = name,
             "shutdown requested: stop pulling, nack uncommitted, finish the commit in flight"
         );
+        signalled.cancel();
         shutdown.cancel();
         tokio::select! {
             _ = term.recv() => {},

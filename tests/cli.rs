@@ -145,3 +145,45 @@ fn worker_with_a_missing_model_fails_at_startup_with_a_clear_error() {
         "{stderr}"
     );
 }
+
+#[test]
+fn json_logs_carry_cloud_logging_severity() {
+    // A worker waiting for an unreachable database logs a warning per attempt; SIGTERM ends it.
+    let child = spotinfer()
+        .arg("work")
+        .env("DATABASE_URL", "postgres://u:secret@127.0.0.1:1/db")
+        .env("PUBSUB_EMULATOR_HOST", emulator())
+        .env("SPOTINFER_LOG_FORMAT", "json")
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let logs: Vec<serde_json::Value> = stderr
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}")))
+        .collect();
+    assert!(
+        logs.iter()
+            .any(|l| l["severity"] == "WARNING" && l["message"] == "database not ready"),
+        "{stderr}"
+    );
+    for l in &logs {
+        assert!(
+            ["DEBUG", "INFO", "WARNING", "ERROR"].contains(&l["severity"].as_str().unwrap()),
+            "{l}"
+        );
+        assert!(
+            l["message"].is_string() && l["timestamp"].is_string(),
+            "{l}"
+        );
+    }
+    assert!(!stderr.contains("secret"), "password in logs: {stderr}");
+}

@@ -186,9 +186,20 @@ pub fn free_addr() -> String {
 impl WorkerProcess {
     /// Starts `spotinfer work` against `args` and `db_url` with extra flags.
     pub fn start(args: &PubsubArgs, db_url: &str, extra: &[&str]) -> Self {
+        Self::start_with_env(args, db_url, extra, &[])
+    }
+
+    /// Like [`WorkerProcess::start`], with extra environment variables.
+    pub fn start_with_env(
+        args: &PubsubArgs,
+        db_url: &str,
+        extra: &[&str],
+        env: &[(&str, String)],
+    ) -> Self {
         let metrics_addr = free_addr();
         let child = Command::new(env!("CARGO_BIN_EXE_spotinfer"))
             .arg("work")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .args(extra)
             .env("PUBSUB_EMULATOR_HOST", emulator())
             .env("GOOGLE_CLOUD_PROJECT", &args.project)
