@@ -151,7 +151,7 @@ fn json_logs_carry_cloud_logging_severity() {
     // A worker waiting for an unreachable database logs a warning per attempt; SIGTERM ends it.
     let child = spotinfer()
         .arg("work")
-        .env("DATABASE_URL", "postgres://u:secret@127.0.0.1:1/db")
+        .env("DATABASE_URL", "sqlite:///nonexistent-dir/results.db")
         .env("PUBSUB_EMULATOR_HOST", emulator())
         .env("SPOTINFER_LOG_FORMAT", "json")
         .env("RUST_LOG", "info")
@@ -185,5 +185,4 @@ fn json_logs_carry_cloud_logging_severity() {
             "{l}"
         );
     }
-    assert!(!stderr.contains("secret"), "password in logs: {stderr}");
 }
