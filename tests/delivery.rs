@@ -15,21 +15,13 @@ use std::time::{Duration, Instant};
 
 fn config(cfg: PubsubConfig, exactly_once: bool) -> WorkerConfig {
     WorkerConfig {
-        pubsub: cfg,
-        streams: 1,
-        max_outstanding: 256,
-        lease_extension: Duration::from_secs(10),
         batch: BatchConfig {
             max_records: 16,
             max_wait: Duration::from_millis(20),
         },
-        max_text_bytes: 4096,
-        commit_timeout: Duration::from_secs(10),
-        shutdown_timeout: Duration::from_secs(8),
         exit_when_idle: Some(Duration::from_secs(4)),
         exactly_once,
-        storage_emulator_host: None,
-        max_object_bytes: 1 << 20,
+        ..worker_config(cfg)
     }
 }
 

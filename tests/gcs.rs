@@ -100,27 +100,21 @@ async fn model_from_gs_is_verified_cached_and_shared_by_concurrent_workers() {
     );
 }
 
-fn worker_config(
+fn uri_worker_config(
     args: &spotinfer::config::PubsubArgs,
     gcs: &str,
     idle: Option<Duration>,
 ) -> WorkerConfig {
     WorkerConfig {
-        pubsub: PubsubConfig::from_args(args),
-        streams: 1,
         max_outstanding: 64,
-        lease_extension: Duration::from_secs(10),
         batch: BatchConfig {
             max_records: 8,
             max_wait: Duration::from_millis(20),
         },
-        max_text_bytes: 4096,
-        commit_timeout: Duration::from_secs(10),
-        shutdown_timeout: Duration::from_secs(8),
         exit_when_idle: idle,
-        exactly_once: false,
         storage_emulator_host: Some(gcs.to_string()),
         max_object_bytes: 1000,
+        ..worker_config(PubsubConfig::from_args(args))
     }
 }
 
@@ -155,7 +149,7 @@ async fn worker_embeds_uri_records_and_records_unusable_objects() {
     let store = Store::connect(&db).await.unwrap();
     store.migrate().await.unwrap();
     let report = worker::run(
-        worker_config(&args, &gcs_server.host, Some(Duration::from_secs(4))),
+        uri_worker_config(&args, &gcs_server.host, Some(Duration::from_secs(4))),
         store.clone(),
         model(),
         Metrics::new(),
@@ -212,7 +206,7 @@ async fn storage_outage_nacks_then_recovers() {
     let metrics = Metrics::new();
     let shutdown = Shutdown::new();
     let task = tokio::spawn(worker::run(
-        worker_config(&args, &gcs_server.host, None),
+        uri_worker_config(&args, &gcs_server.host, None),
         store.clone(),
         model(),
         metrics.clone(),

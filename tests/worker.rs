@@ -4,8 +4,6 @@ mod common;
 
 use common::*;
 use sha2::{Digest, Sha256};
-use spotinfer::batcher::BatchConfig;
-use spotinfer::chaos::Proxy;
 use spotinfer::config::{DeviceChoice, PubsubArgs};
 use spotinfer::model::{cosine, Embedder, ModelHandle};
 use spotinfer::pubsub::PubsubConfig;
@@ -15,23 +13,10 @@ use spotinfer::telemetry::Metrics;
 use spotinfer::worker::{self, Report, WorkerConfig};
 use std::time::{Duration, Instant};
 
-fn worker_config(args: &PubsubArgs, idle: Option<Duration>) -> WorkerConfig {
+fn config_for(args: &PubsubArgs, idle: Option<Duration>) -> WorkerConfig {
     WorkerConfig {
-        pubsub: PubsubConfig::from_args(args),
-        streams: 1,
-        max_outstanding: 256,
-        lease_extension: Duration::from_secs(10),
-        batch: BatchConfig {
-            max_records: 32,
-            max_wait: Duration::from_millis(20),
-        },
-        max_text_bytes: 4096,
-        commit_timeout: Duration::from_secs(10),
-        shutdown_timeout: Duration::from_secs(8),
         exit_when_idle: idle,
-        exactly_once: false,
-        storage_emulator_host: None,
-        max_object_bytes: 1 << 20,
+        ..worker_config(PubsubConfig::from_args(args))
     }
 }
 
@@ -42,7 +27,7 @@ fn model() -> ModelHandle {
 async fn run_until_idle(args: &PubsubArgs, db: &str) -> Report {
     let store = Store::connect(db).await.unwrap();
     store.migrate().await.unwrap();
-    let cfg = worker_config(args, Some(Duration::from_secs(5)));
+    let cfg = config_for(args, Some(Duration::from_secs(5)));
     worker::run(cfg, store, model(), Metrics::new(), Shutdown::new())
         .await
         .unwrap()
@@ -322,20 +307,14 @@ async fn database_outage_nacks_then_recovers() {
     let n = 150;
     publish_lines(&cfg, &record_lines(&name, n)).await;
 
-    let (hostport, rest) = {
-        let after_at = db.split_once('@').unwrap().1;
-        after_at.split_once('/').unwrap()
-    };
-    let proxy = Proxy::start(hostport.to_string()).await.unwrap();
-    let proxied = db.replace(hostport, proxy.addr());
-    assert!(proxied.ends_with(rest));
+    let (proxy, proxied) = proxied_pg(&db).await;
 
     let store = Store::connect(&proxied).await.unwrap();
     store.migrate().await.unwrap();
     let metrics = Metrics::new();
     let shutdown = Shutdown::new();
     let worker = tokio::spawn(worker::run(
-        worker_config(&args, None),
+        config_for(&args, None),
         store,
         model(),
         metrics.clone(),
@@ -389,10 +368,8 @@ async fn worker_started_during_a_database_outage_waits_for_it() {
     let n = 20;
     publish_lines(&cfg, &record_lines(&name, n)).await;
     Store::connect(&db).await.unwrap().migrate().await.unwrap();
-    let hostport = db.split_once('@').unwrap().1.split_once('/').unwrap().0;
-    let proxy = Proxy::start(hostport.to_string()).await.unwrap();
+    let (proxy, proxied) = proxied_pg(&db).await;
     proxy.cut();
-    let proxied = db.replace(hostport, proxy.addr());
     let mut w = WorkerProcess::start(&args, &proxied, &["--exit-when-idle", "4s"]);
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(

@@ -3,8 +3,11 @@
 #![allow(dead_code)]
 
 use google_cloud_pubsub::model::Message;
+use spotinfer::batcher::BatchConfig;
+use spotinfer::chaos::Proxy;
 use spotinfer::config::PubsubArgs;
 use spotinfer::pubsub::PubsubConfig;
+use spotinfer::worker::WorkerConfig;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -347,4 +350,34 @@ impl Drop for FakeGcs {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// An in-process worker configuration for tests: one stream, 32-record batches, 10 s leases, no
+/// idle exit, no Cloud Storage. Tests override fields with struct update syntax.
+pub fn worker_config(pubsub: PubsubConfig) -> WorkerConfig {
+    WorkerConfig {
+        pubsub,
+        streams: 1,
+        max_outstanding: 256,
+        lease_extension: Duration::from_secs(10),
+        batch: BatchConfig {
+            max_records: 32,
+            max_wait: Duration::from_millis(20),
+        },
+        max_text_bytes: 4096,
+        commit_timeout: Duration::from_secs(10),
+        shutdown_timeout: Duration::from_secs(8),
+        exit_when_idle: None,
+        exactly_once: false,
+        storage_emulator_host: None,
+        max_object_bytes: 1 << 20,
+    }
+}
+
+/// A cutting proxy in front of the PostgreSQL database at `db`, and the URL that goes through it.
+pub async fn proxied_pg(db: &str) -> (Proxy, String) {
+    let hostport = db.split_once('@').unwrap().1.split_once('/').unwrap().0;
+    let proxy = Proxy::start(hostport.to_string()).await.unwrap();
+    let url = db.replacen(hostport, proxy.addr(), 1);
+    (proxy, url)
 }
