@@ -38,12 +38,6 @@ impl Ack {
         }
     }
 
-    /// How many times Pub/Sub has delivered this message, when the subscription tracks it
-    /// (subscriptions with a dead-letter policy do).
-    pub fn delivery_attempt(&self) -> Option<i32> {
-        self.handler.as_ref().and_then(|h| h.delivery_attempt())
-    }
-
     /// Acknowledges the message. Call only once its result is durably committed.
     pub fn ack(mut self) {
         if let Some(h) = self.handler.take() {
@@ -66,11 +60,6 @@ impl Ack {
         };
         self.acked = result.is_ok();
         result
-    }
-
-    /// Returns the message to Pub/Sub for immediate redelivery.
-    pub fn nack(self) {
-        drop(self);
     }
 }
 

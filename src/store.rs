@@ -160,19 +160,6 @@ impl Store {
         Ok(())
     }
 
-    /// Cheap liveness probe.
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        match self {
-            Self::Postgres(p) => {
-                sqlx::query("SELECT 1").execute(p).await?;
-            }
-            Self::Sqlite(p) => {
-                sqlx::query("SELECT 1").execute(p).await?;
-            }
-        }
-        Ok(())
-    }
-
     /// Writes a batch's results and failures in one transaction.
     ///
     /// Results with the same record id are reduced to the newest publish first (one statement
