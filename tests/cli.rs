@@ -23,21 +23,14 @@ fn publish_reports_bad_lines_by_number_and_counts_the_rest() {
         b"{\"id\":\"a\",\"text\":\"first\"}\nnot json\n\n{\"id\":\"b\"}\n{\"id\":\"c\",\"text\":\"third\"}\n{\"id\":\"d\",\"text\":\"\xff\"}\n",
     )
     .unwrap();
-    let setup = spotinfer()
+    let setup = pubsub_env(&mut spotinfer(), &args)
         .args(["setup", "--skip-db"])
-        .env("PUBSUB_EMULATOR_HOST", emulator())
-        .env("GOOGLE_CLOUD_PROJECT", &args.project)
-        .env("SPOTINFER_TOPIC", &args.topic)
-        .env("SPOTINFER_SUBSCRIPTION", &args.subscription)
         .output()
         .unwrap();
     assert!(setup.status.success(), "{setup:?}");
-    let out = spotinfer()
+    let out = pubsub_env(&mut spotinfer(), &args)
         .arg("publish")
         .arg(&file)
-        .env("PUBSUB_EMULATOR_HOST", emulator())
-        .env("GOOGLE_CLOUD_PROJECT", &args.project)
-        .env("SPOTINFER_TOPIC", &args.topic)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -245,12 +245,9 @@ fn publish_and_bench_read_from_gs() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(fresh_pubsub(&args.topic[2..]));
 
-    let out = Command::new(env!("CARGO_BIN_EXE_spotinfer"))
+    let out = pubsub_env(&mut Command::new(env!("CARGO_BIN_EXE_spotinfer")), &args)
         .args(["publish", "gs://jobs/in.jsonl"])
         .env("STORAGE_EMULATOR_HOST", &gcs_server.host)
-        .env("PUBSUB_EMULATOR_HOST", emulator())
-        .env("GOOGLE_CLOUD_PROJECT", &args.project)
-        .env("SPOTINFER_TOPIC", &args.topic)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -172,6 +172,14 @@ pub async fn assert_subscription_empty(cfg: &PubsubConfig, window: Duration) {
     }
 }
 
+/// Points a `spotinfer` command at the emulator and at `args`' project, topic and subscription.
+pub fn pubsub_env<'a>(cmd: &'a mut Command, args: &PubsubArgs) -> &'a mut Command {
+    cmd.env("PUBSUB_EMULATOR_HOST", emulator())
+        .env("GOOGLE_CLOUD_PROJECT", &args.project)
+        .env("SPOTINFER_TOPIC", &args.topic)
+        .env("SPOTINFER_SUBSCRIPTION", &args.subscription)
+}
+
 /// A `spotinfer work` child process.
 pub struct WorkerProcess {
     /// The child.
@@ -200,14 +208,10 @@ impl WorkerProcess {
         env: &[(&str, String)],
     ) -> Self {
         let metrics_addr = free_addr();
-        let child = Command::new(env!("CARGO_BIN_EXE_spotinfer"))
+        let child = pubsub_env(&mut Command::new(env!("CARGO_BIN_EXE_spotinfer")), args)
             .arg("work")
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .args(extra)
-            .env("PUBSUB_EMULATOR_HOST", emulator())
-            .env("GOOGLE_CLOUD_PROJECT", &args.project)
-            .env("SPOTINFER_TOPIC", &args.topic)
-            .env("SPOTINFER_SUBSCRIPTION", &args.subscription)
             .env("DATABASE_URL", db_url)
             .env("SPOTINFER_MODEL", model_dir())
             .env("SPOTINFER_METRICS_ADDR", &metrics_addr)
