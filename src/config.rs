@@ -108,6 +108,10 @@ pub struct ModelArgs {
     /// Device: auto picks CUDA when built with the `cuda` feature and a GPU is present.
     #[arg(long, env = "SPOTINFER_DEVICE", value_enum, default_value = "auto")]
     pub device: DeviceChoice,
+    /// Code that runs the model: `fused` (the CPU encoder tuned for throughput), `candle`
+    /// (candle's BertModel, the reference; any device), `auto` (fused on CPU, candle on CUDA).
+    #[arg(long, env = "SPOTINFER_BACKEND", value_enum, default_value = "auto")]
+    pub backend: Backend,
     /// Largest text accepted, in bytes; larger payloads are recorded as failed. Texts under it are
     /// truncated to the model's token limit, as sentence-transformers does.
     #[arg(long, env = "SPOTINFER_MAX_TEXT_BYTES", default_value_t = 1 << 20)]
@@ -123,6 +127,17 @@ pub enum DeviceChoice {
     Cpu,
     /// CUDA device 0; an error when unavailable.
     Cuda,
+}
+
+/// The code that runs the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// Fused on the CPU, candle on CUDA.
+    Auto,
+    /// The fused CPU encoder (`bert_cpu`).
+    Fused,
+    /// candle's BertModel.
+    Candle,
 }
 
 /// Model batching settings, shared by `work`, `embed` and `bench`.

@@ -10,7 +10,7 @@
 //! non-zero when anything was lost, wrong, left behind, or a graceful exit was slow or non-zero.
 
 use crate::chaos::Proxy;
-use crate::config::{LoadtestArgs, PubsubArgs};
+use crate::config::{Backend, LoadtestArgs, PubsubArgs};
 use crate::model::{cosine, Embedder};
 use crate::pubsub::{PubsubConfig, QueueError};
 use crate::record::{self, Record};
@@ -647,7 +647,8 @@ pub async fn run(args: LoadtestArgs) -> Result<LoadtestReport, LoadtestError> {
     let (verified, min_cos, bad_vectors) = {
         let rows = rows.clone();
         tokio::task::spawn_blocking(move || -> Result<(usize, f32, usize), LoadtestError> {
-            let embedder = Embedder::load(&model_dir, device)?;
+            // The reference backend, so the check is independent of the code that computed them.
+            let embedder = Embedder::load_with(&model_dir, device, Backend::Candle)?;
             let mut min = 1.0f32;
             let mut bad = 0;
             let mut n = 0;

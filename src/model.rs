@@ -5,16 +5,22 @@
 //! pads to the batch's longest text (not to a fixed 128), then the BERT output is mean-pooled over
 //! the attention mask and L2-normalised.
 //!
+//! Two backends compute it. On the CPU the default is [`crate::bert_cpu`], an encoder written
+//! for throughput (no padding, fused passes, reused buffers); candle's `BertModel` runs on CUDA,
+//! and on the CPU when asked for (`--backend candle`), as the reference the fast one is
+//! measured against.
+//!
 //! [`ModelHandle`] runs an `Embedder` on a dedicated OS thread and talks to it through a channel,
 //! so a batch that computes for seconds never stalls the async runtime that keeps Pub/Sub leases,
 //! acks and nacks flowing.
 
-use crate::config::DeviceChoice;
+use crate::bert_cpu::{self, CpuBert};
+use crate::config::{Backend, DeviceChoice};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::bert::{BertModel, Config as BertConfig};
+use candle_transformers::models::bert::{BertModel, Config as BertConfig, HiddenAct};
 use std::path::{Path, PathBuf};
-use tokenizers::{PaddingStrategy, Tokenizer};
+use tokenizers::Tokenizer;
 use tokio::sync::{mpsc, oneshot};
 
 /// Errors loading or running the model.
@@ -49,6 +55,9 @@ pub enum ModelError {
     /// The model thread is gone (it panicked or was shut down).
     #[error("the model thread is not running")]
     Stopped,
+    /// A batch the model cannot take (it never reaches the model from the tokenizer).
+    #[error("invalid model input: {0}")]
+    Input(String),
     /// The model panicked on a batch.
     #[error("the model panicked: {0}")]
     Panic(String),
@@ -74,20 +83,39 @@ pub struct Embedded {
     pub vectors: Vec<Vec<f32>>,
     /// Real (unpadded) tokens embedded, for throughput figures.
     pub tokens: usize,
+    /// Seconds the model computed (tokenizer included), without time queued.
+    pub seconds: f64,
 }
 
 /// A loaded sentence-embedding model.
 pub struct Embedder {
-    model: BertModel,
+    backend: Engine,
     tokenizer: Tokenizer,
-    device: Device,
     info: ModelInfo,
+}
+
+/// The code that runs the BERT encoder.
+enum Engine {
+    /// The fused CPU encoder.
+    Fused(CpuBert),
+    /// candle's `BertModel`, on any candle device.
+    Candle { model: BertModel, device: Device },
 }
 
 impl Embedder {
     /// Loads the model from a local directory, checking every file it needs up front so a
     /// missing or broken model is a clear error at startup.
     pub fn load(dir: &Path, device: DeviceChoice) -> Result<Self, ModelError> {
+        Self::load_with(dir, device, Backend::Auto)
+    }
+
+    /// [`Embedder::load`] with a chosen backend: `auto` is the fused encoder on the CPU and
+    /// candle on CUDA.
+    pub fn load_with(
+        dir: &Path,
+        device: DeviceChoice,
+        backend: Backend,
+    ) -> Result<Self, ModelError> {
         let device = select_device(device)?;
         let config_path = dir.join("config.json");
         let config: BertConfig = read_json(&config_path)?;
@@ -119,22 +147,42 @@ impl Embedder {
             .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", tok_path.display())))?;
         // The package's tokenizer.json truncates at 128 and pads to a fixed 128;
         // sentence-transformers truncates at max_seq_length and pads to the batch's longest.
+        // The fused encoder takes texts unpadded; the candle path pads them itself.
         let mut truncation = tokenizer.get_truncation().cloned().unwrap_or_default();
         truncation.max_length = max_seq_len;
-        let mut padding = tokenizer.get_padding().cloned().unwrap_or_default();
-        padding.strategy = PaddingStrategy::BatchLongest;
         tokenizer
             .with_truncation(Some(truncation))
             .map_err(|e| ModelError::Tokenizer(e.to_string()))?
-            .with_padding(Some(padding));
+            .with_padding(None);
 
         let weights_path = dir.join("model.safetensors");
-        let bytes = std::fs::read(&weights_path).map_err(|source| ModelError::File {
-            path: weights_path.clone(),
-            source,
-        })?;
-        let vb = VarBuilder::from_buffered_safetensors(bytes, DType::F32, &device)?;
-        let model = BertModel::load(vb, &config)?;
+        let fused = match backend {
+            Backend::Fused => true,
+            Backend::Candle => false,
+            Backend::Auto => device.is_cpu(),
+        };
+        let backend = if fused {
+            if !device.is_cpu() {
+                return Err(ModelError::Config {
+                    path: dir.to_path_buf(),
+                    message: "the fused backend runs on the CPU only (use --backend candle)".into(),
+                });
+            }
+            Engine::Fused(CpuBert::load(
+                &weights_path,
+                bert_dims(&config, &config_path)?,
+            )?)
+        } else {
+            let bytes = std::fs::read(&weights_path).map_err(|source| ModelError::File {
+                path: weights_path.clone(),
+                source,
+            })?;
+            let vb = VarBuilder::from_buffered_safetensors(bytes, DType::F32, &device)?;
+            Engine::Candle {
+                model: BertModel::load(vb, &config)?,
+                device: device.clone(),
+            }
+        };
         let name = dir
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -143,12 +191,14 @@ impl Embedder {
             name,
             dim: config.hidden_size,
             max_seq_len,
-            device: format!("{device:?}"),
+            device: match backend {
+                Engine::Fused(_) => "Cpu (fused)".into(),
+                Engine::Candle { .. } => format!("{device:?} (candle)"),
+            },
         };
         Ok(Self {
-            model,
+            backend,
             tokenizer,
-            device,
             info,
         })
     }
@@ -164,47 +214,94 @@ impl Embedder {
             .tokenizer
             .encode_batch(texts.to_vec(), true)
             .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
-        Ok(enc
-            .iter()
-            .map(|e| e.get_attention_mask().iter().filter(|m| **m == 1).count())
-            .collect())
+        Ok(enc.iter().map(|e| e.len()).collect())
     }
 
-    /// Embeds a batch: tokenize (pad to the longest), BERT, mean pooling, L2 normalisation.
+    /// Embeds a batch: tokenize, BERT, mean pooling, L2 normalisation.
     pub fn embed(&self, texts: &[&str]) -> Result<Embedded, ModelError> {
         if texts.is_empty() {
             return Ok(Embedded {
                 vectors: Vec::new(),
                 tokens: 0,
+                seconds: 0.0,
             });
         }
+        let started = std::time::Instant::now();
         let encodings = self
             .tokenizer
             .encode_batch(texts.to_vec(), true)
             .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
-        let n = encodings.len();
-        let len = encodings.first().map_or(0, |e| e.len());
-        let mut ids = Vec::with_capacity(n * len);
-        let mut types = Vec::with_capacity(n * len);
-        let mut mask = Vec::with_capacity(n * len);
-        for e in &encodings {
-            ids.extend_from_slice(e.get_ids());
-            types.extend_from_slice(e.get_type_ids());
-            mask.extend_from_slice(e.get_attention_mask());
-        }
-        let tokens = mask.iter().filter(|m| **m == 1).count();
-        let ids = Tensor::from_vec(ids, (n, len), &self.device)?;
-        let types = Tensor::from_vec(types, (n, len), &self.device)?;
-        let mask = Tensor::from_vec(mask, (n, len), &self.device)?;
-        let hidden = self.model.forward(&ids, &types, Some(&mask))?; // (n, len, dim)
-        let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?; // (n, len, 1)
-        let summed = hidden.broadcast_mul(&mask)?.sum(1)?; // (n, dim)
-        let counts = mask.sum(1)?; // (n, 1)
-        let mean = summed.broadcast_div(&counts)?;
-        let norm = mean.sqr()?.sum_keepdim(1)?.sqrt()?.clamp(1e-12, f32::MAX)?;
-        let vectors = mean.broadcast_div(&norm)?.to_vec2::<f32>()?;
-        Ok(Embedded { vectors, tokens })
+        let tokens = encodings.iter().map(|e| e.len()).sum();
+        let vectors = match &self.backend {
+            Engine::Fused(bert) => {
+                let batch: Vec<bert_cpu::Tokens<'_>> = encodings
+                    .iter()
+                    .map(|e| bert_cpu::Tokens {
+                        ids: e.get_ids(),
+                        type_ids: e.get_type_ids(),
+                    })
+                    .collect();
+                bert.embed(&batch)?
+            }
+            Engine::Candle { model, device } => candle_embed(model, device, &encodings)?,
+        };
+        Ok(Embedded {
+            vectors,
+            tokens,
+            seconds: started.elapsed().as_secs_f64(),
+        })
     }
+}
+
+/// candle's BERT on a padded batch (to the longest text), mean-pooled over the attention mask.
+fn candle_embed(
+    model: &BertModel,
+    device: &Device,
+    encodings: &[tokenizers::Encoding],
+) -> Result<Vec<Vec<f32>>, ModelError> {
+    let n = encodings.len();
+    let len = encodings.iter().map(|e| e.len()).max().unwrap_or(0);
+    let mut ids = vec![0u32; n * len];
+    let mut types = vec![0u32; n * len];
+    let mut mask = vec![0u32; n * len];
+    for (i, e) in encodings.iter().enumerate() {
+        let row = i * len..i * len + e.len();
+        ids[row.clone()].copy_from_slice(e.get_ids());
+        types[row.clone()].copy_from_slice(e.get_type_ids());
+        mask[row].fill(1);
+    }
+    let ids = Tensor::from_vec(ids, (n, len), device)?;
+    let types = Tensor::from_vec(types, (n, len), device)?;
+    let mask = Tensor::from_vec(mask, (n, len), device)?;
+    let hidden = model.forward(&ids, &types, Some(&mask))?; // (n, len, dim)
+    let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?; // (n, len, 1)
+    let summed = hidden.broadcast_mul(&mask)?.sum(1)?; // (n, dim)
+    let counts = mask.sum(1)?; // (n, 1)
+    let mean = summed.broadcast_div(&counts)?;
+    let norm = mean.sqr()?.sum_keepdim(1)?.sqrt()?.clamp(1e-12, f32::MAX)?;
+    Ok(mean.broadcast_div(&norm)?.to_vec2::<f32>()?)
+}
+
+fn bert_dims(c: &BertConfig, path: &Path) -> Result<bert_cpu::Dims, ModelError> {
+    if c.hidden_act != HiddenAct::Gelu {
+        return Err(ModelError::Config {
+            path: path.to_path_buf(),
+            message: format!(
+                "hidden_act {:?}: the fused backend implements erf GELU only (use --backend candle)",
+                c.hidden_act
+            ),
+        });
+    }
+    Ok(bert_cpu::Dims {
+        hidden: c.hidden_size,
+        heads: c.num_attention_heads,
+        intermediate: c.intermediate_size,
+        layers: c.num_hidden_layers,
+        vocab: c.vocab_size,
+        max_positions: c.max_position_embeddings,
+        type_vocab: c.type_vocab_size,
+        eps: c.layer_norm_eps as f32,
+    })
 }
 
 fn select_device(choice: DeviceChoice) -> Result<Device, ModelError> {
@@ -277,12 +374,23 @@ impl ModelHandle {
 
     /// Embeds `texts` on the model thread.
     pub async fn embed(&self, texts: Vec<String>) -> Result<Embedded, ModelError> {
+        self.submit(texts).await?.await
+    }
+
+    /// Queues `texts` for the model thread and returns at once with a future of the result, so
+    /// the caller can queue the next batch while this one computes. Waits only while the model
+    /// already has a batch computing and one queued. Dropping the future cancels the work if the
+    /// model has not started it.
+    pub async fn submit(
+        &self,
+        texts: Vec<String>,
+    ) -> Result<impl std::future::Future<Output = Result<Embedded, ModelError>>, ModelError> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Job { texts, reply })
             .await
             .map_err(|_| ModelError::Stopped)?;
-        rx.await.map_err(|_| ModelError::Stopped)?
+        Ok(async move { rx.await.map_err(|_| ModelError::Stopped)? })
     }
 }
 

@@ -222,11 +222,36 @@ pub async fn run(
     }
 }
 
-/// Sends each batch's texts to the model thread and forwards the results to the sink.
-/// A model error NACKs the batch's records (their rejected payloads still go to the sink).
+/// A batch whose texts are at the model, waiting for their vectors.
+struct AtModel {
+    records: Vec<crate::batcher::Pending>,
+    rejected: Vec<crate::batcher::Rejected>,
+    result: Option<std::pin::Pin<Box<dyn std::future::Future<Output = EmbedResult> + Send>>>,
+}
+
+type EmbedResult = Result<crate::model::Embedded, crate::model::ModelError>;
+
+/// The model stage, in two tasks so the model never waits on the pipeline: one queues each
+/// batch at the model thread as soon as it has room (one batch computing, one queued), the
+/// other collects results in order and hands them to the sink. So batch n+1 computes while
+/// batch n commits. A model error NACKs the batch's records (their rejected payloads still go to
+/// the sink).
 async fn embed_stage(
-    mut rx: mpsc::Receiver<Batch>,
+    rx: mpsc::Receiver<Batch>,
     tx: mpsc::Sender<Outcome>,
+    model: ModelHandle,
+    metrics: Arc<Metrics>,
+    shutdown: Shutdown,
+) {
+    let (qtx, qrx) = mpsc::channel(1);
+    let submit = submit_batches(rx, qtx, model, metrics.clone(), shutdown.clone());
+    let collect = collect_results(qrx, tx, metrics, shutdown);
+    tokio::join!(submit, collect);
+}
+
+async fn submit_batches(
+    mut rx: mpsc::Receiver<Batch>,
+    tx: mpsc::Sender<AtModel>,
     model: ModelHandle,
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
@@ -241,25 +266,66 @@ async fn embed_stage(
             },
         };
         let Batch { records, rejected } = batch;
+        let mut at = AtModel {
+            records,
+            rejected,
+            result: None,
+        };
+        if !at.records.is_empty() {
+            metrics.batch_size.observe(at.records.len() as f64);
+            let texts = at.records.iter().map(|p| p.record.text.clone()).collect();
+            at.result = Some(tokio::select! {
+                biased;
+                // Dropping the records NACKs them.
+                _ = shutdown.cancelled() => return,
+                r = model.submit(texts) => match r {
+                    Ok(fut) => Box::pin(fut),
+                    Err(e) => Box::pin(std::future::ready(Err(e))),
+                },
+            });
+        }
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            sent = tx.send(at) => if sent.is_err() { return },
+        }
+    }
+}
+
+async fn collect_results(
+    mut rx: mpsc::Receiver<AtModel>,
+    tx: mpsc::Sender<Outcome>,
+    metrics: Arc<Metrics>,
+    shutdown: Shutdown,
+) {
+    loop {
+        let at = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            b = rx.recv() => match b {
+                Some(b) => b,
+                None => return,
+            },
+        };
+        let AtModel {
+            records,
+            rejected,
+            result,
+        } = at;
         let mut outcome = Outcome {
             done: Vec::with_capacity(records.len()),
             rejected,
         };
-        if !records.is_empty() {
-            metrics.batch_size.observe(records.len() as f64);
-            let texts = records.iter().map(|p| p.record.text.clone()).collect();
-            let started = Instant::now();
+        if let Some(result) = result {
             let result = tokio::select! {
                 biased;
                 // Dropping the records NACKs them; the model thread skips or finishes the work.
                 _ = shutdown.cancelled() => return,
-                r = model.embed(texts) => r,
+                r = result => r,
             };
             match result {
                 Ok(embedded) => {
-                    metrics
-                        .inference_seconds
-                        .observe(started.elapsed().as_secs_f64());
+                    metrics.inference_seconds.observe(embedded.seconds);
                     metrics.tokens(embedded.tokens as u64);
                     outcome.done = records.into_iter().zip(embedded.vectors).collect();
                 }

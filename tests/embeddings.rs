@@ -3,7 +3,7 @@
 
 mod common;
 
-use spotinfer::config::DeviceChoice;
+use spotinfer::config::{Backend, DeviceChoice};
 use spotinfer::model::{cosine, Embedder};
 
 struct Reference {
@@ -39,10 +39,25 @@ fn device() -> DeviceChoice {
     }
 }
 
+/// The backends to check on this device: on the CPU both the fused encoder (the default) and
+/// candle's BertModel (the reference); on CUDA, candle.
+fn backends() -> Vec<Backend> {
+    match device() {
+        DeviceChoice::Cuda => vec![Backend::Candle],
+        _ => vec![Backend::Fused, Backend::Candle],
+    }
+}
+
 #[test]
 fn matches_sentence_transformers_in_one_batch_and_alone() {
+    for backend in backends() {
+        matches_sentence_transformers(backend);
+    }
+}
+
+fn matches_sentence_transformers(backend: Backend) {
     let refs = reference();
-    let model = Embedder::load(&common::model_dir(), device()).unwrap();
+    let model = Embedder::load_with(&common::model_dir(), device(), backend).unwrap();
     assert_eq!(model.info().dim, 384);
     assert_eq!(model.info().max_seq_len, 256);
     let texts: Vec<&str> = refs.iter().map(|r| r.text.as_str()).collect();
@@ -63,7 +78,49 @@ fn matches_sentence_transformers_in_one_batch_and_alone() {
         worst = worst.min(c);
         assert!(c >= 0.999, "single cosine {c} for {:?}", r.text);
     }
-    eprintln!("worst cosine against sentence-transformers: {worst:.6}");
+    eprintln!("{backend:?}: worst cosine against sentence-transformers: {worst:.6}");
+}
+
+/// The fused encoder against candle's BertModel on texts of every length from 1 word to past
+/// the 256-token limit, in batches of mixed lengths (where padding would show) and alone.
+#[test]
+fn the_fused_encoder_agrees_with_candle_on_varied_lengths() {
+    let fused =
+        Embedder::load_with(&common::model_dir(), DeviceChoice::Cpu, Backend::Fused).unwrap();
+    let candle =
+        Embedder::load_with(&common::model_dir(), DeviceChoice::Cpu, Backend::Candle).unwrap();
+    let words = "spot capacity vanishes with thirty seconds of notice so every worker commits \
+                 before it acknowledges and nacks the rest at once";
+    let vocab: Vec<&str> = words.split_whitespace().collect();
+    let texts: Vec<String> = [1usize, 2, 3, 7, 19, 40, 64, 100, 150, 199, 230, 300, 5, 11]
+        .iter()
+        .map(|&n| {
+            (0..n)
+                .map(|i| vocab[(i * 7 + n) % vocab.len()])
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let counts = fused.token_counts(&texts).unwrap();
+    assert!(
+        counts.iter().any(|&n| n == 256) && counts.iter().any(|&n| n < 8),
+        "{counts:?}"
+    );
+    let a = fused.embed(&texts).unwrap();
+    let b = candle.embed(&texts).unwrap();
+    assert_eq!(a.tokens, b.tokens);
+    let mut worst = 1.0f32;
+    for (i, (x, y)) in a.vectors.iter().zip(&b.vectors).enumerate() {
+        let c = cosine(x, y);
+        worst = worst.min(c);
+        assert!(c >= 0.9999, "text {i} ({} tokens): cosine {c}", counts[i]);
+    }
+    for (i, t) in texts.iter().enumerate().step_by(3) {
+        let c = cosine(&fused.embed(&[t]).unwrap().vectors[0], &b.vectors[i]);
+        assert!(c >= 0.9999, "text {i} alone: cosine {c}");
+    }
+    eprintln!("fused vs candle, worst cosine: {worst:.7}");
 }
 
 #[test]

@@ -1,0 +1,706 @@
+//! The BERT encoder on the CPU, written for throughput.
+//!
+//! candle's general-purpose BERT spends much of its CPU time outside the matrix products: it
+//! pads every text to the batch's longest, allocates (and the kernel zero-fills) a fresh tensor
+//! for every intermediate of every layer, runs softmax, GELU, bias and residual additions as
+//! separate single-threaded passes, and copies Q, K and V into head-major layouts. This encoder
+//! computes the same function (BERT, exact erf GELU, mean pooling, L2 norm) with:
+//!
+//! - **no padding**: the batch is one `(tokens, hidden)` matrix holding only real tokens, so the
+//!   dense layers, which are about 95% of the work, never multiply padding;
+//! - **one fused QKV product** per layer, and attention per (text, head) straight out of that
+//!   product with strided matrix products: no transposes, no copies, no mask;
+//! - **fused passes**: bias folded into each product, softmax in one pass over a row, residual
+//!   add + layer norm in one pass, GELU in place, all parallel over rows;
+//! - **no allocation per layer**: five scratch buffers, grown to the largest batch seen and
+//!   reused, so the allocator never maps and unmaps tens of megabytes per layer.
+//!
+//! The matrix products are candle's own CPU engine (the `gemm` crate) called directly. Weights
+//! are read from the safetensors file straight into their final buffers (one copy in memory).
+
+use crate::model::ModelError;
+use gemm::Parallelism;
+use rayon::prelude::*;
+use std::cell::RefCell;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+use std::sync::Mutex;
+
+/// Defines a kernel twice, the portable build and one compiled for AVX2 and FMA, and picks the
+/// wide one at run time when the CPU has them. The kernels are plain loops written so the
+/// compiler vectorises them; this gives them 8-wide registers without raising the binary's
+/// minimum CPU. Helpers they call must be `#[inline(always)]` to be compiled wide too.
+macro_rules! multiversion {
+    ($(#[$m:meta])* fn $name:ident($($a:ident: $t:ty),*) $body:block) => {
+        $(#[$m])*
+        fn $name($($a: $t),*) {
+            #[inline(always)]
+            fn portable($($a: $t),*) $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn wide($($a: $t),*) {
+                    portable($($a),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: the CPU has the features `wide` was compiled for.
+                    return unsafe { wide($($a),*) };
+                }
+            }
+            portable($($a),*)
+        }
+    };
+}
+
+/// The shape of a BERT model, from its config.json.
+#[derive(Debug, Clone, Copy)]
+pub struct Dims {
+    /// Hidden size.
+    pub hidden: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Feed-forward size.
+    pub intermediate: usize,
+    /// Encoder layers.
+    pub layers: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Position embeddings (the longest text the model can take).
+    pub max_positions: usize,
+    /// Token type embeddings.
+    pub type_vocab: usize,
+    /// Layer norm epsilon.
+    pub eps: f32,
+}
+
+/// One text, tokenized.
+#[derive(Debug, Clone, Copy)]
+pub struct Tokens<'a> {
+    /// Token ids, without padding.
+    pub ids: &'a [u32],
+    /// Token type ids, one per token.
+    pub type_ids: &'a [u32],
+}
+
+struct Layer {
+    /// Query, key and value weights stacked: `(3 * hidden, hidden)`, PyTorch's `(out, in)`.
+    qkv_w: Vec<f32>,
+    qkv_b: Vec<f32>,
+    attn_out_w: Vec<f32>,
+    attn_out_b: Vec<f32>,
+    attn_ln_w: Vec<f32>,
+    attn_ln_b: Vec<f32>,
+    inter_w: Vec<f32>,
+    inter_b: Vec<f32>,
+    out_w: Vec<f32>,
+    out_b: Vec<f32>,
+    out_ln_w: Vec<f32>,
+    out_ln_b: Vec<f32>,
+}
+
+/// Intermediate buffers, kept between batches.
+#[derive(Default)]
+struct Scratch {
+    x: Vec<f32>,
+    qkv: Vec<f32>,
+    ctx: Vec<f32>,
+    tmp: Vec<f32>,
+    inter: Vec<f32>,
+}
+
+/// A BERT encoder with mean pooling and L2 normalisation, for the CPU.
+pub struct CpuBert {
+    dims: Dims,
+    word: Vec<f32>,
+    position: Vec<f32>,
+    token_type: Vec<f32>,
+    emb_ln_w: Vec<f32>,
+    emb_ln_b: Vec<f32>,
+    layers: Vec<Layer>,
+    scratch: Mutex<Scratch>,
+}
+
+impl CpuBert {
+    /// Loads the weights from a safetensors file (F32, PyTorch `BertModel` names, with or without
+    /// a `bert.` prefix).
+    pub fn load(path: &Path, dims: Dims) -> Result<Self, ModelError> {
+        let mut st = SafeTensorsFile::open(path)?;
+        let h = dims.hidden;
+        if dims.heads == 0 || !h.is_multiple_of(dims.heads) {
+            return Err(st.error(format!(
+                "hidden size {h} is not a multiple of {} heads",
+                dims.heads
+            )));
+        }
+        let prefix = if st.has("embeddings.word_embeddings.weight") {
+            ""
+        } else {
+            "bert."
+        };
+        let mut get = |name: &str, shape: &[usize]| st.read(&format!("{prefix}{name}"), shape);
+        let word = get("embeddings.word_embeddings.weight", &[dims.vocab, h])?;
+        let position = get(
+            "embeddings.position_embeddings.weight",
+            &[dims.max_positions, h],
+        )?;
+        let token_type = get(
+            "embeddings.token_type_embeddings.weight",
+            &[dims.type_vocab, h],
+        )?;
+        let emb_ln_w = get("embeddings.LayerNorm.weight", &[h])?;
+        let emb_ln_b = get("embeddings.LayerNorm.bias", &[h])?;
+        let mut layers = Vec::with_capacity(dims.layers);
+        for i in 0..dims.layers {
+            let p = format!("encoder.layer.{i}.");
+            let mut qkv_w = get(&format!("{p}attention.self.query.weight"), &[h, h])?;
+            qkv_w.extend(get(&format!("{p}attention.self.key.weight"), &[h, h])?);
+            qkv_w.extend(get(&format!("{p}attention.self.value.weight"), &[h, h])?);
+            let mut qkv_b = get(&format!("{p}attention.self.query.bias"), &[h])?;
+            qkv_b.extend(get(&format!("{p}attention.self.key.bias"), &[h])?);
+            qkv_b.extend(get(&format!("{p}attention.self.value.bias"), &[h])?);
+            layers.push(Layer {
+                qkv_w,
+                qkv_b,
+                attn_out_w: get(&format!("{p}attention.output.dense.weight"), &[h, h])?,
+                attn_out_b: get(&format!("{p}attention.output.dense.bias"), &[h])?,
+                attn_ln_w: get(&format!("{p}attention.output.LayerNorm.weight"), &[h])?,
+                attn_ln_b: get(&format!("{p}attention.output.LayerNorm.bias"), &[h])?,
+                inter_w: get(
+                    &format!("{p}intermediate.dense.weight"),
+                    &[dims.intermediate, h],
+                )?,
+                inter_b: get(&format!("{p}intermediate.dense.bias"), &[dims.intermediate])?,
+                out_w: get(&format!("{p}output.dense.weight"), &[h, dims.intermediate])?,
+                out_b: get(&format!("{p}output.dense.bias"), &[h])?,
+                out_ln_w: get(&format!("{p}output.LayerNorm.weight"), &[h])?,
+                out_ln_b: get(&format!("{p}output.LayerNorm.bias"), &[h])?,
+            });
+        }
+        Ok(Self {
+            dims,
+            word,
+            position,
+            token_type,
+            emb_ln_w,
+            emb_ln_b,
+            layers,
+            scratch: Mutex::new(Scratch::default()),
+        })
+    }
+
+    /// Embeds a batch of tokenized texts: one unit-length, mean-pooled vector per text.
+    pub fn embed(&self, texts: &[Tokens<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
+        let d = self.dims;
+        let h = d.hidden;
+        let mut offsets = Vec::with_capacity(texts.len());
+        let mut rows = Vec::new(); // (token id, position, type) per row
+        for t in texts {
+            if t.ids.is_empty() || t.ids.len() > d.max_positions || t.ids.len() != t.type_ids.len()
+            {
+                return Err(ModelError::Input(format!(
+                    "a text of {} tokens ({} type ids) does not fit a model of {} positions",
+                    t.ids.len(),
+                    t.type_ids.len(),
+                    d.max_positions
+                )));
+            }
+            offsets.push(rows.len());
+            for (pos, (&id, &ty)) in t.ids.iter().zip(t.type_ids).enumerate() {
+                if id as usize >= d.vocab || ty as usize >= d.type_vocab {
+                    return Err(ModelError::Input(format!(
+                        "token id {id} or type {ty} outside the model's vocabulary"
+                    )));
+                }
+                rows.push((id as usize, pos, ty as usize));
+            }
+        }
+        let n = rows.len();
+        let mut guard = self
+            .scratch
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let s = &mut *guard;
+        let x = grow(&mut s.x, n * h);
+        let qkv = grow(&mut s.qkv, n * 3 * h);
+        let ctx = grow(&mut s.ctx, n * h);
+        let tmp = grow(&mut s.tmp, n * h);
+        let inter = grow(&mut s.inter, n * d.intermediate);
+
+        // Embeddings: word + position + type, then layer norm.
+        x.par_chunks_mut(h)
+            .zip(rows.par_iter())
+            .for_each(|(row, &(id, pos, ty))| {
+                let w = &self.word[id * h..][..h];
+                let p = &self.position[pos * h..][..h];
+                let t = &self.token_type[ty * h..][..h];
+                for c in 0..h {
+                    row[c] = w[c] + p[c] + t[c];
+                }
+                layer_norm(row, &self.emb_ln_w, &self.emb_ln_b, d.eps);
+            });
+
+        let spans: Vec<(usize, usize)> = offsets
+            .iter()
+            .zip(texts)
+            .map(|(&o, t)| (o, t.ids.len()))
+            .collect();
+        for layer in &self.layers {
+            linear(x, h, &layer.qkv_w, &layer.qkv_b, qkv);
+            attention(qkv, ctx, &spans, h, d.heads);
+            linear(ctx, h, &layer.attn_out_w, &layer.attn_out_b, tmp);
+            add_layer_norm(x, tmp, h, &layer.attn_ln_w, &layer.attn_ln_b, d.eps);
+            linear(x, h, &layer.inter_w, &layer.inter_b, inter);
+            gelu(inter);
+            linear(inter, d.intermediate, &layer.out_w, &layer.out_b, tmp);
+            add_layer_norm(x, tmp, h, &layer.out_ln_w, &layer.out_ln_b, d.eps);
+        }
+
+        // Mean pooling over each text's tokens, then L2 normalisation.
+        let x = &*x;
+        Ok(spans
+            .par_iter()
+            .map(|&(o, len)| {
+                let mut v = vec![0f32; h];
+                for row in x[o * h..(o + len) * h].chunks_exact(h) {
+                    for (a, b) in v.iter_mut().zip(row) {
+                        *a += b;
+                    }
+                }
+                let inv = 1.0 / len as f32;
+                v.iter_mut().for_each(|a| *a *= inv);
+                let norm = v.iter().map(|a| a * a).sum::<f32>().sqrt().max(1e-12);
+                v.iter_mut().for_each(|a| *a /= norm);
+                v
+            })
+            .collect())
+    }
+}
+
+/// The first `len` elements of `buf`, growing it if needed (never shrinking, so a buffer is
+/// allocated once per high-water mark rather than once per layer).
+fn grow(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    &mut buf[..len]
+}
+
+/// `out = x · wᵀ + b`, with `x` of `(rows, k)`, `w` PyTorch's `(out, k)`, `out` of `(rows, out)`.
+fn linear(x: &[f32], k: usize, w: &[f32], b: &[f32], out: &mut [f32]) {
+    let n = b.len();
+    let m = x.len() / k;
+    debug_assert_eq!(w.len(), n * k);
+    debug_assert_eq!(out.len(), m * n);
+    out.par_chunks_mut(n * 64)
+        .for_each(|block| block.chunks_exact_mut(n).for_each(|r| r.copy_from_slice(b)));
+    // SAFETY: every pointer and stride describes a matrix inside its slice: x is (m, k)
+    // row-major, w read as its transpose (k, n) with strides (1, k), out (m, n) row-major.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            out.as_mut_ptr(),
+            1,
+            n as isize,
+            true,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            Parallelism::Rayon(0),
+        );
+    }
+}
+
+/// A raw pointer that rayon tasks may share because each writes a disjoint region.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: see `attention`: tasks write disjoint (rows, head columns) blocks.
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// The element `offset` places in. (A method, so closures capture the whole Sync wrapper
+    /// rather than its raw pointer field.)
+    fn at(self, offset: usize) -> *mut f32 {
+        self.0.wrapping_add(offset)
+    }
+}
+
+thread_local! {
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Self-attention for every text and head, reading Q, K and V in place from the fused
+/// `(rows, 3 * hidden)` projection and writing each head's context into its columns of `ctx`.
+fn attention(qkv: &[f32], ctx: &mut [f32], spans: &[(usize, usize)], h: usize, heads: usize) {
+    let dh = h / heads;
+    let scale = 1.0 / (dh as f32).sqrt();
+    let out = SharedOut(ctx.as_mut_ptr());
+    let stride = 3 * h;
+    // Longest texts first: they are the biggest tasks, so the pool ends evenly.
+    let mut tasks: Vec<(usize, usize)> = (0..spans.len())
+        .flat_map(|s| (0..heads).map(move |hd| (s, hd)))
+        .collect();
+    tasks.sort_by_key(|&(s, _)| std::cmp::Reverse(spans[s].1));
+    tasks.par_iter().for_each(|&(s, hd)| {
+        let (o, len) = spans[s];
+        SCORES.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            if buf.len() < len * len {
+                buf.resize(len * len, 0.0);
+            }
+            let scores = &mut buf[..len * len];
+            let q = qkv[o * stride + hd * dh..].as_ptr();
+            let k = qkv[o * stride + h + hd * dh..].as_ptr();
+            let v = qkv[o * stride + 2 * h + hd * dh..].as_ptr();
+            // SAFETY: q, k and v address `len` rows of `dh` columns with row stride 3h inside
+            // qkv; scores is len × len; the context block (rows o..o+len, columns of head hd)
+            // lies inside ctx and no other task writes it.
+            unsafe {
+                gemm::gemm(
+                    len,
+                    len,
+                    dh,
+                    scores.as_mut_ptr(),
+                    1,
+                    len as isize,
+                    false,
+                    q,
+                    1,
+                    stride as isize,
+                    k,
+                    stride as isize,
+                    1,
+                    0.0,
+                    scale,
+                    false,
+                    false,
+                    false,
+                    Parallelism::None,
+                );
+            }
+            for row in scores.chunks_exact_mut(len) {
+                softmax(row);
+            }
+            unsafe {
+                gemm::gemm(
+                    len,
+                    dh,
+                    len,
+                    out.at(o * h + hd * dh),
+                    1,
+                    h as isize,
+                    false,
+                    scores.as_ptr(),
+                    1,
+                    len as isize,
+                    v,
+                    1,
+                    stride as isize,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    Parallelism::None,
+                );
+            }
+        });
+    });
+}
+
+/// `x = layer_norm(x + add)`, row by row.
+fn add_layer_norm(x: &mut [f32], add: &[f32], h: usize, w: &[f32], b: &[f32], eps: f32) {
+    x.par_chunks_mut(h)
+        .zip(add.par_chunks(h))
+        .for_each(|(row, a)| add_layer_norm_row(row, a, w, b, eps));
+}
+
+multiversion! {
+    /// `row = layer_norm(row + add)`.
+    fn add_layer_norm_row(row: &mut [f32], add: &[f32], w: &[f32], b: &[f32], eps: f32) {
+        for (x, a) in row.iter_mut().zip(add) {
+            *x += a;
+        }
+        layer_norm_row(row, w, b, eps);
+    }
+}
+
+multiversion! {
+    /// Layer norm of one row in place.
+    fn layer_norm(row: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
+        layer_norm_row(row, w, b, eps)
+    }
+}
+
+/// Layer norm of one row in place, as PyTorch computes it (biased variance, two passes).
+#[inline(always)]
+fn layer_norm_row(row: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
+    let n = row.len() as f32;
+    let mean = lane_sum(row) / n;
+    let mut acc = [0f32; 8];
+    let chunks = row.chunks_exact(8);
+    let mut tail = 0.0;
+    for v in chunks.remainder() {
+        tail += (v - mean) * (v - mean);
+    }
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] += (c[i] - mean) * (c[i] - mean);
+        }
+    }
+    let var = (acc.iter().sum::<f32>() + tail) / n;
+    let inv = 1.0 / (var + eps).sqrt();
+    for ((v, w), b) in row.iter_mut().zip(w).zip(b) {
+        *v = (*v - mean) * inv * w + b;
+    }
+}
+
+multiversion! {
+    /// Softmax of one row in place.
+    fn softmax(row: &mut [f32]) {
+        softmax_row(row)
+    }
+}
+
+#[inline(always)]
+fn softmax_row(row: &mut [f32]) {
+    let mut acc = [f32::NEG_INFINITY; 8];
+    let chunks = row.chunks_exact(8);
+    let mut max = chunks
+        .remainder()
+        .iter()
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] = if c[i] > acc[i] { c[i] } else { acc[i] };
+        }
+    }
+    for a in acc {
+        max = max.max(a);
+    }
+    for v in row.iter_mut() {
+        *v = exp(*v - max);
+    }
+    let inv = 1.0 / lane_sum(row);
+    row.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// Sum with eight independent accumulators, which the compiler keeps in one vector register.
+#[inline(always)]
+fn lane_sum(xs: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = xs.chunks_exact(8);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] += c[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Exact (erf) GELU in place, as BERT's `"gelu"` activation: `x/2 · (1 + erf(x/√2))`.
+fn gelu(xs: &mut [f32]) {
+    xs.par_chunks_mut(4096).for_each(gelu_chunk);
+}
+
+multiversion! {
+    /// GELU of a chunk in place.
+    fn gelu_chunk(xs: &mut [f32]) {
+        for v in xs.iter_mut() {
+            *v = 0.5 * *v * (1.0 + erf(*v * std::f32::consts::FRAC_1_SQRT_2));
+        }
+    }
+}
+
+/// erf to within 1.5e-7 (Abramowitz & Stegun 7.1.26), branch-free so it vectorises.
+#[inline(always)]
+fn erf(x: f32) -> f32 {
+    let a = x.abs();
+    let t = 1.0 / (1.0 + 0.327_591_1 * a);
+    let poly = ((((1.061_405_4 * t - 1.453_152_1) * t + 1.421_413_8) * t - 0.284_496_74) * t
+        + 0.254_829_6)
+        * t;
+    let y = 1.0 - poly * exp(-a * a);
+    y.copysign(x)
+}
+
+/// e^x to about 2 ulp for the range softmax and GELU use, branch-free so it vectorises
+/// (Cephes' expf: range reduction by ln 2, degree-6 polynomial, exponent bits).
+#[inline(always)]
+fn exp(x: f32) -> f32 {
+    let x = x.clamp(-87.0, 88.0);
+    // floor() without a libm call (which would stop vectorisation): truncate, then step down
+    // where truncation rounded up. The clamp keeps every value in i32 range, so the unchecked
+    // conversions (one instruction for eight lanes, unlike `as`, which saturates) are sound.
+    let y = x * std::f32::consts::LOG2_E + 0.5;
+    // SAFETY: |y| < 128.
+    let t = unsafe { y.to_int_unchecked::<i32>() } as f32;
+    let n = if t > y { t - 1.0 } else { t };
+    let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+        + 1.666_666_5e-1)
+        * r
+        + 0.5;
+    let e = p * r * r + r + 1.0;
+    // SAFETY: n is a whole number in [-126, 127].
+    let n = unsafe { n.to_int_unchecked::<i32>() };
+    e * f32::from_bits(((n + 127) as u32) << 23)
+}
+
+/// Reads tensors from a safetensors file one at a time, straight into their final buffers.
+struct SafeTensorsFile {
+    path: std::path::PathBuf,
+    file: std::fs::File,
+    header: serde_json::Map<String, serde_json::Value>,
+    data_start: u64,
+}
+
+impl SafeTensorsFile {
+    fn open(path: &Path) -> Result<Self, ModelError> {
+        let io = |source| ModelError::File {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut file = std::fs::File::open(path).map_err(io)?;
+        let mut len = [0u8; 8];
+        file.read_exact(&mut len).map_err(io)?;
+        let len = u64::from_le_bytes(len);
+        let bad = |message: String| ModelError::Config {
+            path: path.to_path_buf(),
+            message,
+        };
+        if len > 100 << 20 {
+            return Err(bad(format!("safetensors header of {len} bytes")));
+        }
+        let mut header = vec![0u8; len as usize];
+        file.read_exact(&mut header).map_err(io)?;
+        let header =
+            serde_json::from_slice(&header).map_err(|e| bad(format!("safetensors header: {e}")))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+            header,
+            data_start: 8 + len,
+        })
+    }
+
+    fn error(&self, message: String) -> ModelError {
+        ModelError::Config {
+            path: self.path.clone(),
+            message,
+        }
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.header.contains_key(name)
+    }
+
+    fn read(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+        let info = self
+            .header
+            .get(name)
+            .ok_or_else(|| self.error(format!("no tensor {name}")))?;
+        let dtype = info.get("dtype").and_then(|v| v.as_str());
+        let dims: Option<Vec<usize>> = info.get("shape").and_then(|v| {
+            v.as_array()?
+                .iter()
+                .map(|d| d.as_u64().map(|d| d as usize))
+                .collect()
+        });
+        let offsets: Option<Vec<u64>> = info
+            .get("data_offsets")
+            .and_then(|v| v.as_array()?.iter().map(|d| d.as_u64()).collect());
+        let (Some("F32"), Some(dims), Some(&[begin, end])) = (dtype, dims, offsets.as_deref())
+        else {
+            return Err(self.error(format!("tensor {name}: expected F32 with a shape")));
+        };
+        if dims != shape {
+            return Err(self.error(format!("tensor {name}: shape {dims:?}, expected {shape:?}")));
+        }
+        let count: usize = shape.iter().product();
+        if end - begin != 4 * count as u64 {
+            return Err(self.error(format!("tensor {name}: {} bytes", end - begin)));
+        }
+        let mut out = vec![0f32; count];
+        let io = |source| ModelError::File {
+            path: self.path.clone(),
+            source,
+        };
+        self.file
+            .seek(SeekFrom::Start(self.data_start + begin))
+            .map_err(io)?;
+        self.file.read_exact(bytemuck_bytes(&mut out)).map_err(io)?;
+        if cfg!(target_endian = "big") {
+            out.iter_mut()
+                .for_each(|v| *v = f32::from_bits(u32::from_le(v.to_bits())));
+        }
+        Ok(out)
+    }
+}
+
+/// The bytes of an f32 buffer, to read a file into it without a second copy.
+fn bytemuck_bytes(v: &mut [f32]) -> &mut [u8] {
+    // SAFETY: any bit pattern is a valid f32; the byte slice covers exactly the buffer and
+    // borrows it mutably for its whole life.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_and_erf_match_the_standard_library() {
+        for i in -2000..=2000 {
+            let x = i as f32 / 100.0;
+            let (want, got) = (x.exp(), exp(x));
+            assert!(
+                ((got - want) / want).abs() < 1e-6,
+                "exp({x}) = {got}, want {want}"
+            );
+        }
+        // erf(x) against its Taylor series where that converges fast, and known values.
+        for (x, want) in [
+            (0.0f32, 0.0f32),
+            (0.5, 0.520_499_9),
+            (1.0, 0.842_700_8),
+            (-1.0, -0.842_700_8),
+            (2.0, 0.995_322_3),
+            (-3.0, -0.999_977_9),
+        ] {
+            assert!((erf(x) - want).abs() < 3e-7, "erf({x}) = {}", erf(x));
+        }
+    }
+
+    #[test]
+    fn softmax_and_layer_norm_are_normalised() {
+        let mut row: Vec<f32> = (0..37).map(|i| (i as f32 * 0.7).sin() * 5.0).collect();
+        softmax(&mut row);
+        assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+        assert!(row.iter().all(|v| *v > 0.0));
+        let mut row: Vec<f32> = (0..384).map(|i| i as f32 * 0.01 - 1.0).collect();
+        let ones = vec![1.0; 384];
+        let zeros = vec![0.0; 384];
+        layer_norm(&mut row, &ones, &zeros, 1e-12);
+        let mean = row.iter().sum::<f32>() / 384.0;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / 384.0;
+        assert!(
+            mean.abs() < 1e-5 && (var - 1.0).abs() < 1e-4,
+            "{mean} {var}"
+        );
+    }
+}
