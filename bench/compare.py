@@ -66,11 +66,15 @@ class Bench:
 
     # --- 1: model throughput ----------------------------------------------------------------
     def model(self, corpus):
-        spot, py = [], []
+        spot, py, candle = [], [], []
         for r in range(self.a.rounds):
-            s = last_json(self.spot("bench", "--model", self.a.model, "--input", corpus,
-                                    "--batch-size", str(self.a.batch_size),
-                                    "--device", "cpu").stdout)
+            bench = ["bench", "--model", self.a.model, "--input", corpus,
+                     "--batch-size", str(self.a.batch_size), "--device", "cpu"]
+            if self.a.with_candle:
+                c = last_json(self.spot(*bench, "--backend", "candle").stdout)
+                log(f"model round {r + 1}: spotinfer --backend candle {c['records_per_s']:.1f} rec/s")
+                candle.append(c)
+            s = last_json(self.spot(*bench).stdout)
             p = last_json(subprocess.run(
                 [sys.executable, os.path.join(ROOT, "bench", "st_encode.py"),
                  "--input", corpus, "--batch-size", str(self.a.batch_size)],
@@ -79,7 +83,7 @@ class Bench:
                 f"PyTorch {p['records_per_s']:.1f} rec/s")
             spot.append(s)
             py.append(p)
-        return {"spotinfer": spot, "pytorch": py}
+        return {"spotinfer": spot, "pytorch": py, "candle": candle}
 
     # --- 2-4: end to end --------------------------------------------------------------------
     def fresh(self, corpus):
@@ -101,14 +105,17 @@ class Bench:
 
     def run_worker(self, side, corpus):
         sub, url = self.fresh(corpus)
-        if side == "spotinfer":
+        if side.startswith("spotinfer"):
             cmd = [self.a.spotinfer, "work", "--subscription", sub, "--database-url", url,
                    "--model", self.a.model, "--device", "cpu",
                    "--batch-size", str(self.a.batch_size), *self.a.spot_arg]
         else:
+            # python-sorted: the peer sorts what it holds (up to 256 messages) by length before
+            # batching, as spotinfer's batcher does; python-plain batches in arrival order.
+            window = 256 if side == "python-sorted" else self.a.batch_size
             cmd = [sys.executable, os.path.join(ROOT, "bench", "py_worker.py"),
                    "--subscription", sub, "--database-url", url,
-                   "--batch-size", str(self.a.batch_size)]
+                   "--batch-size", str(self.a.batch_size), "--window", str(window)]
         logf = open(os.path.join(self.work, f"{side}-worker.log"), "w")
         started = time.perf_counter()
         proc = subprocess.Popen(cmd, env=self.env, stdout=logf, stderr=subprocess.STDOUT)
@@ -154,9 +161,10 @@ class Bench:
         return result
 
     def e2e(self, corpus):
-        out = {"spotinfer": [], "python": []}
+        sides = ["python-sorted", "spotinfer", "python-plain"]
+        out = {s: [] for s in sides}
         for r in range(self.a.rounds):
-            for side in ("python", "spotinfer") if r % 2 == 0 else ("spotinfer", "python"):
+            for side in sides if r % 2 == 0 else sides[::-1]:
                 out[side].append(self.run_worker(side, corpus))
         return out
 
@@ -188,6 +196,8 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--only", default="model,e2e", help="comma-separated: model, e2e")
+    p.add_argument("--with-candle", action="store_true",
+                   help="also time `spotinfer bench --backend candle` (the unfused reference)")
     p.add_argument("--spot-arg", action="append", default=[], help="extra `spotinfer work` flag")
     p.add_argument("--out", default=os.path.join(ROOT, ".cache", "bench", "results.json"))
     a = p.parse_args()
@@ -202,19 +212,24 @@ def main():
         res["model"] = m
         s, t = med(m["spotinfer"], "records_per_s"), med(m["pytorch"], "records_per_s")
         lines.append(("1 model records/s (spotinfer bench / PyTorch)", s, t, s / t, 1.25))
+        if m["candle"]:
+            c = med(m["candle"], "records_per_s")
+            lines.append(("  candle BertModel records/s (/ PyTorch)", c, t, c / t, None))
         lines.append(("  CPU system s (spotinfer / PyTorch)", med(m["spotinfer"], "cpu_sys_s"),
                       med(m["pytorch"], "cpu_sys_s"), None, None))
     if "e2e" in only:
         e = b.e2e(corpus)
         res["e2e"] = e
-        s, t = med(e["spotinfer"], "records_per_s"), med(e["python"], "records_per_s")
-        lines.append(("2 end-to-end records/s (spotinfer work / Python peer)", s, t, s / t, 2.0))
+        s, t = med(e["spotinfer"], "records_per_s"), med(e["python-sorted"], "records_per_s")
+        lines.append(("2 end-to-end records/s (spotinfer / Python, length-sorted)", s, t, s / t, 2.0))
+        p = med(e["python-plain"], "records_per_s")
+        lines.append(("  end-to-end records/s (spotinfer / Python, arrival order)", s, p, s / p, 2.0))
         if "model" in only:
             raw = med(res["model"]["spotinfer"], "records_per_s")
             lines.append(("3 pipeline: end-to-end / raw model records/s", s, raw, s / raw, 0.9))
-        s, t = med(e["spotinfer"], "peak_rss_mib"), med(e["python"], "peak_rss_mib")
+        s, t = med(e["spotinfer"], "peak_rss_mib"), med(e["python-sorted"], "peak_rss_mib")
         lines.append(("4 peak RSS MiB (spotinfer / Python peer), at most", s, t, s / t, 0.5))
-        s, t = med(e["spotinfer"], "first_commit_s"), med(e["python"], "first_commit_s")
+        s, t = med(e["spotinfer"], "first_commit_s"), med(e["python-sorted"], "first_commit_s")
         lines.append(("5 start to first commit s (spotinfer / Python), at most 3 s", s, t, None, 3.0))
     res["summary"] = [dict(zip(("figure", "spotinfer", "peer", "ratio", "target"), l)) for l in lines]
     with open(a.out, "w") as f:

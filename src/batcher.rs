@@ -1,10 +1,15 @@
 //! The batcher: groups deliveries into bounded model batches.
 //!
-//! A batch closes when it holds `max_records` messages or `max_wait` has passed since its first
-//! one, whichever comes first. Records are sorted by text length inside the batch so similar
-//! lengths pad together. Invalid payloads ride along in the same batch, untouched by the model,
-//! so the sink commits their failure rows in the same transaction. On shutdown whatever the
-//! batcher holds is dropped, which NACKs it at once.
+//! A batch is ready when `max_records` messages are waiting or `max_wait` has passed since the
+//! first of them, whichever comes first. While the model is busy and cannot take the batch yet,
+//! the batcher keeps reading deliveries into its window (up to `window` messages, the lease
+//! window), and when the model has room it picks the batch from the whole window by length: the
+//! oldest message plus the `max_records - 1` messages closest to it in length. So batches pad
+//! little (which matters to backends that pad, candle's on CUDA), and no message waits behind
+//! more than `window / max_records` batches. Records are sorted by text length inside the batch.
+//! Invalid payloads ride along in the next batch, untouched by the model, so the sink commits
+//! their failure rows in the same transaction. On shutdown whatever the batcher holds is
+//! dropped, which NACKs it at once.
 
 use crate::ack::Ack;
 use crate::record::{Record, RecordError};
@@ -83,6 +88,9 @@ pub struct BatchConfig {
     pub max_records: usize,
     /// Longest wait after a batch's first message.
     pub max_wait: Duration,
+    /// Most messages held to choose batches from while the model is busy (at least
+    /// `max_records`; the worker uses its flow-control limit).
+    pub window: usize,
 }
 
 /// Reads deliveries from `rx` and sends batches to `tx` until shutdown or `rx` closes.
@@ -93,36 +101,93 @@ pub async fn run(
     shutdown: Shutdown,
 ) {
     let max = cfg.max_records.max(1);
+    let window = cfg.window.max(max);
+    let mut held: Vec<Delivery> = Vec::new(); // arrival order
+    let mut open = true;
     loop {
-        let first = tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return,
-            d = rx.recv() => match d {
-                Some(d) => d,
-                None => return,
-            },
-        };
-        let mut batch = Batch::default();
-        batch.push(first);
+        if held.is_empty() {
+            if !open {
+                return;
+            }
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return,
+                d = rx.recv() => match d {
+                    Some(d) => held.push(d),
+                    None => return,
+                },
+            }
+        }
+        // Fill until a batch is ready: `max` messages, or `max_wait` after the oldest arrived.
         let deadline = Instant::now() + cfg.max_wait;
-        while batch.len() < max {
+        while open && held.len() < max {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep_until(deadline) => break,
                 d = rx.recv() => match d {
-                    Some(d) => batch.push(d),
-                    None => break,
+                    Some(d) => held.push(d),
+                    None => open = false,
                 },
             }
         }
-        batch.records.sort_by_key(|p| p.record.text.len());
-        tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return,
-            sent = tx.send(batch) => if sent.is_err() { return },
+        // Wait for the model to have room, reading more into the window meanwhile.
+        let permit = loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return,
+                permit = tx.reserve() => match permit {
+                    Ok(p) => break p,
+                    Err(_) => return,
+                },
+                d = rx.recv(), if open && held.len() < window => match d {
+                    Some(d) => held.push(d),
+                    None => open = false,
+                },
+            }
+        };
+        permit.send(take_batch(&mut held, max));
+    }
+}
+
+/// Removes one batch from `held` (in arrival order): every invalid payload, the oldest valid
+/// record and the `max - 1` valid records nearest to it in text length, sorted by length.
+fn take_batch(held: &mut Vec<Delivery>, max: usize) -> Batch {
+    let len = |d: &Delivery| d.payload.as_ref().map_or(0, |r| r.text.len());
+    let mut valid: Vec<usize> = (0..held.len())
+        .filter(|&i| held[i].payload.is_ok())
+        .collect();
+    let mut chosen = vec![false; held.len()];
+    for (i, d) in held.iter().enumerate() {
+        chosen[i] = d.payload.is_err();
+    }
+    if !valid.is_empty() {
+        let oldest = valid[0];
+        valid.sort_by_key(|&i| (len(&held[i]), i));
+        let k = max.min(valid.len());
+        let at = valid.iter().position(|&i| i == oldest).unwrap_or(0);
+        // The run of k (in length order) that holds the oldest and spans the least length.
+        let first = at.saturating_sub(k - 1);
+        let last = at.min(valid.len() - k);
+        let start = (first..=last)
+            .min_by_key(|&s| len(&held[valid[s + k - 1]]) - len(&held[valid[s]]))
+            .unwrap_or(first);
+        for &i in &valid[start..start + k] {
+            chosen[i] = true;
         }
     }
+    let mut batch = Batch::default();
+    let mut keep = Vec::with_capacity(held.len());
+    for (d, take) in held.drain(..).zip(chosen) {
+        if take {
+            batch.push(d);
+        } else {
+            keep.push(d);
+        }
+    }
+    *held = keep;
+    batch.records.sort_by_key(|p| p.record.text.len());
+    batch
 }
 
 #[cfg(test)]
@@ -152,6 +217,7 @@ mod tests {
         let cfg = BatchConfig {
             max_records: 3,
             max_wait: Duration::from_millis(50),
+            window: 3,
         };
         tokio::spawn(run(drx, btx, cfg, shutdown.clone()));
         for (i, t) in ["ccc", "a", "bb", "dddd"].iter().enumerate() {
@@ -185,6 +251,7 @@ mod tests {
         let cfg = BatchConfig {
             max_records: 100,
             max_wait: Duration::from_secs(60),
+            window: 100,
         };
         let task = tokio::spawn(run(drx, btx, cfg, shutdown.clone()));
         dtx.send(delivery(1, "held", &metrics)).await.unwrap();
@@ -197,5 +264,40 @@ mod tests {
             .unwrap();
         assert_eq!(metrics.in_flight(), 0);
         assert_eq!(metrics.counts().nacked, 1);
+    }
+
+    #[tokio::test]
+    async fn while_the_model_is_busy_batches_come_from_the_window_by_length() {
+        let metrics = Metrics::new();
+        let (dtx, drx) = mpsc::channel(64);
+        let (btx, mut brx) = mpsc::channel(1);
+        let shutdown = Shutdown::new();
+        let cfg = BatchConfig {
+            max_records: 2,
+            max_wait: Duration::from_millis(10),
+            window: 8,
+        };
+        tokio::spawn(run(drx, btx, cfg, shutdown.clone()));
+        // The first batch fills the channel; the model (this test) is "busy" while eight more
+        // arrive, of alternating lengths.
+        dtx.send(delivery(0, "first", &metrics)).await.unwrap();
+        dtx.send(delivery(1, "second", &metrics)).await.unwrap();
+        let lengths = [9, 1, 8, 2, 7, 3, 6, 4];
+        for (i, n) in lengths.iter().enumerate() {
+            dtx.send(delivery(10 + i, &"x".repeat(*n), &metrics))
+                .await
+                .unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let first = brx.recv().await.unwrap();
+        assert_eq!(first.records.len(), 2);
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            let b = brx.recv().await.unwrap();
+            let lens: Vec<usize> = b.records.iter().map(|p| p.record.text.len()).collect();
+            seen.push(lens);
+        }
+        // Each batch holds the oldest waiting record and its nearest neighbour in length.
+        assert_eq!(seen, [vec![8, 9], vec![1, 2], vec![6, 7], vec![3, 4]]);
     }
 }

@@ -247,14 +247,18 @@ impl CpuBert {
             .map(|(&o, t)| (o, t.ids.len()))
             .collect();
         for layer in &self.layers {
-            linear(x, h, &layer.qkv_w, &layer.qkv_b, qkv);
+            // Biases are added by the pass that next reads each product (attention needs its
+            // bias in place first), saving a write and a read of the product.
+            linear(x, h, &layer.qkv_w, Some(&layer.qkv_b), qkv);
             attention(qkv, ctx, &spans, h, d.heads);
-            linear(ctx, h, &layer.attn_out_w, &layer.attn_out_b, tmp);
-            add_layer_norm(x, tmp, h, &layer.attn_ln_w, &layer.attn_ln_b, d.eps);
-            linear(x, h, &layer.inter_w, &layer.inter_b, inter);
-            gelu(inter);
-            linear(inter, d.intermediate, &layer.out_w, &layer.out_b, tmp);
-            add_layer_norm(x, tmp, h, &layer.out_ln_w, &layer.out_ln_b, d.eps);
+            linear(ctx, h, &layer.attn_out_w, None, tmp);
+            let (ln_w, ln_b) = (&layer.attn_ln_w, &layer.attn_ln_b);
+            add_layer_norm(x, tmp, &layer.attn_out_b, ln_w, ln_b, d.eps);
+            linear(x, h, &layer.inter_w, None, inter);
+            bias_gelu(inter, &layer.inter_b);
+            linear(inter, d.intermediate, &layer.out_w, None, tmp);
+            let (ln_w, ln_b) = (&layer.out_ln_w, &layer.out_ln_b);
+            add_layer_norm(x, tmp, &layer.out_b, ln_w, ln_b, d.eps);
         }
 
         // Mean pooling over each text's tokens, then L2 normalisation.
@@ -287,14 +291,27 @@ fn grow(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
     &mut buf[..len]
 }
 
-/// `out = x · wᵀ + b`, with `x` of `(rows, k)`, `w` PyTorch's `(out, k)`, `out` of `(rows, out)`.
-fn linear(x: &[f32], k: usize, w: &[f32], b: &[f32], out: &mut [f32]) {
-    let n = b.len();
+/// `out = x · wᵀ (+ b)`, with `x` of `(rows, k)`, `w` PyTorch's `(n, k)`, `out` of `(rows, n)`.
+///
+/// The rows are split into one block per thread, each a single-threaded product: on two cores
+/// this beats the product's own threading, which synchronises its threads inside every call.
+fn linear(x: &[f32], k: usize, w: &[f32], b: Option<&[f32]>, out: &mut [f32]) {
+    let n = w.len() / k;
     let m = x.len() / k;
-    debug_assert_eq!(w.len(), n * k);
     debug_assert_eq!(out.len(), m * n);
-    out.par_chunks_mut(n * 64)
-        .for_each(|block| block.chunks_exact_mut(n).for_each(|r| r.copy_from_slice(b)));
+    let threads = rayon::current_num_threads().max(1);
+    let block = m.div_ceil(threads).max(16);
+    out.par_chunks_mut(block * n)
+        .zip(x.par_chunks(block * k))
+        .for_each(|(out, x)| linear_block(x, k, w, b, out));
+}
+
+fn linear_block(x: &[f32], k: usize, w: &[f32], b: Option<&[f32]>, out: &mut [f32]) {
+    let n = w.len() / k;
+    let m = x.len() / k;
+    if let Some(b) = b {
+        out.chunks_exact_mut(n).for_each(|r| r.copy_from_slice(b));
+    }
     // SAFETY: every pointer and stride describes a matrix inside its slice: x is (m, k)
     // row-major, w read as its transpose (k, n) with strides (1, k), out (m, n) row-major.
     unsafe {
@@ -305,7 +322,7 @@ fn linear(x: &[f32], k: usize, w: &[f32], b: &[f32], out: &mut [f32]) {
             out.as_mut_ptr(),
             1,
             n as isize,
-            true,
+            b.is_some(),
             x.as_ptr(),
             1,
             k as isize,
@@ -317,7 +334,7 @@ fn linear(x: &[f32], k: usize, w: &[f32], b: &[f32], out: &mut [f32]) {
             false,
             false,
             false,
-            Parallelism::Rayon(0),
+            Parallelism::None,
         );
     }
 }
@@ -420,18 +437,27 @@ fn attention(qkv: &[f32], ctx: &mut [f32], spans: &[(usize, usize)], h: usize, h
     });
 }
 
-/// `x = layer_norm(x + add)`, row by row.
-fn add_layer_norm(x: &mut [f32], add: &[f32], h: usize, w: &[f32], b: &[f32], eps: f32) {
+/// `x = layer_norm(x + add + bias)`, row by row: the residual connection, the bias of the
+/// product `add`, and the layer norm in one pass.
+fn add_layer_norm(x: &mut [f32], add: &[f32], bias: &[f32], w: &[f32], b: &[f32], eps: f32) {
+    let h = bias.len();
     x.par_chunks_mut(h)
         .zip(add.par_chunks(h))
-        .for_each(|(row, a)| add_layer_norm_row(row, a, w, b, eps));
+        .for_each(|(row, a)| add_layer_norm_row(row, a, bias, w, b, eps));
 }
 
 multiversion! {
-    /// `row = layer_norm(row + add)`.
-    fn add_layer_norm_row(row: &mut [f32], add: &[f32], w: &[f32], b: &[f32], eps: f32) {
-        for (x, a) in row.iter_mut().zip(add) {
-            *x += a;
+    /// `row = layer_norm(row + add + bias)`.
+    fn add_layer_norm_row(
+        row: &mut [f32],
+        add: &[f32],
+        bias: &[f32],
+        w: &[f32],
+        b: &[f32],
+        eps: f32
+    ) {
+        for ((x, a), c) in row.iter_mut().zip(add).zip(bias) {
+            *x += a + c;
         }
         layer_norm_row(row, w, b, eps);
     }
@@ -512,16 +538,20 @@ fn lane_sum(xs: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// Exact (erf) GELU in place, as BERT's `"gelu"` activation: `x/2 · (1 + erf(x/√2))`.
-fn gelu(xs: &mut [f32]) {
-    xs.par_chunks_mut(4096).for_each(gelu_chunk);
+/// Bias, then exact (erf) GELU in place, as BERT's `"gelu"` activation: `x/2 · (1 + erf(x/√2))`.
+fn bias_gelu(xs: &mut [f32], bias: &[f32]) {
+    xs.par_chunks_mut(bias.len() * 4).for_each(|rows| {
+        rows.chunks_exact_mut(bias.len())
+            .for_each(|row| bias_gelu_row(row, bias))
+    });
 }
 
 multiversion! {
-    /// GELU of a chunk in place.
-    fn gelu_chunk(xs: &mut [f32]) {
-        for v in xs.iter_mut() {
-            *v = 0.5 * *v * (1.0 + erf(*v * std::f32::consts::FRAC_1_SQRT_2));
+    /// GELU of one row plus its bias, in place.
+    fn bias_gelu_row(xs: &mut [f32], bias: &[f32]) {
+        for (v, b) in xs.iter_mut().zip(bias) {
+            let x = *v + b;
+            *v = 0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2));
         }
     }
 }

@@ -164,6 +164,7 @@ async fn work(a: WorkArgs) -> anyhow::Result<()> {
         batch: BatchConfig {
             max_records: a.batch.batch_size,
             max_wait: a.batch.batch_wait,
+            window: usize::try_from(a.max_outstanding).unwrap_or(usize::MAX),
         },
         max_text_bytes: a.model.max_text_bytes,
         commit_timeout: a.commit_timeout,

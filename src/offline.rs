@@ -130,6 +130,24 @@ pub struct BenchReport {
     pub device: String,
     /// Compute threads available.
     pub threads: usize,
+    /// CPU seconds in user mode while embedding (all threads).
+    pub cpu_user_s: f64,
+    /// CPU seconds in the kernel while embedding: allocation churn (page faults, mmap/munmap)
+    /// shows up here.
+    pub cpu_sys_s: f64,
+    /// Peak resident memory of the process, MiB.
+    pub peak_rss_mib: f64,
+}
+
+/// CPU time (user, system) and peak RSS (KiB) of this process so far.
+fn rusage() -> (f64, f64, f64) {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return (0.0, 0.0, 0.0);
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (secs(ru.ru_utime), secs(ru.ru_stime), ru.ru_maxrss as f64)
 }
 
 /// Runs `warmup` untimed batches, then embeds every record once, timed.
@@ -147,9 +165,11 @@ pub fn bench(
         let texts: Vec<&str> = batch.iter().map(|&i| records[i].text.as_str()).collect();
         embedder.embed(&texts)?;
     }
+    let (user0, sys0, _) = rusage();
     let started = Instant::now();
     let (_, tokens) = embed_all(embedder, records, batch_size)?;
     let seconds = started.elapsed().as_secs_f64();
+    let (user1, sys1, peak_kib) = rusage();
     Ok(BenchReport {
         records: records.len(),
         tokens,
@@ -160,5 +180,8 @@ pub fn bench(
         batch_size,
         device: embedder.info().device.clone(),
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        cpu_user_s: user1 - user0,
+        cpu_sys_s: sys1 - sys0,
+        peak_rss_mib: peak_kib / 1024.0,
     })
 }

@@ -18,6 +18,7 @@ fn config(cfg: PubsubConfig, exactly_once: bool) -> WorkerConfig {
         batch: BatchConfig {
             max_records: 16,
             max_wait: Duration::from_millis(20),
+            window: 64,
         },
         exit_when_idle: Some(Duration::from_secs(4)),
         exactly_once,

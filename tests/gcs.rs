@@ -110,6 +110,7 @@ fn uri_worker_config(
         batch: BatchConfig {
             max_records: 8,
             max_wait: Duration::from_millis(20),
+            window: 64,
         },
         exit_when_idle: idle,
         storage_emulator_host: Some(gcs.to_string()),

@@ -367,6 +367,7 @@ pub fn worker_config(pubsub: PubsubConfig) -> WorkerConfig {
         batch: BatchConfig {
             max_records: 32,
             max_wait: Duration::from_millis(20),
+            window: 256,
         },
         max_text_bytes: 4096,
         commit_timeout: Duration::from_secs(10),
