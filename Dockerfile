@@ -19,6 +19,7 @@ RUN /build/scripts/fetch-model.sh /opt/spotinfer/model
 FROM rust:${RUST_VERSION}-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
+COPY crates ./crates
 RUN mkdir src && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
     && cargo build --release --locked \
     && rm -rf src
@@ -59,6 +60,7 @@ RUN apt-get update \
     && curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --default-toolchain "${RUST_VERSION}"
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
+COPY crates ./crates
 RUN mkdir src && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
     && cargo build --release --locked --features cuda \
     && rm -rf src

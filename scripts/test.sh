@@ -15,4 +15,4 @@ export PUBSUB_EMULATOR_HOST=$emulator
 export SPOTINFER_TEST_PG_URL=$pg_url
 export SPOTINFER_MODEL=$PWD/models/all-MiniLM-L6-v2
 export RUST_BACKTRACE=1
-cargo test --all-targets "$@"
+cargo test --workspace --all-targets "$@"

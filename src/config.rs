@@ -134,7 +134,7 @@ pub enum DeviceChoice {
 pub enum Backend {
     /// Fused on the CPU, candle on CUDA.
     Auto,
-    /// The fused CPU encoder (`bert_cpu`).
+    /// The fused CPU encoder (`crates/bert-cpu`).
     Fused,
     /// candle's BertModel.
     Candle,

@@ -9,8 +9,8 @@
 //!
 //! * [`source`] pulls messages and parses them into [`record::Record`]s; each carries an [`ack::Ack`].
 //! * [`batcher`] groups records into bounded batches.
-//! * [`model`] runs the embedding model on a dedicated thread behind a channel; [`bert_cpu`] is
-//!   its fast CPU encoder.
+//! * [`model`] runs the embedding model on a dedicated thread behind a channel; its fast CPU
+//!   encoder is the `spotinfer-bert-cpu` crate (`crates/bert-cpu`).
 //! * [`sink`] writes a batch and its failures in one transaction through [`store`], then acks.
 //! * [`shutdown`] turns SIGTERM/SIGINT into a cancellation every stage watches.
 //! * [`worker`] wires the stages together and runs the shutdown sequence.
@@ -18,7 +18,6 @@
 
 pub mod ack;
 pub mod batcher;
-pub mod bert_cpu;
 pub mod chaos;
 pub mod config;
 pub mod drain;

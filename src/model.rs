@@ -5,7 +5,7 @@
 //! pads to the batch's longest text (not to a fixed 128), then the BERT output is mean-pooled over
 //! the attention mask and L2-normalised.
 //!
-//! Two backends compute it. On the CPU the default is [`crate::bert_cpu`], an encoder written
+//! Two backends compute it. On the CPU the default is [`spotinfer_bert_cpu`], an encoder written
 //! for throughput (no padding, fused passes, reused buffers); candle's `BertModel` runs on CUDA,
 //! and on the CPU when asked for (`--backend candle`), as the reference the fast one is
 //! measured against.
@@ -14,11 +14,11 @@
 //! so a batch that computes for seconds never stalls the async runtime that keeps Pub/Sub leases,
 //! acks and nacks flowing.
 
-use crate::bert_cpu::{self, CpuBert};
 use crate::config::{Backend, DeviceChoice};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{BertModel, Config as BertConfig, HiddenAct};
+use spotinfer_bert_cpu::{self as bert_cpu, BertError, CpuBert};
 use std::path::{Path, PathBuf};
 use tokenizers::Tokenizer;
 use tokio::sync::{mpsc, oneshot};
@@ -61,6 +61,16 @@ pub enum ModelError {
     /// The model panicked on a batch.
     #[error("the model panicked: {0}")]
     Panic(String),
+}
+
+impl From<BertError> for ModelError {
+    fn from(e: BertError) -> Self {
+        match e {
+            BertError::File { path, source } => Self::File { path, source },
+            BertError::Weights { path, message } => Self::Config { path, message },
+            BertError::Input(m) => Self::Input(m),
+        }
+    }
 }
 
 /// What the loaded model is, for result rows and logs.

@@ -1,4 +1,4 @@
-//! The BERT encoder on the CPU, written for throughput.
+//! spotinfer's BERT encoder on the CPU, written for throughput.
 //!
 //! candle's general-purpose BERT spends much of its CPU time outside the matrix products: it
 //! pads every text to the batch's longest, allocates (and the kernel zero-fills) a fresh tensor
@@ -18,7 +18,6 @@
 //! The matrix products are candle's own CPU engine (the `gemm` crate) called directly. Weights
 //! are read from the safetensors file straight into their final buffers (one copy in memory).
 
-use crate::model::ModelError;
 use gemm::Parallelism;
 use rayon::prelude::*;
 use std::cell::RefCell;
@@ -52,6 +51,31 @@ macro_rules! multiversion {
             portable($($a),*)
         }
     };
+}
+
+/// Errors loading weights or running the encoder.
+#[derive(Debug, thiserror::Error)]
+pub enum BertError {
+    /// The weights file cannot be read.
+    #[error("cannot read model file {path}: {source}")]
+    File {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The weights file is not the model the config describes.
+    #[error("invalid weights {path}: {message}")]
+    Weights {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A batch the encoder cannot take (a tokenizer for another model, say).
+    #[error("invalid model input: {0}")]
+    Input(String),
 }
 
 /// The shape of a BERT model, from its config.json.
@@ -125,7 +149,7 @@ pub struct CpuBert {
 impl CpuBert {
     /// Loads the weights from a safetensors file (F32, PyTorch `BertModel` names, with or without
     /// a `bert.` prefix).
-    pub fn load(path: &Path, dims: Dims) -> Result<Self, ModelError> {
+    pub fn load(path: &Path, dims: Dims) -> Result<Self, BertError> {
         let mut st = SafeTensorsFile::open(path)?;
         let h = dims.hidden;
         if dims.heads == 0 || !h.is_multiple_of(dims.heads) {
@@ -191,7 +215,7 @@ impl CpuBert {
     }
 
     /// Embeds a batch of tokenized texts: one unit-length, mean-pooled vector per text.
-    pub fn embed(&self, texts: &[Tokens<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
+    pub fn embed(&self, texts: &[Tokens<'_>]) -> Result<Vec<Vec<f32>>, BertError> {
         let d = self.dims;
         let h = d.hidden;
         let mut offsets = Vec::with_capacity(texts.len());
@@ -199,7 +223,7 @@ impl CpuBert {
         for t in texts {
             if t.ids.is_empty() || t.ids.len() > d.max_positions || t.ids.len() != t.type_ids.len()
             {
-                return Err(ModelError::Input(format!(
+                return Err(BertError::Input(format!(
                     "a text of {} tokens ({} type ids) does not fit a model of {} positions",
                     t.ids.len(),
                     t.type_ids.len(),
@@ -209,7 +233,7 @@ impl CpuBert {
             offsets.push(rows.len());
             for (pos, (&id, &ty)) in t.ids.iter().zip(t.type_ids).enumerate() {
                 if id as usize >= d.vocab || ty as usize >= d.type_vocab {
-                    return Err(ModelError::Input(format!(
+                    return Err(BertError::Input(format!(
                         "token id {id} or type {ty} outside the model's vocabulary"
                     )));
                 }
@@ -600,8 +624,8 @@ struct SafeTensorsFile {
 }
 
 impl SafeTensorsFile {
-    fn open(path: &Path) -> Result<Self, ModelError> {
-        let io = |source| ModelError::File {
+    fn open(path: &Path) -> Result<Self, BertError> {
+        let io = |source| BertError::File {
             path: path.to_path_buf(),
             source,
         };
@@ -609,7 +633,7 @@ impl SafeTensorsFile {
         let mut len = [0u8; 8];
         file.read_exact(&mut len).map_err(io)?;
         let len = u64::from_le_bytes(len);
-        let bad = |message: String| ModelError::Config {
+        let bad = |message: String| BertError::Weights {
             path: path.to_path_buf(),
             message,
         };
@@ -628,8 +652,8 @@ impl SafeTensorsFile {
         })
     }
 
-    fn error(&self, message: String) -> ModelError {
-        ModelError::Config {
+    fn error(&self, message: String) -> BertError {
+        BertError::Weights {
             path: self.path.clone(),
             message,
         }
@@ -639,7 +663,7 @@ impl SafeTensorsFile {
         self.header.contains_key(name)
     }
 
-    fn read(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+    fn read(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>, BertError> {
         let info = self
             .header
             .get(name)
@@ -666,7 +690,7 @@ impl SafeTensorsFile {
             return Err(self.error(format!("tensor {name}: {} bytes", end - begin)));
         }
         let mut out = vec![0f32; count];
-        let io = |source| ModelError::File {
+        let io = |source| BertError::File {
             path: self.path.clone(),
             source,
         };
@@ -714,6 +738,163 @@ mod tests {
         ] {
             assert!((erf(x) - want).abs() < 3e-7, "erf({x}) = {}", erf(x));
         }
+    }
+
+    const TINY: Dims = Dims {
+        hidden: 8,
+        heads: 2,
+        intermediate: 16,
+        layers: 2,
+        vocab: 12,
+        max_positions: 10,
+        type_vocab: 2,
+        eps: 1e-12,
+    };
+
+    /// The tensors of a BERT of `d`'s shape, as (name, shape), in PyTorch's names.
+    fn tensors(d: Dims) -> Vec<(String, Vec<usize>)> {
+        let h = d.hidden;
+        let mut t = vec![
+            (
+                "embeddings.word_embeddings.weight".to_string(),
+                vec![d.vocab, h],
+            ),
+            (
+                "embeddings.position_embeddings.weight".into(),
+                vec![d.max_positions, h],
+            ),
+            (
+                "embeddings.token_type_embeddings.weight".into(),
+                vec![d.type_vocab, h],
+            ),
+            ("embeddings.LayerNorm.weight".into(), vec![h]),
+            ("embeddings.LayerNorm.bias".into(), vec![h]),
+        ];
+        for i in 0..d.layers {
+            let p = format!("encoder.layer.{i}.");
+            for (n, shape) in [
+                ("attention.self.query.weight", vec![h, h]),
+                ("attention.self.query.bias", vec![h]),
+                ("attention.self.key.weight", vec![h, h]),
+                ("attention.self.key.bias", vec![h]),
+                ("attention.self.value.weight", vec![h, h]),
+                ("attention.self.value.bias", vec![h]),
+                ("attention.output.dense.weight", vec![h, h]),
+                ("attention.output.dense.bias", vec![h]),
+                ("attention.output.LayerNorm.weight", vec![h]),
+                ("attention.output.LayerNorm.bias", vec![h]),
+                ("intermediate.dense.weight", vec![d.intermediate, h]),
+                ("intermediate.dense.bias", vec![d.intermediate]),
+                ("output.dense.weight", vec![h, d.intermediate]),
+                ("output.dense.bias", vec![h]),
+                ("output.LayerNorm.weight", vec![h]),
+                ("output.LayerNorm.bias", vec![h]),
+            ] {
+                t.push((format!("{p}{n}"), shape));
+            }
+        }
+        t
+    }
+
+    /// Writes a safetensors file of pseudo-random F32 tensors.
+    fn write_model(path: &Path, tensors: &[(String, Vec<usize>)]) {
+        let mut header = serde_json::Map::new();
+        let mut data = Vec::new();
+        let mut seed = 7u32;
+        for (name, shape) in tensors {
+            let begin = data.len();
+            for _ in 0..shape.iter().product::<usize>() {
+                seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                let v = (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5;
+                data.extend_from_slice(&v.to_le_bytes());
+            }
+            header.insert(
+                name.clone(),
+                serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [begin, data.len()]}),
+            );
+        }
+        let header = serde_json::to_vec(&header).unwrap();
+        let mut file = (header.len() as u64).to_le_bytes().to_vec();
+        file.extend(header);
+        file.extend(data);
+        std::fs::write(path, file).unwrap();
+    }
+
+    fn temp_path(name: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!(
+            "bert-cpu-{}-{name}.safetensors",
+            std::process::id()
+        ))
+    }
+
+    #[test]
+    fn a_text_embeds_the_same_alone_and_in_any_batch() {
+        let path = temp_path("tiny");
+        write_model(&path, &tensors(TINY));
+        let bert = CpuBert::load(&path, TINY).unwrap();
+        let texts: [&[u32]; 4] = [
+            &[1, 5, 2],
+            &[1, 3, 4, 9, 7, 8, 11, 2],
+            &[1, 2],
+            &[1, 6, 6, 6, 2],
+        ];
+        let types: Vec<Vec<u32>> = texts.iter().map(|t| vec![0; t.len()]).collect();
+        let batch: Vec<Tokens<'_>> = texts
+            .iter()
+            .zip(&types)
+            .map(|(ids, ty)| Tokens { ids, type_ids: ty })
+            .collect();
+        let together = bert.embed(&batch).unwrap();
+        for (i, t) in batch.iter().enumerate() {
+            let alone = &bert.embed(std::slice::from_ref(t)).unwrap()[0];
+            let norm: f32 = alone.iter().map(|x| x * x).sum::<f32>().sqrt();
+            assert!((norm - 1.0).abs() < 1e-5, "not unit length: {norm}");
+            for (a, b) in alone.iter().zip(&together[i]) {
+                assert!(
+                    (a - b).abs() < 1e-5,
+                    "text {i}: {a} alone, {b} in the batch"
+                );
+            }
+        }
+        // Different texts, different vectors.
+        assert!(together[0]
+            .iter()
+            .zip(&together[1])
+            .any(|(a, b)| (a - b).abs() > 1e-3));
+        let err = bert
+            .embed(&[Tokens {
+                ids: &[1, 99],
+                type_ids: &[0, 0],
+            }])
+            .unwrap_err();
+        assert!(err.to_string().contains("token id 99"), "{err}");
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn weights_that_do_not_fit_the_config_are_clear_errors() {
+        let path = temp_path("bad");
+        let mut t = tensors(TINY);
+        t.retain(|(n, _)| n != "encoder.layer.1.output.dense.bias");
+        write_model(&path, &t);
+        let err = CpuBert::load(&path, TINY).err().unwrap().to_string();
+        assert!(
+            err.contains("no tensor encoder.layer.1.output.dense.bias"),
+            "{err}"
+        );
+        let wide = Dims {
+            intermediate: 32,
+            ..TINY
+        };
+        write_model(&path, &tensors(TINY));
+        let err = CpuBert::load(&path, wide).err().unwrap().to_string();
+        assert!(
+            err.contains("intermediate.dense.weight") && err.contains("shape"),
+            "{err}"
+        );
+        std::fs::write(&path, b"not a model").unwrap();
+        assert!(CpuBert::load(&path, TINY).is_err());
+        std::fs::remove_file(path).unwrap();
     }
 
     #[test]
