@@ -8,20 +8,88 @@
 
 use crate::telemetry::Metrics;
 use google_cloud_pubsub::subscriber::handler::Handler;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+/// Holds back the NACKs of dropped [`Ack`]s while the worker shuts down, until its streaming
+/// pulls are closed.
+///
+/// A NACK sent while a stream is still open makes Pub/Sub redeliver the message at once, into
+/// that same stream, which is about to go away; and a NACK still queued in the client when its
+/// lease loop shuts down can be lost, leaving the message to wait out its ack deadline. Either
+/// way it reaches another worker seconds late. So on shutdown the worker calls
+/// [`NackHold::hold`] before its stages drop what they hold: their messages stay leased, the
+/// worker closes the streams, and each lease loop's shutdown NACKs everything still leased, held
+/// messages included. Dropping the guard then settles the held handles (and NACKs them, on paths
+/// where the lease loops did not run).
+#[derive(Debug, Clone, Default)]
+pub struct NackHold(Arc<Mutex<Option<Vec<Handler>>>>);
+
+impl NackHold {
+    /// From now on, dropped `Ack`s park their handlers here instead of NACKing, until the
+    /// returned guard is dropped.
+    #[must_use = "dropping the guard releases the NACKs at once"]
+    pub fn hold(&self) -> NackRelease {
+        let mut held = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        held.get_or_insert_with(Vec::new);
+        NackRelease(self.clone())
+    }
+
+    /// NACKs every parked handler and stops holding.
+    fn release(&self) {
+        let held = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        for h in held.into_iter().flatten() {
+            h.nack();
+        }
+    }
+
+    /// Parks `h` if holding; gives it back otherwise.
+    fn park(&self, h: Handler) -> Option<Handler> {
+        let mut held = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match held.as_mut() {
+            Some(v) => {
+                v.push(h);
+                None
+            }
+            None => Some(h),
+        }
+    }
+}
 
 /// Settles one message: `ack()` after commit, NACK on drop.
 #[derive(Debug)]
 pub struct Ack {
     handler: Option<Handler>,
     metrics: Arc<Metrics>,
+    hold: Option<NackHold>,
     acked: bool,
+}
+
+/// Sends the NACKs a [`NackHold`] held back, when dropped.
+#[derive(Debug)]
+pub struct NackRelease(NackHold);
+
+impl Drop for NackRelease {
+    fn drop(&mut self) {
+        self.0.release();
+    }
 }
 
 impl Ack {
     /// Wraps a Pub/Sub handler; counts the message as in flight until it is settled.
-    pub fn new(handler: Handler, metrics: Arc<Metrics>) -> Self {
-        Self::with_handler(Some(handler), metrics)
+    pub fn new(handler: Handler, metrics: Arc<Metrics>, hold: NackHold) -> Self {
+        let mut ack = Self::with_handler(Some(handler), metrics);
+        ack.hold = Some(hold);
+        ack
     }
 
     /// An ack with no message behind it, for records that come from a file rather than Pub/Sub.
@@ -34,6 +102,7 @@ impl Ack {
         Self {
             handler,
             metrics,
+            hold: None,
             acked: false,
         }
     }
@@ -66,7 +135,13 @@ impl Ack {
 impl Drop for Ack {
     fn drop(&mut self) {
         if let Some(h) = self.handler.take() {
-            h.nack();
+            let h = match &self.hold {
+                Some(hold) => hold.park(h),
+                None => Some(h),
+            };
+            if let Some(h) = h {
+                h.nack();
+            }
         }
         if self.acked {
             self.metrics.acked(1);

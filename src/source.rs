@@ -68,6 +68,8 @@ pub struct SourceContext {
     pub metrics: Arc<Metrics>,
     /// The subscription, for error messages.
     pub subscription: String,
+    /// Where dropped acks park their NACKs while the worker closes its streams.
+    pub nack_hold: crate::ack::NackHold,
 }
 
 /// Pulls from `stream` into `tx` until shutdown, the stream ends, or the receiver goes away.
@@ -82,6 +84,7 @@ pub async fn run(
         inputs,
         metrics,
         subscription,
+        nack_hold,
     } = ctx;
     metrics.set_stream_open(true);
     let result = loop {
@@ -101,7 +104,7 @@ pub async fn run(
             Some(Ok(m)) => m,
         };
         metrics.received(1);
-        let ack = Ack::new(handler, metrics.clone());
+        let ack = Ack::new(handler, metrics.clone(), nack_hold.clone());
         let publish_time_us = message
             .publish_time
             .as_ref()

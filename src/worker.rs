@@ -1,12 +1,14 @@
 //! The worker: wires source → batcher → model → sink and runs the shutdown sequence.
 //!
 //! Shutdown, in order, once the [`Shutdown`] is cancelled (SIGTERM, SIGINT or idle):
-//! 1. sources stop pulling and read out what the server already pushed into the stream buffers
-//!    (held for step 3); batcher and model stage drop what they hold (NACK at once);
+//! 1. sources stop pulling, read out what the server already pushed into the stream buffers,
+//!    and their streaming pulls are closed; batcher and model stage drop what they hold. All
+//!    these messages stay leased: NACKs of dropped acks are held back ([`crate::ack::NackHold`]),
+//!    because a NACK sent before the server has seen a stream's cancel can redeliver the message
+//!    into that dead stream;
 //! 2. the sink finishes the commit in flight, if any, and acks it;
-//! 3. each streaming pull is closed, then its lease loop flushes the pending acks and NACKs
-//!    every message still leased (`ShutdownBehavior::NackImmediately`); closing first keeps the
-//!    NACKed messages from being redelivered into a stream that is going away;
+//! 3. at least 100 ms after the streams closed, each lease loop flushes the pending acks and
+//!    NACKs every message still leased (`ShutdownBehavior::NackImmediately`);
 //! 4. `run` returns and the process exits 0.
 //!
 //! Steps 2–3 share one budget (`--shutdown-timeout`); whatever has not finished by then is left
@@ -24,6 +26,9 @@ use google_cloud_pubsub::subscriber::ShutdownBehavior;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
+
+/// How long shutdown waits between closing the streams and NACKing what they delivered.
+const STREAM_CANCEL_GRACE: Duration = Duration::from_millis(100);
 
 /// Everything `run` needs besides its collaborators.
 #[derive(Debug, Clone)]
@@ -95,6 +100,7 @@ pub async fn run(
     let max = cfg.batch.max_records.max(1);
 
     let (dtx, drx) = mpsc::channel(max * 2);
+    let nack_hold = crate::ack::NackHold::default();
     let mut sources = Vec::new();
     let mut tokens = Vec::new();
     let ctx = source::SourceContext {
@@ -105,6 +111,7 @@ pub async fn run(
         )),
         metrics: metrics.clone(),
         subscription: cfg.pubsub.subscription.clone(),
+        nack_hold: nack_hold.clone(),
     };
     for _ in 0..cfg.streams.max(1) {
         let stream = subscriber
@@ -158,15 +165,21 @@ pub async fn run(
     }
     let drain_started = Instant::now();
     metrics.set_draining();
+    // What the stages drop from here on is NACKed only once the streams are closed (step 3).
+    let held_nacks = nack_hold.hold();
     let deadline = tokio::time::Instant::now() + cfg.shutdown_timeout;
 
     // Sources stop at once; collect their streams so the leases stay managed until step 3.
-    let mut streams = Vec::new();
+    // Each stream is closed as soon as its source has stopped (dropping a stream cancels its
+    // gRPC call at once), so no message NACKed below can be redelivered into a stream that is
+    // going away. The messages stay leased (the lease loops run on) until step 3.
+    let mut drained = Vec::new();
     let mut failure = None;
     for s in sources {
         match s.await {
             Ok(stopped) => {
-                streams.push((stopped.stream, stopped.drained));
+                drop(stopped.stream);
+                drained.push(stopped.drained);
                 if let Err(e) = stopped.result {
                     tracing::error!(error = %e, "stream failed");
                     failure = Some(e);
@@ -175,6 +188,7 @@ pub async fn run(
             Err(e) => return Err(WorkerError::Task(e.to_string())),
         }
     }
+    let streams_closed = tokio::time::Instant::now();
     let _ = batcher.await;
     let _ = stage.await;
     // The sink finishes the commit in flight and acks it, within the budget.
@@ -184,16 +198,12 @@ pub async fn run(
         );
         sink.abort();
     }
-    // Close the streaming pulls first (dropping a stream cancels its gRPC call at once), so no
-    // message we are about to NACK can be redelivered into a stream that is going away; then
-    // let each lease loop flush the acks and NACK everything still leased, drained ones included.
-    let drained: Vec<_> = streams
-        .into_iter()
-        .map(|(stream, drained)| {
-            drop(stream);
-            drained
-        })
-        .collect();
+    // The server learns of a cancelled stream asynchronously; a NACK that overtakes the cancel
+    // sends the message back into the dead stream, where it waits out its ack deadline (seen
+    // with the emulator). A short grace after closing lets the cancel land first.
+    tokio::time::sleep_until((streams_closed + STREAM_CANCEL_GRACE).min(deadline)).await;
+    // Let each lease loop flush the acks and NACK everything still leased: messages the
+    // stages held and the ones drained from the stream buffers included.
     for t in &tokens {
         if tokio::time::timeout_at(deadline, t.shutdown())
             .await
@@ -202,7 +212,9 @@ pub async fn run(
             tracing::warn!("ack flush did not finish before the shutdown deadline");
         }
     }
+    // The lease loops NACKed every message still leased, these included; settle their handles.
     drop(drained);
+    drop(held_nacks);
     let report = Report {
         counts: metrics.counts(),
         drain_seconds: drain_started.elapsed().as_secs_f64(),
