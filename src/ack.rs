@@ -6,56 +6,66 @@
 //! a panic — NACKs the message, so it is redelivered at once instead of waiting for its lease to
 //! expire. Losing a message therefore takes an explicit, wrong `ack()`, never an oversight.
 
+use crate::shutdown::Shutdown;
 use crate::telemetry::Metrics;
 use google_cloud_pubsub::subscriber::handler::Handler;
 use std::sync::{Arc, Mutex};
 
-/// Holds back the NACKs of dropped [`Ack`]s while the worker shuts down, until its streaming
-/// pulls are closed.
+/// Holds back the NACKs of dropped [`Ack`]s from the moment the worker's shutdown begins until
+/// its streaming pulls are closed.
 ///
 /// A NACK sent while a stream is still open makes Pub/Sub redeliver the message at once, into
 /// that same stream, which is about to go away; and a NACK still queued in the client when its
 /// lease loop shuts down can be lost, leaving the message to wait out its ack deadline. Either
-/// way it reaches another worker seconds late. So on shutdown the worker calls
-/// [`NackHold::hold`] before its stages drop what they hold: their messages stay leased, the
-/// worker closes the streams, and each lease loop's shutdown NACKs everything still leased, held
-/// messages included. Dropping the guard then settles the held handles (and NACKs them, on paths
-/// where the lease loops did not run).
-#[derive(Debug, Clone, Default)]
-pub struct NackHold(Arc<Mutex<Option<Vec<Handler>>>>);
+/// way it reaches another worker seconds late. So once the [`Shutdown`] is cancelled, whatever
+/// the stages drop stays leased (its handler parks here), the worker closes the streams, and
+/// each lease loop's shutdown NACKs everything still leased, parked messages included. The
+/// worker then drops the guard from [`NackHold::release_on_drop`], which settles the parked
+/// handles (and NACKs them on any path where the lease loops did not run). The hold keys on the
+/// shutdown token itself, so no stage can drop a message between the cancel and the hold.
+#[derive(Debug, Clone)]
+pub struct NackHold {
+    shutdown: Shutdown,
+    parked: Arc<Mutex<Option<Vec<Handler>>>>,
+}
 
 impl NackHold {
-    /// From now on, dropped `Ack`s park their handlers here instead of NACKing, until the
-    /// returned guard is dropped.
+    /// A hold that engages when `shutdown` is cancelled.
+    pub fn new(shutdown: Shutdown) -> Self {
+        Self {
+            shutdown,
+            parked: Arc::new(Mutex::new(Some(Vec::new()))),
+        }
+    }
+
+    /// A guard that, when dropped, NACKs every parked handler and ends the hold.
     #[must_use = "dropping the guard releases the NACKs at once"]
-    pub fn hold(&self) -> NackRelease {
-        let mut held = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        held.get_or_insert_with(Vec::new);
+    pub fn release_on_drop(&self) -> NackRelease {
         NackRelease(self.clone())
     }
 
-    /// NACKs every parked handler and stops holding.
     fn release(&self) {
-        let held = self
-            .0
+        let parked = self
+            .parked
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
-        for h in held.into_iter().flatten() {
+        for h in parked.into_iter().flatten() {
             h.nack();
         }
     }
 
-    /// Parks `h` if holding; gives it back otherwise.
+    /// Parks `h` if the shutdown has begun and the hold is not released; gives it back
+    /// otherwise.
     fn park(&self, h: Handler) -> Option<Handler> {
-        let mut held = self
-            .0
+        if !self.shutdown.is_cancelled() {
+            return Some(h);
+        }
+        let mut parked = self
+            .parked
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match held.as_mut() {
+        match parked.as_mut() {
             Some(v) => {
                 v.push(h);
                 None

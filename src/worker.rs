@@ -100,7 +100,9 @@ pub async fn run(
     let max = cfg.batch.max_records.max(1);
 
     let (dtx, drx) = mpsc::channel(max * 2);
-    let nack_hold = crate::ack::NackHold::default();
+    let nack_hold = crate::ack::NackHold::new(shutdown.clone());
+    // On every way out of `run`, the NACKs held since the shutdown began are released.
+    let held_nacks = nack_hold.release_on_drop();
     let mut sources = Vec::new();
     let mut tokens = Vec::new();
     let ctx = source::SourceContext {
@@ -165,8 +167,6 @@ pub async fn run(
     }
     let drain_started = Instant::now();
     metrics.set_draining();
-    // What the stages drop from here on is NACKed only once the streams are closed (step 3).
-    let held_nacks = nack_hold.hold();
     let deadline = tokio::time::Instant::now() + cfg.shutdown_timeout;
 
     // Sources stop at once; collect their streams so the leases stay managed until step 3.
