@@ -109,13 +109,9 @@ pub async fn run(
             if !open {
                 return;
             }
-            tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => return,
-                d = rx.recv() => match d {
-                    Some(d) => held.push(d),
-                    None => return,
-                },
+            match crate::shutdown::recv(&mut rx, &shutdown).await {
+                Some(d) => held.push(d),
+                None => return,
             }
         }
         // Fill until a batch is ready: `max` messages, or `max_wait` after the oldest arrived.

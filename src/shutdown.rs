@@ -6,10 +6,31 @@
 //! they hold, and the sink finishes the commit it is in, if any, and stops. A second signal while
 //! draining exits at once with status 130.
 
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 /// The shutdown signal handed to every stage. Cheap to clone; `cancelled()` resolves once.
 pub type Shutdown = CancellationToken;
+
+/// The next item from `rx`, or `None` once shutdown has begun or the channel is closed.
+/// Shutdown wins when both are ready, so a stopping stage takes nothing new.
+pub async fn recv<T>(rx: &mut mpsc::Receiver<T>, shutdown: &Shutdown) -> Option<T> {
+    tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => None,
+        v = rx.recv() => v,
+    }
+}
+
+/// Sends `v` into `tx`; `false` (and `v` dropped, which NACKs what it carries) once shutdown has
+/// begun or the receiver is gone.
+pub async fn send<T>(tx: &mpsc::Sender<T>, v: T, shutdown: &Shutdown) -> bool {
+    tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => false,
+        sent = tx.send(v) => sent.is_ok(),
+    }
+}
 
 /// Cancels `shutdown` (and `signalled`) on the first SIGTERM or SIGINT; exits the process on the
 /// second. `signalled` tells a worker that drained early that its end has come.

@@ -104,13 +104,8 @@ pub async fn run(
 ) {
     let mut backoff = BACKOFF_START;
     loop {
-        let outcome = tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return,
-            o = rx.recv() => match o {
-                Some(o) => o,
-                None => return,
-            },
+        let Some(outcome) = crate::shutdown::recv(&mut rx, &shutdown).await else {
+            return;
         };
         // Not raced against shutdown: a commit in flight finishes and is acked.
         let (results, failures) = outcome.rows(&cfg.model);

@@ -269,13 +269,8 @@ async fn submit_batches(
     shutdown: Shutdown,
 ) {
     loop {
-        let batch = tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return,
-            b = rx.recv() => match b {
-                Some(b) => b,
-                None => return,
-            },
+        let Some(batch) = crate::shutdown::recv(&mut rx, &shutdown).await else {
+            return;
         };
         let Batch { records, rejected } = batch;
         let mut at = AtModel {
@@ -296,10 +291,8 @@ async fn submit_batches(
                 },
             });
         }
-        tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return,
-            sent = tx.send(at) => if sent.is_err() { return },
+        if !crate::shutdown::send(&tx, at, &shutdown).await {
+            return;
         }
     }
 }
@@ -311,13 +304,8 @@ async fn collect_results(
     shutdown: Shutdown,
 ) {
     loop {
-        let at = tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return,
-            b = rx.recv() => match b {
-                Some(b) => b,
-                None => return,
-            },
+        let Some(at) = crate::shutdown::recv(&mut rx, &shutdown).await else {
+            return;
         };
         let AtModel {
             records,
@@ -351,10 +339,8 @@ async fn collect_results(
         if outcome.is_empty() {
             continue;
         }
-        tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return,
-            sent = tx.send(outcome) => if sent.is_err() { return },
+        if !crate::shutdown::send(&tx, outcome, &shutdown).await {
+            return;
         }
     }
 }
