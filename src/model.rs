@@ -384,23 +384,31 @@ impl ModelHandle {
 
     /// Embeds `texts` on the model thread.
     pub async fn embed(&self, texts: Vec<String>) -> Result<Embedded, ModelError> {
-        self.submit(texts).await?.await
+        self.submit(texts).await?.wait().await
     }
 
-    /// Queues `texts` for the model thread and returns at once with a future of the result, so
+    /// Queues `texts` for the model thread and returns at once with the [`Reply`] to wait on, so
     /// the caller can queue the next batch while this one computes. Waits only while the model
-    /// already has a batch computing and one queued. Dropping the future cancels the work if the
-    /// model has not started it.
-    pub async fn submit(
-        &self,
-        texts: Vec<String>,
-    ) -> Result<impl std::future::Future<Output = Result<Embedded, ModelError>>, ModelError> {
+    /// already has a batch computing and one queued.
+    pub async fn submit(&self, texts: Vec<String>) -> Result<Reply, ModelError> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Job { texts, reply })
             .await
             .map_err(|_| ModelError::Stopped)?;
-        Ok(async move { rx.await.map_err(|_| ModelError::Stopped)? })
+        Ok(Reply(rx))
+    }
+}
+
+/// The result of a batch queued with [`ModelHandle::submit`]. Dropping it cancels the work if
+/// the model has not started it.
+#[derive(Debug)]
+pub struct Reply(oneshot::Receiver<Result<Embedded, ModelError>>);
+
+impl Reply {
+    /// Waits for the vectors.
+    pub async fn wait(self) -> Result<Embedded, ModelError> {
+        self.0.await.map_err(|_| ModelError::Stopped)?
     }
 }
 

@@ -238,10 +238,9 @@ pub async fn run(
 struct AtModel {
     records: Vec<crate::batcher::Pending>,
     rejected: Vec<crate::batcher::Rejected>,
-    result: Option<std::pin::Pin<Box<dyn std::future::Future<Output = EmbedResult> + Send>>>,
+    /// The model's reply; none for a batch of rejected payloads only.
+    reply: Option<Result<crate::model::Reply, crate::model::ModelError>>,
 }
-
-type EmbedResult = Result<crate::model::Embedded, crate::model::ModelError>;
 
 /// The model stage, in two tasks so the model never waits on the pipeline: one queues each
 /// batch at the model thread as soon as it has room (one batch computing, one queued), the
@@ -276,19 +275,16 @@ async fn submit_batches(
         let mut at = AtModel {
             records,
             rejected,
-            result: None,
+            reply: None,
         };
         if !at.records.is_empty() {
             metrics.batch_size.observe(at.records.len() as f64);
             let texts = at.records.iter().map(|p| p.record.text.clone()).collect();
-            at.result = Some(tokio::select! {
+            at.reply = Some(tokio::select! {
                 biased;
                 // Dropping the records NACKs them.
                 _ = shutdown.cancelled() => return,
-                r = model.submit(texts) => match r {
-                    Ok(fut) => Box::pin(fut),
-                    Err(e) => Box::pin(std::future::ready(Err(e))),
-                },
+                r = model.submit(texts) => r,
             });
         }
         if !crate::shutdown::send(&tx, at, &shutdown).await {
@@ -310,18 +306,21 @@ async fn collect_results(
         let AtModel {
             records,
             rejected,
-            result,
+            reply,
         } = at;
         let mut outcome = Outcome {
             done: Vec::with_capacity(records.len()),
             rejected,
         };
-        if let Some(result) = result {
-            let result = tokio::select! {
-                biased;
-                // Dropping the records NACKs them; the model thread skips or finishes the work.
-                _ = shutdown.cancelled() => return,
-                r = result => r,
+        if let Some(reply) = reply {
+            let result = match reply {
+                Ok(reply) => tokio::select! {
+                    biased;
+                    // Dropping the records NACKs them; the model thread skips or finishes the work.
+                    _ = shutdown.cancelled() => return,
+                    r = reply.wait() => r,
+                },
+                Err(e) => Err(e),
             };
             match result {
                 Ok(embedded) => {
