@@ -153,10 +153,7 @@ fn take_batch(held: &mut Vec<Delivery>, max: usize) -> Batch {
     let mut valid: Vec<usize> = (0..held.len())
         .filter(|&i| held[i].payload.is_ok())
         .collect();
-    let mut chosen = vec![false; held.len()];
-    for (i, d) in held.iter().enumerate() {
-        chosen[i] = d.payload.is_err();
-    }
+    let mut chosen: Vec<bool> = held.iter().map(|d| d.payload.is_err()).collect();
     if !valid.is_empty() {
         let oldest = valid[0];
         valid.sort_by_key(|&i| (len(&held[i]), i));

@@ -218,8 +218,9 @@ impl CpuBert {
     pub fn embed(&self, texts: &[Tokens<'_>]) -> Result<Vec<Vec<f32>>, BertError> {
         let d = self.dims;
         let h = d.hidden;
-        let mut offsets = Vec::with_capacity(texts.len());
-        let mut rows = Vec::new(); // (token id, position, type) per row
+        // Each text's (first row, length) in the batch matrix, and each row's (id, position, type).
+        let mut spans = Vec::with_capacity(texts.len());
+        let mut rows = Vec::new();
         for t in texts {
             if t.ids.is_empty() || t.ids.len() > d.max_positions || t.ids.len() != t.type_ids.len()
             {
@@ -230,7 +231,7 @@ impl CpuBert {
                     d.max_positions
                 )));
             }
-            offsets.push(rows.len());
+            spans.push((rows.len(), t.ids.len()));
             for (pos, (&id, &ty)) in t.ids.iter().zip(t.type_ids).enumerate() {
                 if id as usize >= d.vocab || ty as usize >= d.type_vocab {
                     return Err(BertError::Input(format!(
@@ -265,11 +266,6 @@ impl CpuBert {
                 layer_norm(row, &self.emb_ln_w, &self.emb_ln_b, d.eps);
             });
 
-        let spans: Vec<(usize, usize)> = offsets
-            .iter()
-            .zip(texts)
-            .map(|(&o, t)| (o, t.ids.len()))
-            .collect();
         for layer in &self.layers {
             // Biases are added by the pass that next reads each product (attention needs its
             // bias in place first), saving a write and a read of the product.
