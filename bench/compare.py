@@ -96,13 +96,6 @@ class Bench:
         base = self.a.pg_url.rsplit("/", 1)[0]
         return sub, f"{base}/{db}"
 
-    def count(self, url):
-        try:
-            with psycopg.connect(url, autocommit=True, connect_timeout=2) as c:
-                return c.execute("SELECT count(*) FROM embeddings").fetchone()[0]
-        except psycopg.Error:
-            return 0  # the table does not exist yet
-
     def run_worker(self, side, corpus):
         sub, url = self.fresh(corpus)
         if side.startswith("spotinfer"):
@@ -122,8 +115,7 @@ class Bench:
         n = self.a.records
         first_at, first_count, done_at, peak = None, 0, None, 0
         deadline = started + self.a.timeout
-        with psycopg.connect(self.a.pg_url.rsplit("/", 1)[0] + "/" + url.rsplit("/", 1)[1],
-                             autocommit=True) as c:
+        with psycopg.connect(url, autocommit=True) as c:
             while time.perf_counter() < deadline:
                 if proc.poll() is not None:
                     raise RuntimeError(f"{side} worker exited {proc.returncode}; see {logf.name}")
