@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Builds the release binary with `--features cuda` on a machine with no GPU and no CUDA install:
+# the CUDA 13.0 toolchain comes from PyPI (pinned and hash-checked in cuda-requirements.txt).
+#
+#   scripts/build-cuda.sh            # -> target/cuda/release/spotinfer
+#
+# Two things the PyPI packages lack, and a link needs, are made here:
+# - unversioned library names (libcublas.so -> libcublas.so.13, ...): candle links cudarc
+#   dynamically (-lcublas, -lcurand, ...) and the wheels ship only the versioned files;
+# - a stub libcuda.so carrying the driver's soname (libcuda.so.1), as the CUDA toolkit's stubs/
+#   does: it defines every driver function cudarc declares, does nothing, and is never loaded;
+#   at run time the binary finds the node's real libcuda.so.1 by that soname.
+# Settings: CUDA_COMPUTE_CAP (default 90, H100/H200; 80 for A100, 89 for L4), CARGO_TARGET_DIR
+# (default target/cuda), SPOTINFER_CUDA_TOOLCHAIN (default target/cuda-toolchain).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+toolchain=${SPOTINFER_CUDA_TOOLCHAIN:-$root/target/cuda-toolchain}
+requirements=$root/scripts/cuda-requirements.txt
+stamp=$toolchain/requirements.sha256
+
+# 1. The toolchain, reinstalled only when the pinned list changes.
+want=$(sha256sum "$requirements" | cut -d' ' -f1)
+if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
+    rm -rf "$toolchain"
+    mkdir -p "$toolchain"
+    python3 -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes \
+        --target "$toolchain/site" -r "$requirements"
+    echo "$want" >"$stamp"
+fi
+cuda=$toolchain/site/nvidia/cu13
+
+# 2. What the linker needs: unversioned names and the driver stub, in one directory.
+link=$toolchain/link
+mkdir -p "$link"
+for lib in cudart cublas cublasLt curand nvrtc; do
+    versioned=$(find "$cuda/lib" -maxdepth 1 -name "lib$lib.so.*" ! -name "*.alt.*" | sort | head -n1)
+    [[ -n "$versioned" ]] || { echo "build-cuda: lib$lib.so.* missing from $cuda/lib" >&2; exit 1; }
+    ln -sf "$versioned" "$link/lib$lib.so"
+done
+cargo fetch --quiet
+cudarc=$(cargo metadata --format-version 1 --features cuda 2>/dev/null | python3 -c '
+import json, sys
+meta = json.load(sys.stdin)
+print(next(p["manifest_path"] for p in meta["packages"] if p["name"] == "cudarc").rsplit("/", 1)[0])')
+grep -ohE 'pub unsafe fn cu[A-Za-z0-9_]+\(' "$cudarc/src/driver/sys/mod.rs" | sed -E 's/pub unsafe fn (.*)\(/void \1(void) {}/' |
+    sort -u >"$link/cuda-stub.c"
+cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$link/libcuda.so" "$link/cuda-stub.c"
+
+# 3. The build. cudarc reads the version from `nvcc --version`; candle's kernels are compiled for
+# CUDA_COMPUTE_CAP (there is no GPU here to ask).
+export PATH=$cuda/bin:$PATH
+export CUDA_ROOT=$cuda CUDA_PATH=$cuda
+export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
+export LIBRARY_PATH=$link${LIBRARY_PATH:+:$LIBRARY_PATH}
+export RUSTFLAGS="${RUSTFLAGS:-} -L native=$link"
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target/cuda}
+cargo build --release --features cuda --bin spotinfer
+echo "$CARGO_TARGET_DIR/release/spotinfer"
