@@ -112,6 +112,10 @@ pub struct ModelArgs {
     /// (candle's BertModel, the reference; any device), `auto` (fused on CPU, candle on CUDA).
     #[arg(long, env = "SPOTINFER_BACKEND", value_enum, default_value = "auto")]
     pub backend: Backend,
+    /// Precision of the encoder: `auto` (f16 on CUDA, f32 on the CPU), `f32`, or `f16` (candle
+    /// backend only). Pooling and normalisation are f32 whatever this says.
+    #[arg(long, env = "SPOTINFER_PRECISION", value_enum, default_value = "auto")]
+    pub precision: Precision,
     /// Largest text accepted, in bytes; larger payloads are recorded as failed. Texts under it are
     /// truncated to the model's token limit, as sentence-transformers does.
     #[arg(long, env = "SPOTINFER_MAX_TEXT_BYTES", default_value_t = 1 << 20)]
@@ -138,6 +142,17 @@ pub enum Backend {
     Fused,
     /// candle's BertModel.
     Candle,
+}
+
+/// The precision of the encoder's matrix products (pooling and normalisation are always f32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Precision {
+    /// f16 on CUDA (tensor cores), f32 on the CPU.
+    Auto,
+    /// f32 everywhere.
+    F32,
+    /// f16 (candle backend only).
+    F16,
 }
 
 /// Model batching settings, shared by `work`, `embed` and `bench`.

@@ -241,15 +241,21 @@ async fn model_dir(m: &ModelArgs) -> anyhow::Result<std::path::PathBuf> {
 
 async fn load_model(m: &ModelArgs) -> anyhow::Result<ModelHandle> {
     let dir = model_dir(m).await?;
-    let (device, backend) = (m.device, m.backend);
+    let (device, backend, precision) = (m.device, m.backend, m.precision);
     let embedder =
-        tokio::task::spawn_blocking(move || Embedder::load_with(&dir, device, backend)).await??;
+        tokio::task::spawn_blocking(move || Embedder::load_as(&dir, device, backend, precision))
+            .await??;
     ModelHandle::spawn(embedder).context("cannot start the model thread")
 }
 
 fn embed(a: EmbedArgs) -> anyhow::Result<()> {
     let records = offline::read_records(&a.input, a.model.max_text_bytes)?;
-    let embedder = Embedder::load_with(&a.model.model, a.model.device, a.model.backend)?;
+    let embedder = Embedder::load_as(
+        &a.model.model,
+        a.model.device,
+        a.model.backend,
+        a.model.precision,
+    )?;
     let (vectors, _) = offline::embed_all(&embedder, &records, a.batch.batch_size)?;
     offline::write_embeddings(&a.output, &records, &vectors)?;
     println!(
@@ -263,7 +269,12 @@ fn embed(a: EmbedArgs) -> anyhow::Result<()> {
 fn bench(a: BenchArgs) -> anyhow::Result<()> {
     let records = offline::read_records(&a.input, a.model.max_text_bytes)?;
     let started = Instant::now();
-    let embedder = Embedder::load_with(&a.model.model, a.model.device, a.model.backend)?;
+    let embedder = Embedder::load_as(
+        &a.model.model,
+        a.model.device,
+        a.model.backend,
+        a.model.precision,
+    )?;
     let load_seconds = started.elapsed().as_secs_f64();
     let report = offline::bench(
         &embedder,

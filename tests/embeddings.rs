@@ -3,7 +3,7 @@
 
 mod common;
 
-use spotinfer::config::{Backend, DeviceChoice};
+use spotinfer::config::{Backend, DeviceChoice, Precision};
 use spotinfer::model::{cosine, Embedder};
 
 struct Reference {
@@ -51,13 +51,34 @@ fn backends() -> Vec<Backend> {
 #[test]
 fn matches_sentence_transformers_in_one_batch_and_alone() {
     for backend in backends() {
-        matches_sentence_transformers(backend);
+        matches_sentence_transformers(backend, Precision::F32);
     }
 }
 
-fn matches_sentence_transformers(backend: Backend) {
+/// The half-precision path `--device cuda` takes by default (f16 products, f32 pooling and
+/// normalisation), run here by candle on the CPU: padded batches must not turn into NaN and the
+/// vectors must hold the same bar.
+#[test]
+fn candle_in_f16_matches_sentence_transformers() {
+    matches_sentence_transformers(Backend::Candle, Precision::F16);
+}
+
+#[test]
+fn the_fused_encoder_refuses_half_precision() {
+    let err = Embedder::load_as(
+        &common::model_dir(),
+        DeviceChoice::Cpu,
+        Backend::Fused,
+        Precision::F16,
+    )
+    .err()
+    .expect("the fused encoder computes in f32 only");
+    assert!(err.to_string().contains("f32 only"), "{err}");
+}
+
+fn matches_sentence_transformers(backend: Backend, precision: Precision) {
     let refs = reference();
-    let model = Embedder::load_with(&common::model_dir(), device(), backend).unwrap();
+    let model = Embedder::load_as(&common::model_dir(), device(), backend, precision).unwrap();
     assert_eq!(model.info().dim, 384);
     assert_eq!(model.info().max_seq_len, 256);
     let texts: Vec<&str> = refs.iter().map(|r| r.text.as_str()).collect();
@@ -78,7 +99,7 @@ fn matches_sentence_transformers(backend: Backend) {
         worst = worst.min(c);
         assert!(c >= 0.999, "single cosine {c} for {:?}", r.text);
     }
-    eprintln!("{backend:?}: worst cosine against sentence-transformers: {worst:.6}");
+    eprintln!("{backend:?} {precision:?}: worst cosine against sentence-transformers: {worst:.6}");
 }
 
 /// The fused encoder against candle's BertModel on texts of every length from 1 word to past

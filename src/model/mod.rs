@@ -14,10 +14,13 @@
 //! so a batch that computes for seconds never stalls the async runtime that keeps Pub/Sub leases,
 //! acks and nacks flowing.
 
-use crate::config::{Backend, DeviceChoice};
+mod candle_bert;
+
+use crate::config::{Backend, DeviceChoice, Precision};
+use candle_bert::CandleBert;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::bert::{BertModel, Config as BertConfig, HiddenAct};
+use candle_transformers::models::bert::{Config as BertConfig, HiddenAct};
 use spotinfer_bert_cpu::{self as bert_cpu, BertError, CpuBert};
 use std::path::{Path, PathBuf};
 use tokenizers::Tokenizer;
@@ -107,9 +110,9 @@ pub struct Embedder {
 /// The code that runs the BERT encoder.
 enum Engine {
     /// The fused CPU encoder.
-    Fused(CpuBert),
-    /// candle's `BertModel`, on any candle device.
-    Candle { model: BertModel, device: Device },
+    Fused(Box<CpuBert>),
+    /// The candle encoder, on any candle device.
+    Candle(CandleBert),
 }
 
 impl Embedder {
@@ -125,6 +128,17 @@ impl Embedder {
         dir: &Path,
         device: DeviceChoice,
         backend: Backend,
+    ) -> Result<Self, ModelError> {
+        Self::load_as(dir, device, backend, Precision::Auto)
+    }
+
+    /// [`Embedder::load_with`] with a chosen precision for the encoder's matrix products:
+    /// `auto` is f16 on CUDA and f32 on the CPU; pooling and normalisation are always f32.
+    pub fn load_as(
+        dir: &Path,
+        device: DeviceChoice,
+        backend: Backend,
+        precision: Precision,
     ) -> Result<Self, ModelError> {
         let device = select_device(device)?;
         let config_path = dir.join("config.json");
@@ -171,6 +185,12 @@ impl Embedder {
             Backend::Candle => false,
             Backend::Auto => device.is_cpu(),
         };
+        let dtype = match precision {
+            Precision::F32 => DType::F32,
+            Precision::F16 => DType::F16,
+            Precision::Auto if device.is_cpu() => DType::F32,
+            Precision::Auto => DType::F16,
+        };
         let backend = if fused {
             if !device.is_cpu() {
                 return Err(ModelError::Config {
@@ -178,20 +198,23 @@ impl Embedder {
                     message: "the fused backend runs on the CPU only (use --backend candle)".into(),
                 });
             }
-            Engine::Fused(CpuBert::load(
+            if dtype != DType::F32 {
+                return Err(ModelError::Config {
+                    path: dir.to_path_buf(),
+                    message: "the fused backend computes in f32 only (use --precision f32, or --backend candle)".into(),
+                });
+            }
+            Engine::Fused(Box::new(CpuBert::load(
                 &weights_path,
                 bert_dims(&config, &config_path)?,
-            )?)
+            )?))
         } else {
             let bytes = std::fs::read(&weights_path).map_err(|source| ModelError::File {
                 path: weights_path.clone(),
                 source,
             })?;
-            let vb = VarBuilder::from_buffered_safetensors(bytes, DType::F32, &device)?;
-            Engine::Candle {
-                model: BertModel::load(vb, &config)?,
-                device: device.clone(),
-            }
+            let vb = VarBuilder::from_buffered_safetensors(bytes, dtype, &device)?;
+            Engine::Candle(CandleBert::load(vb, &config)?)
         };
         let name = dir
             .file_name()
@@ -203,7 +226,7 @@ impl Embedder {
             max_seq_len,
             device: match backend {
                 Engine::Fused(_) => "Cpu (fused)".into(),
-                Engine::Candle { .. } => format!("{device:?} (candle)"),
+                Engine::Candle(_) => format!("{device:?} (candle, {dtype:?})"),
             },
         };
         Ok(Self {
@@ -253,7 +276,7 @@ impl Embedder {
                     .collect();
                 bert.embed(&batch)?
             }
-            Engine::Candle { model, device } => candle_embed(model, device, &encodings)?,
+            Engine::Candle(model) => candle_embed(model, &encodings)?,
         };
         Ok(Embedded {
             vectors,
@@ -263,10 +286,10 @@ impl Embedder {
     }
 }
 
-/// candle's BERT on a padded batch (to the longest text), mean-pooled over the attention mask.
+/// The candle encoder on a padded batch (to the longest text), mean-pooled over the attention
+/// mask and normalised in f32.
 fn candle_embed(
-    model: &BertModel,
-    device: &Device,
+    model: &CandleBert,
     encodings: &[tokenizers::Encoding],
 ) -> Result<Vec<Vec<f32>>, ModelError> {
     let n = encodings.len();
@@ -280,16 +303,13 @@ fn candle_embed(
         types[row.clone()].copy_from_slice(e.get_type_ids());
         mask[row].fill(1);
     }
+    let device = model.device();
     let ids = Tensor::from_vec(ids, (n, len), device)?;
     let types = Tensor::from_vec(types, (n, len), device)?;
     let mask = Tensor::from_vec(mask, (n, len), device)?;
-    let hidden = model.forward(&ids, &types, Some(&mask))?; // (n, len, dim)
-    let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?; // (n, len, 1)
-    let summed = hidden.broadcast_mul(&mask)?.sum(1)?; // (n, dim)
-    let counts = mask.sum(1)?; // (n, 1)
-    let mean = summed.broadcast_div(&counts)?;
-    let norm = mean.sqr()?.sum_keepdim(1)?.sqrt()?.clamp(1e-12, f32::MAX)?;
-    Ok(mean.broadcast_div(&norm)?.to_vec2::<f32>()?)
+    let hidden = model.forward(&ids, &types, &mask)?; // (n, len, dim)
+    let pooled = candle_bert::mean_pool(&hidden, &mask)?;
+    Ok(candle_bert::l2_normalize(&pooled)?.to_vec2::<f32>()?)
 }
 
 fn bert_dims(c: &BertConfig, path: &Path) -> Result<bert_cpu::Dims, ModelError> {

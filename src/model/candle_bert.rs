@@ -1,0 +1,170 @@
+//! The BERT encoder on candle: the CUDA backend, and on the CPU the reference the fused encoder
+//! is measured against.
+//!
+//! Written here rather than taken from `candle_transformers::models::bert` because that model
+//! cannot run in half precision: it builds the attention mask as `(1 - mask) * f32::MIN` in the
+//! model's dtype, and `f32::MIN` is `-inf` in f16, so every unmasked position becomes
+//! `0 * -inf = NaN`. Here the mask bias uses the dtype's own finite minimum, the matrix products
+//! run in the chosen dtype (f16 on CUDA by default: tensor cores), layer norm and softmax
+//! accumulate in f32 (candle's kernels do), and the caller pools in f32. Q, K and V are one
+//! matrix product.
+
+use candle_core::{DType, Device, Module, Result, Tensor, D};
+use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
+use candle_transformers::models::bert::Config;
+
+/// A loaded BERT encoder.
+pub struct CandleBert {
+    words: Embedding,
+    positions: Embedding,
+    types: Embedding,
+    norm: LayerNorm,
+    layers: Vec<Layer>,
+    heads: usize,
+    dtype: DType,
+}
+
+struct Layer {
+    qkv: Linear,
+    attention_out: Linear,
+    attention_norm: LayerNorm,
+    intermediate: Linear,
+    output: Linear,
+    output_norm: LayerNorm,
+}
+
+impl CandleBert {
+    /// Loads the weights (with or without the `bert.` prefix some checkpoints carry), in the
+    /// VarBuilder's dtype.
+    pub fn load(vb: VarBuilder, config: &Config) -> Result<Self> {
+        let vb = if vb.contains_tensor("embeddings.word_embeddings.weight") {
+            vb
+        } else {
+            vb.pp("bert")
+        };
+        let (d, eps) = (config.hidden_size, config.layer_norm_eps);
+        let emb = vb.pp("embeddings");
+        let layers = (0..config.num_hidden_layers)
+            .map(|i| Layer::load(vb.pp(format!("encoder.layer.{i}")), config))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            words: candle_nn::embedding(config.vocab_size, d, emb.pp("word_embeddings"))?,
+            positions: candle_nn::embedding(
+                config.max_position_embeddings,
+                d,
+                emb.pp("position_embeddings"),
+            )?,
+            types: candle_nn::embedding(
+                config.type_vocab_size,
+                d,
+                emb.pp("token_type_embeddings"),
+            )?,
+            norm: candle_nn::layer_norm(d, eps, emb.pp("LayerNorm"))?,
+            layers,
+            heads: config.num_attention_heads,
+            dtype: vb.dtype(),
+        })
+    }
+
+    /// The last hidden state `(n, len, dim)` in the model's dtype, for `ids` and `types` of shape
+    /// `(n, len)` (u32) and `mask` `(n, len)` (u32, 1 for a real token, 0 for padding).
+    pub fn forward(&self, ids: &Tensor, types: &Tensor, mask: &Tensor) -> Result<Tensor> {
+        let (_, len) = ids.dims2()?;
+        let positions = Tensor::arange(0u32, len as u32, ids.device())?.unsqueeze(0)?;
+        let x = self
+            .words
+            .forward(ids)?
+            .broadcast_add(&self.positions.forward(&positions)?)?
+            .add(&self.types.forward(types)?)?;
+        let mut x = self.norm.forward(&x)?;
+        let bias = mask_bias(mask, self.dtype)?;
+        for layer in &self.layers {
+            x = layer.forward(&x, &bias, self.heads)?;
+        }
+        Ok(x)
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &Device {
+        self.words.embeddings().device()
+    }
+}
+
+impl Layer {
+    fn load(vb: VarBuilder, c: &Config) -> Result<Self> {
+        let (d, eps) = (c.hidden_size, c.layer_norm_eps);
+        let att = vb.pp("attention");
+        let qkv = ["query", "key", "value"]
+            .iter()
+            .map(|n| candle_nn::linear(d, d, att.pp("self").pp(*n)))
+            .collect::<Result<Vec<_>>>()?;
+        let weight = Tensor::cat(&qkv.iter().map(|l| l.weight()).collect::<Vec<_>>(), 0)?;
+        let bias = qkv
+            .iter()
+            .map(|l| l.bias().cloned())
+            .collect::<Option<Vec<_>>>();
+        let bias = bias.map(|b| Tensor::cat(&b, 0)).transpose()?;
+        Ok(Self {
+            qkv: Linear::new(weight, bias),
+            attention_out: candle_nn::linear(d, d, att.pp("output.dense"))?,
+            attention_norm: candle_nn::layer_norm(d, eps, att.pp("output.LayerNorm"))?,
+            intermediate: candle_nn::linear(d, c.intermediate_size, vb.pp("intermediate.dense"))?,
+            output: candle_nn::linear(c.intermediate_size, d, vb.pp("output.dense"))?,
+            output_norm: candle_nn::layer_norm(d, eps, vb.pp("output.LayerNorm"))?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor, bias: &Tensor, heads: usize) -> Result<Tensor> {
+        let (n, len, d) = x.dims3()?;
+        let head_dim = d / heads;
+        // (n, len, 3d) -> (3, n, heads, len, head_dim)
+        let qkv = self
+            .qkv
+            .forward(x)?
+            .reshape((n, len, 3, heads, head_dim))?
+            .permute((2, 0, 3, 1, 4))?;
+        let scale = 1.0 / (head_dim as f64).sqrt();
+        let q = (qkv.get(0)?.contiguous()? * scale)?;
+        let k = qkv.get(1)?.contiguous()?;
+        let v = qkv.get(2)?.contiguous()?;
+        let scores = q.matmul(&k.t()?)?.broadcast_add(bias)?;
+        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+        let context = probs.matmul(&v)?.transpose(1, 2)?.reshape((n, len, d))?;
+        let x = self
+            .attention_norm
+            .forward(&(self.attention_out.forward(&context)? + x)?)?;
+        let h = self.intermediate.forward(&x)?.gelu_erf()?;
+        self.output_norm.forward(&(self.output.forward(&h)? + x)?)
+    }
+}
+
+/// `(n, 1, 1, len)`: 0 where a token is real, the dtype's most negative finite value where it is
+/// padding, so softmax gives padding zero weight without producing NaN.
+fn mask_bias(mask: &Tensor, dtype: DType) -> Result<Tensor> {
+    let floor = match dtype {
+        DType::F16 => -65504.0,
+        DType::BF16 => -3.38e38,
+        _ => f32::MIN as f64,
+    };
+    let (n, len) = mask.dims2()?;
+    let padding = (1.0 - mask.to_dtype(DType::F32)?)?;
+    (padding * floor)?.to_dtype(dtype)?.reshape((n, 1, 1, len))
+}
+
+/// Mean of `hidden` `(n, len, dim)` over the real tokens of `mask` `(n, len)`, in f32.
+pub fn mean_pool(hidden: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    let hidden = hidden.to_dtype(DType::F32)?;
+    let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?; // (n, len, 1)
+    let summed = hidden.broadcast_mul(&mask)?.sum(1)?; // (n, dim)
+    summed.broadcast_div(&mask.sum(1)?)
+}
+
+/// Each row of `x` `(n, dim)` scaled to unit length, in f32.
+pub fn l2_normalize(x: &Tensor) -> Result<Tensor> {
+    let norm = x
+        .sqr()?
+        .sum_keepdim(D::Minus1)?
+        .sqrt()?
+        .clamp(1e-12, f32::MAX)?;
+    x.broadcast_div(&norm)
+}
