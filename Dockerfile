@@ -25,8 +25,7 @@ RUN mkdir src && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
     && rm -rf src
 COPY src ./src
 COPY migrations ./migrations
-COPY scripts/emulator-fix ./scripts/emulator-fix
-RUN touch src/main.rs src/lib.rs && cargo build --release --locked
+RUN touch src/main.rs src/lib.rs && cargo build --release --locked --bin spotinfer
 
 # --- CPU runtime ---
 FROM debian:bookworm-slim AS cpu
@@ -66,8 +65,7 @@ RUN mkdir src && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
     && rm -rf src
 COPY src ./src
 COPY migrations ./migrations
-COPY scripts/emulator-fix ./scripts/emulator-fix
-RUN touch src/main.rs src/lib.rs && cargo build --release --locked --features cuda
+RUN touch src/main.rs src/lib.rs && cargo build --release --locked --features cuda --bin spotinfer
 
 # --- CUDA runtime ---
 FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu22.04 AS cuda

@@ -4,7 +4,7 @@
 //! their lower-case, dashed twins. Defaults run the local Quick start: the Pub/Sub emulator when
 //! `PUBSUB_EMULATOR_HOST` is set, and a SQLite file in the working directory.
 
-use crate::telemetry::LogFormat;
+use crate::external::telemetry::LogFormat;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -28,6 +28,8 @@ pub struct Cli {
 }
 
 /// The subcommands.
+// Parsed once per process: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Create the topic and subscription (idempotent) and run the database migrations.
@@ -43,7 +45,10 @@ pub enum Command {
     /// Print done/failed counts from the database.
     Status(StatusArgs),
     /// Prove nothing is lost: publish, run K workers under injected faults, verify, report.
-    Loadtest(LoadtestArgs),
+    /// Runs the `spotinfer-loadtest` binary installed beside this one (`crates/loadtest`), with
+    /// these arguments; `spotinfer loadtest --help` lists them.
+    #[command(disable_help_flag = true)]
+    Loadtest(PassThroughArgs),
 }
 
 /// Where Pub/Sub is and which topic and subscription to use.
@@ -334,72 +339,12 @@ pub struct StatusArgs {
     pub job: Option<String>,
 }
 
-/// `spotinfer loadtest`.
+/// Arguments handed unchanged to another program.
 #[derive(Debug, Clone, Args)]
-pub struct LoadtestArgs {
-    /// Google Cloud project used on the emulator.
-    #[arg(long, env = "GOOGLE_CLOUD_PROJECT", default_value = "spotinfer-local")]
-    pub project: String,
-    /// host:port of a running emulator; unset starts one (gcloud's, with the stream-cancel fix).
-    #[arg(long, env = "PUBSUB_EMULATOR_HOST")]
-    pub emulator_host: Option<String>,
-    /// Results database; unset uses a fresh SQLite file in the work directory.
-    #[arg(long, env = "SPOTINFER_LOADTEST_DATABASE_URL")]
-    pub database_url: Option<String>,
-    #[command(flatten)]
-    #[allow(missing_docs)]
-    pub model: ModelArgs,
-    /// Records to generate (ignored with --input).
-    #[arg(long, default_value_t = 2000)]
-    pub records: usize,
-    /// Read records from this JSONL file instead of generating them.
-    #[arg(long)]
-    pub input: Option<PathBuf>,
-    /// Poison payloads to publish among the records.
-    #[arg(long, default_value_t = 20)]
-    pub poison: usize,
-    /// Worker processes.
-    #[arg(long, default_value_t = 3)]
-    pub workers: usize,
-    /// Seed for the corpus and the fault schedule: the same seed replays the same run.
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// Mean time between worker faults (SIGTERM or SIGKILL of a random worker); 0 disables.
-    #[arg(long, value_parser = parse_duration, default_value = "5s")]
-    pub chaos_interval: Duration,
-    /// Share of worker faults that are SIGKILL rather than SIGTERM.
-    #[arg(long, default_value_t = 0.25)]
-    pub sigkill_ratio: f64,
-    /// Delay before a stopped worker is replaced.
-    #[arg(long, value_parser = parse_duration, default_value = "1s")]
-    pub restart_delay: Duration,
-    /// Length of one database outage (PostgreSQL only, through a cutting proxy); 0 disables.
-    #[arg(long, value_parser = parse_duration, default_value = "0s")]
-    pub db_outage: Duration,
-    /// Drop every Pub/Sub stream this often (through a proxy in front of the emulator); 0 disables.
-    #[arg(long, value_parser = parse_duration, default_value = "0s")]
-    pub stream_drop_every: Duration,
-    /// Latency added to every chunk between the workers and the emulator (a slow server); 0: none.
-    #[arg(long, value_parser = parse_duration, default_value = "0s")]
-    pub emulator_latency: Duration,
-    /// Extra argument for every worker (repeatable), e.g. --worker-arg=--batch-size=16.
-    #[arg(long = "worker-arg", allow_hyphen_values = true)]
-    pub worker_args: Vec<String>,
-    /// Stored vectors recomputed and compared (cosine >= 0.999).
-    #[arg(long, default_value_t = 50)]
-    pub verify_sample: usize,
-    /// A graceful exit slower than this fails the run.
-    #[arg(long, value_parser = parse_duration, default_value = "5s")]
-    pub max_sigterm_exit: Duration,
-    /// Give up (and fail) after this long.
-    #[arg(long, value_parser = parse_duration, default_value = "15m")]
-    pub timeout: Duration,
-    /// Where to write the JSON report.
-    #[arg(long, default_value = "loadtest-report.json")]
-    pub report: PathBuf,
-    /// Work directory for worker logs and the SQLite file (default: a new temporary directory).
-    #[arg(long)]
-    pub workdir: Option<PathBuf>,
+pub struct PassThroughArgs {
+    /// Everything after the command name.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub args: Vec<std::ffi::OsString>,
 }
 
 /// Parses `500ms`, `10s`, `2m`, …

@@ -1,37 +1,26 @@
 //! spotinfer: batch inference on preemptible capacity without losing or duplicating a result.
 //!
-//! The worker is a pipeline whose stages each live in their own module:
+//! Three folders, one question each:
 //!
-//! ```text
-//!  source (Pub/Sub streaming pull)  ->  batcher  ->  model (own thread)  ->  sink (store)
-//!        every message carries an `Ack`; only the sink resolves it, after its commit
-//! ```
+//! * [`pipeline`]: the path one message travels, a stage a file, from the Pub/Sub source to
+//!   the ack after commit:
 //!
-//! * [`source`] pulls messages and parses them into [`record::Record`]s; each carries an [`ack::Ack`].
-//! * [`batcher`] groups records into bounded batches.
-//! * [`model`] runs the embedding model on a dedicated thread behind a channel; its fast CPU
-//!   encoder is the `spotinfer-bert-cpu` crate (`crates/bert-cpu`).
-//! * [`sink`] writes a batch and its failures in one transaction through [`store`], then acks.
-//! * [`shutdown`] turns SIGTERM/SIGINT into a cancellation every stage watches.
-//! * [`worker`] wires the stages together and runs the shutdown sequence.
-//! * [`config`] holds every setting (flags with environment fallbacks), [`telemetry`] logs and metrics.
+//!   ```text
+//!    source  ->  batcher  ->  embed (model stage)  ->  sink
+//!    every message carries an `Ack`; only the sink resolves it, after its commit
+//!   ```
+//!
+//! * [`model`]: tokenization, the encoders behind one `Embedder` (the fused CPU encoder of
+//!   `crates/bert-cpu`, the candle encoder for CUDA), pooling, and the thread that runs them.
+//! * [`external`]: the outside world the pipeline talks to: Pub/Sub, Cloud Storage, the
+//!   database, the early-drain watches, logs and metrics.
+//!
+//! [`config`] holds every setting (flags with environment fallbacks). The commands themselves
+//! (`setup`, `publish`, `work`, …) are thin entry points in the binary's `src/commands/`; the
+//! load test is a crate of its own (`crates/loadtest`), so the worker a user deploys carries no
+//! chaos tooling.
 
-pub mod ack;
-pub mod batcher;
-pub mod chaos;
 pub mod config;
-pub mod drain;
-pub mod emulator;
-pub mod gcs;
-pub mod loadtest;
+pub mod external;
 pub mod model;
-pub mod offline;
-pub mod publish;
-pub mod pubsub;
-pub mod record;
-pub mod shutdown;
-pub mod sink;
-pub mod source;
-pub mod store;
-pub mod telemetry;
-pub mod worker;
+pub mod pipeline;

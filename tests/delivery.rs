@@ -3,14 +3,14 @@
 mod common;
 
 use common::*;
-use spotinfer::batcher::BatchConfig;
 use spotinfer::config::{DeviceChoice, SubscriptionPolicyArgs};
+use spotinfer::external::pubsub::PubsubConfig;
+use spotinfer::external::store::Store;
+use spotinfer::external::telemetry::Metrics;
 use spotinfer::model::{Embedder, ModelHandle};
-use spotinfer::pubsub::PubsubConfig;
-use spotinfer::shutdown::Shutdown;
-use spotinfer::store::Store;
-use spotinfer::telemetry::Metrics;
-use spotinfer::worker::{self, WorkerConfig, WorkerError};
+use spotinfer::pipeline::batcher::BatchConfig;
+use spotinfer::pipeline::shutdown::Shutdown;
+use spotinfer::pipeline::worker::{self, WorkerConfig, WorkerError};
 use std::time::{Duration, Instant};
 
 fn config(cfg: PubsubConfig, exactly_once: bool) -> WorkerConfig {

@@ -97,7 +97,9 @@ async fn drains_early(extra_env: &[(&str, String)], flip: Arc<AtomicBool>, name:
     // Everything it held went back: a second worker finishes the job.
     let mut b = WorkerProcess::start(&args, &db, &["--exit-when-idle", "4s"]);
     assert!(b.wait(Duration::from_secs(240)).0.success());
-    let store = spotinfer::store::Store::connect(&db).await.unwrap();
+    let store = spotinfer::external::store::Store::connect(&db)
+        .await
+        .unwrap();
     assert_eq!(store.status(None).await.unwrap().done, n as i64);
 }
 

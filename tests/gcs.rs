@@ -4,15 +4,15 @@
 mod common;
 
 use common::*;
-use spotinfer::batcher::BatchConfig;
 use spotinfer::config::DeviceChoice;
-use spotinfer::gcs::{Gcs, StorageError, MODEL_FILES};
+use spotinfer::external::gcs::{Gcs, StorageError, MODEL_FILES};
+use spotinfer::external::pubsub::PubsubConfig;
+use spotinfer::external::store::Store;
+use spotinfer::external::telemetry::Metrics;
 use spotinfer::model::{cosine, Embedder, ModelHandle};
-use spotinfer::pubsub::PubsubConfig;
-use spotinfer::shutdown::Shutdown;
-use spotinfer::store::Store;
-use spotinfer::telemetry::Metrics;
-use spotinfer::worker::{self, WorkerConfig};
+use spotinfer::pipeline::batcher::BatchConfig;
+use spotinfer::pipeline::shutdown::Shutdown;
+use spotinfer::pipeline::worker::{self, WorkerConfig};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -221,7 +221,7 @@ async fn storage_outage_nacks_then_recovers() {
     .await;
     assert_eq!(
         store.status(None).await.unwrap(),
-        spotinfer::store::StatusCounts { done: 0, failed: 0 }
+        spotinfer::external::store::StatusCounts { done: 0, failed: 0 }
     );
     gcs_server.restart();
     wait_until(

@@ -5,12 +5,12 @@ mod common;
 use common::*;
 use sha2::{Digest, Sha256};
 use spotinfer::config::{DeviceChoice, PubsubArgs};
+use spotinfer::external::pubsub::PubsubConfig;
+use spotinfer::external::store::{ResultRow, Store};
+use spotinfer::external::telemetry::Metrics;
 use spotinfer::model::{cosine, Embedder, ModelHandle};
-use spotinfer::pubsub::PubsubConfig;
-use spotinfer::shutdown::Shutdown;
-use spotinfer::store::{ResultRow, Store};
-use spotinfer::telemetry::Metrics;
-use spotinfer::worker::{self, Report, WorkerConfig};
+use spotinfer::pipeline::shutdown::Shutdown;
+use spotinfer::pipeline::worker::{self, Report, WorkerConfig};
 use std::time::{Duration, Instant};
 
 fn config_for(args: &PubsubArgs, idle: Option<Duration>) -> WorkerConfig {

@@ -1,30 +1,32 @@
-//! The model backend: all-MiniLM-L6-v2 (BERT) with candle, on its own thread.
+//! The model layer: text in, unit vectors out, exactly as sentence-transformers computes them.
 //!
-//! [`Embedder`] reproduces sentence-transformers exactly: the tokenizer truncates at the model's
-//! `max_seq_length` (256 for this model, not the 128 baked into the package's tokenizer.json) and
-//! pads to the batch's longest text (not to a fixed 128), then the BERT output is mean-pooled over
-//! the attention mask and L2-normalised.
+//! [`Embedder`] tokenizes (truncating at the model's `max_seq_length`: 256 for all-MiniLM-L6-v2,
+//! not the 128 baked into the package's tokenizer.json), runs an encoder, mean-pools over the
+//! attention mask and L2-normalises. Two encoders sit behind it:
 //!
-//! Two backends compute it. On the CPU the default is [`spotinfer_bert_cpu`], an encoder written
-//! for throughput (no padding, fused passes, reused buffers); candle's `BertModel` runs on CUDA,
-//! and on the CPU when asked for (`--backend candle`), as the reference the fast one is
-//! measured against.
+//! * `fused`: the CPU encoder of `crates/bert-cpu`, written for throughput (no padding, fused
+//!   passes, reused buffers), the CPU default;
+//! * `candle_bert`: candle on CUDA (f16 by default) and on the CPU as the reference the fused
+//!   one is measured against.
 //!
-//! [`ModelHandle`] runs an `Embedder` on a dedicated OS thread and talks to it through a channel,
-//! so a batch that computes for seconds never stalls the async runtime that keeps Pub/Sub leases,
-//! acks and nacks flowing.
+//! [`ModelHandle`] (in `thread`) runs an `Embedder` on its own OS thread; [`offline`] embeds and
+//! benchmarks whole files without the pipeline.
 
 mod candle_bert;
+mod fused;
+pub mod offline;
+mod thread;
+
+pub use thread::{ModelHandle, Reply};
 
 use crate::config::{Backend, DeviceChoice, Precision};
 use candle_bert::CandleBert;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::bert::{Config as BertConfig, HiddenAct};
-use spotinfer_bert_cpu::{self as bert_cpu, BertError, CpuBert};
+use candle_transformers::models::bert::Config as BertConfig;
+use spotinfer_bert_cpu::{self as bert_cpu, CpuBert};
 use std::path::{Path, PathBuf};
 use tokenizers::Tokenizer;
-use tokio::sync::{mpsc, oneshot};
 
 /// Errors loading or running the model.
 #[derive(Debug, thiserror::Error)]
@@ -64,16 +66,6 @@ pub enum ModelError {
     /// The model panicked on a batch.
     #[error("the model panicked: {0}")]
     Panic(String),
-}
-
-impl From<BertError> for ModelError {
-    fn from(e: BertError) -> Self {
-        match e {
-            BertError::File { path, source } => Self::File { path, source },
-            BertError::Weights { path, message } => Self::Config { path, message },
-            BertError::Input(m) => Self::Input(m),
-        }
-    }
 }
 
 /// What the loaded model is, for result rows and logs.
@@ -206,7 +198,7 @@ impl Embedder {
             }
             Engine::Fused(Box::new(CpuBert::load(
                 &weights_path,
-                bert_dims(&config, &config_path)?,
+                fused::bert_dims(&config, &config_path)?,
             )?))
         } else {
             let bytes = std::fs::read(&weights_path).map_err(|source| ModelError::File {
@@ -312,28 +304,6 @@ fn candle_embed(
     Ok(candle_bert::l2_normalize(&pooled)?.to_vec2::<f32>()?)
 }
 
-fn bert_dims(c: &BertConfig, path: &Path) -> Result<bert_cpu::Dims, ModelError> {
-    if c.hidden_act != HiddenAct::Gelu {
-        return Err(ModelError::Config {
-            path: path.to_path_buf(),
-            message: format!(
-                "hidden_act {:?}: the fused backend implements erf GELU only (use --backend candle)",
-                c.hidden_act
-            ),
-        });
-    }
-    Ok(bert_cpu::Dims {
-        hidden: c.hidden_size,
-        heads: c.num_attention_heads,
-        intermediate: c.intermediate_size,
-        layers: c.num_hidden_layers,
-        vocab: c.vocab_size,
-        max_positions: c.max_position_embeddings,
-        type_vocab: c.type_vocab_size,
-        eps: c.layer_norm_eps as f32,
-    })
-}
-
 fn select_device(choice: DeviceChoice) -> Result<Device, ModelError> {
     match choice {
         DeviceChoice::Cpu => Ok(Device::Cpu),
@@ -358,85 +328,6 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ModelErro
         path: path.to_path_buf(),
         message: e.to_string(),
     })
-}
-
-struct Job {
-    texts: Vec<String>,
-    reply: oneshot::Sender<Result<Embedded, ModelError>>,
-}
-
-/// A handle to the model thread. Cheap to clone; the thread stops when every handle is dropped.
-#[derive(Clone)]
-pub struct ModelHandle {
-    tx: mpsc::Sender<Job>,
-    info: ModelInfo,
-}
-
-impl ModelHandle {
-    /// Moves `embedder` onto a new thread named `model` and returns a handle to it.
-    pub fn spawn(embedder: Embedder) -> std::io::Result<Self> {
-        let info = embedder.info().clone();
-        // One job queued while one computes: enough to keep the model busy, little to discard
-        // on shutdown.
-        let (tx, mut rx) = mpsc::channel::<Job>(1);
-        std::thread::Builder::new()
-            .name("model".into())
-            .spawn(move || {
-                while let Some(job) = rx.blocking_recv() {
-                    if job.reply.is_closed() {
-                        continue; // the caller gave up (shutdown): skip the work
-                    }
-                    let texts: Vec<&str> = job.texts.iter().map(String::as_str).collect();
-                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        embedder.embed(&texts)
-                    }))
-                    .unwrap_or_else(|p| Err(ModelError::Panic(panic_message(&p))));
-                    let _ = job.reply.send(result);
-                }
-            })?;
-        Ok(Self { tx, info })
-    }
-
-    /// What the model is.
-    pub fn info(&self) -> &ModelInfo {
-        &self.info
-    }
-
-    /// Embeds `texts` on the model thread.
-    pub async fn embed(&self, texts: Vec<String>) -> Result<Embedded, ModelError> {
-        self.submit(texts).await?.wait().await
-    }
-
-    /// Queues `texts` for the model thread and returns at once with the [`Reply`] to wait on, so
-    /// the caller can queue the next batch while this one computes. Waits only while the model
-    /// already has a batch computing and one queued.
-    pub async fn submit(&self, texts: Vec<String>) -> Result<Reply, ModelError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Job { texts, reply })
-            .await
-            .map_err(|_| ModelError::Stopped)?;
-        Ok(Reply(rx))
-    }
-}
-
-/// The result of a batch queued with [`ModelHandle::submit`]. Dropping it cancels the work if
-/// the model has not started it.
-#[derive(Debug)]
-pub struct Reply(oneshot::Receiver<Result<Embedded, ModelError>>);
-
-impl Reply {
-    /// Waits for the vectors.
-    pub async fn wait(self) -> Result<Embedded, ModelError> {
-        self.0.await.map_err(|_| ModelError::Stopped)?
-    }
-}
-
-fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into())
 }
 
 /// Cosine similarity of two vectors (1.0 for identical directions).

@@ -3,11 +3,11 @@
 #![allow(dead_code)]
 
 use google_cloud_pubsub::model::Message;
-use spotinfer::batcher::BatchConfig;
-use spotinfer::chaos::Proxy;
 use spotinfer::config::PubsubArgs;
-use spotinfer::pubsub::PubsubConfig;
-use spotinfer::worker::WorkerConfig;
+use spotinfer::external::pubsub::PubsubConfig;
+use spotinfer::pipeline::batcher::BatchConfig;
+use spotinfer::pipeline::worker::WorkerConfig;
+use spotinfer_chaos::Proxy;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};

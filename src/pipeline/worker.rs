@@ -3,7 +3,7 @@
 //! Shutdown, in order, once the [`Shutdown`] is cancelled (SIGTERM, SIGINT or idle):
 //! 1. sources stop pulling, read out what the server already pushed into the stream buffers,
 //!    and their streaming pulls are closed; batcher and model stage drop what they hold. All
-//!    these messages stay leased: NACKs of dropped acks are held back ([`crate::ack::NackHold`]),
+//!    these messages stay leased: NACKs of dropped acks are held back ([`crate::pipeline::ack::NackHold`]),
 //!    because a NACK sent before the server has seen a stream's cancel can redeliver the message
 //!    into that dead stream;
 //! 2. the sink finishes the commit in flight, if any, and acks it;
@@ -14,14 +14,15 @@
 //! Steps 2–3 share one budget (`--shutdown-timeout`); whatever has not finished by then is left
 //! to Pub/Sub's redelivery, which the idempotent UPSERT makes safe.
 
-use crate::batcher::{self, Batch, BatchConfig};
+use crate::external::pubsub::{PubsubConfig, QueueError};
+use crate::external::store::Store;
+use crate::external::telemetry::{Counts, Metrics};
 use crate::model::ModelHandle;
-use crate::pubsub::{PubsubConfig, QueueError};
-use crate::shutdown::Shutdown;
-use crate::sink::{self, Outcome, SinkConfig};
-use crate::source;
-use crate::store::Store;
-use crate::telemetry::{Counts, Metrics};
+use crate::pipeline::batcher::{self, BatchConfig};
+use crate::pipeline::embed;
+use crate::pipeline::shutdown::Shutdown;
+use crate::pipeline::sink::{self, SinkConfig};
+use crate::pipeline::source;
 use google_cloud_pubsub::subscriber::ShutdownBehavior;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -100,14 +101,14 @@ pub async fn run(
     let max = cfg.batch.max_records.max(1);
 
     let (dtx, drx) = mpsc::channel(max * 2);
-    let nack_hold = crate::ack::NackHold::new(shutdown.clone());
+    let nack_hold = crate::pipeline::ack::NackHold::new(shutdown.clone());
     // On every way out of `run`, the NACKs held since the shutdown began are released.
     let held_nacks = nack_hold.release_on_drop();
     let mut sources = Vec::new();
     let mut tokens = Vec::new();
     let ctx = source::SourceContext {
         max_text_bytes: cfg.max_text_bytes,
-        inputs: Arc::new(crate::gcs::InputReader::new(
+        inputs: Arc::new(crate::external::gcs::InputReader::new(
             cfg.storage_emulator_host.clone(),
             cfg.max_object_bytes,
         )),
@@ -135,7 +136,7 @@ pub async fn run(
     let (btx, brx) = mpsc::channel(1);
     let batcher = tokio::spawn(batcher::run(drx, btx, cfg.batch, shutdown.clone()));
     let (otx, orx) = mpsc::channel(1);
-    let stage = tokio::spawn(embed_stage(
+    let stage = tokio::spawn(embed::run(
         brx,
         otx,
         model.clone(),
@@ -231,116 +232,6 @@ pub async fn run(
     match failure {
         Some(e) => Err(e.into()),
         None => Ok(report),
-    }
-}
-
-/// A batch whose texts are at the model, waiting for their vectors.
-struct AtModel {
-    records: Vec<crate::batcher::Pending>,
-    rejected: Vec<crate::batcher::Rejected>,
-    /// The model's reply; none for a batch of rejected payloads only.
-    reply: Option<Result<crate::model::Reply, crate::model::ModelError>>,
-}
-
-/// The model stage, in two tasks so the model never waits on the pipeline: one queues each
-/// batch at the model thread as soon as it has room (one batch computing, one queued), the
-/// other collects results in order and hands them to the sink. So batch n+1 computes while
-/// batch n commits. A model error NACKs the batch's records (their rejected payloads still go to
-/// the sink).
-async fn embed_stage(
-    rx: mpsc::Receiver<Batch>,
-    tx: mpsc::Sender<Outcome>,
-    model: ModelHandle,
-    metrics: Arc<Metrics>,
-    shutdown: Shutdown,
-) {
-    let (qtx, qrx) = mpsc::channel(1);
-    let submit = submit_batches(rx, qtx, model, metrics.clone(), shutdown.clone());
-    let collect = collect_results(qrx, tx, metrics, shutdown);
-    tokio::join!(submit, collect);
-}
-
-async fn submit_batches(
-    mut rx: mpsc::Receiver<Batch>,
-    tx: mpsc::Sender<AtModel>,
-    model: ModelHandle,
-    metrics: Arc<Metrics>,
-    shutdown: Shutdown,
-) {
-    loop {
-        let Some(batch) = crate::shutdown::recv(&mut rx, &shutdown).await else {
-            return;
-        };
-        let Batch { records, rejected } = batch;
-        let mut at = AtModel {
-            records,
-            rejected,
-            reply: None,
-        };
-        if !at.records.is_empty() {
-            metrics.batch_size.observe(at.records.len() as f64);
-            let texts = at.records.iter().map(|p| p.record.text.clone()).collect();
-            at.reply = Some(tokio::select! {
-                biased;
-                // Dropping the records NACKs them.
-                _ = shutdown.cancelled() => return,
-                r = model.submit(texts) => r,
-            });
-        }
-        if !crate::shutdown::send(&tx, at, &shutdown).await {
-            return;
-        }
-    }
-}
-
-async fn collect_results(
-    mut rx: mpsc::Receiver<AtModel>,
-    tx: mpsc::Sender<Outcome>,
-    metrics: Arc<Metrics>,
-    shutdown: Shutdown,
-) {
-    loop {
-        let Some(at) = crate::shutdown::recv(&mut rx, &shutdown).await else {
-            return;
-        };
-        let AtModel {
-            records,
-            rejected,
-            reply,
-        } = at;
-        let mut outcome = Outcome {
-            done: Vec::with_capacity(records.len()),
-            rejected,
-        };
-        if let Some(reply) = reply {
-            let result = match reply {
-                Ok(reply) => tokio::select! {
-                    biased;
-                    // Dropping the records NACKs them; the model thread skips or finishes the work.
-                    _ = shutdown.cancelled() => return,
-                    r = reply.wait() => r,
-                },
-                Err(e) => Err(e),
-            };
-            match result {
-                Ok(embedded) => {
-                    metrics.inference_seconds.observe(embedded.seconds);
-                    metrics.tokens(embedded.tokens as u64);
-                    outcome.done = records.into_iter().zip(embedded.vectors).collect();
-                }
-                Err(e) => {
-                    metrics.model_error();
-                    tracing::error!(error = %e, records = records.len(), "model failed; nacking the batch for redelivery");
-                    drop(records);
-                }
-            }
-        }
-        if outcome.is_empty() {
-            continue;
-        }
-        if !crate::shutdown::send(&tx, outcome, &shutdown).await {
-            return;
-        }
     }
 }
 

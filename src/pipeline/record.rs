@@ -89,7 +89,7 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
     let has_text = !matches!(map.get("text"), None | Some(Value::Null));
     if !has_text && !matches!(map.get("uri"), None | Some(Value::Null)) {
         let uri = required_string(&map, "uri")?;
-        if crate::gcs::parse_uri(uri).is_err() {
+        if crate::external::gcs::parse_uri(uri).is_err() {
             return Err(RecordError::BadUri(uri.to_owned()));
         }
         return Ok(Record {

@@ -1,4 +1,4 @@
-//! Fault injection for the load test (and the tests): a TCP proxy that can cut every connection
+//! Fault injection for spotinfer's load test and tests: a TCP proxy that can cut every connection
 //! through it and refuse new ones.
 //!
 //! Put in front of PostgreSQL it is a database outage exactly as a worker sees one (connections
@@ -35,6 +35,8 @@ impl Proxy {
         let accept = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
+                    // Out of descriptors, say: wait instead of spinning on the error.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 };
                 if !up2.load(Ordering::SeqCst) {
@@ -102,7 +104,9 @@ impl Proxy {
     }
 }
 
-/// Copies `from` to `to`, sleeping the current latency before each chunk.
+/// Copies `from` to `to`, sleeping the current latency before each chunk. Not
+/// `tokio::io::copy_bidirectional`: that one cannot delay each chunk, and the latency can change
+/// while a connection is open.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,

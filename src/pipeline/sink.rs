@@ -6,79 +6,13 @@
 //! so a dead database is not hammered. On shutdown a commit already in flight is finished and
 //! acked; outcomes still queued are dropped (NACKed).
 
-use crate::batcher::{Pending, Rejected};
-use crate::shutdown::Shutdown;
-use crate::store::{FailureRow, ResultRow, Store};
-use crate::telemetry::Metrics;
-use sha2::{Digest, Sha256};
+use crate::external::store::Store;
+use crate::external::telemetry::Metrics;
+use crate::pipeline::message::Outcome;
+use crate::pipeline::shutdown::Shutdown;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
-
-/// A batch after the model: records with their vectors, and rejected payloads.
-#[derive(Debug, Default)]
-pub struct Outcome {
-    /// Valid records and their embeddings.
-    pub done: Vec<(Pending, Vec<f32>)>,
-    /// Invalid payloads.
-    pub rejected: Vec<Rejected>,
-}
-
-impl Outcome {
-    /// Whether there is nothing to commit.
-    pub fn is_empty(&self) -> bool {
-        self.done.is_empty() && self.rejected.is_empty()
-    }
-
-    /// The rows to write.
-    pub fn rows(&self, model: &str) -> (Vec<ResultRow>, Vec<FailureRow>) {
-        let results = self
-            .done
-            .iter()
-            .map(|(p, v)| ResultRow {
-                record_id: p.record.id.clone(),
-                embedding: v.clone(),
-                model: model.to_string(),
-                job: p.record.job.clone(),
-                input_sha256: hex::encode(Sha256::digest(p.record.text.as_bytes())),
-                message_id: p.meta.message_id.clone(),
-                publish_time_us: p.meta.publish_time_us,
-            })
-            .collect();
-        let failures = self
-            .rejected
-            .iter()
-            .map(|r| {
-                let (record_id, job) = crate::record::salvage_keys(&r.data);
-                FailureRow {
-                    message_id: r.meta.message_id.clone(),
-                    record_id,
-                    job,
-                    error: r.error.to_string(),
-                    payload: r.data.to_vec(),
-                    publish_time_us: r.meta.publish_time_us,
-                }
-            })
-            .collect();
-        (results, failures)
-    }
-
-    /// Acks every message: call only after the commit. With `confirm`, waits for exactly-once
-    /// confirmations and returns how many were not confirmed.
-    async fn ack_all(self, confirm: bool) -> usize {
-        let acks = self
-            .done
-            .into_iter()
-            .map(|(p, _)| p.ack)
-            .chain(self.rejected.into_iter().map(|r| r.ack));
-        if !confirm {
-            acks.for_each(crate::ack::Ack::ack);
-            return 0;
-        }
-        let results = futures::future::join_all(acks.map(crate::ack::Ack::confirmed_ack)).await;
-        results.iter().filter(|r| r.is_err()).count()
-    }
-}
 
 /// Sink settings.
 #[derive(Debug, Clone)]
@@ -104,7 +38,7 @@ pub async fn run(
 ) {
     let mut backoff = BACKOFF_START;
     loop {
-        let Some(outcome) = crate::shutdown::recv(&mut rx, &shutdown).await else {
+        let Some(outcome) = crate::pipeline::shutdown::recv(&mut rx, &shutdown).await else {
             return;
         };
         // Not raced against shutdown: a commit in flight finishes and is acked.

@@ -1,10 +1,54 @@
 //! CI-sized runs of `spotinfer loadtest`: real emulator, real PostgreSQL/SQLite, real worker
 //! processes, real faults. The big run is documented in the README.
+//!
+//! They go through `spotinfer loadtest`, so the hand-over from the worker binary to this crate's
+//! binary is tested too: both must be built (`cargo test --workspace` builds them).
 
-mod common;
-
-use common::*;
+use std::path::PathBuf;
 use std::process::Command;
+
+/// The `spotinfer` binary, beside this crate's binary in the target directory.
+fn spotinfer_bin() -> PathBuf {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_spotinfer-loadtest")).with_file_name("spotinfer");
+    assert!(
+        bin.is_file(),
+        "{} missing: build the workspace (cargo test --workspace)",
+        bin.display()
+    );
+    bin
+}
+
+fn model_dir() -> PathBuf {
+    std::env::var_os("SPOTINFER_MODEL")
+        .map(PathBuf::from)
+        .expect("SPOTINFER_MODEL (scripts/test.sh sets it)")
+}
+
+fn emulator() -> String {
+    std::env::var("PUBSUB_EMULATOR_HOST").expect("PUBSUB_EMULATOR_HOST (scripts/test.sh sets it)")
+}
+
+/// A fresh database on the test PostgreSQL (`SPOTINFER_TEST_PG_URL`).
+async fn fresh_pg_database() -> String {
+    let admin = std::env::var("SPOTINFER_TEST_PG_URL").expect("SPOTINFER_TEST_PG_URL");
+    let name = format!(
+        "lt_{}_{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    );
+    let pool = sqlx::PgPool::connect(&admin)
+        .await
+        .expect("connect to test postgres");
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&pool)
+        .await
+        .expect("create database");
+    pool.close().await;
+    let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
+    format!("{base}/{name}")
+}
 
 /// The scenarios run one at a time: each already runs two worker processes on a 2-core machine.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -13,7 +57,7 @@ fn loadtest(extra: &[&str], db: Option<&str>, own_emulator: bool) -> serde_json:
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let report = dir.path().join("report.json");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_spotinfer"));
+    let mut cmd = Command::new(spotinfer_bin());
     cmd.arg("loadtest")
         .args(extra)
         .arg("--report")

@@ -11,75 +11,11 @@
 //! their failure rows in the same transaction. On shutdown whatever the batcher holds is
 //! dropped, which NACKs it at once.
 
-use crate::ack::Ack;
-use crate::record::{Record, RecordError};
-use crate::shutdown::Shutdown;
-use crate::source::{Delivery, MessageMeta};
-use bytes::Bytes;
+use crate::pipeline::message::{Batch, Delivery};
+use crate::pipeline::shutdown::Shutdown;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-
-/// A valid record waiting for its embedding.
-#[derive(Debug)]
-pub struct Pending {
-    /// The record.
-    pub record: Record,
-    /// Its message.
-    pub meta: MessageMeta,
-    /// Its acknowledgement.
-    pub ack: Ack,
-}
-
-/// An invalid payload waiting for its failure row.
-#[derive(Debug)]
-pub struct Rejected {
-    /// Its message.
-    pub meta: MessageMeta,
-    /// Why it is invalid.
-    pub error: RecordError,
-    /// The raw data.
-    pub data: Bytes,
-    /// Its acknowledgement.
-    pub ack: Ack,
-}
-
-/// One model batch plus the rejected payloads that arrived with it.
-#[derive(Debug, Default)]
-pub struct Batch {
-    /// Valid records, shortest text first.
-    pub records: Vec<Pending>,
-    /// Invalid payloads.
-    pub rejected: Vec<Rejected>,
-}
-
-impl Batch {
-    /// Messages in the batch.
-    pub fn len(&self) -> usize {
-        self.records.len() + self.rejected.len()
-    }
-
-    /// Whether the batch holds no message.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    fn push(&mut self, d: Delivery) {
-        match d.payload {
-            Ok(record) => self.records.push(Pending {
-                record,
-                meta: d.meta,
-                ack: d.ack,
-            }),
-            Err(error) => self.rejected.push(Rejected {
-                meta: d.meta,
-                error,
-                data: d.data,
-                ack: d.ack,
-            }),
-        }
-    }
-}
 
 /// Batch bounds.
 #[derive(Debug, Clone, Copy)]
@@ -109,7 +45,7 @@ pub async fn run(
             if !open {
                 return;
             }
-            match crate::shutdown::recv(&mut rx, &shutdown).await {
+            match crate::pipeline::shutdown::recv(&mut rx, &shutdown).await {
                 Some(d) => held.push(d),
                 None => return,
             }
@@ -186,7 +122,11 @@ fn take_batch(held: &mut Vec<Delivery>, max: usize) -> Batch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::telemetry::Metrics;
+    use crate::external::telemetry::Metrics;
+    use crate::pipeline::ack::Ack;
+    use crate::pipeline::message::MessageMeta;
+    use crate::pipeline::record::RecordError;
+    use bytes::Bytes;
 
     fn delivery(i: usize, text: &str, metrics: &std::sync::Arc<Metrics>) -> Delivery {
         let data = format!(r#"{{"id":"r{i}","text":"{text}"}}"#);
@@ -195,7 +135,7 @@ mod tests {
                 message_id: i.to_string(),
                 publish_time_us: 0,
             },
-            payload: crate::record::parse(data.as_bytes(), 1 << 20),
+            payload: crate::pipeline::record::parse(data.as_bytes(), 1 << 20),
             data: Bytes::from(data),
             ack: Ack::detached(metrics.clone()),
         }

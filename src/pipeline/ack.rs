@@ -6,8 +6,8 @@
 //! a panic — NACKs the message, so it is redelivered at once instead of waiting for its lease to
 //! expire. Losing a message therefore takes an explicit, wrong `ack()`, never an oversight.
 
-use crate::shutdown::Shutdown;
-use crate::telemetry::Metrics;
+use crate::external::telemetry::Metrics;
+use crate::pipeline::shutdown::Shutdown;
 use google_cloud_pubsub::subscriber::handler::Handler;
 use std::sync::{Arc, Mutex};
 

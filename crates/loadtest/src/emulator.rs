@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const FIX_SOURCE: &str = include_str!("../scripts/emulator-fix/io/grpc/InternalStatus.java");
+const FIX_SOURCE: &str = include_str!("../../../scripts/emulator-fix/io/grpc/InternalStatus.java");
 
 /// Errors starting the emulator.
 #[derive(Debug, thiserror::Error)]

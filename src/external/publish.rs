@@ -5,8 +5,8 @@
 //! flight, batched by the client) and each one is awaited, so the final count is what Pub/Sub
 //! confirmed.
 
-use crate::pubsub::QueueError;
-use crate::record;
+use crate::external::pubsub::QueueError;
+use crate::pipeline::record;
 use futures::stream::{FuturesUnordered, StreamExt};
 use google_cloud_pubsub::client::Publisher;
 use google_cloud_pubsub::model::Message;

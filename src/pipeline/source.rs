@@ -5,40 +5,18 @@
 //! On shutdown the task stops pulling at once and hands its `MessageStream` back to the worker,
 //! which keeps it alive until the sink's last ack is flushed.
 
-use crate::ack::Ack;
-use crate::gcs::{InputReader, StorageError};
-use crate::pubsub::QueueError;
-use crate::record::{self, Record, RecordError};
-use crate::shutdown::Shutdown;
-use crate::telemetry::Metrics;
-use bytes::Bytes;
+use crate::external::gcs::{InputReader, StorageError};
+use crate::external::pubsub::QueueError;
+use crate::external::telemetry::Metrics;
+use crate::pipeline::ack::Ack;
+use crate::pipeline::message::{Delivery, MessageMeta};
+use crate::pipeline::record::{self, Record, RecordError};
+use crate::pipeline::shutdown::Shutdown;
 use google_cloud_pubsub::subscriber::handler::Handler;
 use google_cloud_pubsub::subscriber::MessageStream;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
-
-/// Where a record came from: enough to order publishes and to key failure rows.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MessageMeta {
-    /// Pub/Sub message id.
-    pub message_id: String,
-    /// Publish time, microseconds since the epoch (0 when unknown).
-    pub publish_time_us: i64,
-}
-
-/// One message on its way through the pipeline.
-#[derive(Debug)]
-pub struct Delivery {
-    /// Message id and publish time.
-    pub meta: MessageMeta,
-    /// The parsed record, or why the payload is invalid.
-    pub payload: Result<Record, RecordError>,
-    /// The raw message data (kept for failure rows).
-    pub data: Bytes,
-    /// Settles the message; only the sink acks.
-    pub ack: Ack,
-}
 
 /// What a source hands back when it stops: its stream (so the leases stay managed until the
 /// worker flushes acks and NACKs the rest) and the messages it drained from the stream's buffer
@@ -69,7 +47,7 @@ pub struct SourceContext {
     /// The subscription, for error messages.
     pub subscription: String,
     /// Where dropped acks park their NACKs while the worker closes its streams.
-    pub nack_hold: crate::ack::NackHold,
+    pub nack_hold: crate::pipeline::ack::NackHold,
 }
 
 /// Pulls from `stream` into `tx` until shutdown, the stream ends, or the receiver goes away.

@@ -1,0 +1,184 @@
+//! `spotinfer-loadtest` (also `spotinfer loadtest`): the one-command proof that a preemption
+//! loses and duplicates nothing.
+//!
+//! It publishes a corpus plus poison payloads to a fresh topic ([`corpus`]), prepares Pub/Sub and
+//! the database with fault-injecting proxies in front ([`stage`]), runs K worker processes of
+//! the `spotinfer` binary ([`workers`]) and, while they work, injects faults on a seeded schedule
+//! ([`faults`]): SIGTERM and SIGKILL of random workers (each replaced after a delay), a database
+//! outage, dropped Pub/Sub streams. Then it verifies every valid record is present exactly once
+//! with a correct vector, every poison payload is in `failed_records`, and nothing is left on the
+//! subscription ([`verify`]), and prints and writes a [`report`]. It exits non-zero when anything
+//! was lost, wrong, left behind, or a graceful exit was slow or non-zero.
+
+mod corpus;
+mod emulator;
+mod faults;
+mod report;
+mod stage;
+mod verify;
+mod workers;
+
+use anyhow::Context;
+use clap::Parser;
+use rand::SeedableRng;
+use spotinfer::config::{parse_duration, DeviceChoice};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Everything the load test takes (the worker's own settings go through `--worker-arg`).
+#[derive(Debug, Clone, Parser)]
+#[command(name = "spotinfer-loadtest", version, about, long_about = None)]
+pub struct Args {
+    /// Google Cloud project used on the emulator.
+    #[arg(long, env = "GOOGLE_CLOUD_PROJECT", default_value = "spotinfer-local")]
+    pub project: String,
+    /// host:port of a running emulator; unset starts one (gcloud's, with the stream-cancel fix).
+    #[arg(long, env = "PUBSUB_EMULATOR_HOST")]
+    pub emulator_host: Option<String>,
+    /// Results database; unset uses a fresh SQLite file in the work directory.
+    #[arg(long, env = "SPOTINFER_LOADTEST_DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// The model the workers load, and that verification recomputes vectors with.
+    #[arg(
+        long,
+        env = "SPOTINFER_MODEL",
+        default_value = "models/all-MiniLM-L6-v2"
+    )]
+    pub model: PathBuf,
+    /// Device for the verification's reference encoder.
+    #[arg(long, env = "SPOTINFER_DEVICE", value_enum, default_value = "auto")]
+    pub device: DeviceChoice,
+    /// The worker binary (default: `spotinfer` beside this one, else on PATH).
+    #[arg(long, env = "SPOTINFER_BIN")]
+    pub worker_bin: Option<PathBuf>,
+    /// Records to generate (ignored with --input).
+    #[arg(long, default_value_t = 2000)]
+    pub records: usize,
+    /// Read records from this JSONL file instead of generating them.
+    #[arg(long)]
+    pub input: Option<PathBuf>,
+    /// Poison payloads to publish among the records.
+    #[arg(long, default_value_t = 20)]
+    pub poison: usize,
+    /// Worker processes.
+    #[arg(long, default_value_t = 3)]
+    pub workers: usize,
+    /// Seed for the corpus and the fault schedule: the same seed replays the same run.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Mean time between worker faults (SIGTERM or SIGKILL of a random worker); 0 disables.
+    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    pub chaos_interval: Duration,
+    /// Share of worker faults that are SIGKILL rather than SIGTERM.
+    #[arg(long, default_value_t = 0.25)]
+    pub sigkill_ratio: f64,
+    /// Delay before a stopped worker is replaced.
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    pub restart_delay: Duration,
+    /// Length of one database outage (PostgreSQL only, through a cutting proxy); 0 disables.
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    pub db_outage: Duration,
+    /// Drop every Pub/Sub stream this often (through a proxy in front of the emulator); 0 disables.
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    pub stream_drop_every: Duration,
+    /// Latency added to every chunk between the workers and the emulator (a slow server); 0: none.
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    pub emulator_latency: Duration,
+    /// Extra argument for every worker (repeatable), e.g. --worker-arg=--batch-size=16.
+    #[arg(long = "worker-arg", allow_hyphen_values = true)]
+    pub worker_args: Vec<String>,
+    /// Stored vectors recomputed and compared (cosine >= 0.999).
+    #[arg(long, default_value_t = 50)]
+    pub verify_sample: usize,
+    /// A graceful exit slower than this fails the run.
+    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    pub max_sigterm_exit: Duration,
+    /// Give up (and fail) after this long.
+    #[arg(long, value_parser = parse_duration, default_value = "15m")]
+    pub timeout: Duration,
+    /// Where to write the JSON report.
+    #[arg(long, default_value = "loadtest-report.json")]
+    pub report: PathBuf,
+    /// Work directory for worker logs and the SQLite file (default: a new temporary directory).
+    #[arg(long)]
+    pub workdir: Option<PathBuf>,
+}
+
+/// Errors that stop the load test before it can judge the run.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadtestError {
+    /// Pub/Sub failed.
+    #[error(transparent)]
+    Queue(#[from] spotinfer::external::pubsub::QueueError),
+    /// The database failed.
+    #[error(transparent)]
+    Store(#[from] spotinfer::external::store::StoreError),
+    /// The emulator could not start.
+    #[error(transparent)]
+    Emulator(#[from] emulator::EmulatorError),
+    /// Files, processes.
+    #[error("{0}")]
+    Io(String),
+    /// The model failed during verification.
+    #[error(transparent)]
+    Model(#[from] spotinfer::model::ModelError),
+    /// Bad input.
+    #[error(transparent)]
+    Offline(#[from] spotinfer::model::offline::OfflineError),
+}
+
+impl From<std::io::Error> for LoadtestError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Io(e.to_string())
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    spotinfer::external::telemetry::init_logging(spotinfer::external::telemetry::LogFormat::Text);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let report_path = args.report.clone();
+    let report = runtime.block_on(run(args))?;
+    println!("{}", report::summary(&report));
+    println!("report: {}", report_path.display());
+    if !report.ok {
+        anyhow::bail!("load test failed: {}", report.problems.join("; "));
+    }
+    Ok(())
+}
+
+/// The whole run: stage, publish, drive the workers under faults, stop them, verify, report.
+async fn run(args: Args) -> Result<report::LoadtestReport, LoadtestError> {
+    let workdir = match &args.workdir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!(
+            "spotinfer-loadtest-{}-{}",
+            std::process::id(),
+            args.seed
+        )),
+    };
+    std::fs::create_dir_all(&workdir)?;
+    let name = format!(
+        "lt-{}-{}",
+        args.seed,
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis())
+    );
+    // One seeded stream for the shuffle and then the fault schedule: a seed replays a run.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
+    let stage = stage::Stage::prepare(&args, &workdir, &name).await?;
+    let published = corpus::publish(&args, &stage.pubsub, &name, &mut rng).await?;
+    let drive = faults::drive(&args, &stage, &published, &workdir, rng).await?;
+    let checked = verify::check(&args, &stage, &published, &name).await?;
+    let report = report::LoadtestReport::new(&args, &published, drive, checked);
+    std::fs::write(
+        &args.report,
+        serde_json::to_vec_pretty(&report).map_err(|e| LoadtestError::Io(e.to_string()))?,
+    )?;
+    drop(stage);
+    Ok(report)
+}

@@ -1,0 +1,173 @@
+//! The verdict on the database and the subscription once the workers are stopped: every valid
+//! record present once with the right input hash and a vector the reference encoder agrees with,
+//! no row for an id never published, every poison payload in `failed_records`, nothing left.
+
+use crate::corpus::Published;
+use crate::stage::Stage;
+use crate::{Args, LoadtestError};
+use sha2::{Digest, Sha256};
+use spotinfer::config::Backend;
+use spotinfer::external::pubsub::PubsubConfig;
+use spotinfer::external::store::StoredEmbedding;
+use spotinfer::model::{cosine, Embedder};
+use spotinfer::pipeline::record::{self, Record};
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+/// What the checks found.
+pub struct Checked {
+    /// Valid records with no row.
+    pub lost: usize,
+    /// Rows with a wrong input hash, dimension or vector.
+    pub wrong: usize,
+    /// Vectors recomputed.
+    pub verified: usize,
+    /// Lowest cosine among them.
+    pub min_cosine: f32,
+    /// Poison payloads with no failure row.
+    pub poison_missing: usize,
+    /// Messages still on the subscription.
+    pub left: usize,
+    /// What went wrong, in words.
+    pub problems: Vec<String>,
+}
+
+/// Runs every check.
+pub async fn check(
+    args: &Args,
+    stage: &Stage,
+    published: &Published,
+    name: &str,
+) -> Result<Checked, LoadtestError> {
+    let rows = stage.store.embeddings().await?;
+    let records = &published.records;
+    let mut problems = Vec::new();
+    let (lost, mut wrong) = missing_and_wrong(records, &rows);
+    let unexpected = unexpected_rows(records, &rows, name);
+    if unexpected > 0 {
+        problems.push(format!("{unexpected} result rows for ids never published"));
+    }
+    let failures = stage.store.failures().await?;
+    let failed_ids: HashSet<&str> = failures.iter().map(|(m, _, _)| m.as_str()).collect();
+    let poison_missing = published
+        .poison_ids
+        .iter()
+        .filter(|m| !failed_ids.contains(m.as_str()))
+        .count();
+    let (verified, min_cosine, bad_vectors) = recompute_sample(args, records, rows).await?;
+    wrong += bad_vectors;
+    let left = count_left(&stage.pubsub, Duration::from_secs(3)).await?;
+    for (n, what) in [
+        (lost, "records lost"),
+        (wrong, "records wrong"),
+        (
+            poison_missing,
+            "poison payloads missing from failed_records",
+        ),
+        (left, "messages left on the subscription"),
+    ] {
+        if n > 0 {
+            problems.push(format!("{n} {what}"));
+        }
+    }
+    Ok(Checked {
+        lost,
+        wrong,
+        verified,
+        min_cosine,
+        poison_missing,
+        left,
+        problems,
+    })
+}
+
+/// Records with no row, and rows whose input hash or dimension is wrong.
+fn missing_and_wrong(
+    records: &[Record],
+    rows: &HashMap<String, StoredEmbedding>,
+) -> (usize, usize) {
+    let (mut lost, mut wrong) = (0, 0);
+    for r in records {
+        match rows.get(&r.id) {
+            None => lost += 1,
+            Some(s) => {
+                if s.input_sha256 != hex::encode(Sha256::digest(r.text.as_bytes()))
+                    || s.embedding.len() != 384
+                {
+                    wrong += 1;
+                }
+            }
+        }
+    }
+    (lost, wrong)
+}
+
+/// Rows of this run for ids that were never published.
+fn unexpected_rows(
+    records: &[Record],
+    rows: &HashMap<String, StoredEmbedding>,
+    name: &str,
+) -> usize {
+    let prefix = format!("{name}-");
+    let ids: HashSet<&str> = records.iter().map(|r| r.id.as_str()).collect();
+    rows.keys()
+        .filter(|k| k.starts_with(&prefix) && !ids.contains(k.as_str()))
+        .count()
+}
+
+/// Recomputes `--verify-sample` stored vectors with the reference (candle) encoder, so the check
+/// is independent of the code that computed them: (vectors compared, lowest cosine, below 0.999).
+async fn recompute_sample(
+    args: &Args,
+    records: &[Record],
+    rows: HashMap<String, StoredEmbedding>,
+) -> Result<(usize, f32, usize), LoadtestError> {
+    let sample: Vec<Record> = records
+        .iter()
+        .step_by((records.len() / args.verify_sample.max(1)).max(1))
+        .take(args.verify_sample)
+        .cloned()
+        .collect();
+    let (model_dir, device) = (args.model.clone(), args.device);
+    tokio::task::spawn_blocking(move || -> Result<(usize, f32, usize), LoadtestError> {
+        let embedder = Embedder::load_with(&model_dir, device, Backend::Candle)?;
+        let (mut n, mut min, mut bad) = (0, 1.0f32, 0);
+        for chunk in sample.chunks(16) {
+            let texts: Vec<&str> = chunk.iter().map(|r| r.text.as_str()).collect();
+            let out = embedder.embed(&texts)?;
+            for (r, v) in chunk.iter().zip(out.vectors) {
+                if let Some(s) = rows.get(&r.id) {
+                    let c = cosine(&s.embedding, &v);
+                    n += 1;
+                    min = min.min(c);
+                    if c < 0.999 {
+                        bad += 1;
+                    }
+                }
+            }
+        }
+        Ok((n, min, bad))
+    })
+    .await
+    .map_err(|e| LoadtestError::Io(e.to_string()))?
+}
+
+/// Pulls for `window` and counts what arrives (nacking it back).
+async fn count_left(ps: &PubsubConfig, window: Duration) -> Result<usize, LoadtestError> {
+    let sub = ps.subscriber(1).await?;
+    let mut stream = sub
+        .subscribe(&ps.subscription)
+        .set_shutdown_behavior(google_cloud_pubsub::subscriber::ShutdownBehavior::NackImmediately)
+        .build();
+    let token = stream.shutdown_token();
+    let deadline = tokio::time::Instant::now() + window;
+    let mut seen = HashSet::new();
+    while let Ok(Some(Ok((m, h)))) = tokio::time::timeout_at(deadline, stream.next()).await {
+        if record::parse(&m.data, usize::MAX).is_ok() || !m.data.is_empty() {
+            seen.insert(m.message_id.clone());
+        }
+        h.nack();
+    }
+    token.shutdown().await;
+    Ok(seen.len())
+}

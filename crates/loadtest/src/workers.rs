@@ -1,0 +1,128 @@
+//! The worker processes: `spotinfer work` children in numbered slots, started and restarted on
+//! schedule, stopped with SIGTERM (the exit timed) or SIGKILL, their peak memory read from /proc.
+
+use crate::report::SigtermExit;
+use crate::stage::Stage;
+use crate::{Args, LoadtestError};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+
+/// A running worker process.
+pub struct Worker {
+    /// The process.
+    pub child: Child,
+    /// When it started (a fault spares workers younger than 2 s).
+    pub started: Instant,
+}
+
+/// One place for a worker: the process, if up, and when to (re)start it.
+pub struct Slot {
+    /// The live worker, if any.
+    pub worker: Option<Worker>,
+    /// When to start the next one.
+    pub restart_at: Option<Instant>,
+    /// Its log file (all its incarnations append to it).
+    pub log: PathBuf,
+}
+
+/// Starts workers with the run's environment.
+pub struct Spawner<'a> {
+    exe: PathBuf,
+    args: &'a Args,
+    stage: &'a Stage,
+}
+
+impl<'a> Spawner<'a> {
+    /// The worker binary: `--worker-bin`, else `spotinfer` beside this binary, else on PATH.
+    pub fn new(args: &'a Args, stage: &'a Stage) -> Self {
+        let exe = args.worker_bin.clone().unwrap_or_else(|| {
+            std::env::current_exe()
+                .ok()
+                .map(|e| e.with_file_name("spotinfer"))
+                .filter(|p| p.is_file())
+                .unwrap_or_else(|| PathBuf::from("spotinfer"))
+        });
+        Self { exe, args, stage }
+    }
+
+    /// `--workers` empty slots, each due to start now.
+    pub fn slots(&self, workdir: &Path) -> Vec<Slot> {
+        (0..self.args.workers.max(1))
+            .map(|i| Slot {
+                worker: None,
+                restart_at: Some(Instant::now()),
+                log: workdir.join(format!("worker-{i}.log")),
+            })
+            .collect()
+    }
+
+    /// Starts `spotinfer work` for slot `slot`, its output appended to `log`.
+    pub fn spawn(&self, slot: usize, log: &Path) -> Result<Worker, LoadtestError> {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
+        let child = Command::new(&self.exe)
+            .arg("work")
+            .args(&self.args.worker_args)
+            .env("PUBSUB_EMULATOR_HOST", &self.stage.worker_emulator)
+            .env("GOOGLE_CLOUD_PROJECT", &self.args.project)
+            .env("SPOTINFER_SUBSCRIPTION", &self.stage.pubsub.subscription)
+            .env("SPOTINFER_TOPIC", &self.stage.pubsub.topic)
+            .env("DATABASE_URL", &self.stage.worker_db)
+            .env("SPOTINFER_MODEL", &self.args.model)
+            .env_remove("SPOTINFER_METRICS_ADDR")
+            .env("SPOTINFER_WORKER_SLOT", slot.to_string())
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .map_err(|e| LoadtestError::Io(format!("cannot start {}: {e}", self.exe.display())))?;
+        Ok(Worker {
+            child,
+            started: Instant::now(),
+        })
+    }
+}
+
+/// Sends SIGTERM and times the exit on a thread of its own.
+pub fn sigterm(
+    worker: usize,
+    mut child: Child,
+    final_stop: bool,
+) -> std::thread::JoinHandle<SigtermExit> {
+    let at = Instant::now();
+    // A child we own and have not reaped: the pid is still ours.
+    let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+    std::thread::spawn(move || {
+        let status = child.wait().ok();
+        SigtermExit {
+            worker,
+            exit_seconds: at.elapsed().as_secs_f64(),
+            code: status.and_then(|s| s.code()),
+            final_stop,
+        }
+    })
+}
+
+/// SIGKILL, and reap.
+pub fn sigkill(mut child: Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Peak resident set (VmHWM) of a live process, KiB; 0 when unreadable.
+pub fn peak_rss(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}

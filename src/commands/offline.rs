@@ -1,0 +1,65 @@
+//! `spotinfer embed` and `spotinfer bench`: the model over a JSONL file, without Pub/Sub.
+
+use spotinfer::config::{BenchArgs, EmbedArgs};
+use spotinfer::model::{offline, Embedder};
+use std::time::Instant;
+
+/// Embeds a file into `{"id", "embedding"}` lines.
+pub async fn embed(mut a: EmbedArgs) -> anyhow::Result<()> {
+    a.model.model = super::model_dir(&a.model).await?;
+    tokio::task::spawn_blocking(move || embed_file(a)).await?
+}
+
+fn embed_file(a: EmbedArgs) -> anyhow::Result<()> {
+    let records = offline::read_records(&a.input, a.model.max_text_bytes)?;
+    let embedder = Embedder::load_as(
+        &a.model.model,
+        a.model.device,
+        a.model.backend,
+        a.model.precision,
+    )?;
+    let (vectors, _) = offline::embed_all(&embedder, &records, a.batch.batch_size)?;
+    offline::write_embeddings(&a.output, &records, &vectors)?;
+    println!(
+        "embedded {} records into {}",
+        records.len(),
+        a.output.display()
+    );
+    Ok(())
+}
+
+/// Measures model throughput; the last line printed is the JSON report.
+pub async fn bench(mut a: BenchArgs) -> anyhow::Result<()> {
+    a.model.model = super::model_dir(&a.model).await?;
+    tokio::task::spawn_blocking(move || bench_file(a)).await?
+}
+
+fn bench_file(a: BenchArgs) -> anyhow::Result<()> {
+    let records = offline::read_records(&a.input, a.model.max_text_bytes)?;
+    let started = Instant::now();
+    let embedder = Embedder::load_as(
+        &a.model.model,
+        a.model.device,
+        a.model.backend,
+        a.model.precision,
+    )?;
+    let load_seconds = started.elapsed().as_secs_f64();
+    let report = offline::bench(
+        &embedder,
+        &records,
+        a.batch.batch_size,
+        a.warmup,
+        load_seconds,
+    )?;
+    println!(
+        "{} records, {} tokens in {:.3} s: {:.1} records/s, {:.0} tokens/s on {}",
+        report.records,
+        report.tokens,
+        report.seconds,
+        report.records_per_s,
+        report.tokens_per_s,
+        report.device
+    );
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}

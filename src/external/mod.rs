@@ -1,0 +1,14 @@
+//! The outside world the pipeline and the commands talk to, each behind its own error type.
+//!
+//! * [`pubsub`]: topic and subscription names, clients, `setup`; [`publish`] a JSONL file;
+//! * [`gcs`]: models and `uri` inputs from Cloud Storage;
+//! * [`store`]: the result and failure tables in PostgreSQL or SQLite;
+//! * [`drain`]: the preemption watches that start a drain before SIGTERM;
+//! * [`telemetry`]: logs, metrics and the `/metrics`, `/healthz`, `/readyz` endpoints.
+
+pub mod drain;
+pub mod gcs;
+pub mod publish;
+pub mod pubsub;
+pub mod store;
+pub mod telemetry;

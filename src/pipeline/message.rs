@@ -1,0 +1,164 @@
+//! What travels down the pipeline: the forms one message takes from stage to stage, each with
+//! the [`Ack`] that settles it riding along, so a reader finds every hand-off type in one place.
+//!
+//! ```text
+//! source ──Delivery──► batcher ──Batch{Pending, Rejected}──► model stage ──Outcome──► sink
+//! ```
+//!
+//! Dropping any of them drops its acks, which NACKs the messages for redelivery; only the sink,
+//! after its commit, acks.
+
+use crate::external::store::{FailureRow, ResultRow};
+use crate::pipeline::ack::Ack;
+use crate::pipeline::record::{Record, RecordError};
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+
+/// Where a record came from: enough to order publishes and to key failure rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageMeta {
+    /// Pub/Sub message id.
+    pub message_id: String,
+    /// Publish time, microseconds since the epoch (0 when unknown).
+    pub publish_time_us: i64,
+}
+
+/// One message on its way through the pipeline.
+#[derive(Debug)]
+pub struct Delivery {
+    /// Message id and publish time.
+    pub meta: MessageMeta,
+    /// The parsed record, or why the payload is invalid.
+    pub payload: Result<Record, RecordError>,
+    /// The raw message data (kept for failure rows).
+    pub data: Bytes,
+    /// Settles the message; only the sink acks.
+    pub ack: Ack,
+}
+
+/// A valid record waiting for its embedding.
+#[derive(Debug)]
+pub struct Pending {
+    /// The record.
+    pub record: Record,
+    /// Its message.
+    pub meta: MessageMeta,
+    /// Its acknowledgement.
+    pub ack: Ack,
+}
+
+/// An invalid payload waiting for its failure row.
+#[derive(Debug)]
+pub struct Rejected {
+    /// Its message.
+    pub meta: MessageMeta,
+    /// Why it is invalid.
+    pub error: RecordError,
+    /// The raw data.
+    pub data: Bytes,
+    /// Its acknowledgement.
+    pub ack: Ack,
+}
+
+/// One model batch plus the rejected payloads that arrived with it.
+#[derive(Debug, Default)]
+pub struct Batch {
+    /// Valid records, shortest text first.
+    pub records: Vec<Pending>,
+    /// Invalid payloads.
+    pub rejected: Vec<Rejected>,
+}
+
+impl Batch {
+    /// Messages in the batch.
+    pub fn len(&self) -> usize {
+        self.records.len() + self.rejected.len()
+    }
+
+    /// Whether the batch holds no message.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub(crate) fn push(&mut self, d: Delivery) {
+        match d.payload {
+            Ok(record) => self.records.push(Pending {
+                record,
+                meta: d.meta,
+                ack: d.ack,
+            }),
+            Err(error) => self.rejected.push(Rejected {
+                meta: d.meta,
+                error,
+                data: d.data,
+                ack: d.ack,
+            }),
+        }
+    }
+}
+
+/// A batch after the model: records with their vectors, and rejected payloads.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Valid records and their embeddings.
+    pub done: Vec<(Pending, Vec<f32>)>,
+    /// Invalid payloads.
+    pub rejected: Vec<Rejected>,
+}
+
+impl Outcome {
+    /// Whether there is nothing to commit.
+    pub fn is_empty(&self) -> bool {
+        self.done.is_empty() && self.rejected.is_empty()
+    }
+
+    /// The rows to write.
+    pub fn rows(&self, model: &str) -> (Vec<ResultRow>, Vec<FailureRow>) {
+        let results = self
+            .done
+            .iter()
+            .map(|(p, v)| ResultRow {
+                record_id: p.record.id.clone(),
+                embedding: v.clone(),
+                model: model.to_string(),
+                job: p.record.job.clone(),
+                input_sha256: hex::encode(Sha256::digest(p.record.text.as_bytes())),
+                message_id: p.meta.message_id.clone(),
+                publish_time_us: p.meta.publish_time_us,
+            })
+            .collect();
+        let failures = self
+            .rejected
+            .iter()
+            .map(|r| {
+                let (record_id, job) = crate::pipeline::record::salvage_keys(&r.data);
+                FailureRow {
+                    message_id: r.meta.message_id.clone(),
+                    record_id,
+                    job,
+                    error: r.error.to_string(),
+                    payload: r.data.to_vec(),
+                    publish_time_us: r.meta.publish_time_us,
+                }
+            })
+            .collect();
+        (results, failures)
+    }
+
+    /// Acks every message: call only after the commit. With `confirm`, waits for exactly-once
+    /// confirmations and returns how many were not confirmed.
+    pub(crate) async fn ack_all(self, confirm: bool) -> usize {
+        let acks = self
+            .done
+            .into_iter()
+            .map(|(p, _)| p.ack)
+            .chain(self.rejected.into_iter().map(|r| r.ack));
+        if !confirm {
+            acks.for_each(crate::pipeline::ack::Ack::ack);
+            return 0;
+        }
+        let results =
+            futures::future::join_all(acks.map(crate::pipeline::ack::Ack::confirmed_ack)).await;
+        results.iter().filter(|r| r.is_err()).count()
+    }
+}
