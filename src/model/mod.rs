@@ -135,78 +135,24 @@ impl Embedder {
         let device = select_device(device)?;
         let config_path = dir.join("config.json");
         let config: BertConfig = read_json(&config_path)?;
-        let st_path = dir.join("sentence_bert_config.json");
-        let st: serde_json::Value = read_json(&st_path)?;
-        let max_seq_len = st
-            .get("max_seq_length")
-            .and_then(|v| v.as_u64())
-            .map(|v| v as usize)
-            .unwrap_or(config.max_position_embeddings)
-            .min(config.max_position_embeddings);
-        let pooling_path = dir.join("1_Pooling").join("config.json");
-        let pooling: serde_json::Value = read_json(&pooling_path)?;
-        if pooling.get("pooling_mode_mean_tokens") != Some(&serde_json::Value::Bool(true)) {
-            return Err(ModelError::Config {
-                path: pooling_path,
-                message: "only mean-token pooling is supported".into(),
-            });
-        }
-
-        let tok_path = dir.join("tokenizer.json");
-        if !tok_path.is_file() {
-            return Err(ModelError::File {
-                path: tok_path,
-                source: std::io::ErrorKind::NotFound.into(),
-            });
-        }
-        let mut tokenizer = Tokenizer::from_file(&tok_path)
-            .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", tok_path.display())))?;
-        // The package's tokenizer.json truncates at 128 and pads to a fixed 128;
-        // sentence-transformers truncates at max_seq_length and pads to the batch's longest.
-        // The fused encoder takes texts unpadded; the candle path pads them itself.
-        let mut truncation = tokenizer.get_truncation().cloned().unwrap_or_default();
-        truncation.max_length = max_seq_len;
-        tokenizer
-            .with_truncation(Some(truncation))
-            .map_err(|e| ModelError::Tokenizer(e.to_string()))?
-            .with_padding(None);
-
-        let weights_path = dir.join("model.safetensors");
-        let fused = match backend {
-            Backend::Fused => true,
-            Backend::Candle => false,
-            Backend::Auto => device.is_cpu(),
-        };
+        let max_seq_len = max_seq_len(dir, &config)?;
+        check_pooling(dir)?;
+        let tokenizer = load_tokenizer(dir, max_seq_len)?;
         let dtype = match precision {
             Precision::F32 => DType::F32,
             Precision::F16 => DType::F16,
             Precision::Auto if device.is_cpu() => DType::F32,
             Precision::Auto => DType::F16,
         };
+        let fused = match backend {
+            Backend::Fused => true,
+            Backend::Candle => false,
+            Backend::Auto => device.is_cpu(),
+        };
         let backend = if fused {
-            if !device.is_cpu() {
-                return Err(ModelError::Config {
-                    path: dir.to_path_buf(),
-                    message: "the fused backend runs on the CPU only (use --backend candle)".into(),
-                });
-            }
-            if dtype != DType::F32 {
-                return Err(ModelError::Config {
-                    path: dir.to_path_buf(),
-                    message: "the fused backend computes in f32 only (use --precision f32, or --backend candle)".into(),
-                });
-            }
-            Engine::Fused(Box::new(CpuBert::load(
-                &weights_path,
-                fused::bert_dims(&config, &config_path)?,
-            )?))
+            load_fused(dir, &config, &device, dtype)?
         } else {
-            let bytes = std::fs::read(&weights_path).map_err(|source| ModelError::File {
-                path: weights_path.clone(),
-                source,
-            })?;
-            let vb = VarBuilder::from_buffered_safetensors(bytes, dtype, &device)?;
-            Engine::Candle(CandleBert::load(vb, &config)?)
+            load_candle(dir, &config, &device, dtype)?
         };
         let name = dir
             .file_name()
@@ -302,6 +248,93 @@ fn candle_embed(
     let hidden = model.forward(&ids, &types, &mask)?; // (n, len, dim)
     let pooled = candle_bert::mean_pool(&hidden, &mask)?;
     Ok(candle_bert::l2_normalize(&pooled)?.to_vec2::<f32>()?)
+}
+
+/// The token limit: `sentence_bert_config.json`'s `max_seq_length`, never past the positions the
+/// model has.
+fn max_seq_len(dir: &Path, config: &BertConfig) -> Result<usize, ModelError> {
+    let st: serde_json::Value = read_json(&dir.join("sentence_bert_config.json"))?;
+    Ok(st
+        .get("max_seq_length")
+        .and_then(|v| v.as_u64())
+        .map(|v| v as usize)
+        .unwrap_or(config.max_position_embeddings)
+        .min(config.max_position_embeddings))
+}
+
+/// Refuses pooling this layer does not compute.
+fn check_pooling(dir: &Path) -> Result<(), ModelError> {
+    let path = dir.join("1_Pooling").join("config.json");
+    let pooling: serde_json::Value = read_json(&path)?;
+    if pooling.get("pooling_mode_mean_tokens") != Some(&serde_json::Value::Bool(true)) {
+        return Err(ModelError::Config {
+            path,
+            message: "only mean-token pooling is supported".into(),
+        });
+    }
+    Ok(())
+}
+
+/// The model's tokenizer, truncating at `max_seq_len` and not padding.
+fn load_tokenizer(dir: &Path, max_seq_len: usize) -> Result<Tokenizer, ModelError> {
+    let path = dir.join("tokenizer.json");
+    if !path.is_file() {
+        return Err(ModelError::File {
+            path,
+            source: std::io::ErrorKind::NotFound.into(),
+        });
+    }
+    let mut tokenizer = Tokenizer::from_file(&path)
+        .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
+    // The package's tokenizer.json truncates at 128 and pads to a fixed 128;
+    // sentence-transformers truncates at max_seq_length and pads to the batch's longest.
+    // The fused encoder takes texts unpadded; the candle path pads them itself.
+    let mut truncation = tokenizer.get_truncation().cloned().unwrap_or_default();
+    truncation.max_length = max_seq_len;
+    tokenizer
+        .with_truncation(Some(truncation))
+        .map_err(|e| ModelError::Tokenizer(e.to_string()))?
+        .with_padding(None);
+    Ok(tokenizer)
+}
+
+/// The fused CPU encoder, which computes in f32 on the CPU only.
+fn load_fused(
+    dir: &Path,
+    config: &BertConfig,
+    device: &Device,
+    dtype: DType,
+) -> Result<Engine, ModelError> {
+    let refuse = |message: &str| ModelError::Config {
+        path: dir.to_path_buf(),
+        message: message.into(),
+    };
+    if !device.is_cpu() {
+        return Err(refuse(
+            "the fused backend runs on the CPU only (use --backend candle)",
+        ));
+    }
+    if dtype != DType::F32 {
+        return Err(refuse(
+            "the fused backend computes in f32 only (use --precision f32, or --backend candle)",
+        ));
+    }
+    let dims = fused::bert_dims(config, &dir.join("config.json"))?;
+    let bert = CpuBert::load(&dir.join("model.safetensors"), dims)?;
+    Ok(Engine::Fused(Box::new(bert)))
+}
+
+/// The candle encoder on `device`, its weights converted to `dtype`.
+fn load_candle(
+    dir: &Path,
+    config: &BertConfig,
+    device: &Device,
+    dtype: DType,
+) -> Result<Engine, ModelError> {
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).map_err(|source| ModelError::File { path, source })?;
+    let vb = VarBuilder::from_buffered_safetensors(bytes, dtype, device)?;
+    Ok(Engine::Candle(CandleBert::load(vb, config)?))
 }
 
 fn select_device(choice: DeviceChoice) -> Result<Device, ModelError> {

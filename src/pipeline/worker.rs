@@ -14,19 +14,24 @@
 //! Steps 2–3 share one budget (`--shutdown-timeout`); whatever has not finished by then is left
 //! to Pub/Sub's redelivery, which the idempotent UPSERT makes safe.
 
+use crate::external::gcs::InputReader;
 use crate::external::pubsub::{PubsubConfig, QueueError};
 use crate::external::store::Store;
 use crate::external::telemetry::{Counts, Metrics};
 use crate::model::ModelHandle;
+use crate::pipeline::ack::{NackHold, NackRelease};
 use crate::pipeline::batcher::{self, BatchConfig};
 use crate::pipeline::embed;
+use crate::pipeline::message::Delivery;
 use crate::pipeline::shutdown::Shutdown;
 use crate::pipeline::sink::{self, SinkConfig};
 use crate::pipeline::source;
-use google_cloud_pubsub::subscriber::ShutdownBehavior;
+use google_cloud_pubsub::subscriber::handler::Handler;
+use google_cloud_pubsub::subscriber::{ShutdownBehavior, ShutdownToken};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 /// How long shutdown waits between closing the streams and NACKing what they delivered.
 const STREAM_CANCEL_GRACE: Duration = Duration::from_millis(100);
@@ -94,128 +99,15 @@ pub async fn run(
     shutdown: Shutdown,
 ) -> Result<Report, WorkerError> {
     let started = Instant::now();
-    if cfg.exactly_once && !cfg.pubsub.exactly_once_enabled().await? {
-        return Err(WorkerError::NotExactlyOnce(cfg.pubsub.subscription.clone()));
-    }
-    let subscriber = cfg.pubsub.subscriber(cfg.streams).await?;
-    let max = cfg.batch.max_records.max(1);
-
-    let (dtx, drx) = mpsc::channel(max * 2);
-    let nack_hold = crate::pipeline::ack::NackHold::new(shutdown.clone());
-    // On every way out of `run`, the NACKs held since the shutdown began are released.
-    let held_nacks = nack_hold.release_on_drop();
-    let mut sources = Vec::new();
-    let mut tokens = Vec::new();
-    let ctx = source::SourceContext {
-        max_text_bytes: cfg.max_text_bytes,
-        inputs: Arc::new(crate::external::gcs::InputReader::new(
-            cfg.storage_emulator_host.clone(),
-            cfg.max_object_bytes,
-        )),
-        metrics: metrics.clone(),
-        subscription: cfg.pubsub.subscription.clone(),
-        nack_hold: nack_hold.clone(),
-    };
-    for _ in 0..cfg.streams.max(1) {
-        let stream = subscriber
-            .subscribe(&cfg.pubsub.subscription)
-            .set_max_lease_extension(cfg.lease_extension)
-            .set_max_outstanding_messages(cfg.max_outstanding)
-            .set_shutdown_behavior(ShutdownBehavior::NackImmediately)
-            .build();
-        tokens.push(stream.shutdown_token());
-        sources.push(tokio::spawn(source::run(
-            stream,
-            dtx.clone(),
-            ctx.clone(),
-            shutdown.clone(),
-        )));
-    }
-    drop(dtx);
-
-    let (btx, brx) = mpsc::channel(1);
-    let batcher = tokio::spawn(batcher::run(drx, btx, cfg.batch, shutdown.clone()));
-    let (otx, orx) = mpsc::channel(1);
-    let stage = tokio::spawn(embed::run(
-        brx,
-        otx,
-        model.clone(),
-        metrics.clone(),
-        shutdown.clone(),
-    ));
-    let sink_cfg = SinkConfig {
-        model: model.info().name.clone(),
-        commit_timeout: cfg.commit_timeout,
-        confirm_acks: cfg.exactly_once,
-    };
-    let mut sink = tokio::spawn(sink::run(
-        orx,
-        store,
-        sink_cfg,
-        metrics.clone(),
-        shutdown.clone(),
-    ));
-    metrics.mark_active();
-    if let Some(idle) = cfg.exit_when_idle {
-        tokio::spawn(exit_when_idle(idle, metrics.clone(), shutdown.clone()));
-    }
-    tracing::info!(subscription = %cfg.pubsub.subscription, streams = cfg.streams, model = %model.info().name, device = %model.info().device, "worker started");
-
+    let mut running = start(&cfg, store, &model, &metrics, &shutdown).await?;
     // Run until told to stop, or until the pipeline ends on its own (every stream closed).
     tokio::select! {
         _ = shutdown.cancelled() => {},
-        _ = &mut sink => { shutdown.cancel(); },
+        _ = &mut running.sink => { shutdown.cancel(); },
     }
     let drain_started = Instant::now();
     metrics.set_draining();
-    let deadline = tokio::time::Instant::now() + cfg.shutdown_timeout;
-
-    // Sources stop at once; collect their streams so the leases stay managed until step 3.
-    // Each stream is closed as soon as its source has stopped (dropping a stream cancels its
-    // gRPC call at once), so no message NACKed below can be redelivered into a stream that is
-    // going away. The messages stay leased (the lease loops run on) until step 3.
-    let mut drained = Vec::new();
-    let mut failure = None;
-    for s in sources {
-        match s.await {
-            Ok(stopped) => {
-                drop(stopped.stream);
-                drained.push(stopped.drained);
-                if let Err(e) = stopped.result {
-                    tracing::error!(error = %e, "stream failed");
-                    failure = Some(e);
-                }
-            }
-            Err(e) => return Err(WorkerError::Task(e.to_string())),
-        }
-    }
-    let streams_closed = tokio::time::Instant::now();
-    let _ = batcher.await;
-    let _ = stage.await;
-    // The sink finishes the commit in flight and acks it, within the budget.
-    if !sink.is_finished() && tokio::time::timeout_at(deadline, &mut sink).await.is_err() {
-        tracing::warn!(
-            "commit still running at the shutdown deadline; its messages will be redelivered"
-        );
-        sink.abort();
-    }
-    // The server learns of a cancelled stream asynchronously; a NACK that overtakes the cancel
-    // sends the message back into the dead stream, where it waits out its ack deadline (seen
-    // with the emulator). A short grace after closing lets the cancel land first.
-    tokio::time::sleep_until((streams_closed + STREAM_CANCEL_GRACE).min(deadline)).await;
-    // Let each lease loop flush the acks and NACK everything still leased: messages the
-    // stages held and the ones drained from the stream buffers included.
-    for t in &tokens {
-        if tokio::time::timeout_at(deadline, t.shutdown())
-            .await
-            .is_err()
-        {
-            tracing::warn!("ack flush did not finish before the shutdown deadline");
-        }
-    }
-    // The lease loops NACKed every message still leased, these included; settle their handles.
-    drop(drained);
-    drop(held_nacks);
+    let failure = stop(running, tokio::time::Instant::now() + cfg.shutdown_timeout).await?;
     let report = Report {
         counts: metrics.counts(),
         drain_seconds: drain_started.elapsed().as_secs_f64(),
@@ -233,6 +125,172 @@ pub async fn run(
         Some(e) => Err(e.into()),
         None => Ok(report),
     }
+}
+
+/// The running pipeline: a task per stage and what shutdown needs to settle the leases.
+struct Running {
+    sources: Vec<JoinHandle<source::Stopped>>,
+    /// One per stream: its lease loop flushes acks and NACKs the rest when shut down.
+    leases: Vec<ShutdownToken>,
+    batcher: JoinHandle<()>,
+    stage: JoinHandle<()>,
+    sink: JoinHandle<()>,
+    /// Releases the NACKs held back since the shutdown began, on every way out of `run`.
+    held_nacks: NackRelease,
+}
+
+/// Start-up: checks the subscription, opens the streams and spawns every stage, source to sink.
+async fn start(
+    cfg: &WorkerConfig,
+    store: Store,
+    model: &ModelHandle,
+    metrics: &Arc<Metrics>,
+    shutdown: &Shutdown,
+) -> Result<Running, WorkerError> {
+    if cfg.exactly_once && !cfg.pubsub.exactly_once_enabled().await? {
+        return Err(WorkerError::NotExactlyOnce(cfg.pubsub.subscription.clone()));
+    }
+    let max = cfg.batch.max_records.max(1);
+    let (dtx, drx) = mpsc::channel(max * 2);
+    let nack_hold = NackHold::new(shutdown.clone());
+    let held_nacks = nack_hold.release_on_drop();
+    let (sources, leases) = open_streams(cfg, dtx, nack_hold, metrics, shutdown).await?;
+    let (btx, brx) = mpsc::channel(1);
+    let batcher = tokio::spawn(batcher::run(drx, btx, cfg.batch, shutdown.clone()));
+    let (otx, orx) = mpsc::channel(1);
+    let stage = tokio::spawn(embed::run(
+        brx,
+        otx,
+        model.clone(),
+        metrics.clone(),
+        shutdown.clone(),
+    ));
+    let sink_cfg = SinkConfig {
+        model: model.info().name.clone(),
+        commit_timeout: cfg.commit_timeout,
+        confirm_acks: cfg.exactly_once,
+    };
+    let sink = tokio::spawn(sink::run(
+        orx,
+        store,
+        sink_cfg,
+        metrics.clone(),
+        shutdown.clone(),
+    ));
+    metrics.mark_active();
+    if let Some(idle) = cfg.exit_when_idle {
+        tokio::spawn(exit_when_idle(idle, metrics.clone(), shutdown.clone()));
+    }
+    tracing::info!(subscription = %cfg.pubsub.subscription, streams = cfg.streams, model = %model.info().name, device = %model.info().device, "worker started");
+    Ok(Running {
+        sources,
+        leases,
+        batcher,
+        stage,
+        sink,
+        held_nacks,
+    })
+}
+
+/// Opens `--streams` streaming pulls, each read by its own source task into `tx`.
+async fn open_streams(
+    cfg: &WorkerConfig,
+    tx: mpsc::Sender<Delivery>,
+    nack_hold: NackHold,
+    metrics: &Arc<Metrics>,
+    shutdown: &Shutdown,
+) -> Result<(Vec<JoinHandle<source::Stopped>>, Vec<ShutdownToken>), WorkerError> {
+    let subscriber = cfg.pubsub.subscriber(cfg.streams).await?;
+    let ctx = source::SourceContext {
+        max_text_bytes: cfg.max_text_bytes,
+        inputs: Arc::new(InputReader::new(
+            cfg.storage_emulator_host.clone(),
+            cfg.max_object_bytes,
+        )),
+        metrics: metrics.clone(),
+        subscription: cfg.pubsub.subscription.clone(),
+        nack_hold,
+    };
+    let mut sources = Vec::new();
+    let mut leases = Vec::new();
+    for _ in 0..cfg.streams.max(1) {
+        let stream = subscriber
+            .subscribe(&cfg.pubsub.subscription)
+            .set_max_lease_extension(cfg.lease_extension)
+            .set_max_outstanding_messages(cfg.max_outstanding)
+            .set_shutdown_behavior(ShutdownBehavior::NackImmediately)
+            .build();
+        leases.push(stream.shutdown_token());
+        let source = source::run(stream, tx.clone(), ctx.clone(), shutdown.clone());
+        sources.push(tokio::spawn(source));
+    }
+    Ok((sources, leases))
+}
+
+/// The shutdown sequence of the module documentation, within `deadline`. Returns the permanent
+/// stream error, if one is why the worker stopped.
+async fn stop(
+    running: Running,
+    deadline: tokio::time::Instant,
+) -> Result<Option<QueueError>, WorkerError> {
+    let Running {
+        sources,
+        leases,
+        batcher,
+        stage,
+        mut sink,
+        held_nacks,
+    } = running;
+    // Step 1: sources stop at once; each stream is closed as soon as its source has stopped
+    // (dropping a stream cancels its gRPC call at once), so no message NACKed below can be
+    // redelivered into a stream that is going away. The messages stay leased until step 3.
+    let (drained, failure) = close_streams(sources).await?;
+    let streams_closed = tokio::time::Instant::now();
+    let _ = batcher.await;
+    let _ = stage.await;
+    // Step 2: the sink finishes the commit in flight and acks it, within the budget.
+    if !sink.is_finished() && tokio::time::timeout_at(deadline, &mut sink).await.is_err() {
+        tracing::warn!(
+            "commit still running at the shutdown deadline; its messages will be redelivered"
+        );
+        sink.abort();
+    }
+    // Step 3. The server learns of a cancelled stream asynchronously; a NACK that overtakes the
+    // cancel sends the message back into the dead stream, where it waits out its ack deadline
+    // (seen with the emulator). A short grace after closing lets the cancel land first.
+    tokio::time::sleep_until((streams_closed + STREAM_CANCEL_GRACE).min(deadline)).await;
+    // Each lease loop flushes the acks and NACKs everything still leased: messages the stages
+    // held and the ones drained from the stream buffers included.
+    for lease in &leases {
+        if tokio::time::timeout_at(deadline, lease.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!("ack flush did not finish before the shutdown deadline");
+        }
+    }
+    // The lease loops NACKed every message still leased, these included; settle their handles.
+    drop(drained);
+    drop(held_nacks);
+    Ok(failure)
+}
+
+/// Waits for every source, closes its stream, and keeps the handlers it drained.
+async fn close_streams(
+    sources: Vec<JoinHandle<source::Stopped>>,
+) -> Result<(Vec<Vec<Handler>>, Option<QueueError>), WorkerError> {
+    let mut drained = Vec::new();
+    let mut failure = None;
+    for s in sources {
+        let stopped = s.await.map_err(|e| WorkerError::Task(e.to_string()))?;
+        drop(stopped.stream);
+        drained.push(stopped.drained);
+        if let Err(e) = stopped.result {
+            tracing::error!(error = %e, "stream failed");
+            failure = Some(e);
+        }
+    }
+    Ok((drained, failure))
 }
 
 async fn exit_when_idle(idle: Duration, metrics: Arc<Metrics>, shutdown: Shutdown) {

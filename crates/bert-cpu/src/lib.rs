@@ -16,42 +16,16 @@
 //!   reused, so the allocator never maps and unmaps tens of megabytes per layer.
 //!
 //! The matrix products are candle's own CPU engine (the `gemm` crate) called directly. Weights
-//! are read from the safetensors file straight into their final buffers (one copy in memory).
+//! are read from a memory-mapped safetensors file into their final buffers (one copy in memory).
 
-use gemm::Parallelism;
+mod kernels;
+mod weights;
+
+use kernels::{add_layer_norm, attention, bias_gelu, grow, layer_norm, linear};
 use rayon::prelude::*;
-use std::cell::RefCell;
-use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 use std::sync::Mutex;
-
-/// Defines a kernel twice, the portable build and one compiled for AVX2 and FMA, and picks the
-/// wide one at run time when the CPU has them. The kernels are plain loops written so the
-/// compiler vectorises them; this gives them 8-wide registers without raising the binary's
-/// minimum CPU. Helpers they call must be `#[inline(always)]` to be compiled wide too.
-macro_rules! multiversion {
-    ($(#[$m:meta])* fn $name:ident($($a:ident: $t:ty),*) $body:block) => {
-        $(#[$m])*
-        fn $name($($a: $t),*) {
-            #[inline(always)]
-            fn portable($($a: $t),*) $body
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx2,fma")]
-                unsafe fn wide($($a: $t),*) {
-                    portable($($a),*)
-                }
-                if std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                {
-                    // SAFETY: the CPU has the features `wide` was compiled for.
-                    return unsafe { wide($($a),*) };
-                }
-            }
-            portable($($a),*)
-        }
-    };
-}
+use weights::WeightsFile;
 
 /// Errors loading weights or running the encoder.
 #[derive(Debug, thiserror::Error)]
@@ -150,7 +124,8 @@ impl CpuBert {
     /// Loads the weights from a safetensors file (F32, PyTorch `BertModel` names, with or without
     /// a `bert.` prefix).
     pub fn load(path: &Path, dims: Dims) -> Result<Self, BertError> {
-        let mut st = SafeTensorsFile::open(path)?;
+        let file = WeightsFile::open(path)?;
+        let st = file.tensors()?;
         let h = dims.hidden;
         if dims.heads == 0 || !h.is_multiple_of(dims.heads) {
             return Err(st.error(format!(
@@ -163,7 +138,7 @@ impl CpuBert {
         } else {
             "bert."
         };
-        let mut get = |name: &str, shape: &[usize]| st.read(&format!("{prefix}{name}"), shape);
+        let get = |name: &str, shape: &[usize]| st.read(&format!("{prefix}{name}"), shape);
         let word = get("embeddings.word_embeddings.weight", &[dims.vocab, h])?;
         let position = get(
             "embeddings.position_embeddings.weight",
@@ -302,416 +277,10 @@ impl CpuBert {
     }
 }
 
-/// The first `len` elements of `buf`, growing it if needed (never shrinking, so a buffer is
-/// allocated once per high-water mark rather than once per layer).
-fn grow(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    if buf.len() < len {
-        buf.resize(len, 0.0);
-    }
-    &mut buf[..len]
-}
-
-/// `out = x · wᵀ (+ b)`, with `x` of `(rows, k)`, `w` PyTorch's `(n, k)`, `out` of `(rows, n)`.
-///
-/// The rows are split into one block per thread, each a single-threaded product: on two cores
-/// this beats the product's own threading, which synchronises its threads inside every call.
-fn linear(x: &[f32], k: usize, w: &[f32], b: Option<&[f32]>, out: &mut [f32]) {
-    let n = w.len() / k;
-    let m = x.len() / k;
-    debug_assert_eq!(out.len(), m * n);
-    let threads = rayon::current_num_threads().max(1);
-    let block = m.div_ceil(threads).max(16);
-    out.par_chunks_mut(block * n)
-        .zip(x.par_chunks(block * k))
-        .for_each(|(out, x)| linear_block(x, k, w, b, out));
-}
-
-fn linear_block(x: &[f32], k: usize, w: &[f32], b: Option<&[f32]>, out: &mut [f32]) {
-    let n = w.len() / k;
-    let m = x.len() / k;
-    if let Some(b) = b {
-        out.chunks_exact_mut(n).for_each(|r| r.copy_from_slice(b));
-    }
-    // SAFETY: every pointer and stride describes a matrix inside its slice: x is (m, k)
-    // row-major, w read as its transpose (k, n) with strides (1, k), out (m, n) row-major.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
-            b.is_some(),
-            x.as_ptr(),
-            1,
-            k as isize,
-            w.as_ptr(),
-            k as isize,
-            1,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            Parallelism::None,
-        );
-    }
-}
-
-/// A raw pointer that rayon tasks may share because each writes a disjoint region.
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: see `attention`: tasks write disjoint (rows, head columns) blocks.
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
-
-impl SharedOut {
-    /// The element `offset` places in. (A method, so closures capture the whole Sync wrapper
-    /// rather than its raw pointer field.)
-    fn at(self, offset: usize) -> *mut f32 {
-        self.0.wrapping_add(offset)
-    }
-}
-
-thread_local! {
-    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Self-attention for every text and head, reading Q, K and V in place from the fused
-/// `(rows, 3 * hidden)` projection and writing each head's context into its columns of `ctx`.
-fn attention(qkv: &[f32], ctx: &mut [f32], spans: &[(usize, usize)], h: usize, heads: usize) {
-    let dh = h / heads;
-    let scale = 1.0 / (dh as f32).sqrt();
-    let out = SharedOut(ctx.as_mut_ptr());
-    let stride = 3 * h;
-    // Longest texts first: they are the biggest tasks, so the pool ends evenly.
-    let mut tasks: Vec<(usize, usize)> = (0..spans.len())
-        .flat_map(|s| (0..heads).map(move |hd| (s, hd)))
-        .collect();
-    tasks.sort_by_key(|&(s, _)| std::cmp::Reverse(spans[s].1));
-    tasks.par_iter().for_each(|&(s, hd)| {
-        let (o, len) = spans[s];
-        SCORES.with(|buf| {
-            let mut buf = buf.borrow_mut();
-            if buf.len() < len * len {
-                buf.resize(len * len, 0.0);
-            }
-            let scores = &mut buf[..len * len];
-            let q = qkv[o * stride + hd * dh..].as_ptr();
-            let k = qkv[o * stride + h + hd * dh..].as_ptr();
-            let v = qkv[o * stride + 2 * h + hd * dh..].as_ptr();
-            // SAFETY: q, k and v address `len` rows of `dh` columns with row stride 3h inside
-            // qkv; scores is len × len; the context block (rows o..o+len, columns of head hd)
-            // lies inside ctx and no other task writes it.
-            unsafe {
-                gemm::gemm(
-                    len,
-                    len,
-                    dh,
-                    scores.as_mut_ptr(),
-                    1,
-                    len as isize,
-                    false,
-                    q,
-                    1,
-                    stride as isize,
-                    k,
-                    stride as isize,
-                    1,
-                    0.0,
-                    scale,
-                    false,
-                    false,
-                    false,
-                    Parallelism::None,
-                );
-            }
-            for row in scores.chunks_exact_mut(len) {
-                softmax(row);
-            }
-            unsafe {
-                gemm::gemm(
-                    len,
-                    dh,
-                    len,
-                    out.at(o * h + hd * dh),
-                    1,
-                    h as isize,
-                    false,
-                    scores.as_ptr(),
-                    1,
-                    len as isize,
-                    v,
-                    1,
-                    stride as isize,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    Parallelism::None,
-                );
-            }
-        });
-    });
-}
-
-/// `x = layer_norm(x + add + bias)`, row by row: the residual connection, the bias of the
-/// product `add`, and the layer norm in one pass.
-fn add_layer_norm(x: &mut [f32], add: &[f32], bias: &[f32], w: &[f32], b: &[f32], eps: f32) {
-    let h = bias.len();
-    x.par_chunks_mut(h)
-        .zip(add.par_chunks(h))
-        .for_each(|(row, a)| add_layer_norm_row(row, a, bias, w, b, eps));
-}
-
-multiversion! {
-    /// `row = layer_norm(row + add + bias)`.
-    fn add_layer_norm_row(
-        row: &mut [f32],
-        add: &[f32],
-        bias: &[f32],
-        w: &[f32],
-        b: &[f32],
-        eps: f32
-    ) {
-        for ((x, a), c) in row.iter_mut().zip(add).zip(bias) {
-            *x += a + c;
-        }
-        layer_norm_row(row, w, b, eps);
-    }
-}
-
-multiversion! {
-    /// Layer norm of one row in place.
-    fn layer_norm(row: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
-        layer_norm_row(row, w, b, eps)
-    }
-}
-
-/// Layer norm of one row in place, as PyTorch computes it (biased variance, two passes).
-#[inline(always)]
-fn layer_norm_row(row: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
-    let n = row.len() as f32;
-    let mean = lane_sum(row) / n;
-    let mut acc = [0f32; 8];
-    let chunks = row.chunks_exact(8);
-    let mut tail = 0.0;
-    for v in chunks.remainder() {
-        tail += (v - mean) * (v - mean);
-    }
-    for c in chunks {
-        for i in 0..8 {
-            acc[i] += (c[i] - mean) * (c[i] - mean);
-        }
-    }
-    let var = (acc.iter().sum::<f32>() + tail) / n;
-    let inv = 1.0 / (var + eps).sqrt();
-    for ((v, w), b) in row.iter_mut().zip(w).zip(b) {
-        *v = (*v - mean) * inv * w + b;
-    }
-}
-
-multiversion! {
-    /// Softmax of one row in place.
-    fn softmax(row: &mut [f32]) {
-        softmax_row(row)
-    }
-}
-
-#[inline(always)]
-fn softmax_row(row: &mut [f32]) {
-    let mut acc = [f32::NEG_INFINITY; 8];
-    let chunks = row.chunks_exact(8);
-    let mut max = chunks
-        .remainder()
-        .iter()
-        .copied()
-        .fold(f32::NEG_INFINITY, f32::max);
-    for c in chunks {
-        for i in 0..8 {
-            acc[i] = if c[i] > acc[i] { c[i] } else { acc[i] };
-        }
-    }
-    for a in acc {
-        max = max.max(a);
-    }
-    for v in row.iter_mut() {
-        *v = exp(*v - max);
-    }
-    let inv = 1.0 / lane_sum(row);
-    row.iter_mut().for_each(|v| *v *= inv);
-}
-
-/// Sum with eight independent accumulators, which the compiler keeps in one vector register.
-#[inline(always)]
-fn lane_sum(xs: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let chunks = xs.chunks_exact(8);
-    let tail: f32 = chunks.remainder().iter().sum();
-    for c in chunks {
-        for i in 0..8 {
-            acc[i] += c[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
-
-/// Bias, then exact (erf) GELU in place, as BERT's `"gelu"` activation: `x/2 · (1 + erf(x/√2))`.
-fn bias_gelu(xs: &mut [f32], bias: &[f32]) {
-    xs.par_chunks_mut(bias.len() * 4).for_each(|rows| {
-        rows.chunks_exact_mut(bias.len())
-            .for_each(|row| bias_gelu_row(row, bias))
-    });
-}
-
-multiversion! {
-    /// GELU of one row plus its bias, in place.
-    fn bias_gelu_row(xs: &mut [f32], bias: &[f32]) {
-        for (v, b) in xs.iter_mut().zip(bias) {
-            let x = *v + b;
-            *v = 0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2));
-        }
-    }
-}
-
-/// erf to within 1.5e-7 (Abramowitz & Stegun 7.1.26), branch-free so it vectorises.
-#[inline(always)]
-fn erf(x: f32) -> f32 {
-    let a = x.abs();
-    let t = 1.0 / (1.0 + 0.327_591_1 * a);
-    let poly = ((((1.061_405_4 * t - 1.453_152_1) * t + 1.421_413_8) * t - 0.284_496_74) * t
-        + 0.254_829_6)
-        * t;
-    let y = 1.0 - poly * exp(-a * a);
-    y.copysign(x)
-}
-
-/// e^x to about 2 ulp for the range softmax and GELU use, branch-free so it vectorises
-/// (Cephes' expf: range reduction by ln 2, degree-6 polynomial, exponent bits).
-#[inline(always)]
-fn exp(x: f32) -> f32 {
-    let x = x.clamp(-87.0, 88.0);
-    // floor() without a libm call (which would stop vectorisation): truncate, then step down
-    // where truncation rounded up. The clamp keeps every value in i32 range, so the unchecked
-    // conversions (one instruction for eight lanes, unlike `as`, which saturates) are sound.
-    let y = x * std::f32::consts::LOG2_E + 0.5;
-    // SAFETY: |y| < 128.
-    let t = unsafe { y.to_int_unchecked::<i32>() } as f32;
-    let n = if t > y { t - 1.0 } else { t };
-    let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
-    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
-        + 1.666_666_5e-1)
-        * r
-        + 0.5;
-    let e = p * r * r + r + 1.0;
-    // SAFETY: n is a whole number in [-126, 127].
-    let n = unsafe { n.to_int_unchecked::<i32>() };
-    e * f32::from_bits(((n + 127) as u32) << 23)
-}
-
-/// Reads tensors from a safetensors file one at a time, straight into their final buffers.
-struct SafeTensorsFile {
-    path: std::path::PathBuf,
-    file: std::fs::File,
-    header: serde_json::Map<String, serde_json::Value>,
-    data_start: u64,
-}
-
-impl SafeTensorsFile {
-    fn open(path: &Path) -> Result<Self, BertError> {
-        let io = |source| BertError::File {
-            path: path.to_path_buf(),
-            source,
-        };
-        let mut file = std::fs::File::open(path).map_err(io)?;
-        let mut len = [0u8; 8];
-        file.read_exact(&mut len).map_err(io)?;
-        let len = u64::from_le_bytes(len);
-        let bad = |message: String| BertError::Weights {
-            path: path.to_path_buf(),
-            message,
-        };
-        if len > 100 << 20 {
-            return Err(bad(format!("safetensors header of {len} bytes")));
-        }
-        let mut header = vec![0u8; len as usize];
-        file.read_exact(&mut header).map_err(io)?;
-        let header =
-            serde_json::from_slice(&header).map_err(|e| bad(format!("safetensors header: {e}")))?;
-        Ok(Self {
-            path: path.to_path_buf(),
-            file,
-            header,
-            data_start: 8 + len,
-        })
-    }
-
-    fn error(&self, message: String) -> BertError {
-        BertError::Weights {
-            path: self.path.clone(),
-            message,
-        }
-    }
-
-    fn has(&self, name: &str) -> bool {
-        self.header.contains_key(name)
-    }
-
-    fn read(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>, BertError> {
-        let info = self
-            .header
-            .get(name)
-            .ok_or_else(|| self.error(format!("no tensor {name}")))?;
-        let dtype = info.get("dtype").and_then(|v| v.as_str());
-        let dims: Option<Vec<usize>> = info.get("shape").and_then(|v| {
-            v.as_array()?
-                .iter()
-                .map(|d| d.as_u64().map(|d| d as usize))
-                .collect()
-        });
-        let offsets: Option<Vec<u64>> = info
-            .get("data_offsets")
-            .and_then(|v| v.as_array()?.iter().map(|d| d.as_u64()).collect());
-        let (Some("F32"), Some(dims), Some(&[begin, end])) = (dtype, dims, offsets.as_deref())
-        else {
-            return Err(self.error(format!("tensor {name}: expected F32 with a shape")));
-        };
-        if dims != shape {
-            return Err(self.error(format!("tensor {name}: shape {dims:?}, expected {shape:?}")));
-        }
-        let count: usize = shape.iter().product();
-        if end - begin != 4 * count as u64 {
-            return Err(self.error(format!("tensor {name}: {} bytes", end - begin)));
-        }
-        let mut out = vec![0f32; count];
-        let io = |source| BertError::File {
-            path: self.path.clone(),
-            source,
-        };
-        self.file
-            .seek(SeekFrom::Start(self.data_start + begin))
-            .map_err(io)?;
-        self.file.read_exact(bytemuck_bytes(&mut out)).map_err(io)?;
-        if cfg!(target_endian = "big") {
-            out.iter_mut()
-                .for_each(|v| *v = f32::from_bits(u32::from_le(v.to_bits())));
-        }
-        Ok(out)
-    }
-}
-
-/// The bytes of an f32 buffer, to read a file into it without a second copy.
-fn bytemuck_bytes(v: &mut [f32]) -> &mut [u8] {
-    // SAFETY: any bit pattern is a valid f32; the byte slice covers exactly the buffer and
-    // borrows it mutably for its whole life.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::{erf, exp, softmax};
 
     #[test]
     fn exp_and_erf_match_the_standard_library() {
@@ -794,6 +363,12 @@ mod tests {
 
     /// Writes a safetensors file of pseudo-random F32 tensors.
     fn write_model(path: &Path, tensors: &[(String, Vec<usize>)]) {
+        write_model_as(path, tensors, "F32");
+    }
+
+    /// A random model stored as `dtype` (F32, F16 or BF16); the values are the same in every
+    /// dtype (rounded to bf16 first, which f16 and f32 hold exactly at this range).
+    fn write_model_as(path: &Path, tensors: &[(String, Vec<usize>)], dtype: &str) {
         let mut header = serde_json::Map::new();
         let mut data = Vec::new();
         let mut seed = 7u32;
@@ -802,11 +377,16 @@ mod tests {
             for _ in 0..shape.iter().product::<usize>() {
                 seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
                 let v = (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5;
-                data.extend_from_slice(&v.to_le_bytes());
+                let v = half::bf16::from_f32(v);
+                match dtype {
+                    "F16" => data.extend_from_slice(&half::f16::from_f32(v.to_f32()).to_le_bytes()),
+                    "BF16" => data.extend_from_slice(&v.to_le_bytes()),
+                    _ => data.extend_from_slice(&v.to_f32().to_le_bytes()),
+                }
             }
             header.insert(
                 name.clone(),
-                serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [begin, data.len()]}),
+                serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [begin, data.len()]}),
             );
         }
         let header = serde_json::to_vec(&header).unwrap();
@@ -821,6 +401,28 @@ mod tests {
             "bert-cpu-{}-{name}.safetensors",
             std::process::id()
         ))
+    }
+
+    /// Half-precision weight files load to the same f32 weights, so the same vectors.
+    #[test]
+    fn f16_and_bf16_weight_files_give_the_f32_vectors() {
+        let tokens = Tokens {
+            ids: &[1, 3, 4, 9, 2],
+            type_ids: &[0; 5],
+        };
+        let embed = |dtype: &str| {
+            let path = temp_path(&format!("tiny-{dtype}"));
+            write_model_as(&path, &tensors(TINY), dtype);
+            let v = CpuBert::load(&path, TINY)
+                .unwrap()
+                .embed(&[tokens])
+                .unwrap();
+            let _ = std::fs::remove_file(&path);
+            v
+        };
+        let f32s = embed("F32");
+        assert_eq!(embed("F16"), f32s);
+        assert_eq!(embed("BF16"), f32s);
     }
 
     #[test]

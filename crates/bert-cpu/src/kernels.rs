@@ -1,0 +1,325 @@
+//! The encoder's passes between (and around) the matrix products: the row-blocked linear layer,
+//! attention straight out of the fused QKV product, residual add + layer norm, softmax, bias +
+//! GELU, and the exp/erf they use.
+//!
+//! Each wide kernel is compiled twice by the `multiversion` attribute, the portable build and one
+//! for AVX2 and FMA, and the wide one is picked at run time when the CPU has them: the kernels are
+//! plain loops written so the compiler vectorises them, which gives them 8-wide registers without
+//! raising the binary's minimum CPU. Helpers they call must be `#[inline(always)]` to be compiled
+//! wide too.
+
+use gemm::Parallelism;
+use multiversion::multiversion;
+use rayon::prelude::*;
+use std::cell::RefCell;
+
+/// The first `len` elements of `buf`, growing it if needed (never shrinking, so a buffer is
+/// allocated once per high-water mark rather than once per layer).
+pub(crate) fn grow(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    &mut buf[..len]
+}
+
+/// `out = x · wᵀ (+ b)`, with `x` of `(rows, k)`, `w` PyTorch's `(n, k)`, `out` of `(rows, n)`.
+///
+/// The rows are split into one block per thread, each a single-threaded product: on two cores
+/// this beats the product's own threading, which synchronises its threads inside every call.
+pub(crate) fn linear(x: &[f32], k: usize, w: &[f32], b: Option<&[f32]>, out: &mut [f32]) {
+    let n = w.len() / k;
+    let m = x.len() / k;
+    debug_assert_eq!(out.len(), m * n);
+    let threads = rayon::current_num_threads().max(1);
+    let block = m.div_ceil(threads).max(16);
+    out.par_chunks_mut(block * n)
+        .zip(x.par_chunks(block * k))
+        .for_each(|(out, x)| linear_block(x, k, w, b, out));
+}
+
+fn linear_block(x: &[f32], k: usize, w: &[f32], b: Option<&[f32]>, out: &mut [f32]) {
+    let n = w.len() / k;
+    let m = x.len() / k;
+    if let Some(b) = b {
+        out.chunks_exact_mut(n).for_each(|r| r.copy_from_slice(b));
+    }
+    // SAFETY: every pointer and stride describes a matrix inside its slice: x is (m, k)
+    // row-major, w read as its transpose (k, n) with strides (1, k), out (m, n) row-major.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            out.as_mut_ptr(),
+            1,
+            n as isize,
+            b.is_some(),
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        );
+    }
+}
+
+/// A raw pointer that rayon tasks may share because each writes a disjoint region.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: see `attention`: tasks write disjoint (rows, head columns) blocks.
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// The element `offset` places in. (A method, so closures capture the whole Sync wrapper
+    /// rather than its raw pointer field.)
+    fn at(self, offset: usize) -> *mut f32 {
+        self.0.wrapping_add(offset)
+    }
+}
+
+thread_local! {
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Self-attention for every text and head, reading Q, K and V in place from the fused
+/// `(rows, 3 * hidden)` projection and writing each head's context into its columns of `ctx`.
+pub(crate) fn attention(
+    qkv: &[f32],
+    ctx: &mut [f32],
+    spans: &[(usize, usize)],
+    h: usize,
+    heads: usize,
+) {
+    let dh = h / heads;
+    let scale = 1.0 / (dh as f32).sqrt();
+    let out = SharedOut(ctx.as_mut_ptr());
+    let stride = 3 * h;
+    // Longest texts first: they are the biggest tasks, so the pool ends evenly.
+    let mut tasks: Vec<(usize, usize)> = (0..spans.len())
+        .flat_map(|s| (0..heads).map(move |hd| (s, hd)))
+        .collect();
+    tasks.sort_by_key(|&(s, _)| std::cmp::Reverse(spans[s].1));
+    tasks.par_iter().for_each(|&(s, hd)| {
+        let (o, len) = spans[s];
+        SCORES.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            if buf.len() < len * len {
+                buf.resize(len * len, 0.0);
+            }
+            let scores = &mut buf[..len * len];
+            let q = qkv[o * stride + hd * dh..].as_ptr();
+            let k = qkv[o * stride + h + hd * dh..].as_ptr();
+            let v = qkv[o * stride + 2 * h + hd * dh..].as_ptr();
+            // SAFETY: q, k and v address `len` rows of `dh` columns with row stride 3h inside
+            // qkv; scores is len × len; the context block (rows o..o+len, columns of head hd)
+            // lies inside ctx and no other task writes it.
+            unsafe {
+                gemm::gemm(
+                    len,
+                    len,
+                    dh,
+                    scores.as_mut_ptr(),
+                    1,
+                    len as isize,
+                    false,
+                    q,
+                    1,
+                    stride as isize,
+                    k,
+                    stride as isize,
+                    1,
+                    0.0,
+                    scale,
+                    false,
+                    false,
+                    false,
+                    Parallelism::None,
+                );
+            }
+            for row in scores.chunks_exact_mut(len) {
+                softmax(row);
+            }
+            unsafe {
+                gemm::gemm(
+                    len,
+                    dh,
+                    len,
+                    out.at(o * h + hd * dh),
+                    1,
+                    h as isize,
+                    false,
+                    scores.as_ptr(),
+                    1,
+                    len as isize,
+                    v,
+                    1,
+                    stride as isize,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    Parallelism::None,
+                );
+            }
+        });
+    });
+}
+
+/// `x = layer_norm(x + add + bias)`, row by row: the residual connection, the bias of the
+/// product `add`, and the layer norm in one pass.
+pub(crate) fn add_layer_norm(
+    x: &mut [f32],
+    add: &[f32],
+    bias: &[f32],
+    w: &[f32],
+    b: &[f32],
+    eps: f32,
+) {
+    let h = bias.len();
+    x.par_chunks_mut(h)
+        .zip(add.par_chunks(h))
+        .for_each(|(row, a)| add_layer_norm_row(row, a, bias, w, b, eps));
+}
+
+/// `row = layer_norm(row + add + bias)`.
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn add_layer_norm_row(row: &mut [f32], add: &[f32], bias: &[f32], w: &[f32], b: &[f32], eps: f32) {
+    for ((x, a), c) in row.iter_mut().zip(add).zip(bias) {
+        *x += a + c;
+    }
+    layer_norm_row(row, w, b, eps);
+}
+
+/// Layer norm of one row in place.
+#[multiversion(targets("x86_64+avx2+fma"))]
+pub(crate) fn layer_norm(row: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
+    layer_norm_row(row, w, b, eps)
+}
+
+/// Layer norm of one row in place, as PyTorch computes it (biased variance, two passes).
+#[inline(always)]
+pub(crate) fn layer_norm_row(row: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
+    let n = row.len() as f32;
+    let mean = lane_sum(row) / n;
+    let mut acc = [0f32; 8];
+    let chunks = row.chunks_exact(8);
+    let mut tail = 0.0;
+    for v in chunks.remainder() {
+        tail += (v - mean) * (v - mean);
+    }
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] += (c[i] - mean) * (c[i] - mean);
+        }
+    }
+    let var = (acc.iter().sum::<f32>() + tail) / n;
+    let inv = 1.0 / (var + eps).sqrt();
+    for ((v, w), b) in row.iter_mut().zip(w).zip(b) {
+        *v = (*v - mean) * inv * w + b;
+    }
+}
+
+/// Softmax of one row in place.
+#[multiversion(targets("x86_64+avx2+fma"))]
+pub(crate) fn softmax(row: &mut [f32]) {
+    softmax_row(row)
+}
+
+#[inline(always)]
+pub(crate) fn softmax_row(row: &mut [f32]) {
+    let mut acc = [f32::NEG_INFINITY; 8];
+    let chunks = row.chunks_exact(8);
+    let mut max = chunks
+        .remainder()
+        .iter()
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] = if c[i] > acc[i] { c[i] } else { acc[i] };
+        }
+    }
+    for a in acc {
+        max = max.max(a);
+    }
+    for v in row.iter_mut() {
+        *v = exp(*v - max);
+    }
+    let inv = 1.0 / lane_sum(row);
+    row.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// Sum with eight independent accumulators, which the compiler keeps in one vector register.
+#[inline(always)]
+fn lane_sum(xs: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = xs.chunks_exact(8);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] += c[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Bias, then exact (erf) GELU in place, as BERT's `"gelu"` activation: `x/2 · (1 + erf(x/√2))`.
+pub(crate) fn bias_gelu(xs: &mut [f32], bias: &[f32]) {
+    xs.par_chunks_mut(bias.len() * 4).for_each(|rows| {
+        rows.chunks_exact_mut(bias.len())
+            .for_each(|row| bias_gelu_row(row, bias))
+    });
+}
+
+/// GELU of one row plus its bias, in place.
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn bias_gelu_row(xs: &mut [f32], bias: &[f32]) {
+    for (v, b) in xs.iter_mut().zip(bias) {
+        let x = *v + b;
+        *v = 0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2));
+    }
+}
+
+/// erf to within 1.5e-7 (Abramowitz & Stegun 7.1.26), branch-free so it vectorises.
+#[inline(always)]
+pub(crate) fn erf(x: f32) -> f32 {
+    let a = x.abs();
+    let t = 1.0 / (1.0 + 0.327_591_1 * a);
+    let poly = ((((1.061_405_4 * t - 1.453_152_1) * t + 1.421_413_8) * t - 0.284_496_74) * t
+        + 0.254_829_6)
+        * t;
+    let y = 1.0 - poly * exp(-a * a);
+    y.copysign(x)
+}
+
+/// e^x to about 2 ulp for the range softmax and GELU use, branch-free so it vectorises
+/// (Cephes' expf: range reduction by ln 2, degree-6 polynomial, exponent bits).
+#[inline(always)]
+pub(crate) fn exp(x: f32) -> f32 {
+    let x = x.clamp(-87.0, 88.0);
+    // floor() without a libm call (which would stop vectorisation): truncate, then step down
+    // where truncation rounded up. The clamp keeps every value in i32 range, so the unchecked
+    // conversions (one instruction for eight lanes, unlike `as`, which saturates) are sound.
+    let y = x * std::f32::consts::LOG2_E + 0.5;
+    // SAFETY: |y| < 128.
+    let t = unsafe { y.to_int_unchecked::<i32>() } as f32;
+    let n = if t > y { t - 1.0 } else { t };
+    let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+        + 1.666_666_5e-1)
+        * r
+        + 0.5;
+    let e = p * r * r + r + 1.0;
+    // SAFETY: n is a whole number in [-126, 127].
+    let n = unsafe { n.to_int_unchecked::<i32>() };
+    e * f32::from_bits(((n + 127) as u32) << 23)
+}
