@@ -1,6 +1,6 @@
 //! `spotinfer embed` and `spotinfer bench`: the model over a JSONL file, without Pub/Sub.
 
-use spotinfer::config::{BenchArgs, EmbedArgs};
+use spotinfer::config::{BenchArgs, EmbedArgs, ModelArgs};
 use spotinfer::model::{offline, Embedder};
 use std::time::Instant;
 
@@ -12,12 +12,7 @@ pub async fn embed(mut a: EmbedArgs) -> anyhow::Result<()> {
 
 fn embed_file(a: EmbedArgs) -> anyhow::Result<()> {
     let records = offline::read_records(&a.input, a.model.max_text_bytes)?;
-    let embedder = Embedder::load_as(
-        &a.model.model,
-        a.model.device,
-        a.model.backend,
-        a.model.precision,
-    )?;
+    let embedder = load(&a.model)?;
     let (vectors, _) = offline::embed_all(&embedder, &records, a.batch.batch_size)?;
     offline::write_embeddings(&a.output, &records, &vectors)?;
     println!(
@@ -37,12 +32,7 @@ pub async fn bench(mut a: BenchArgs) -> anyhow::Result<()> {
 fn bench_file(a: BenchArgs) -> anyhow::Result<()> {
     let records = offline::read_records(&a.input, a.model.max_text_bytes)?;
     let started = Instant::now();
-    let embedder = Embedder::load_as(
-        &a.model.model,
-        a.model.device,
-        a.model.backend,
-        a.model.precision,
-    )?;
+    let embedder = load(&a.model)?;
     let load_seconds = started.elapsed().as_secs_f64();
     let report = offline::bench(
         &embedder,
@@ -62,4 +52,14 @@ fn bench_file(a: BenchArgs) -> anyhow::Result<()> {
     );
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
+}
+
+/// The model as the arguments describe it, on this thread.
+fn load(m: &ModelArgs) -> anyhow::Result<Embedder> {
+    Ok(Embedder::load_as(
+        &m.model,
+        m.device,
+        m.backend,
+        m.precision,
+    )?)
 }

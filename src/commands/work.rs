@@ -3,15 +3,16 @@
 
 use super::load_model;
 use anyhow::Context;
+use backon::Retryable;
 use spotinfer::config::WorkArgs;
 use spotinfer::external::drain::{self, DrainConfig};
 use spotinfer::external::pubsub::PubsubConfig;
-use spotinfer::external::store::{Store, StoreError};
+use spotinfer::external::store::{self, Store, StoreError};
 use spotinfer::external::telemetry::{self, Metrics};
 use spotinfer::pipeline::batcher::BatchConfig;
 use spotinfer::pipeline::shutdown::{self, Shutdown};
 use spotinfer::pipeline::worker::{self, WorkerConfig};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Runs one worker to its end and prints what it did.
 pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
@@ -95,25 +96,17 @@ pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
 /// starts during a database outage waits for it (it holds no message yet) instead of crash-looping.
 /// Returns None when shutdown comes first.
 async fn connect_until_ready(url: &str, shutdown: &Shutdown) -> Option<Store> {
-    let mut backoff = std::time::Duration::from_millis(250);
-    loop {
-        let attempt = async {
-            let store = Store::connect(url).await?;
-            store.migrate().await?;
-            Ok::<_, StoreError>(store)
-        };
-        let result = tokio::select! {
-            _ = shutdown.cancelled() => return None,
-            r = attempt => r,
-        };
-        match result {
-            Ok(store) => return Some(store),
-            Err(e) => tracing::warn!(error = %e, retry_in = ?backoff, "database not ready"),
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return None,
-            _ = tokio::time::sleep(backoff) => {},
-        }
-        backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
+    let connect = || async {
+        let store = Store::connect(url).await?;
+        store.migrate().await?;
+        Ok::<_, StoreError>(store)
+    };
+    let retrying = connect
+        .retry(store::retry_schedule(Duration::from_millis(250)))
+        .sleep(tokio::time::sleep)
+        .notify(|e, retry_in| tracing::warn!(error = %e, ?retry_in, "database not ready"));
+    tokio::select! {
+        _ = shutdown.cancelled() => None,
+        r = retrying => r.ok(),
     }
 }

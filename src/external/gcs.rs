@@ -369,39 +369,21 @@ fn request_error(uri: &str, e: google_cloud_storage::Error) -> StorageError {
     }
 }
 
-/// An exclusive advisory lock on a file (flock), released on drop.
-struct FileLock(std::fs::File);
+/// An exclusive lock on a file (`File::lock`: flock on Linux), held while the value lives; the
+/// lock goes with the file descriptor when it is dropped.
+struct FileLock(#[allow(dead_code)] std::fs::File);
 
 impl FileLock {
+    /// Waits for the lock on a blocking thread, so other tasks run meanwhile.
     async fn acquire(path: &Path) -> std::io::Result<Self> {
-        use std::os::fd::AsRawFd;
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .open(path)?;
-        loop {
-            // SAFETY: flock on a descriptor this function owns.
-            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-            if rc == 0 {
-                return Ok(Self(file));
-            }
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
-                return Err(err);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-impl Drop for FileLock {
-    fn drop(&mut self) {
-        use std::os::fd::AsRawFd;
-        // SAFETY: unlocking the descriptor we locked.
-        unsafe {
-            libc::flock(self.0.as_raw_fd(), libc::LOCK_UN);
-        }
+        tokio::task::spawn_blocking(move || file.lock().map(|()| Self(file)))
+            .await
+            .map_err(std::io::Error::other)?
     }
 }
 

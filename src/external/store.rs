@@ -5,9 +5,12 @@
 //! guard on the publish time: a redelivered or republished record leaves exactly one row, and a
 //! redelivery of an older publish never overwrites the result of a newer one.
 
+use sqlx::postgres::Postgres;
 use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::query_builder::Separated;
+use sqlx::sqlite::Sqlite;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
-use sqlx::{QueryBuilder, Row};
+use sqlx::{Database, Encode, QueryBuilder, Row, Type};
 use std::collections::HashMap;
 use std::str::FromStr;
 use std::time::Duration;
@@ -116,7 +119,6 @@ fn upsert_tail(now: &str) -> String {
 const FAILURE_COLUMNS: &str =
     "INSERT INTO failed_records (message_id, record_id, job, error, payload, publish_time_us) ";
 const FAILURE_TAIL: &str = " ON CONFLICT (message_id) DO NOTHING";
-const SQLITE_NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
 impl Store {
     /// Connects (and for SQLite creates the file), failing fast with a clear error when the
@@ -171,35 +173,17 @@ impl Store {
         failures: &[FailureRow],
     ) -> Result<(), StoreError> {
         let results = newest_per_record(results);
+        // The statements are shared (`results_statement`, `failures_statement`); only the
+        // connection type differs between the two arms.
         match self {
             Self::Postgres(pool) => {
                 let mut tx = pool.begin().await?;
                 if !results.is_empty() {
-                    let mut q = QueryBuilder::new(UPSERT_COLUMNS);
-                    q.push_values(&results, |mut b, r| {
-                        b.push_bind(&r.record_id)
-                            .push_bind(&r.embedding)
-                            .push_bind(&r.model)
-                            .push_bind(r.embedding.len() as i32)
-                            .push_bind(&r.job)
-                            .push_bind(&r.input_sha256)
-                            .push_bind(&r.message_id)
-                            .push_bind(r.publish_time_us);
-                    });
-                    q.push(upsert_tail("now()"));
+                    let mut q = results_statement::<Postgres>(&results);
                     q.build().execute(&mut *tx).await?;
                 }
                 if !failures.is_empty() {
-                    let mut q = QueryBuilder::new(FAILURE_COLUMNS);
-                    q.push_values(failures, |mut b, f| {
-                        b.push_bind(&f.message_id)
-                            .push_bind(&f.record_id)
-                            .push_bind(&f.job)
-                            .push_bind(&f.error)
-                            .push_bind(&f.payload)
-                            .push_bind(f.publish_time_us);
-                    });
-                    q.push(FAILURE_TAIL);
+                    let mut q = failures_statement::<Postgres>(failures);
                     q.build().execute(&mut *tx).await?;
                 }
                 tx.commit().await?;
@@ -207,31 +191,11 @@ impl Store {
             Self::Sqlite(pool) => {
                 let mut tx = pool.begin().await?;
                 if !results.is_empty() {
-                    let mut q = QueryBuilder::new(UPSERT_COLUMNS);
-                    q.push_values(&results, |mut b, r| {
-                        b.push_bind(&r.record_id)
-                            .push_bind(f32s_to_le_bytes(&r.embedding))
-                            .push_bind(&r.model)
-                            .push_bind(r.embedding.len() as i32)
-                            .push_bind(&r.job)
-                            .push_bind(&r.input_sha256)
-                            .push_bind(&r.message_id)
-                            .push_bind(r.publish_time_us);
-                    });
-                    q.push(upsert_tail(SQLITE_NOW));
+                    let mut q = results_statement::<Sqlite>(&results);
                     q.build().execute(&mut *tx).await?;
                 }
                 if !failures.is_empty() {
-                    let mut q = QueryBuilder::new(FAILURE_COLUMNS);
-                    q.push_values(failures, |mut b, f| {
-                        b.push_bind(&f.message_id)
-                            .push_bind(&f.record_id)
-                            .push_bind(&f.job)
-                            .push_bind(&f.error)
-                            .push_bind(&f.payload)
-                            .push_bind(f.publish_time_us);
-                    });
-                    q.push(FAILURE_TAIL);
+                    let mut q = failures_statement::<Sqlite>(failures);
                     q.build().execute(&mut *tx).await?;
                 }
                 tx.commit().await?;
@@ -324,6 +288,93 @@ impl Store {
         };
         Ok(rows)
     }
+}
+
+/// What differs between the two databases' writes; the statements are otherwise shared.
+///
+/// Not `sqlx::Any`: it cannot bind PostgreSQL arrays, and the embedding is a `REAL[]` there
+/// (readable with SQL) but a little-endian BLOB in SQLite, which has no arrays.
+trait Dialect: Database {
+    /// SQL for the current time, in the column's format.
+    const NOW: &'static str;
+    /// Binds an embedding as this database stores it.
+    fn bind_embedding(b: &mut Separated<'_, '_, Self, &'static str>, v: &[f32]);
+}
+
+impl Dialect for Postgres {
+    const NOW: &'static str = "now()";
+    fn bind_embedding(b: &mut Separated<'_, '_, Self, &'static str>, v: &[f32]) {
+        b.push_bind(v.to_vec());
+    }
+}
+
+impl Dialect for Sqlite {
+    const NOW: &'static str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+    fn bind_embedding(b: &mut Separated<'_, '_, Self, &'static str>, v: &[f32]) {
+        b.push_bind(f32s_to_le_bytes(v));
+    }
+}
+
+/// The result UPSERT, one multi-row statement.
+fn results_statement<'a, DB>(results: &'a [&ResultRow]) -> QueryBuilder<'a, DB>
+where
+    DB: Dialect,
+    DB::Arguments<'a>: Default,
+    String: Encode<'a, DB> + Type<DB>,
+    Option<String>: Encode<'a, DB> + Type<DB>,
+    i32: Encode<'a, DB> + Type<DB>,
+    i64: Encode<'a, DB> + Type<DB>,
+{
+    let mut q = QueryBuilder::<DB>::new(UPSERT_COLUMNS);
+    q.push_values(results, |mut b, r| {
+        b.push_bind(r.record_id.clone());
+        DB::bind_embedding(&mut b, &r.embedding);
+        b.push_bind(r.model.clone())
+            .push_bind(r.embedding.len() as i32)
+            .push_bind(r.job.clone())
+            .push_bind(r.input_sha256.clone())
+            .push_bind(r.message_id.clone())
+            .push_bind(r.publish_time_us);
+    });
+    q.push(upsert_tail(DB::NOW));
+    q
+}
+
+/// The failure INSERT (a redelivered bad payload keeps its first row), one statement.
+fn failures_statement<'a, DB>(failures: &'a [FailureRow]) -> QueryBuilder<'a, DB>
+where
+    DB: Database,
+    DB::Arguments<'a>: Default,
+    String: Encode<'a, DB> + Type<DB>,
+    Option<String>: Encode<'a, DB> + Type<DB>,
+    Vec<u8>: Encode<'a, DB> + Type<DB>,
+    i64: Encode<'a, DB> + Type<DB>,
+{
+    let mut q = QueryBuilder::<DB>::new(FAILURE_COLUMNS);
+    q.push_values(failures, |mut b, f| {
+        b.push_bind(f.message_id.clone())
+            .push_bind(f.record_id.clone())
+            .push_bind(f.job.clone())
+            .push_bind(f.error.clone())
+            .push_bind(f.payload.clone())
+            .push_bind(f.publish_time_us);
+    });
+    q.push(FAILURE_TAIL);
+    q
+}
+
+/// How this process spaces its attempts at a failing database: exponential from `first` to 5 s,
+/// with jitter so a fleet of workers does not hammer a recovering server in step, and no limit
+/// on attempts (the callers stop on shutdown).
+pub fn retry_schedule(first: std::time::Duration) -> backon::ExponentialBackoff {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(first)
+        .with_max_delay(std::time::Duration::from_secs(5))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
 }
 
 /// Keeps, for each record id, the row with the newest publish time; sorted by record id.

@@ -1,15 +1,23 @@
 //! Telemetry: logs through `tracing`, counters for Prometheus, and the worker's HTTP port.
 //!
-//! The metrics are plain atomics rendered in the Prometheus text format, so the hot path pays an
-//! atomic add and nothing else. The HTTP endpoint is deliberately tiny (three GET routes) and is
-//! only started when `SPOTINFER_METRICS_ADDR` is set.
+//! The metrics live in a `prometheus-client` registry (atomic counters, gauges and histograms,
+//! rendered in the OpenMetrics text format); axum serves them with the health and readiness
+//! probes, only when `SPOTINFER_METRICS_ADDR` is set.
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
+use tower::limit::GlobalConcurrencyLimitLayer;
 
 /// Log output format (`SPOTINFER_LOG_FORMAT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -32,12 +40,21 @@ pub fn init_logging(format: LogFormat) {
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.event_format(CloudLoggingJson).try_init(),
+        // No colour codes inside JSON strings (span fields are pre-formatted text).
+        LogFormat::Json => builder
+            .with_ansi(false)
+            .event_format(CloudLoggingJson)
+            .try_init(),
     };
 }
 
 /// A JSON event format with `severity` (Cloud Logging's name for the level), `message`,
-/// `target`, `timestamp` and the event's fields at the top level.
+/// `target`, `timestamp`, the event's fields at the top level under their own names, and the
+/// enclosing spans (name and fields, outermost first) under `spans`.
+///
+/// Kept rather than `tracing-stackdriver` because that layer renames every field to camelCase
+/// (`retry_in` becomes `retryIn`, `drain_seconds` becomes `drainSeconds`) and writes `time` for
+/// `timestamp`: the field names operators query and alert on (docs/operations.md) would change.
 struct CloudLoggingJson;
 
 impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for CloudLoggingJson
@@ -47,7 +64,7 @@ where
 {
     fn format_event(
         &self,
-        _ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
         mut writer: tracing_subscriber::fmt::format::Writer<'_>,
         event: &tracing::Event<'_>,
     ) -> std::fmt::Result {
@@ -61,6 +78,22 @@ where
             tracing::Level::DEBUG | tracing::Level::TRACE => "DEBUG",
         };
         obj.insert("severity".into(), severity.into());
+        if let Some(scope) = ctx.event_scope() {
+            let spans: Vec<serde_json::Value> = scope
+                .from_root()
+                .map(|span| {
+                    let ext = span.extensions();
+                    let fields = ext
+                        .get::<tracing_subscriber::fmt::FormattedFields<N>>()
+                        .map(|f| f.fields.clone())
+                        .unwrap_or_default();
+                    serde_json::json!({"name": span.name(), "fields": fields})
+                })
+                .collect();
+            if !spans.is_empty() {
+                obj.insert("spans".into(), spans.into());
+            }
+        }
         obj.insert("target".into(), event.metadata().target().into());
         obj.insert(
             "timestamp".into(),
@@ -97,71 +130,28 @@ impl tracing::field::Visit for JsonFields {
     }
 }
 
-/// A fixed-bucket histogram (cumulative buckets are computed when rendered).
-#[derive(Debug)]
-pub struct Histogram {
-    bounds: &'static [f64],
-    counts: Vec<AtomicU64>,
-    sum_micros: AtomicU64,
-    count: AtomicU64,
-}
-
-impl Histogram {
-    fn new(bounds: &'static [f64]) -> Self {
-        Self {
-            bounds,
-            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-            sum_micros: AtomicU64::new(0),
-            count: AtomicU64::new(0),
-        }
-    }
-
-    /// Records one observation.
-    pub fn observe(&self, v: f64) {
-        let i = self
-            .bounds
-            .iter()
-            .position(|b| v <= *b)
-            .unwrap_or(self.bounds.len());
-        self.counts[i].fetch_add(1, Ordering::Relaxed);
-        self.sum_micros
-            .fetch_add((v * 1e6).max(0.0) as u64, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn render(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cumulative = 0;
-        for (i, b) in self.bounds.iter().enumerate() {
-            cumulative += self.counts[i].load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cumulative}");
-        }
-        cumulative += self.counts[self.bounds.len()].load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
-        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum {sum}");
-        let _ = writeln!(out, "{name}_count {}", self.count.load(Ordering::Relaxed));
-    }
-}
-
-const SECONDS_BUCKETS: &[f64] = &[
+const SECONDS_BUCKETS: [f64; 12] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
-const SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
+const SIZE_BUCKETS: [f64; 10] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
 
-/// The worker's counters, shared by every stage.
+/// The worker's counters, shared by every stage: a `prometheus-client` registry whose counters
+/// and gauges are atomics, so the hot path pays an atomic add and nothing else, plus the
+/// readiness conditions and the idle clock.
 #[derive(Debug)]
 pub struct Metrics {
+    registry: Registry,
     started: Instant,
-    received: AtomicU64,
-    acked: AtomicU64,
-    nacked: AtomicU64,
-    committed: AtomicU64,
-    failed: AtomicU64,
-    commit_errors: AtomicU64,
-    model_errors: AtomicU64,
-    tokens: AtomicU64,
-    in_flight: AtomicI64,
+    received: Counter,
+    acked: Counter,
+    nacked: Counter,
+    committed: Counter,
+    failed: Counter,
+    commit_errors: Counter,
+    model_errors: Counter,
+    tokens: Counter,
+    in_flight: Gauge,
+    ready_gauge: Gauge,
     last_received_ms: AtomicU64,
     /// Records per model batch.
     pub batch_size: Histogram,
@@ -177,21 +167,82 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
+        let mut registry = Registry::default();
+        let mut counter = |name: &str, help: &str| {
+            let c = Counter::default();
+            // The encoder appends `_total`: spotinfer_messages_received_total, ...
+            registry.register(name, help, c.clone());
+            c
+        };
+        let received = counter(
+            "spotinfer_messages_received",
+            "Messages received from Pub/Sub.",
+        );
+        let acked = counter(
+            "spotinfer_messages_acked",
+            "Messages acked after their commit.",
+        );
+        let nacked = counter(
+            "spotinfer_messages_nacked",
+            "Messages nacked for redelivery.",
+        );
+        let committed = counter("spotinfer_records_committed", "Result rows committed.");
+        let failed = counter(
+            "spotinfer_records_failed",
+            "Bad payloads recorded in failed_records.",
+        );
+        let commit_errors = counter("spotinfer_commit_errors", "Commits that failed.");
+        let model_errors = counter("spotinfer_model_errors", "Model batches that failed.");
+        let tokens = counter("spotinfer_tokens", "Tokens embedded.");
+        let in_flight = Gauge::default();
+        registry.register(
+            "spotinfer_in_flight_messages",
+            "Messages held and not yet settled.",
+            in_flight.clone(),
+        );
+        let ready_gauge = Gauge::default();
+        registry.register(
+            "spotinfer_ready",
+            "Whether the worker is ready.",
+            ready_gauge.clone(),
+        );
+        let mut histogram = |name: &str, help: &str, buckets: &[f64]| {
+            let h = Histogram::new(buckets.iter().copied());
+            registry.register(name, help, h.clone());
+            h
+        };
+        let batch_size = histogram(
+            "spotinfer_batch_size",
+            "Records per model batch.",
+            &SIZE_BUCKETS,
+        );
+        let inference_seconds = histogram(
+            "spotinfer_inference_seconds",
+            "Model time per batch.",
+            &SECONDS_BUCKETS,
+        );
+        let commit_seconds = histogram(
+            "spotinfer_commit_seconds",
+            "Time per commit transaction.",
+            &SECONDS_BUCKETS,
+        );
         Self {
+            registry,
             started: Instant::now(),
-            received: AtomicU64::new(0),
-            acked: AtomicU64::new(0),
-            nacked: AtomicU64::new(0),
-            committed: AtomicU64::new(0),
-            failed: AtomicU64::new(0),
-            commit_errors: AtomicU64::new(0),
-            model_errors: AtomicU64::new(0),
-            tokens: AtomicU64::new(0),
-            in_flight: AtomicI64::new(0),
+            received,
+            acked,
+            nacked,
+            committed,
+            failed,
+            commit_errors,
+            model_errors,
+            tokens,
+            in_flight,
+            ready_gauge,
             last_received_ms: AtomicU64::new(0),
-            batch_size: Histogram::new(SIZE_BUCKETS),
-            inference_seconds: Histogram::new(SECONDS_BUCKETS),
-            commit_seconds: Histogram::new(SECONDS_BUCKETS),
+            batch_size,
+            inference_seconds,
+            commit_seconds,
             model_loaded: AtomicBool::new(false),
             store_ok: AtomicBool::new(false),
             stream_open: AtomicBool::new(false),
@@ -229,7 +280,7 @@ impl Metrics {
 
     /// Counts messages received, and notes the time for idle detection.
     pub fn received(&self, n: u64) {
-        self.received.fetch_add(n, Ordering::Relaxed);
+        self.received.inc_by(n);
         self.mark_active();
     }
     /// Restarts the idle clock (the worker calls it when it starts pulling, so time spent
@@ -240,36 +291,36 @@ impl Metrics {
     }
     /// Counts acks.
     pub fn acked(&self, n: u64) {
-        self.acked.fetch_add(n, Ordering::Relaxed);
+        self.acked.inc_by(n);
     }
     /// Counts nacks.
     pub fn nacked(&self, n: u64) {
-        self.nacked.fetch_add(n, Ordering::Relaxed);
+        self.nacked.inc_by(n);
     }
     /// Counts committed result rows and failure rows.
     pub fn committed(&self, results: u64, failures: u64) {
-        self.committed.fetch_add(results, Ordering::Relaxed);
-        self.failed.fetch_add(failures, Ordering::Relaxed);
+        self.committed.inc_by(results);
+        self.failed.inc_by(failures);
     }
     /// Counts a failed commit.
     pub fn commit_error(&self) {
-        self.commit_errors.fetch_add(1, Ordering::Relaxed);
+        self.commit_errors.inc();
     }
     /// Counts a failed model batch.
     pub fn model_error(&self) {
-        self.model_errors.fetch_add(1, Ordering::Relaxed);
+        self.model_errors.inc();
     }
     /// Counts embedded tokens.
     pub fn tokens(&self, n: u64) {
-        self.tokens.fetch_add(n, Ordering::Relaxed);
+        self.tokens.inc_by(n);
     }
     /// Adjusts the number of messages held and not yet settled.
     pub fn in_flight_add(&self, n: i64) {
-        self.in_flight.fetch_add(n, Ordering::Relaxed);
+        self.in_flight.inc_by(n);
     }
     /// Messages held and not yet settled.
     pub fn in_flight(&self) -> i64 {
-        self.in_flight.load(Ordering::Relaxed)
+        self.in_flight.get()
     }
     /// Time since the last message arrived (or since start, if none has).
     pub fn idle_for(&self) -> Duration {
@@ -303,125 +354,61 @@ impl Metrics {
     /// A snapshot of the counters.
     pub fn counts(&self) -> Counts {
         Counts {
-            received: self.received.load(Ordering::Relaxed),
-            acked: self.acked.load(Ordering::Relaxed),
-            nacked: self.nacked.load(Ordering::Relaxed),
-            committed: self.committed.load(Ordering::Relaxed),
-            failed: self.failed.load(Ordering::Relaxed),
-            commit_errors: self.commit_errors.load(Ordering::Relaxed),
-            model_errors: self.model_errors.load(Ordering::Relaxed),
-            tokens: self.tokens.load(Ordering::Relaxed),
+            received: self.received.get(),
+            acked: self.acked.get(),
+            nacked: self.nacked.get(),
+            committed: self.committed.get(),
+            failed: self.failed.get(),
+            commit_errors: self.commit_errors.get(),
+            model_errors: self.model_errors.get(),
+            tokens: self.tokens.get(),
         }
     }
 
-    /// The Prometheus text exposition of every metric.
+    /// Every metric in the OpenMetrics text format (which Prometheus scrapes).
     pub fn render(&self) -> String {
-        let c = self.counts();
+        self.ready_gauge.set(i64::from(self.ready()));
         let mut out = String::new();
-        let mut counter = |name: &str, help: &str, v: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
-            );
-        };
-        counter(
-            "spotinfer_messages_received_total",
-            "Messages received from Pub/Sub.",
-            c.received,
-        );
-        counter(
-            "spotinfer_messages_acked_total",
-            "Messages acked after their commit.",
-            c.acked,
-        );
-        counter(
-            "spotinfer_messages_nacked_total",
-            "Messages nacked for redelivery.",
-            c.nacked,
-        );
-        counter(
-            "spotinfer_records_committed_total",
-            "Result rows committed.",
-            c.committed,
-        );
-        counter(
-            "spotinfer_records_failed_total",
-            "Bad payloads recorded in failed_records.",
-            c.failed,
-        );
-        counter(
-            "spotinfer_commit_errors_total",
-            "Commits that failed.",
-            c.commit_errors,
-        );
-        counter(
-            "spotinfer_model_errors_total",
-            "Model batches that failed.",
-            c.model_errors,
-        );
-        counter("spotinfer_tokens_total", "Tokens embedded.", c.tokens);
-        let _ = writeln!(
-            out,
-            "# HELP spotinfer_in_flight_messages Messages held and not yet settled.\n# TYPE spotinfer_in_flight_messages gauge\nspotinfer_in_flight_messages {}",
-            self.in_flight()
-        );
-        let _ = writeln!(
-            out,
-            "# HELP spotinfer_ready Whether the worker is ready.\n# TYPE spotinfer_ready gauge\nspotinfer_ready {}",
-            u8::from(self.ready())
-        );
-        self.batch_size
-            .render(&mut out, "spotinfer_batch_size", "Records per model batch.");
-        self.inference_seconds.render(
-            &mut out,
-            "spotinfer_inference_seconds",
-            "Model time per batch.",
-        );
-        self.commit_seconds.render(
-            &mut out,
-            "spotinfer_commit_seconds",
-            "Time per commit transaction.",
-        );
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
     }
 }
+
+/// Requests the endpoint serves at once; more wait their turn.
+const MAX_CONCURRENT_REQUESTS: usize = 32;
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the process ends.
 ///
 /// `/healthz` answers 200 while the process runs; `/readyz` answers 200 only when
 /// [`Metrics::ready`] holds, 503 otherwise.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
-    loop {
-        let Ok((mut sock, _)) = listener.accept().await else {
-            continue;
-        };
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let mut buf = [0u8; 1024];
-            let n = match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf)).await {
-                Ok(Ok(n)) => n,
-                _ => return,
-            };
-            let req = String::from_utf8_lossy(&buf[..n]);
-            let path = req.split_whitespace().nth(1).unwrap_or("/");
-            let (status, body, ctype) = match path {
-                "/metrics" => ("200 OK", metrics.render(), "text/plain; version=0.0.4"),
-                "/healthz" => ("200 OK", "ok\n".to_string(), "text/plain"),
-                "/readyz" if metrics.ready() => ("200 OK", "ready\n".to_string(), "text/plain"),
-                "/readyz" => (
-                    "503 Service Unavailable",
-                    "not ready\n".to_string(),
-                    "text/plain",
-                ),
-                _ => ("404 Not Found", "not found\n".to_string(), "text/plain"),
-            };
-            let head = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = sock.write_all(head.as_bytes()).await;
-            let _ = sock.write_all(body.as_bytes()).await;
-        });
+    let app = Router::new()
+        .route("/metrics", get(render_metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readiness))
+        .layer(GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT_REQUESTS))
+        .with_state(metrics);
+    if let Err(e) = axum::serve(listener, app).await {
+        tracing::error!(error = %e, "metrics endpoint stopped");
+    }
+}
+
+async fn render_metrics(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        metrics.render(),
+    )
+}
+
+async fn readiness(State(metrics): State<Arc<Metrics>>) -> (StatusCode, &'static str) {
+    if metrics.ready() {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
     }
 }
 
@@ -437,11 +424,11 @@ mod tests {
         m.batch_size.observe(1000.0);
         let text = m.render();
         assert!(
-            text.contains("spotinfer_batch_size_bucket{le=\"4\"} 1"),
+            text.contains("spotinfer_batch_size_bucket{le=\"4.0\"} 1"),
             "{text}"
         );
         assert!(
-            text.contains("spotinfer_batch_size_bucket{le=\"32\"} 2"),
+            text.contains("spotinfer_batch_size_bucket{le=\"32.0\"} 2"),
             "{text}"
         );
         assert!(
@@ -449,6 +436,50 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("spotinfer_batch_size_count 3"), "{text}");
+    }
+
+    /// An event inside spans carries them: name and fields, outermost first.
+    #[test]
+    fn json_logs_keep_span_fields() {
+        use tracing_subscriber::fmt::MakeWriter;
+        #[derive(Clone, Default)]
+        struct Buf(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        impl<'a> MakeWriter<'a> for Buf {
+            type Writer = Buf;
+            fn make_writer(&'a self) -> Buf {
+                self.clone()
+            }
+        }
+        let buf = Buf::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .event_format(CloudLoggingJson)
+            .with_writer(buf.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let outer = tracing::info_span!("batch", records = 32);
+            let _o = outer.enter();
+            let inner = tracing::info_span!("commit", attempt = 2);
+            let _i = inner.enter();
+            tracing::warn!(retry_in = 5, "commit failed");
+        });
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let line: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+        assert_eq!(line["severity"], "WARNING");
+        assert_eq!(line["retry_in"], 5);
+        assert_eq!(line["spans"][0]["name"], "batch");
+        assert_eq!(line["spans"][0]["fields"], "records=32");
+        assert_eq!(line["spans"][1]["name"], "commit");
+        assert_eq!(line["spans"][1]["fields"], "attempt=2");
     }
 
     #[test]

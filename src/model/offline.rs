@@ -141,13 +141,17 @@ pub struct BenchReport {
 
 /// CPU time (user, system) and peak RSS (KiB) of this process so far.
 fn rusage() -> (f64, f64, f64) {
-    // SAFETY: getrusage only writes the struct it is given.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    use nix::sys::time::TimeValLike;
+    let Ok(ru) = getrusage(UsageWho::RUSAGE_SELF) else {
         return (0.0, 0.0, 0.0);
-    }
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    (secs(ru.ru_utime), secs(ru.ru_stime), ru.ru_maxrss as f64)
+    };
+    let secs = |t: nix::sys::time::TimeVal| t.num_microseconds() as f64 / 1e6;
+    (
+        secs(ru.user_time()),
+        secs(ru.system_time()),
+        ru.max_rss() as f64,
+    )
 }
 
 /// Runs `warmup` untimed batches, then embeds every record once, timed.

@@ -6,7 +6,7 @@
 //! so a dead database is not hammered. On shutdown a commit already in flight is finished and
 //! acked; outcomes still queued are dropped (NACKed).
 
-use crate::external::store::Store;
+use crate::external::store::{self, Store};
 use crate::external::telemetry::Metrics;
 use crate::pipeline::message::Outcome;
 use crate::pipeline::shutdown::Shutdown;
@@ -25,8 +25,8 @@ pub struct SinkConfig {
     pub confirm_acks: bool,
 }
 
+/// The first pause after a failed commit; it doubles (with jitter) up to 5 s while commits fail.
 const BACKOFF_START: Duration = Duration::from_millis(200);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// Commits outcomes from `rx` until shutdown or `rx` closes.
 pub async fn run(
@@ -36,7 +36,7 @@ pub async fn run(
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
 ) {
-    let mut backoff = BACKOFF_START;
+    let mut backoff = store::retry_schedule(BACKOFF_START);
     loop {
         let Some(outcome) = crate::pipeline::shutdown::recv(&mut rx, &shutdown).await else {
             return;
@@ -60,7 +60,7 @@ pub async fn run(
                 if unconfirmed > 0 {
                     tracing::warn!(unconfirmed, "acks not confirmed; those messages may be redelivered and their idempotent commit redone");
                 }
-                backoff = BACKOFF_START;
+                backoff = store::retry_schedule(BACKOFF_START);
             }
             failed => {
                 let error = match failed {
@@ -69,14 +69,14 @@ pub async fn run(
                 };
                 metrics.commit_error();
                 metrics.set_store_ok(false);
-                tracing::error!(%error, messages = results.len() + failures.len(), retry_in = ?backoff, "commit failed; nacking the batch for redelivery");
+                let pause = backoff.next().unwrap_or(BACKOFF_START);
+                tracing::error!(%error, messages = results.len() + failures.len(), retry_in = ?pause, "commit failed; nacking the batch for redelivery");
                 drop(outcome);
                 tokio::select! {
                     biased;
                     _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(backoff) => {},
+                    _ = tokio::time::sleep(pause) => {},
                 }
-                backoff = (backoff * 2).min(BACKOFF_MAX);
             }
         }
     }

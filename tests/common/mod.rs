@@ -254,7 +254,7 @@ impl WorkerProcess {
         let mut s = tokio::net::TcpStream::connect(&self.metrics_addr)
             .await
             .ok()?;
-        s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+        s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
             .await
             .ok()?;
         let mut body = String::new();
@@ -271,7 +271,10 @@ impl WorkerProcess {
         let Ok(mut s) = tokio::net::TcpStream::connect(&self.metrics_addr).await else {
             return false;
         };
-        if s.write_all(b"GET /readyz HTTP/1.1\r\n\r\n").await.is_err() {
+        if s.write_all(b"GET /readyz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .is_err()
+        {
             return false;
         }
         let mut body = String::new();

@@ -28,7 +28,8 @@ fn emulator() -> String {
     std::env::var("PUBSUB_EMULATOR_HOST").expect("PUBSUB_EMULATOR_HOST (scripts/test.sh sets it)")
 }
 
-/// A fresh database on the test PostgreSQL (`SPOTINFER_TEST_PG_URL`).
+/// A fresh database on the test PostgreSQL (`SPOTINFER_TEST_PG_URL`). The root package's
+/// `tests/common` has its twin; it cannot be shared, as it starts the root package's binary.
 async fn fresh_pg_database() -> String {
     let admin = std::env::var("SPOTINFER_TEST_PG_URL").expect("SPOTINFER_TEST_PG_URL");
     let name = format!(
