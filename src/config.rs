@@ -4,10 +4,18 @@
 //! their lower-case, dashed twins. Defaults run the local Quick start: the Pub/Sub emulator when
 //! `PUBSUB_EMULATOR_HOST` is set, and a SQLite file in the working directory.
 
-use crate::external::telemetry::LogFormat;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::time::Duration;
+
+/// Log output format (`SPOTINFER_LOG_FORMAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, with Cloud Logging's `severity` field.
+    Json,
+}
 
 /// spotinfer: batch inference on preemptible capacity without losing or duplicating a result.
 #[derive(Debug, Parser)]

@@ -15,7 +15,9 @@
 //! * [`external`]: the outside world the pipeline talks to: Pub/Sub, Cloud Storage, the
 //!   database, the early-drain watches, logs and metrics.
 //!
-//! [`config`] holds every setting (flags with environment fallbacks). The commands themselves
+//! Beside them, the vocabulary all three share: [`config`] (every setting, a flag with an
+//! environment fallback), [`record`] (the message data contract) and [`shutdown`] (the
+//! cancellation handed to every task). The commands themselves
 //! (`setup`, `publish`, `work`, …) are thin entry points in the binary's `src/commands/`; the
 //! load test is a crate of its own (`crates/loadtest`), so the worker a user deploys carries no
 //! chaos tooling.
@@ -24,3 +26,5 @@ pub mod config;
 pub mod external;
 pub mod model;
 pub mod pipeline;
+pub mod record;
+pub mod shutdown;

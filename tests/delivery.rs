@@ -9,8 +9,8 @@ use spotinfer::external::store::Store;
 use spotinfer::external::telemetry::Metrics;
 use spotinfer::model::{Embedder, ModelHandle};
 use spotinfer::pipeline::batcher::BatchConfig;
-use spotinfer::pipeline::shutdown::Shutdown;
 use spotinfer::pipeline::worker::{self, WorkerConfig, WorkerError};
+use spotinfer::shutdown::Shutdown;
 use std::time::{Duration, Instant};
 
 fn config(cfg: PubsubConfig, exactly_once: bool) -> WorkerConfig {

@@ -9,8 +9,8 @@ use spotinfer::external::pubsub::PubsubConfig;
 use spotinfer::external::store::{ResultRow, Store};
 use spotinfer::external::telemetry::Metrics;
 use spotinfer::model::{cosine, Embedder, ModelHandle};
-use spotinfer::pipeline::shutdown::Shutdown;
 use spotinfer::pipeline::worker::{self, Report, WorkerConfig};
+use spotinfer::shutdown::Shutdown;
 use std::time::{Duration, Instant};
 
 fn config_for(args: &PubsubArgs, idle: Option<Duration>) -> WorkerConfig {

@@ -10,8 +10,8 @@ use spotinfer::external::pubsub::PubsubConfig;
 use spotinfer::external::store::{self, Store, StoreError};
 use spotinfer::external::telemetry::{self, Metrics};
 use spotinfer::pipeline::batcher::BatchConfig;
-use spotinfer::pipeline::shutdown::{self, Shutdown};
 use spotinfer::pipeline::worker::{self, WorkerConfig};
+use spotinfer::shutdown::{self, Shutdown};
 use std::time::{Duration, Instant};
 
 /// Runs one worker to its end and prints what it did.

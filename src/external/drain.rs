@@ -13,7 +13,7 @@
 //! uncommitted) but the process stays up, not ready, until the signal comes: exiting early would
 //! only have the container restarted on the dying node.
 
-use crate::pipeline::shutdown::Shutdown;
+use crate::shutdown::Shutdown;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 

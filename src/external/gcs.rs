@@ -96,15 +96,9 @@ impl StorageError {
 
 /// Splits `gs://bucket/object` into the crate's bucket name and the object name.
 pub fn parse_uri(uri: &str) -> Result<(String, String), StorageError> {
-    let rest = uri
-        .strip_prefix("gs://")
-        .ok_or_else(|| StorageError::BadUri(uri.to_string()))?;
-    match rest.split_once('/') {
-        Some((bucket, object)) if !bucket.is_empty() && !object.is_empty() => {
-            Ok((format!("projects/_/buckets/{bucket}"), object.to_string()))
-        }
-        _ => Err(StorageError::BadUri(uri.to_string())),
-    }
+    let (bucket, object) =
+        crate::record::split_gs_uri(uri).ok_or_else(|| StorageError::BadUri(uri.to_string()))?;
+    Ok((format!("projects/_/buckets/{bucket}"), object.to_string()))
 }
 
 /// A Cloud Storage client.

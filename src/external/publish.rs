@@ -6,7 +6,7 @@
 //! confirmed.
 
 use crate::external::pubsub::QueueError;
-use crate::pipeline::record;
+use crate::record;
 use futures::stream::{FuturesUnordered, StreamExt};
 use google_cloud_pubsub::client::Publisher;
 use google_cloud_pubsub::model::Message;

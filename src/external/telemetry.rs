@@ -4,6 +4,7 @@
 //! rendered in the OpenMetrics text format); axum serves them with the health and readiness
 //! probes, only when `SPOTINFER_METRICS_ADDR` is set.
 
+use crate::config::LogFormat;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
@@ -18,15 +19,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tower::limit::GlobalConcurrencyLimitLayer;
-
-/// Log output format (`SPOTINFER_LOG_FORMAT`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line, with Cloud Logging's `severity` field.
-    Json,
-}
 
 /// Installs the global tracing subscriber. `RUST_LOG` filters (default `info`). Logs go to
 /// stderr so stdout stays clean for command output.

@@ -4,7 +4,7 @@
 //! excludes model load time and prints, as its last line, one JSON object with the figures.
 
 use crate::model::{Embedder, ModelError};
-use crate::pipeline::record::{self, Record};
+use crate::record::{self, Record};
 use serde::Serialize;
 use std::io::{BufRead, Write};
 use std::time::Instant;

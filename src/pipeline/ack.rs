@@ -7,7 +7,7 @@
 //! expire. Losing a message therefore takes an explicit, wrong `ack()`, never an oversight.
 
 use crate::external::telemetry::Metrics;
-use crate::pipeline::shutdown::Shutdown;
+use crate::shutdown::Shutdown;
 use google_cloud_pubsub::subscriber::handler::Handler;
 use std::sync::{Arc, Mutex};
 

@@ -12,7 +12,7 @@
 //! dropped, which NACKs it at once.
 
 use crate::pipeline::message::{Batch, Delivery};
-use crate::pipeline::shutdown::Shutdown;
+use crate::shutdown::Shutdown;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -45,7 +45,7 @@ pub async fn run(
             if !open {
                 return;
             }
-            match crate::pipeline::shutdown::recv(&mut rx, &shutdown).await {
+            match crate::shutdown::recv(&mut rx, &shutdown).await {
                 Some(d) => held.push(d),
                 None => return,
             }
@@ -125,7 +125,7 @@ mod tests {
     use crate::external::telemetry::Metrics;
     use crate::pipeline::ack::Ack;
     use crate::pipeline::message::MessageMeta;
-    use crate::pipeline::record::RecordError;
+    use crate::record::RecordError;
     use bytes::Bytes;
 
     fn delivery(i: usize, text: &str, metrics: &std::sync::Arc<Metrics>) -> Delivery {
@@ -135,7 +135,7 @@ mod tests {
                 message_id: i.to_string(),
                 publish_time_us: 0,
             },
-            payload: crate::pipeline::record::parse(data.as_bytes(), 1 << 20),
+            payload: crate::record::parse(data.as_bytes(), 1 << 20),
             data: Bytes::from(data),
             ack: Ack::detached(metrics.clone()),
         }

@@ -8,7 +8,7 @@
 use crate::external::telemetry::Metrics;
 use crate::model::{ModelError, ModelHandle, Reply};
 use crate::pipeline::message::{Batch, Outcome, Pending, Rejected};
-use crate::pipeline::shutdown::{self, Shutdown};
+use crate::shutdown::{self, Shutdown};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 

@@ -10,7 +10,7 @@
 
 use crate::external::store::{FailureRow, ResultRow};
 use crate::pipeline::ack::Ack;
-use crate::pipeline::record::{Record, RecordError};
+use crate::record::{Record, RecordError};
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
@@ -131,7 +131,7 @@ impl Outcome {
             .rejected
             .iter()
             .map(|r| {
-                let (record_id, job) = crate::pipeline::record::salvage_keys(&r.data);
+                let (record_id, job) = crate::record::salvage_keys(&r.data);
                 FailureRow {
                     message_id: r.meta.message_id.clone(),
                     record_id,

@@ -1,20 +1,19 @@
 //! The worker pipeline, in the order a message travels it. [`worker`] wires the stages and runs
 //! the start-up and shutdown sequences; [`message`] holds what one stage hands the next.
 //!
-//! * [`source`]: Pub/Sub streaming pull in, parsed [`message::Delivery`]s out ([`record`] is the
-//!   message data contract);
+//! * [`source`]: Pub/Sub streaming pull in, parsed [`message::Delivery`]s out (the message data
+//!   contract is [`crate::record`]);
 //! * [`batcher`]: deliveries into bounded, length-grouped [`message::Batch`]es;
 //! * [`embed`]: the model stage, batches to [`message::Outcome`]s on the model thread;
 //! * [`sink`]: one transaction per outcome, then the acks;
-//! * [`ack`]: the ack that travels with each message (dropping it NACKs);
-//! * [`shutdown`]: the cancellation every stage watches.
+//! * [`ack`]: the ack that travels with each message (dropping it NACKs).
+//!
+//! Every stage watches the [`crate::shutdown`] token it is handed.
 
 pub mod ack;
 pub mod batcher;
 pub mod embed;
 pub mod message;
-pub mod record;
-pub mod shutdown;
 pub mod sink;
 pub mod source;
 pub mod worker;

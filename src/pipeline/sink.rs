@@ -9,7 +9,7 @@
 use crate::external::store::{self, Store};
 use crate::external::telemetry::Metrics;
 use crate::pipeline::message::Outcome;
-use crate::pipeline::shutdown::Shutdown;
+use crate::shutdown::Shutdown;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -38,7 +38,7 @@ pub async fn run(
 ) {
     let mut backoff = store::retry_schedule(BACKOFF_START);
     loop {
-        let Some(outcome) = crate::pipeline::shutdown::recv(&mut rx, &shutdown).await else {
+        let Some(outcome) = crate::shutdown::recv(&mut rx, &shutdown).await else {
             return;
         };
         // Not raced against shutdown: a commit in flight finishes and is acked.

@@ -5,7 +5,7 @@ use crate::{Args, LoadtestError};
 use google_cloud_pubsub::model::Message;
 use rand::{Rng, SeedableRng};
 use spotinfer::external::pubsub::{PubsubConfig, QueueError};
-use spotinfer::pipeline::record::Record;
+use spotinfer::record::Record;
 
 /// What was published, for the drive and the verification.
 pub struct Published {

@@ -4,9 +4,8 @@
 //! SIGTERM causes. Every event and progress step goes to `timeline.csv` for replay.
 
 use crate::corpus::Published;
-use crate::report::SigtermExit;
 use crate::stage::Stage;
-use crate::workers::{self, Slot, Spawner};
+use crate::workers::{self, SigtermExit, Slot, Spawner};
 use crate::{Args, LoadtestError};
 use rand::rngs::StdRng;
 use rand::Rng;

@@ -135,7 +135,7 @@ impl From<std::io::Error> for LoadtestError {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    spotinfer::external::telemetry::init_logging(spotinfer::external::telemetry::LogFormat::Text);
+    spotinfer::external::telemetry::init_logging(spotinfer::config::LogFormat::Text);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -3,21 +3,9 @@
 use crate::corpus::Published;
 use crate::faults::Driven;
 use crate::verify::Checked;
+use crate::workers::SigtermExit;
 use crate::Args;
 use serde::Serialize;
-
-/// One graceful stop and how it went.
-#[derive(Debug, Clone, Serialize)]
-pub struct SigtermExit {
-    /// Worker slot.
-    pub worker: usize,
-    /// Seconds from SIGTERM to exit.
-    pub exit_seconds: f64,
-    /// Exit code (None: killed by a signal).
-    pub code: Option<i32>,
-    /// Whether it was the end-of-run stop rather than injected chaos.
-    pub final_stop: bool,
-}
 
 /// The JSON report.
 #[derive(Debug, Clone, Serialize)]

@@ -10,7 +10,7 @@ use spotinfer::config::Backend;
 use spotinfer::external::pubsub::PubsubConfig;
 use spotinfer::external::store::StoredEmbedding;
 use spotinfer::model::{cosine, Embedder};
-use spotinfer::pipeline::record::{self, Record};
+use spotinfer::record::{self, Record};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 

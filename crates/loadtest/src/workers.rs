@@ -1,14 +1,27 @@
 //! The worker processes: `spotinfer work` children in numbered slots, started and restarted on
 //! schedule, stopped with SIGTERM (the exit timed) or SIGKILL, their peak memory read from /proc.
 
-use crate::report::SigtermExit;
 use crate::stage::Stage;
 use crate::{Args, LoadtestError};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
+
+/// One graceful stop and how it went.
+#[derive(Debug, Clone, Serialize)]
+pub struct SigtermExit {
+    /// Worker slot.
+    pub worker: usize,
+    /// Seconds from SIGTERM to exit.
+    pub exit_seconds: f64,
+    /// Exit code (None: killed by a signal).
+    pub code: Option<i32>,
+    /// Whether it was the end-of-run stop rather than injected chaos.
+    pub final_stop: bool,
+}
 
 /// A running worker process.
 pub struct Worker {

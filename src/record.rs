@@ -89,7 +89,7 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
     let has_text = !matches!(map.get("text"), None | Some(Value::Null));
     if !has_text && !matches!(map.get("uri"), None | Some(Value::Null)) {
         let uri = required_string(&map, "uri")?;
-        if crate::external::gcs::parse_uri(uri).is_err() {
+        if split_gs_uri(uri).is_none() {
             return Err(RecordError::BadUri(uri.to_owned()));
         }
         return Ok(Record {
@@ -115,6 +115,12 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
         uri: None,
         job,
     })
+}
+
+/// `gs://BUCKET/OBJECT` split into bucket and object, both non-empty; None for anything else.
+pub fn split_gs_uri(uri: &str) -> Option<(&str, &str)> {
+    let (bucket, object) = uri.strip_prefix("gs://")?.split_once('/')?;
+    (!bucket.is_empty() && !object.is_empty()).then_some((bucket, object))
 }
 
 /// Best-effort extraction of `id` and `job` from a payload that failed [`parse`], so the
