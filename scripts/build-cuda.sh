@@ -8,8 +8,10 @@
 # - unversioned library names (libcublas.so -> libcublas.so.13, ...): candle links cudarc
 #   dynamically (-lcublas, -lcurand, ...) and the wheels ship only the versioned files;
 # - a stub libcuda.so carrying the driver's soname (libcuda.so.1), as the CUDA toolkit's stubs/
-#   does: it defines every driver function cudarc declares, does nothing, and is never loaded;
-#   at run time the binary finds the node's real libcuda.so.1 by that soname.
+#   does: it defines every driver function cudarc declares, each answering CUDA_ERROR_NO_DEVICE.
+#   At run time the binary finds the node's real libcuda.so.1 by that soname; on a machine with
+#   no driver, the same stub (target/cuda/release/cuda-fallback/) lets it start and report that
+#   CUDA is unavailable instead of failing to load.
 # Settings: CUDA_COMPUTE_CAP (default 90, H100/H200; 80 for A100, 89 for L4), CARGO_TARGET_DIR
 # (default target/cuda), SPOTINFER_CUDA_TOOLCHAIN (default target/cuda-toolchain).
 set -euo pipefail
@@ -43,8 +45,14 @@ cudarc=$(cargo metadata --format-version 1 --features cuda 2>/dev/null | python3
 import json, sys
 meta = json.load(sys.stdin)
 print(next(p["manifest_path"] for p in meta["packages"] if p["name"] == "cudarc").rsplit("/", 1)[0])')
-grep -ohE 'pub unsafe fn cu[A-Za-z0-9_]+\(' "$cudarc/src/driver/sys/mod.rs" | sed -E 's/pub unsafe fn (.*)\(/void \1(void) {}/' |
-    sort -u >"$link/cuda-stub.c"
+{
+    echo '/* Every CUDA driver function cudarc declares: CUDA_ERROR_NO_DEVICE (100). */'
+    grep -ohE 'pub unsafe fn cu[A-Za-z0-9_]+\(' "$cudarc/src/driver/sys/mod.rs" |
+        sed -E 's/pub unsafe fn (.*)\(/\1/' | grep -vE '^cuGetError(String|Name)$' | sort -u |
+        sed -E 's/.*/int &(void) { return 100; }/'
+    echo 'int cuGetErrorString(int e, const char **s) { *s = e == 100 ? "no CUDA driver on this machine (spotinfer fallback libcuda)" : "CUDA error"; return 0; }'
+    echo 'int cuGetErrorName(int e, const char **s) { *s = e == 100 ? "CUDA_ERROR_NO_DEVICE" : "CUDA_ERROR_UNKNOWN"; return 0; }'
+} >"$link/cuda-stub.c"
 cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$link/libcuda.so" "$link/cuda-stub.c"
 
 # 3. The build. cudarc reads the version from `nvcc --version`; candle's kernels are compiled for
@@ -56,4 +64,8 @@ export LIBRARY_PATH=$link${LIBRARY_PATH:+:$LIBRARY_PATH}
 export RUSTFLAGS="${RUSTFLAGS:-} -L native=$link"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target/cuda}
 cargo build --release --features cuda --bin spotinfer
+# The stub also runs: beside the binary as libcuda.so.1, for machines without a driver (see
+# README: the binary then starts, refuses --device cuda and falls back with --device auto).
+mkdir -p "$CARGO_TARGET_DIR/release/cuda-fallback"
+cp "$link/libcuda.so" "$CARGO_TARGET_DIR/release/cuda-fallback/libcuda.so.1"
 echo "$CARGO_TARGET_DIR/release/spotinfer"
