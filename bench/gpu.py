@@ -183,10 +183,17 @@ def speed(args, st_model_dir):
     rows = []
     for batch_size in args.batch_sizes:
         runs = {"spotinfer": [], "sentence_transformers": []}
+        if args.compare_budget:
+            runs["spotinfer_no_token_budget"] = []
         for _ in range(args.rounds):
-            out, mib = run_spotinfer(args, ["bench", "--input", path, "--model", args.model,
-                                            "--device", "cuda", "--batch-size", str(batch_size)])
+            bench = ["bench", "--input", path, "--model", args.model, "--device", "cuda",
+                     "--batch-size", str(batch_size)]
+            out, mib = run_spotinfer(args, bench)
             runs["spotinfer"].append(dict(json.loads(out.stdout.strip().splitlines()[-1]), gpu_mib=mib))
+            if args.compare_budget:
+                out, mib = run_spotinfer(args, bench + ["--max-batch-tokens", "0"])
+                runs["spotinfer_no_token_budget"].append(
+                    dict(json.loads(out.stdout.strip().splitlines()[-1]), gpu_mib=mib))
             cmd = [sys.executable, __file__, "st-bench", st_model_dir, path, str(batch_size)]
             with GpuMemory() as mem:
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True)
@@ -214,6 +221,8 @@ def main():
     p.add_argument("--batch-sizes", default="64,256")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--skip", default="", help="comma list of steps to skip: correctness,speed")
+    p.add_argument("--compare-budget", action="store_true",
+                   help="also run spotinfer with --max-batch-tokens 0 (no token budget)")
     args = p.parse_args()
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     os.makedirs(args.out, exist_ok=True)

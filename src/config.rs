@@ -129,6 +129,11 @@ pub struct ModelArgs {
     /// backend only). Pooling and normalisation are f32 whatever this says.
     #[arg(long, env = "SPOTINFER_PRECISION", value_enum, default_value = "auto")]
     pub precision: Precision,
+    /// Most padded token positions (texts × longest) in one encoder batch: the model splits a
+    /// larger batch, shortest texts first, so long texts cannot blow up GPU memory and short
+    /// ones can come in large batches. 0: no limit.
+    #[arg(long, env = "SPOTINFER_MAX_BATCH_TOKENS", default_value_t = 16384)]
+    pub max_batch_tokens: usize,
     /// Largest text accepted, in bytes; larger payloads are recorded as failed. Texts under it are
     /// truncated to the model's token limit, as sentence-transformers does.
     #[arg(long, env = "SPOTINFER_MAX_TEXT_BYTES", default_value_t = 1 << 20)]

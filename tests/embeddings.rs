@@ -63,6 +63,30 @@ fn candle_in_f16_matches_sentence_transformers() {
     matches_sentence_transformers(Backend::Candle, Precision::F16);
 }
 
+/// A budget that splits the batch into many encoder batches (the GPU path's batch former, run
+/// here by candle on the CPU) changes no vector.
+#[test]
+fn a_token_budget_splits_batches_without_changing_a_vector() {
+    let refs = reference();
+    let texts: Vec<&str> = refs.iter().map(|r| r.text.as_str()).collect();
+    let dir = common::model_dir();
+    let whole = Embedder::load_as(&dir, DeviceChoice::Cpu, Backend::Candle, Precision::F32)
+        .unwrap()
+        .embed(&texts)
+        .unwrap();
+    let split = Embedder::load_as(&dir, DeviceChoice::Cpu, Backend::Candle, Precision::F32)
+        .unwrap()
+        .with_max_batch_tokens(300)
+        .embed(&texts)
+        .unwrap();
+    assert_eq!(split.tokens, whole.tokens);
+    for ((a, b), r) in split.vectors.iter().zip(&whole.vectors).zip(&refs) {
+        let c = cosine(a, b);
+        assert!(c >= 0.99999, "cosine {c} for {:?}", r.text);
+        assert!(cosine(a, &r.embedding) >= 0.999);
+    }
+}
+
 #[test]
 fn the_fused_encoder_refuses_half_precision() {
     let err = Embedder::load_as(

@@ -32,8 +32,10 @@ pub async fn model_dir(m: &ModelArgs) -> anyhow::Result<std::path::PathBuf> {
 pub async fn load_model(m: &ModelArgs) -> anyhow::Result<ModelHandle> {
     let dir = model_dir(m).await?;
     let (device, backend, precision) = (m.device, m.backend, m.precision);
-    let embedder =
-        tokio::task::spawn_blocking(move || Embedder::load_as(&dir, device, backend, precision))
-            .await??;
+    let budget = m.max_batch_tokens;
+    let embedder = tokio::task::spawn_blocking(move || {
+        Embedder::load_as(&dir, device, backend, precision).map(|e| e.with_max_batch_tokens(budget))
+    })
+    .await??;
     ModelHandle::spawn(embedder).context("cannot start the model thread")
 }

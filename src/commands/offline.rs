@@ -56,10 +56,6 @@ fn bench_file(a: BenchArgs) -> anyhow::Result<()> {
 
 /// The model as the arguments describe it, on this thread.
 fn load(m: &ModelArgs) -> anyhow::Result<Embedder> {
-    Ok(Embedder::load_as(
-        &m.model,
-        m.device,
-        m.backend,
-        m.precision,
-    )?)
+    let embedder = Embedder::load_as(&m.model, m.device, m.backend, m.precision)?;
+    Ok(embedder.with_max_batch_tokens(m.max_batch_tokens))
 }

@@ -12,6 +12,7 @@
 //! [`ModelHandle`] (in `thread`) runs an `Embedder` on its own OS thread; [`offline`] embeds and
 //! benchmarks whole files without the pipeline.
 
+mod budget;
 mod candle_bert;
 mod fused;
 pub mod offline;
@@ -97,6 +98,8 @@ pub struct Embedder {
     backend: Engine,
     tokenizer: Tokenizer,
     info: ModelInfo,
+    /// Most padded tokens in one encoder batch (0: no limit); see `budget`.
+    max_batch_tokens: usize,
 }
 
 /// The code that runs the BERT encoder.
@@ -171,7 +174,14 @@ impl Embedder {
             backend,
             tokenizer,
             info,
+            max_batch_tokens: 0,
         })
+    }
+
+    /// Splits every batch into encoder batches of at most `tokens` padded tokens (0: no limit).
+    pub fn with_max_batch_tokens(mut self, tokens: usize) -> Self {
+        self.max_batch_tokens = tokens;
+        self
     }
 
     /// What the model is.
@@ -202,20 +212,15 @@ impl Embedder {
             .tokenizer
             .encode_batch(texts.to_vec(), true)
             .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
-        let tokens = encodings.iter().map(|e| e.len()).sum();
-        let vectors = match &self.backend {
-            Engine::Fused(bert) => {
-                let batch: Vec<bert_cpu::Tokens<'_>> = encodings
-                    .iter()
-                    .map(|e| bert_cpu::Tokens {
-                        ids: e.get_ids(),
-                        type_ids: e.get_type_ids(),
-                    })
-                    .collect();
-                bert.embed(&batch)?
+        let lens: Vec<usize> = encodings.iter().map(|e| e.len()).collect();
+        let mut vectors = vec![Vec::new(); encodings.len()];
+        for chunk in budget::token_budget_chunks(&lens, self.max_batch_tokens) {
+            let part: Vec<&tokenizers::Encoding> = chunk.iter().map(|&i| &encodings[i]).collect();
+            for (i, v) in chunk.into_iter().zip(self.encode(&part)?) {
+                vectors[i] = v;
             }
-            Engine::Candle(model) => candle_embed(model, &encodings)?,
-        };
+        }
+        let tokens = lens.iter().sum();
         Ok(Embedded {
             vectors,
             tokens,
@@ -224,11 +229,30 @@ impl Embedder {
     }
 }
 
+impl Embedder {
+    /// One encoder batch through whichever encoder is loaded.
+    fn encode(&self, encodings: &[&tokenizers::Encoding]) -> Result<Vec<Vec<f32>>, ModelError> {
+        match &self.backend {
+            Engine::Fused(bert) => {
+                let batch: Vec<bert_cpu::Tokens<'_>> = encodings
+                    .iter()
+                    .map(|e| bert_cpu::Tokens {
+                        ids: e.get_ids(),
+                        type_ids: e.get_type_ids(),
+                    })
+                    .collect();
+                Ok(bert.embed(&batch)?)
+            }
+            Engine::Candle(model) => candle_embed(model, encodings),
+        }
+    }
+}
+
 /// The candle encoder on a padded batch (to the longest text), mean-pooled over the attention
 /// mask and normalised in f32.
 fn candle_embed(
     model: &CandleBert,
-    encodings: &[tokenizers::Encoding],
+    encodings: &[&tokenizers::Encoding],
 ) -> Result<Vec<Vec<f32>>, ModelError> {
     let n = encodings.len();
     let len = encodings.iter().map(|e| e.len()).max().unwrap_or(0);
