@@ -12,4 +12,5 @@ cargo build --release --bin spotinfer
 pg_url=$(scripts/postgres.sh start | tail -n1)
 emulator=${SPOTINFER_BENCH_EMULATOR:-127.0.0.1:8087}
 scripts/pubsub-emulator.sh start "$emulator"
-exec "$python" bench/compare.py --pg-url "$pg_url" --emulator "$emulator" "$@"
+exec "$python" bench/compare.py --spotinfer "$(scripts/cargo-bin.sh spotinfer release)" \
+    --pg-url "$pg_url" --emulator "$emulator" "$@"

@@ -34,7 +34,7 @@ echo "--device cuda refused: $(head -n1 "$work/err")"
 
 run embed --input examples/sample.jsonl --output "$work/auto.jsonl" --device auto
 cargo build --quiet --bin spotinfer
-target/debug/spotinfer embed --input examples/sample.jsonl --output "$work/cpu.jsonl" --device cpu >/dev/null
+"$(scripts/cargo-bin.sh spotinfer)" embed --input examples/sample.jsonl --output "$work/cpu.jsonl" --device cpu >/dev/null
 python3 - "$work/auto.jsonl" "$work/cpu.jsonl" <<'PY'
 import json, sys
 a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])

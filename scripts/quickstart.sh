@@ -13,7 +13,7 @@ scripts/pubsub-emulator.sh start "$PUBSUB_EMULATOR_HOST"
 export DATABASE_URL=${DATABASE_URL:-sqlite://spotinfer.db}
 export SPOTINFER_MODEL=${SPOTINFER_MODEL:-$PWD/models/all-MiniLM-L6-v2}
 cargo build --quiet
-bin=target/debug/spotinfer
+bin=$(scripts/cargo-bin.sh spotinfer)
 $bin setup
 $bin publish "$input"
 $bin work --exit-when-idle 3s
