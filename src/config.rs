@@ -84,8 +84,14 @@ pub struct PubsubArgs {
 /// Which database holds the results.
 #[derive(Debug, Clone, Args)]
 pub struct DbArgs {
-    /// postgres://… or sqlite://… (the SQLite file is created if missing).
-    #[arg(long, env = "DATABASE_URL", default_value = "sqlite://spotinfer.db")]
+    /// postgres://… or sqlite://… (the SQLite file is created if missing). Its value is never
+    /// printed by --help (it may hold a password).
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        default_value = "sqlite://spotinfer.db"
+    )]
     pub database_url: String,
 }
 

@@ -179,3 +179,39 @@ fn json_logs_carry_cloud_logging_severity() {
         );
     }
 }
+
+/// `--help` shows which variable sets the database URL, never its value (a password).
+#[test]
+fn help_never_prints_the_database_password() {
+    let out = spotinfer()
+        .args(["help", "work"])
+        .env(
+            "DATABASE_URL",
+            "postgres://u:hunter2@db:5432/x?password=hunter3",
+        )
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(help.contains("DATABASE_URL"), "{help}");
+    assert!(
+        !help.contains("hunter"),
+        "the URL leaked into --help:\n{help}"
+    );
+}
+
+/// Scripts find the binary where cargo puts it, CARGO_TARGET_DIR included.
+#[test]
+fn scripts_find_the_binary_in_cargo_target_dir() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = Command::new(format!("{root}/scripts/cargo-bin.sh"))
+        .args(["spotinfer", "release"])
+        .env("CARGO_TARGET_DIR", "/tmp/elsewhere")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "/tmp/elsewhere/release/spotinfer"
+    );
+}

@@ -408,6 +408,11 @@ pub fn le_bytes_to_f32s(b: &[u8]) -> Vec<f32> {
 
 /// The URL with any password replaced by `***`, safe for logs.
 pub fn redact_url(url: &str) -> String {
+    redact_query_password(&redact_userinfo(url))
+}
+
+/// `scheme://user:***@host…`: the password of the userinfo hidden.
+fn redact_userinfo(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return url.to_string();
     };
@@ -425,6 +430,22 @@ pub fn redact_url(url: &str) -> String {
         ),
         None => url.to_string(),
     }
+}
+
+/// `…?password=***&…`: every query parameter whose name ends in `password` (`password`,
+/// `sslpassword`, any case) hidden.
+fn redact_query_password(url: &str) -> String {
+    let Some((base, query)) = url.split_once('?') else {
+        return url.to_string();
+    };
+    let params: Vec<String> = query
+        .split('&')
+        .map(|p| match p.split_once('=') {
+            Some((k, _)) if k.to_ascii_lowercase().ends_with("password") => format!("{k}=***"),
+            _ => p.to_string(),
+        })
+        .collect();
+    format!("{base}?{}", params.join("&"))
 }
 
 #[cfg(test)]
@@ -467,5 +488,17 @@ mod tests {
             "postgres://u:***@h:5432/db"
         );
         assert_eq!(redact_url("sqlite://x.db"), "sqlite://x.db");
+    }
+
+    #[test]
+    fn passwords_in_the_query_are_redacted_too() {
+        assert_eq!(
+            redact_url("postgres://u@h/db?sslmode=require&password=secret&sslpassword=other"),
+            "postgres://u@h/db?sslmode=require&password=***&sslpassword=***"
+        );
+        assert_eq!(
+            redact_url("postgres://u:a@h/db?PASSWORD=b"),
+            "postgres://u:***@h/db?PASSWORD=***"
+        );
     }
 }

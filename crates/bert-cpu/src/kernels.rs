@@ -305,21 +305,21 @@ pub(crate) fn erf(x: f32) -> f32 {
 /// (Cephes' expf: range reduction by ln 2, degree-6 polynomial, exponent bits).
 #[inline(always)]
 pub(crate) fn exp(x: f32) -> f32 {
+    // NaN passes through the clamp and comes out NaN. No float-to-int conversion is used (the
+    // unchecked one is undefined for NaN; the checked `as` does not vectorise): integers are made
+    // with the 1.5 * 2^23 rounding trick and read back from the float's bits.
+    const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to a whole number
     let x = x.clamp(-87.0, 88.0);
-    // floor() without a libm call (which would stop vectorisation): truncate, then step down
-    // where truncation rounded up. The clamp keeps every value in i32 range, so the unchecked
-    // conversions (one instruction for eight lanes, unlike `as`, which saturates) are sound.
     let y = x * std::f32::consts::LOG2_E + 0.5;
-    // SAFETY: |y| < 128.
-    let t = unsafe { y.to_int_unchecked::<i32>() } as f32;
-    let n = if t > y { t - 1.0 } else { t };
+    let t = (y + ROUND) - ROUND;
+    let n = if t > y { t - 1.0 } else { t }; // floor(y)
     let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
     let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
         + 1.666_666_5e-1)
         * r
         + 0.5;
     let e = p * r * r + r + 1.0;
-    // SAFETY: n is a whole number in [-126, 127].
-    let n = unsafe { n.to_int_unchecked::<i32>() };
-    e * f32::from_bits(((n + 127) as u32) << 23)
+    // n + 127 is a whole number in [1, 255]: 2^23 + it holds it in the low mantissa bits.
+    let biased = ((n + 127.0 + 8_388_608.0).to_bits() & 0xff) << 23;
+    e * f32::from_bits(biased)
 }

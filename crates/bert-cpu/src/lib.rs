@@ -282,6 +282,14 @@ mod tests {
     use super::*;
     use crate::kernels::{erf, exp, softmax};
 
+    /// NaN stays NaN (a silently finite value would hide a broken model), infinities saturate.
+    #[test]
+    fn exp_of_nan_and_infinities_is_defined() {
+        assert!(exp(f32::NAN).is_nan());
+        assert!(exp(f32::INFINITY) > 1e38);
+        assert!(exp(f32::NEG_INFINITY) < 1e-37);
+    }
+
     #[test]
     fn exp_and_erf_match_the_standard_library() {
         for i in -2000..=2000 {

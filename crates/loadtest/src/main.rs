@@ -36,7 +36,7 @@ pub struct Args {
     #[arg(long, env = "PUBSUB_EMULATOR_HOST")]
     pub emulator_host: Option<String>,
     /// Results database; unset uses a fresh SQLite file in the work directory.
-    #[arg(long, env = "SPOTINFER_LOADTEST_DATABASE_URL")]
+    #[arg(long, env = "SPOTINFER_LOADTEST_DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
     /// The model the workers load, and that verification recomputes vectors with.
     #[arg(
