@@ -8,6 +8,13 @@ use serde_json::Value;
 
 /// Longest record id accepted, in bytes: ids are primary keys and appear in logs.
 pub const MAX_ID_BYTES: usize = 256;
+/// Longest `job`, in bytes.
+pub const MAX_JOB_BYTES: usize = 256;
+/// Longest `uri`, in bytes: `gs://`, a bucket name (at most 222) and an object name (at most
+/// 1,024), with room to spare.
+pub const MAX_URI_BYTES: usize = 1280;
+/// How much of a bad value an error message quotes.
+const QUOTE_CHARS: usize = 80;
 
 /// One unit of work: a text to embed under a caller-chosen id.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,10 +54,20 @@ pub enum RecordError {
     /// The id is longer than [`MAX_ID_BYTES`].
     #[error("field \"id\" is {0} bytes, the limit is {MAX_ID_BYTES}")]
     IdTooLong(usize),
+    /// A field is longer than its limit ([`MAX_JOB_BYTES`], [`MAX_URI_BYTES`]).
+    #[error("field \"{field}\" is {len} bytes, the limit is {max}")]
+    TooLong {
+        /// The field.
+        field: &'static str,
+        /// Its size.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
     /// Both `text` and `uri` are given.
     #[error("give either \"text\" or \"uri\", not both")]
     TextAndUri,
-    /// The `uri` is not a gs:// object.
+    /// The `uri` is not a gs:// object (the value quoted is cut to 80 characters).
     #[error("field \"uri\" must be gs://BUCKET/OBJECT, got {0:?}")]
     BadUri(String),
     /// The object a `uri` names cannot be used (missing, too large, not UTF-8, empty).
@@ -83,14 +100,14 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
     }
     let job = match map.get("job") {
         None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::String(s)) => Some(within("job", s, MAX_JOB_BYTES)?.to_owned()),
         Some(_) => return Err(RecordError::NotString("job")),
     };
     let has_text = !matches!(map.get("text"), None | Some(Value::Null));
     if !has_text && !matches!(map.get("uri"), None | Some(Value::Null)) {
-        let uri = required_string(&map, "uri")?;
+        let uri = within("uri", required_string(&map, "uri")?, MAX_URI_BYTES)?;
         if split_gs_uri(uri).is_none() {
-            return Err(RecordError::BadUri(uri.to_owned()));
+            return Err(RecordError::BadUri(uri.chars().take(QUOTE_CHARS).collect()));
         }
         return Ok(Record {
             id: id.to_owned(),
@@ -115,6 +132,18 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
         uri: None,
         job,
     })
+}
+
+/// `value`, refused when longer than `max` bytes.
+fn within<'a>(field: &'static str, value: &'a str, max: usize) -> Result<&'a str, RecordError> {
+    if value.len() > max {
+        return Err(RecordError::TooLong {
+            field,
+            len: value.len(),
+            max,
+        });
+    }
+    Ok(value)
 }
 
 /// `gs://BUCKET/OBJECT` split into bucket and object, both non-empty; None for anything else.
@@ -217,6 +246,38 @@ mod tests {
         let err = parse(big.as_bytes(), 50).unwrap_err();
         assert_eq!(err, RecordError::TextTooLarge { len: 200, max: 50 });
         assert!(err.to_string().contains("--max-text-bytes"));
+    }
+
+    /// `job` and `uri` are bounded, and a bad uri is quoted in part only.
+    #[test]
+    fn bounds_job_and_uri_and_quotes_bad_values_in_part() {
+        let long_job = format!(
+            r#"{{"id":"a","text":"x","job":"{}"}}"#,
+            "j".repeat(MAX_JOB_BYTES + 1)
+        );
+        assert_eq!(
+            parse(long_job.as_bytes(), MAX).unwrap_err(),
+            RecordError::TooLong {
+                field: "job",
+                len: MAX_JOB_BYTES + 1,
+                max: MAX_JOB_BYTES
+            }
+        );
+        let long_uri = format!(
+            r#"{{"id":"a","uri":"gs://b/{}"}}"#,
+            "o".repeat(MAX_URI_BYTES)
+        );
+        assert!(matches!(
+            parse(long_uri.as_bytes(), MAX).unwrap_err(),
+            RecordError::TooLong { field: "uri", .. }
+        ));
+        let bad = format!(r#"{{"id":"a","uri":"s3://{}"}}"#, "x".repeat(500));
+        let err = parse(bad.as_bytes(), MAX).unwrap_err().to_string();
+        assert!(err.len() < 200, "{err}");
+        assert!(
+            err.starts_with("field \"uri\" must be gs://BUCKET/OBJECT"),
+            "{err}"
+        );
     }
 
     #[test]
