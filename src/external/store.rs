@@ -120,6 +120,20 @@ const FAILURE_COLUMNS: &str =
     "INSERT INTO failed_records (message_id, record_id, job, error, payload, publish_time_us) ";
 const FAILURE_TAIL: &str = " ON CONFLICT (message_id) DO NOTHING";
 
+/// Bind parameters per row of the result UPSERT and of the failure INSERT.
+const RESULT_COLUMNS: usize = 8;
+const FAILURE_COLUMNS_N: usize = 6;
+/// Bind parameters one statement may carry: PostgreSQL's protocol limit, and SQLite's
+/// `SQLITE_MAX_VARIABLE_NUMBER` as sqlx's bundled SQLite is built (32,766). A batch with more
+/// rows is written as several statements in the same transaction.
+const PG_MAX_BINDS: usize = 65_535;
+const SQLITE_MAX_BINDS: usize = 32_766;
+
+/// Rows that fit one statement.
+fn rows_per_statement(max_binds: usize, columns: usize) -> usize {
+    (max_binds / columns).max(1)
+}
+
 impl Store {
     /// Connects (and for SQLite creates the file), failing fast with a clear error when the
     /// database is unreachable.
@@ -178,24 +192,26 @@ impl Store {
         match self {
             Self::Postgres(pool) => {
                 let mut tx = pool.begin().await?;
-                if !results.is_empty() {
-                    let mut q = results_statement::<Postgres>(&results);
+                for chunk in results.chunks(rows_per_statement(PG_MAX_BINDS, RESULT_COLUMNS)) {
+                    let mut q = results_statement::<Postgres>(chunk);
                     q.build().execute(&mut *tx).await?;
                 }
-                if !failures.is_empty() {
-                    let mut q = failures_statement::<Postgres>(failures);
+                for chunk in failures.chunks(rows_per_statement(PG_MAX_BINDS, FAILURE_COLUMNS_N)) {
+                    let mut q = failures_statement::<Postgres>(chunk);
                     q.build().execute(&mut *tx).await?;
                 }
                 tx.commit().await?;
             }
             Self::Sqlite(pool) => {
                 let mut tx = pool.begin().await?;
-                if !results.is_empty() {
-                    let mut q = results_statement::<Sqlite>(&results);
+                for chunk in results.chunks(rows_per_statement(SQLITE_MAX_BINDS, RESULT_COLUMNS)) {
+                    let mut q = results_statement::<Sqlite>(chunk);
                     q.build().execute(&mut *tx).await?;
                 }
-                if !failures.is_empty() {
-                    let mut q = failures_statement::<Sqlite>(failures);
+                for chunk in
+                    failures.chunks(rows_per_statement(SQLITE_MAX_BINDS, FAILURE_COLUMNS_N))
+                {
+                    let mut q = failures_statement::<Sqlite>(chunk);
                     q.build().execute(&mut *tx).await?;
                 }
                 tx.commit().await?;
