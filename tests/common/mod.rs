@@ -2,6 +2,9 @@
 //! PostgreSQL started by `scripts/test.sh`; nothing here mocks either.
 #![allow(dead_code)]
 
+mod shared;
+pub use shared::*;
+
 use google_cloud_pubsub::model::Message;
 use spotinfer::config::PubsubArgs;
 use spotinfer::external::pubsub::PubsubConfig;
@@ -10,20 +13,7 @@ use spotinfer::pipeline::worker::WorkerConfig;
 use spotinfer_chaos::Proxy;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
-
-/// host:port of the emulator the harness started.
-pub fn emulator() -> String {
-    std::env::var("PUBSUB_EMULATOR_HOST")
-        .expect("PUBSUB_EMULATOR_HOST is not set: run the suite with scripts/test.sh")
-}
-
-/// Admin URL of the test PostgreSQL.
-pub fn pg_admin_url() -> String {
-    std::env::var("SPOTINFER_TEST_PG_URL")
-        .expect("SPOTINFER_TEST_PG_URL is not set: run the suite with scripts/test.sh")
-}
 
 /// The local model directory.
 pub fn model_dir() -> PathBuf {
@@ -32,20 +22,6 @@ pub fn model_dir() -> PathBuf {
         .unwrap_or_else(|| {
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/all-MiniLM-L6-v2")
         })
-}
-
-/// A name unique to this process and call.
-pub fn unique(prefix: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!(
-        "{prefix}-{}-{}-{nanos}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
 }
 
 /// Pub/Sub args for a fresh topic and subscription.
@@ -64,22 +40,6 @@ pub async fn fresh_pubsub(name: &str) -> (PubsubArgs, PubsubConfig) {
     let cfg = PubsubConfig::from_args(&args);
     cfg.setup(Duration::from_secs(10)).await.expect("setup");
     (args, cfg)
-}
-
-/// Creates a fresh PostgreSQL database and returns its URL.
-pub async fn fresh_pg_database() -> String {
-    let admin = pg_admin_url();
-    let name = unique("t").replace('-', "_");
-    let pool = sqlx::PgPool::connect(&admin)
-        .await
-        .expect("connect to test postgres");
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&pool)
-        .await
-        .expect("create database");
-    pool.close().await;
-    let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
-    format!("{base}/{name}")
 }
 
 /// A SQLite URL in a fresh temporary directory (kept alive by the returned guard).

@@ -4,6 +4,11 @@
 //! They go through `spotinfer loadtest`, so the hand-over from the worker binary to this crate's
 //! binary is tested too: both must be built (`cargo test --workspace` builds them).
 
+// The harness helpers the root package's tests use too (emulator, PostgreSQL, unique names).
+#[path = "../../../tests/common/shared.rs"]
+mod shared;
+
+use shared::{emulator, fresh_pg_database};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -22,33 +27,6 @@ fn model_dir() -> PathBuf {
     std::env::var_os("SPOTINFER_MODEL")
         .map(PathBuf::from)
         .expect("SPOTINFER_MODEL (scripts/test.sh sets it)")
-}
-
-fn emulator() -> String {
-    std::env::var("PUBSUB_EMULATOR_HOST").expect("PUBSUB_EMULATOR_HOST (scripts/test.sh sets it)")
-}
-
-/// A fresh database on the test PostgreSQL (`SPOTINFER_TEST_PG_URL`). The root package's
-/// `tests/common` has its twin; it cannot be shared, as it starts the root package's binary.
-async fn fresh_pg_database() -> String {
-    let admin = std::env::var("SPOTINFER_TEST_PG_URL").expect("SPOTINFER_TEST_PG_URL");
-    let name = format!(
-        "lt_{}_{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    );
-    let pool = sqlx::PgPool::connect(&admin)
-        .await
-        .expect("connect to test postgres");
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&pool)
-        .await
-        .expect("create database");
-    pool.close().await;
-    let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
-    format!("{base}/{name}")
 }
 
 /// The scenarios run one at a time: each already runs two worker processes on a 2-core machine.
