@@ -128,7 +128,7 @@ pub struct ModelArgs {
     #[arg(long, env = "SPOTINFER_DEVICE", value_enum, default_value = "auto")]
     pub device: DeviceChoice,
     /// Code that runs the model: `fused` (the CPU encoder tuned for throughput), `candle`
-    /// (candle's BertModel, the reference; any device), `auto` (fused on CPU, candle on CUDA).
+    /// (the candle encoder, the reference; any device), `auto` (fused on CPU, candle on CUDA).
     #[arg(long, env = "SPOTINFER_BACKEND", value_enum, default_value = "auto")]
     pub backend: Backend,
     /// Precision of the encoder: `auto` (f16 on CUDA, f32 on the CPU), `f32`, or `f16` (candle
@@ -164,7 +164,7 @@ pub enum Backend {
     Auto,
     /// The fused CPU encoder (`crates/bert-cpu`).
     Fused,
-    /// candle's BertModel.
+    /// The candle encoder (`src/model/candle_bert.rs`).
     Candle,
 }
 

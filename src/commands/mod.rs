@@ -11,6 +11,7 @@ use anyhow::Context;
 use spotinfer::config::ModelArgs;
 use spotinfer::external::gcs::Gcs;
 use spotinfer::model::{Embedder, ModelHandle};
+use std::path::Path;
 use std::time::Instant;
 
 /// The local model directory: `SPOTINFER_MODEL` itself, or, for gs://BUCKET/PREFIX, the
@@ -29,13 +30,16 @@ pub async fn model_dir(m: &ModelArgs) -> anyhow::Result<std::path::PathBuf> {
     Ok(fetched.dir)
 }
 
+/// The model as `m` describes it, from `dir` (what [`model_dir`] returned), on this thread.
+pub fn load_embedder(dir: &Path, m: &ModelArgs) -> anyhow::Result<Embedder> {
+    let embedder = Embedder::load_as(dir, m.device, m.backend, m.precision)?;
+    Ok(embedder.with_max_batch_tokens(m.max_batch_tokens))
+}
+
+/// The model on its own thread, for the worker.
 pub async fn load_model(m: &ModelArgs) -> anyhow::Result<ModelHandle> {
     let dir = model_dir(m).await?;
-    let (device, backend, precision) = (m.device, m.backend, m.precision);
-    let budget = m.max_batch_tokens;
-    let embedder = tokio::task::spawn_blocking(move || {
-        Embedder::load_as(&dir, device, backend, precision).map(|e| e.with_max_batch_tokens(budget))
-    })
-    .await??;
+    let m = m.clone();
+    let embedder = tokio::task::spawn_blocking(move || load_embedder(&dir, &m)).await??;
     ModelHandle::spawn(embedder).context("cannot start the model thread")
 }

@@ -1,7 +1,7 @@
 //! `spotinfer embed` and `spotinfer bench`: the model over a JSONL file, without Pub/Sub.
 
-use spotinfer::config::{BenchArgs, EmbedArgs, ModelArgs};
-use spotinfer::model::{offline, Embedder};
+use spotinfer::config::{BenchArgs, EmbedArgs};
+use spotinfer::model::offline;
 use std::time::Instant;
 
 /// Embeds a file into `{"id", "embedding"}` lines.
@@ -12,7 +12,7 @@ pub async fn embed(mut a: EmbedArgs) -> anyhow::Result<()> {
 
 fn embed_file(a: EmbedArgs) -> anyhow::Result<()> {
     let records = offline::read_records(&a.input, a.model.max_text_bytes)?;
-    let embedder = load(&a.model)?;
+    let embedder = super::load_embedder(&a.model.model, &a.model)?;
     let (vectors, _) = offline::embed_all(&embedder, &records, a.batch.batch_size)?;
     offline::write_embeddings(&a.output, &records, &vectors)?;
     println!(
@@ -32,7 +32,7 @@ pub async fn bench(mut a: BenchArgs) -> anyhow::Result<()> {
 fn bench_file(a: BenchArgs) -> anyhow::Result<()> {
     let records = offline::read_records(&a.input, a.model.max_text_bytes)?;
     let started = Instant::now();
-    let embedder = load(&a.model)?;
+    let embedder = super::load_embedder(&a.model.model, &a.model)?;
     let load_seconds = started.elapsed().as_secs_f64();
     let report = offline::bench(
         &embedder,
@@ -52,10 +52,4 @@ fn bench_file(a: BenchArgs) -> anyhow::Result<()> {
     );
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
-}
-
-/// The model as the arguments describe it, on this thread.
-fn load(m: &ModelArgs) -> anyhow::Result<Embedder> {
-    let embedder = Embedder::load_as(&m.model, m.device, m.backend, m.precision)?;
-    Ok(embedder.with_max_batch_tokens(m.max_batch_tokens))
 }

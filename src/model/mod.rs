@@ -191,11 +191,14 @@ impl Embedder {
 
     /// Counts the tokens each text becomes (after truncation), without running the model.
     pub fn token_counts(&self, texts: &[&str]) -> Result<Vec<usize>, ModelError> {
-        let enc = self
-            .tokenizer
+        Ok(self.tokenize(texts)?.iter().map(|e| e.len()).collect())
+    }
+
+    /// The texts as the model sees them: special tokens added, truncated, not padded.
+    fn tokenize(&self, texts: &[&str]) -> Result<Vec<tokenizers::Encoding>, ModelError> {
+        self.tokenizer
             .encode_batch(texts.to_vec(), true)
-            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
-        Ok(enc.iter().map(|e| e.len()).collect())
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))
     }
 
     /// Embeds a batch: tokenize, BERT, mean pooling, L2 normalisation.
@@ -208,10 +211,7 @@ impl Embedder {
             });
         }
         let started = std::time::Instant::now();
-        let encodings = self
-            .tokenizer
-            .encode_batch(texts.to_vec(), true)
-            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        let encodings = self.tokenize(texts)?;
         let lens: Vec<usize> = encodings.iter().map(|e| e.len()).collect();
         let mut vectors = vec![Vec::new(); encodings.len()];
         for chunk in budget::token_budget_chunks(&lens, self.max_batch_tokens) {
@@ -227,9 +227,7 @@ impl Embedder {
             seconds: started.elapsed().as_secs_f64(),
         })
     }
-}
 
-impl Embedder {
     /// One encoder batch through whichever encoder is loaded.
     fn encode(&self, encodings: &[&tokenizers::Encoding]) -> Result<Vec<Vec<f32>>, ModelError> {
         match &self.backend {
