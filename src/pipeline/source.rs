@@ -2,8 +2,9 @@
 //!
 //! Each stream runs in its own task. A message becomes a [`Delivery`] carrying its [`Ack`]; bad
 //! payloads are parsed into a [`RecordError`] here, not dropped, so the sink can record them.
-//! On shutdown the task stops pulling at once and hands its `MessageStream` back to the worker,
-//! which keeps it alive until the sink's last ack is flushed.
+//! On shutdown the task stops pulling at once, reads out what the server already pushed, and
+//! closes its streaming pull; the stream's lease loop lives on until every message handed out is
+//! settled (`ShutdownBehavior::WaitForProcessing`), so the commit in flight can still be acked.
 
 use crate::external::gcs::{InputReader, StorageError};
 use crate::external::pubsub::QueueError;
@@ -18,12 +19,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-/// What a source hands back when it stops: its stream (so the leases stay managed until the
-/// worker flushes acks and NACKs the rest) and the messages it drained from the stream's buffer
-/// on shutdown (under lease management, NACKed by the stream's shutdown).
+/// What a source hands back when it stops: the messages it drained from the stream's buffer on
+/// shutdown (the worker NACKs them once the stream's cancel has reached the server).
 pub struct Stopped {
-    /// The stream, still open.
-    pub stream: MessageStream,
     /// Handlers of messages read on shutdown and never processed.
     pub drained: Vec<Handler>,
     /// The permanent stream error, if that is why the source stopped.
@@ -122,11 +120,9 @@ pub async fn run(
     } else {
         Vec::new()
     };
-    Stopped {
-        stream,
-        drained,
-        result,
-    }
+    // Closes the streaming pull: nothing new arrives. The lease loop keeps what was handed out.
+    drop(stream);
+    Stopped { drained, result }
 }
 
 /// Fills a `uri` record's text from Cloud Storage. `Ok(Err(_))`: the object can never be used

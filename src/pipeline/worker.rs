@@ -2,13 +2,15 @@
 //!
 //! Shutdown, in order, once the [`Shutdown`] is cancelled (SIGTERM, SIGINT or idle):
 //! 1. sources stop pulling, read out what the server already pushed into the stream buffers,
-//!    and their streaming pulls are closed; batcher and model stage drop what they hold. All
-//!    these messages stay leased: NACKs of dropped acks are held back ([`crate::pipeline::ack::NackHold`]),
-//!    because a NACK sent before the server has seen a stream's cancel can redeliver the message
-//!    into that dead stream;
-//! 2. the sink finishes the commit in flight, if any, and acks it;
-//! 3. at least 100 ms after the streams closed, each lease loop flushes the pending acks and
-//!    NACKs every message still leased (`ShutdownBehavior::NackImmediately`);
+//!    and their streaming pulls are closed, so nothing new arrives. The lease loops live on
+//!    (`ShutdownBehavior::WaitForProcessing`): every message handed to the pipeline stays leased
+//!    and can still be acked. Batcher and model stage drop what they hold; those NACKs are held
+//!    back ([`crate::pipeline::ack::NackHold`]), because a NACK sent before the server has seen
+//!    a stream's cancel can redeliver the message into that dead stream;
+//! 2. the sink finishes the commit in flight, if any, and acks it (on an exactly-once
+//!    subscription, waits for the confirmation);
+//! 3. at least 100 ms after the streams closed, the held NACKs are sent; once every message is
+//!    settled, each lease loop flushes its acks and NACKs and ends;
 //! 4. `run` returns and the process exits 0.
 //!
 //! Steps 2–3 share one budget (`--shutdown-timeout`); whatever has not finished by then is left
@@ -218,7 +220,7 @@ async fn open_streams(
             .subscribe(&cfg.pubsub.subscription)
             .set_max_lease_extension(cfg.lease_extension)
             .set_max_outstanding_messages(cfg.max_outstanding)
-            .set_shutdown_behavior(ShutdownBehavior::NackImmediately)
+            .set_shutdown_behavior(ShutdownBehavior::WaitForProcessing)
             .build();
         leases.push(stream.shutdown_token());
         let source = source::run(stream, tx.clone(), ctx.clone(), shutdown.clone());
@@ -259,8 +261,10 @@ async fn stop(
     // cancel sends the message back into the dead stream, where it waits out its ack deadline
     // (seen with the emulator). A short grace after closing lets the cancel land first.
     tokio::time::sleep_until((streams_closed + STREAM_CANCEL_GRACE).min(deadline)).await;
-    // Each lease loop flushes the acks and NACKs everything still leased: messages the stages
-    // held and the ones drained from the stream buffers included.
+    // NACK what the stages held and what was drained from the stream buffers. With every
+    // message settled, each lease loop flushes its acks and NACKs and ends.
+    drop(drained);
+    drop(held_nacks);
     for lease in &leases {
         if tokio::time::timeout_at(deadline, lease.shutdown())
             .await
@@ -269,13 +273,10 @@ async fn stop(
             tracing::warn!("ack flush did not finish before the shutdown deadline");
         }
     }
-    // The lease loops NACKed every message still leased, these included; settle their handles.
-    drop(drained);
-    drop(held_nacks);
     Ok(failure)
 }
 
-/// Waits for every source, closes its stream, and keeps the handlers it drained.
+/// Waits for every source (each closes its stream) and keeps the handlers it drained.
 async fn close_streams(
     sources: Vec<JoinHandle<source::Stopped>>,
 ) -> Result<(Vec<Vec<Handler>>, Option<QueueError>), WorkerError> {
@@ -283,7 +284,6 @@ async fn close_streams(
     let mut failure = None;
     for s in sources {
         let stopped = s.await.map_err(|e| WorkerError::Task(e.to_string()))?;
-        drop(stopped.stream);
         drained.push(stopped.drained);
         if let Err(e) = stopped.result {
             tracing::error!(error = %e, "stream failed");

@@ -1,0 +1,103 @@
+//! Graceful shutdown, held to its promise against the real emulator and real PostgreSQL: a
+//! commit in flight at SIGTERM is finished and acked (never redone elsewhere).
+
+mod common;
+
+use common::*;
+use spotinfer::config::SubscriptionPolicyArgs;
+use spotinfer::external::store::Store;
+use std::time::Duration;
+
+/// Adds a `writes` table that a trigger fills with one row per INSERT or UPDATE of a result, so
+/// a test can count how many times each record was committed.
+async fn count_writes(db: &str) {
+    Store::connect(db).await.unwrap().migrate().await.unwrap();
+    let pool = sqlx::PgPool::connect(db).await.unwrap();
+    for sql in [
+        "CREATE TABLE writes (record_id TEXT NOT NULL, at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())",
+        "CREATE FUNCTION note_write() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN INSERT INTO writes (record_id) VALUES (NEW.record_id); RETURN NEW; END $$",
+        "CREATE TRIGGER note_write AFTER INSERT OR UPDATE ON embeddings \
+         FOR EACH ROW EXECUTE FUNCTION note_write()",
+    ] {
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    }
+    pool.close().await;
+}
+
+/// (records written, records written more than once).
+async fn writes(db: &str) -> (i64, i64) {
+    let pool = sqlx::PgPool::connect(db).await.unwrap();
+    let row: (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE n > 1) \
+         FROM (SELECT record_id, count(*) AS n FROM writes GROUP BY record_id) w",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    row
+}
+
+/// Finding 1 of the semantics review: PostgreSQL answers slowly (0.4 s per reply), so SIGTERM
+/// lands while a commit is running. That commit must finish and be acked (confirmed, on an
+/// exactly-once subscription); a second worker then finishes the rest. No record may be
+/// committed twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_in_flight_at_sigterm_is_acked_not_redone() {
+    let name = unique("inflight");
+    let args = pubsub_args(&name);
+    let cfg = spotinfer::external::pubsub::PubsubConfig::from_args(&args);
+    let policy = SubscriptionPolicyArgs {
+        exactly_once: true,
+        ..Default::default()
+    };
+    cfg.setup_with(Duration::from_secs(10), &policy)
+        .await
+        .unwrap();
+    let db = fresh_pg_database().await;
+    count_writes(&db).await;
+    let (proxy, slow_db) = proxied_pg(&db).await;
+    let n = 160;
+    publish_lines(&cfg, &record_lines(&name, n)).await;
+
+    let worker_flags = ["--exactly-once", "--batch-size", "16"];
+    let mut a = WorkerProcess::start(&args, &slow_db, &worker_flags);
+    wait_until(Duration::from_secs(120), "worker A to commit", || async {
+        a.metric("spotinfer_records_committed_total")
+            .await
+            .unwrap_or(0.0)
+            >= 16.0
+    })
+    .await;
+    // From now on every reply takes 0.4 s: a commit (BEGIN, UPSERT, COMMIT) takes over a second,
+    // and the signal below lands in the middle of one.
+    proxy.set_latency(Duration::from_millis(400));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    a.signal(libc::SIGTERM);
+    let (status, exit_time) = a.wait(Duration::from_secs(15));
+    let (written_by_a, _) = writes(&db).await;
+    eprintln!("A exited {status} {exit_time:?} after SIGTERM, having written {written_by_a}");
+    assert!(status.success(), "graceful exit must be 0: {status}");
+
+    let mut b = WorkerProcess::start(
+        &args,
+        &db,
+        &[
+            "--exactly-once",
+            "--batch-size",
+            "16",
+            "--exit-when-idle",
+            "4s",
+        ],
+    );
+    let (status_b, _) = b.wait(Duration::from_secs(240));
+    assert!(status_b.success());
+    let (written, twice) = writes(&db).await;
+    assert_eq!(written, n as i64, "every record committed");
+    assert_eq!(
+        twice, 0,
+        "records committed twice: a commit in flight at SIGTERM was NACKed and redone"
+    );
+    assert_subscription_empty(&cfg, Duration::from_secs(2)).await;
+}
