@@ -61,3 +61,61 @@ pub fn listen_for_signals(shutdown: Shutdown, signalled: Shutdown) -> std::io::R
     });
     Ok(())
 }
+
+/// A task that failed: it panicked (or was aborted).
+#[derive(Debug, thiserror::Error)]
+#[error("the {task} task panicked: {message}")]
+pub struct TaskPanicked {
+    /// Which task.
+    pub task: &'static str,
+    /// The panic's message.
+    pub message: String,
+}
+
+/// Spawns `fut` as the task `name`. If it panics, `shutdown` is cancelled so the other tasks
+/// settle what they hold and stop instead of running on without it, and the handle yields
+/// [`TaskPanicked`] for the caller to turn into a non-zero exit.
+pub fn spawn_supervised<T, F>(
+    name: &'static str,
+    fut: F,
+    shutdown: &Shutdown,
+) -> tokio::task::JoinHandle<Result<T, TaskPanicked>>
+where
+    F: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    use futures::FutureExt;
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        let result = std::panic::AssertUnwindSafe(fut).catch_unwind().await;
+        result.map_err(|p| {
+            tracing::error!(task = name, "task panicked: stopping the worker");
+            shutdown.cancel();
+            TaskPanicked {
+                task: name,
+                message: panic_message(p.as_ref()),
+            }
+        })
+    })
+}
+
+/// The message of a caught panic.
+pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// Waits for a task spawned with [`spawn_supervised`]; an abort counts as a failure too.
+pub async fn join<T>(
+    name: &'static str,
+    handle: tokio::task::JoinHandle<Result<T, TaskPanicked>>,
+) -> Result<T, TaskPanicked> {
+    handle.await.unwrap_or_else(|e| {
+        Err(TaskPanicked {
+            task: name,
+            message: e.to_string(),
+        })
+    })
+}

@@ -101,3 +101,36 @@ async fn a_commit_in_flight_at_sigterm_is_acked_not_redone() {
     );
     assert_subscription_empty(&cfg, Duration::from_secs(2)).await;
 }
+
+/// Finding 4: a panicked stage ends the worker with a non-zero exit (a flex-start Job must not
+/// count it as success), after NACKing what it held: a second worker that gives up after 4 s
+/// without a message still gets every record, so none waited out a lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicked_stage_exits_non_zero_after_nacking() {
+    let name = unique("panic");
+    let (args, cfg) = fresh_pubsub(&name).await;
+    let (_dir, db) = fresh_sqlite();
+    let n = 64;
+    publish_lines(&cfg, &record_lines(&name, n)).await;
+    for stage in ["source", "batcher", "embed", "sink"] {
+        let mut w = WorkerProcess::start_with_env(
+            &args,
+            &db,
+            &["--batch-size", "16"],
+            &[("SPOTINFER_TEST_PANIC", stage.to_string())],
+        );
+        let (status, took) = w.wait(Duration::from_secs(60));
+        eprintln!("panic in {stage}: {status} after {took:?}");
+        assert_eq!(
+            status.code(),
+            Some(1),
+            "a panic in the {stage} stage must exit 1"
+        );
+    }
+    let mut b = WorkerProcess::start(&args, &db, &["--exit-when-idle", "4s"]);
+    let (status, _) = b.wait(Duration::from_secs(120));
+    assert!(status.success());
+    let store = Store::connect(&db).await.unwrap();
+    assert_eq!(store.embeddings().await.unwrap().len(), n, "nothing lost");
+    assert_subscription_empty(&cfg, Duration::from_secs(2)).await;
+}

@@ -35,7 +35,11 @@ impl ModelHandle {
                     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         embedder.embed(&texts)
                     }))
-                    .unwrap_or_else(|p| Err(ModelError::Panic(panic_message(&p))));
+                    .unwrap_or_else(|p| {
+                        Err(ModelError::Panic(crate::shutdown::panic_message(
+                            p.as_ref(),
+                        )))
+                    });
                     let _ = job.reply.send(result);
                 }
             })?;
@@ -75,11 +79,4 @@ impl Reply {
     pub async fn wait(self) -> Result<Embedded, ModelError> {
         self.0.await.map_err(|_| ModelError::Stopped)?
     }
-}
-
-fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into())
 }

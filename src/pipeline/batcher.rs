@@ -78,6 +78,7 @@ pub async fn run(
                 },
             }
         };
+        crate::pipeline::fault::point(crate::pipeline::fault::Stage::Batcher);
         permit.send(take_batch(&mut held, max));
     }
 }

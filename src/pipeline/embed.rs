@@ -90,6 +90,7 @@ async fn collect_results(
             done: Vec::with_capacity(records.len()),
             rejected,
         };
+        crate::pipeline::fault::point(crate::pipeline::fault::Stage::Embed);
         if let Some(reply) = reply {
             let result = match reply {
                 Ok(reply) => tokio::select! {

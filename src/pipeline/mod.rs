@@ -6,13 +6,15 @@
 //! * [`batcher`]: deliveries into bounded, length-grouped [`message::Batch`]es;
 //! * [`embed`]: the model stage, batches to [`message::Outcome`]s on the model thread;
 //! * [`sink`]: one transaction per outcome, then the acks;
-//! * [`ack`]: the ack that travels with each message (dropping it NACKs).
+//! * [`ack`]: the ack that travels with each message (dropping it NACKs);
+//! * [`fault`]: injected panics for the tests (debug builds only).
 //!
 //! Every stage watches the [`crate::shutdown`] token it is handed.
 
 pub mod ack;
 pub mod batcher;
 pub mod embed;
+pub mod fault;
 pub mod message;
 pub mod sink;
 pub mod source;

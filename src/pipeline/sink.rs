@@ -41,6 +41,7 @@ pub async fn run(
         let Some(outcome) = crate::shutdown::recv(&mut rx, &shutdown).await else {
             return;
         };
+        crate::pipeline::fault::point(crate::pipeline::fault::Stage::Sink);
         // Not raced against shutdown: a commit in flight finishes and is acked.
         let (results, failures) = outcome.rows(&cfg.model);
         let started = Instant::now();

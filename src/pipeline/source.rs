@@ -81,6 +81,7 @@ pub async fn run(
         };
         metrics.received(1);
         let ack = Ack::new(handler, metrics.clone(), nack_hold.clone());
+        crate::pipeline::fault::point(crate::pipeline::fault::Stage::Source);
         let publish_time_us = message
             .publish_time
             .as_ref()

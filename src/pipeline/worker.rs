@@ -27,13 +27,16 @@ use crate::pipeline::embed;
 use crate::pipeline::message::Delivery;
 use crate::pipeline::sink::{self, SinkConfig};
 use crate::pipeline::source;
-use crate::shutdown::Shutdown;
+use crate::shutdown::{self, Shutdown, TaskPanicked};
 use google_cloud_pubsub::subscriber::handler::Handler;
 use google_cloud_pubsub::subscriber::{ShutdownBehavior, ShutdownToken};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+
+/// A stage's task: a panic in it cancels the shutdown and comes back as [`TaskPanicked`].
+type Task<T> = JoinHandle<Result<T, TaskPanicked>>;
 
 /// How long shutdown waits between closing the streams and NACKing what they delivered.
 const STREAM_CANCEL_GRACE: Duration = Duration::from_millis(100);
@@ -87,9 +90,9 @@ pub enum WorkerError {
     /// `--exactly-once` on a subscription without exactly-once delivery.
     #[error("--exactly-once: subscription {0} does not have exactly-once delivery (create it with `setup --exactly-once`)")]
     NotExactlyOnce(String),
-    /// A pipeline task panicked.
-    #[error("pipeline task failed: {0}")]
-    Task(String),
+    /// A pipeline stage panicked; the worker NACKed what it held and stopped.
+    #[error(transparent)]
+    Panicked(#[from] TaskPanicked),
 }
 
 /// Runs the worker until `shutdown` is cancelled (or it goes idle, or a stream fails).
@@ -102,14 +105,16 @@ pub async fn run(
 ) -> Result<Report, WorkerError> {
     let started = Instant::now();
     let mut running = start(&cfg, store, &model, &metrics, &shutdown).await?;
-    // Run until told to stop, or until the pipeline ends on its own (every stream closed).
-    tokio::select! {
-        _ = shutdown.cancelled() => {},
-        _ = &mut running.sink => { shutdown.cancel(); },
-    }
+    // Run until told to stop (a panicked stage tells it too), or until the pipeline ends on its
+    // own (every stream closed).
+    let sink_ended = tokio::select! {
+        _ = shutdown.cancelled() => None,
+        r = &mut running.sink => { shutdown.cancel(); Some(r) },
+    };
     let drain_started = Instant::now();
     metrics.set_draining();
-    let failure = stop(running, tokio::time::Instant::now() + cfg.shutdown_timeout).await?;
+    let deadline = tokio::time::Instant::now() + cfg.shutdown_timeout;
+    let failure = stop(running, sink_ended, deadline).await;
     let report = Report {
         counts: metrics.counts(),
         drain_seconds: drain_started.elapsed().as_secs_f64(),
@@ -124,19 +129,19 @@ pub async fn run(
         "worker stopped"
     );
     match failure {
-        Some(e) => Err(e.into()),
+        Some(e) => Err(e),
         None => Ok(report),
     }
 }
 
 /// The running pipeline: a task per stage and what shutdown needs to settle the leases.
 struct Running {
-    sources: Vec<JoinHandle<source::Stopped>>,
+    sources: Vec<Task<source::Stopped>>,
     /// One per stream: its lease loop flushes acks and NACKs the rest when shut down.
     leases: Vec<ShutdownToken>,
-    batcher: JoinHandle<()>,
-    stage: JoinHandle<()>,
-    sink: JoinHandle<()>,
+    batcher: Task<()>,
+    stage: Task<()>,
+    sink: Task<()>,
     /// Releases the NACKs held back since the shutdown began, on every way out of `run`.
     held_nacks: NackRelease,
 }
@@ -158,27 +163,18 @@ async fn start(
     let held_nacks = nack_hold.release_on_drop();
     let (sources, leases) = open_streams(cfg, dtx, nack_hold, metrics, shutdown).await?;
     let (btx, brx) = mpsc::channel(1);
-    let batcher = tokio::spawn(batcher::run(drx, btx, cfg.batch, shutdown.clone()));
+    let batcher = batcher::run(drx, btx, cfg.batch, shutdown.clone());
+    let batcher = shutdown::spawn_supervised("batcher", batcher, shutdown);
     let (otx, orx) = mpsc::channel(1);
-    let stage = tokio::spawn(embed::run(
-        brx,
-        otx,
-        model.clone(),
-        metrics.clone(),
-        shutdown.clone(),
-    ));
+    let stage = embed::run(brx, otx, model.clone(), metrics.clone(), shutdown.clone());
+    let stage = shutdown::spawn_supervised("model stage", stage, shutdown);
     let sink_cfg = SinkConfig {
         model: model.info().name.clone(),
         commit_timeout: cfg.commit_timeout,
         confirm_acks: cfg.exactly_once,
     };
-    let sink = tokio::spawn(sink::run(
-        orx,
-        store,
-        sink_cfg,
-        metrics.clone(),
-        shutdown.clone(),
-    ));
+    let sink = sink::run(orx, store, sink_cfg, metrics.clone(), shutdown.clone());
+    let sink = shutdown::spawn_supervised("sink", sink, shutdown);
     metrics.mark_active();
     if let Some(idle) = cfg.exit_when_idle {
         tokio::spawn(exit_when_idle(idle, metrics.clone(), shutdown.clone()));
@@ -201,7 +197,7 @@ async fn open_streams(
     nack_hold: NackHold,
     metrics: &Arc<Metrics>,
     shutdown: &Shutdown,
-) -> Result<(Vec<JoinHandle<source::Stopped>>, Vec<ShutdownToken>), WorkerError> {
+) -> Result<(Vec<Task<source::Stopped>>, Vec<ShutdownToken>), WorkerError> {
     let subscriber = cfg.pubsub.subscriber(cfg.streams).await?;
     let ctx = source::SourceContext {
         max_text_bytes: cfg.max_text_bytes,
@@ -224,17 +220,19 @@ async fn open_streams(
             .build();
         leases.push(stream.shutdown_token());
         let source = source::run(stream, tx.clone(), ctx.clone(), shutdown.clone());
-        sources.push(tokio::spawn(source));
+        sources.push(shutdown::spawn_supervised("source", source, shutdown));
     }
     Ok((sources, leases))
 }
 
-/// The shutdown sequence of the module documentation, within `deadline`. Returns the permanent
-/// stream error, if one is why the worker stopped.
+/// The shutdown sequence of the module documentation, within `deadline`. `sink_ended` is the
+/// sink's result if it ended before the shutdown began. Returns why the worker stopped, if that
+/// was a failure: a stage that panicked (the first one) or a stream that failed for good.
 async fn stop(
     running: Running,
+    sink_ended: Option<Result<Result<(), TaskPanicked>, tokio::task::JoinError>>,
     deadline: tokio::time::Instant,
-) -> Result<Option<QueueError>, WorkerError> {
+) -> Option<WorkerError> {
     let Running {
         sources,
         leases,
@@ -243,19 +241,44 @@ async fn stop(
         mut sink,
         held_nacks,
     } = running;
-    // Step 1: sources stop at once; each stream is closed as soon as its source has stopped
-    // (dropping a stream cancels its gRPC call at once), so no message NACKed below can be
-    // redelivered into a stream that is going away. The messages stay leased until step 3.
-    let (drained, failure) = close_streams(sources).await?;
+    let mut failures = Vec::new();
+    // Step 1: sources stop at once; each closes its stream as soon as it has stopped (dropping a
+    // stream cancels its gRPC call at once), so no message NACKed below can be redelivered into
+    // a stream that is going away. The messages stay leased until step 3.
+    let drained = close_streams(sources, &mut failures).await;
     let streams_closed = tokio::time::Instant::now();
-    let _ = batcher.await;
-    let _ = stage.await;
+    failures.extend(
+        shutdown::join("batcher", batcher)
+            .await
+            .err()
+            .map(Into::into),
+    );
+    failures.extend(
+        shutdown::join("model stage", stage)
+            .await
+            .err()
+            .map(Into::into),
+    );
     // Step 2: the sink finishes the commit in flight and acks it, within the budget.
-    if !sink.is_finished() && tokio::time::timeout_at(deadline, &mut sink).await.is_err() {
-        tracing::warn!(
-            "commit still running at the shutdown deadline; its messages will be redelivered"
-        );
-        sink.abort();
+    let sink_result = match sink_ended {
+        Some(r) => Some(r),
+        None => match tokio::time::timeout_at(deadline, &mut sink).await {
+            Ok(r) => Some(r),
+            Err(_) => {
+                tracing::warn!("commit still running at the shutdown deadline; its messages will be redelivered");
+                sink.abort();
+                None
+            }
+        },
+    };
+    if let Some(r) = sink_result {
+        let r = r.unwrap_or_else(|e| {
+            Err(TaskPanicked {
+                task: "sink",
+                message: e.to_string(),
+            })
+        });
+        failures.extend(r.err().map(Into::into));
     }
     // Step 3. The server learns of a cancelled stream asynchronously; a NACK that overtakes the
     // cancel sends the message back into the dead stream, where it waits out its ack deadline
@@ -273,24 +296,31 @@ async fn stop(
             tracing::warn!("ack flush did not finish before the shutdown deadline");
         }
     }
-    Ok(failure)
+    // A panic is the more telling failure: a stream error can be its consequence.
+    failures.sort_by_key(|f| !matches!(f, WorkerError::Panicked(_)));
+    failures.into_iter().next()
 }
 
-/// Waits for every source (each closes its stream) and keeps the handlers it drained.
+/// Waits for every source (each closes its stream) and keeps the handlers it drained; the
+/// sources' failures go to `failures`.
 async fn close_streams(
-    sources: Vec<JoinHandle<source::Stopped>>,
-) -> Result<(Vec<Vec<Handler>>, Option<QueueError>), WorkerError> {
+    sources: Vec<Task<source::Stopped>>,
+    failures: &mut Vec<WorkerError>,
+) -> Vec<Vec<Handler>> {
     let mut drained = Vec::new();
-    let mut failure = None;
     for s in sources {
-        let stopped = s.await.map_err(|e| WorkerError::Task(e.to_string()))?;
-        drained.push(stopped.drained);
-        if let Err(e) = stopped.result {
-            tracing::error!(error = %e, "stream failed");
-            failure = Some(e);
+        match shutdown::join("source", s).await {
+            Ok(stopped) => {
+                drained.push(stopped.drained);
+                if let Err(e) = stopped.result {
+                    tracing::error!(error = %e, "stream failed");
+                    failures.push(e.into());
+                }
+            }
+            Err(p) => failures.push(p.into()),
         }
     }
-    Ok((drained, failure))
+    drained
 }
 
 async fn exit_when_idle(idle: Duration, metrics: Arc<Metrics>, shutdown: Shutdown) {
