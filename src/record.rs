@@ -73,6 +73,9 @@ pub enum RecordError {
     /// The object a `uri` names cannot be used (missing, too large, not UTF-8, empty).
     #[error("input object: {0}")]
     Object(String),
+    /// The model fails on this record, alone in its batch.
+    #[error("the model fails on this input: {0}")]
+    Model(String),
     /// The text is larger than the configured limit.
     #[error("field \"text\" is {len} bytes, the limit is {max} (--max-text-bytes)")]
     TextTooLarge {

@@ -67,6 +67,14 @@ pub enum ModelError {
     /// The model panicked on a batch.
     #[error("the model panicked: {0}")]
     Panic(String),
+    /// The model computed a vector with NaN or infinite values: refused, never written.
+    #[error(
+        "the model computed a non-finite vector (NaN or infinity) for input {index} of the batch"
+    )]
+    NonFinite {
+        /// Which input of the batch.
+        index: usize,
+    },
 }
 
 /// What the loaded model is, for result rows and logs.
@@ -219,6 +227,12 @@ impl Embedder {
             for (i, v) in chunk.into_iter().zip(self.encode(&part)?) {
                 vectors[i] = v;
             }
+        }
+        if let Some(index) = vectors
+            .iter()
+            .position(|v| v.iter().any(|x| !x.is_finite()))
+        {
+            return Err(ModelError::NonFinite { index });
         }
         let tokens = lens.iter().sum();
         Ok(Embedded {

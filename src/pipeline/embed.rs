@@ -2,12 +2,17 @@
 //!
 //! Two tasks, so the model never waits on the pipeline: one queues each batch at the model thread
 //! as soon as it has room (one batch computing, one queued), the other collects the results in
-//! order and hands them to the sink. So batch n+1 computes while batch n commits. A model error
-//! NACKs the batch's records; its rejected payloads still go to the sink.
+//! order and hands them to the sink. So batch n+1 computes while batch n commits.
+//!
+//! When the model fails on a batch, the stage embeds its records one by one: those that succeed
+//! go on to the sink, and a record the model fails on alone is rejected with the model's error
+//! (a failure row, then an ack), so one bad input neither blocks its neighbours nor comes back
+//! forever. Only when the model thread itself is gone is the batch NACKed.
 
 use crate::external::telemetry::Metrics;
 use crate::model::{ModelError, ModelHandle, Reply};
 use crate::pipeline::message::{Batch, Outcome, Pending, Rejected};
+use crate::record::RecordError;
 use crate::shutdown::{self, Shutdown};
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -23,8 +28,7 @@ struct AtModel {
 /// The model stage, in two tasks so the model never waits on the pipeline: one queues each
 /// batch at the model thread as soon as it has room (one batch computing, one queued), the
 /// other collects results in order and hands them to the sink. So batch n+1 computes while
-/// batch n commits. A model error NACKs the batch's records (their rejected payloads still go to
-/// the sink).
+/// batch n commits. A batch the model fails on is retried record by record.
 pub async fn run(
     rx: mpsc::Receiver<Batch>,
     tx: mpsc::Sender<Outcome>,
@@ -33,8 +37,8 @@ pub async fn run(
     shutdown: Shutdown,
 ) {
     let (qtx, qrx) = mpsc::channel(1);
-    let submit = submit_batches(rx, qtx, model, metrics.clone(), shutdown.clone());
-    let collect = collect_results(qrx, tx, metrics, shutdown);
+    let submit = submit_batches(rx, qtx, model.clone(), metrics.clone(), shutdown.clone());
+    let collect = collect_results(qrx, tx, model, metrics, shutdown);
     tokio::join!(submit, collect);
 }
 
@@ -74,6 +78,7 @@ async fn submit_batches(
 async fn collect_results(
     mut rx: mpsc::Receiver<AtModel>,
     tx: mpsc::Sender<Outcome>,
+    model: ModelHandle,
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
 ) {
@@ -107,10 +112,21 @@ async fn collect_results(
                     metrics.tokens(embedded.tokens as u64);
                     outcome.done = records.into_iter().zip(embedded.vectors).collect();
                 }
+                Err(ModelError::Stopped) => {
+                    metrics.model_error();
+                    tracing::error!(
+                        records = records.len(),
+                        "the model thread is gone; nacking the batch for redelivery"
+                    );
+                    drop(records);
+                }
                 Err(e) => {
                     metrics.model_error();
-                    tracing::error!(error = %e, records = records.len(), "model failed; nacking the batch for redelivery");
-                    drop(records);
+                    tracing::warn!(error = %e, records = records.len(), "model failed on a batch; embedding its records one by one");
+                    let Some(()) = isolate(records, e, &model, &mut outcome, &shutdown).await
+                    else {
+                        return;
+                    };
                 }
             }
         }
@@ -121,4 +137,46 @@ async fn collect_results(
             return;
         }
     }
+}
+
+/// Embeds `records` one at a time after the model failed on them together with `error`: each
+/// success joins `outcome.done`, each record the model fails on alone joins `outcome.rejected`
+/// with that failure. `None` once shutdown begins (the records left are dropped, so NACKed).
+async fn isolate(
+    records: Vec<Pending>,
+    error: ModelError,
+    model: &ModelHandle,
+    outcome: &mut Outcome,
+    shutdown: &Shutdown,
+) -> Option<()> {
+    if records.len() == 1 {
+        outcome.rejected.extend(
+            records
+                .into_iter()
+                .map(|p| p.into_rejected(RecordError::Model(error.to_string()))),
+        );
+        return Some(());
+    }
+    for p in records {
+        let alone = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return None,
+            r = model.embed(vec![p.record.text.clone()]) => r,
+        };
+        let alone = alone.and_then(|mut e| match (e.vectors.pop(), e.vectors.is_empty()) {
+            (Some(v), true) => Ok(v),
+            _ => Err(ModelError::Input("not one vector for one input".into())),
+        });
+        match alone {
+            Ok(v) => outcome.done.push((p, v)),
+            Err(ModelError::Stopped) => return None,
+            Err(e) => {
+                tracing::warn!(record_id = %p.record.id, error = %e, "the model fails on this record alone; recording it in failed_records");
+                outcome
+                    .rejected
+                    .push(p.into_rejected(RecordError::Model(e.to_string())));
+            }
+        }
+    }
+    Some(())
 }

@@ -43,8 +43,22 @@ pub struct Pending {
     pub record: Record,
     /// Its message.
     pub meta: MessageMeta,
+    /// The raw data (for a failure row, should the model fail on this record alone).
+    pub data: Bytes,
     /// Its acknowledgement.
     pub ack: Ack,
+}
+
+impl Pending {
+    /// This record as a failure: the model cannot embed it.
+    pub fn into_rejected(self, error: RecordError) -> Rejected {
+        Rejected {
+            meta: self.meta,
+            error,
+            data: self.data,
+            ack: self.ack,
+        }
+    }
 }
 
 /// An invalid payload waiting for its failure row.
@@ -85,6 +99,7 @@ impl Batch {
             Ok(record) => self.records.push(Pending {
                 record,
                 meta: d.meta,
+                data: d.data,
                 ack: d.ack,
             }),
             Err(error) => self.rejected.push(Rejected {

@@ -160,7 +160,7 @@ impl WorkerProcess {
         Self::start_with_env(args, db_url, extra, &[])
     }
 
-    /// Like [`WorkerProcess::start`], with extra environment variables.
+    /// Like [`WorkerProcess::start`], with extra environment variables (they win over the defaults).
     pub fn start_with_env(
         args: &PubsubArgs,
         db_url: &str,
@@ -170,12 +170,12 @@ impl WorkerProcess {
         let metrics_addr = free_addr();
         let child = pubsub_env(&mut Command::new(env!("CARGO_BIN_EXE_spotinfer")), args)
             .arg("work")
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .args(extra)
             .env("DATABASE_URL", db_url)
             .env("SPOTINFER_MODEL", model_dir())
             .env("SPOTINFER_METRICS_ADDR", &metrics_addr)
             .env("RUST_LOG", "info")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
