@@ -107,15 +107,26 @@ pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "unknown panic".into())
 }
 
-/// Waits for a task spawned with [`spawn_supervised`]; an abort counts as a failure too.
+/// Waits for a task spawned with [`spawn_supervised`] until `deadline`. `Ok(None)`: the task
+/// was still running at the deadline and is aborted (what it held is dropped, so NACKed).
 pub async fn join<T>(
     name: &'static str,
-    handle: tokio::task::JoinHandle<Result<T, TaskPanicked>>,
-) -> Result<T, TaskPanicked> {
-    handle.await.unwrap_or_else(|e| {
-        Err(TaskPanicked {
+    mut handle: tokio::task::JoinHandle<Result<T, TaskPanicked>>,
+    deadline: tokio::time::Instant,
+) -> Result<Option<T>, TaskPanicked> {
+    match tokio::time::timeout_at(deadline, &mut handle).await {
+        Ok(Ok(r)) => r.map(Some),
+        Ok(Err(e)) => Err(TaskPanicked {
             task: name,
             message: e.to_string(),
-        })
-    })
+        }),
+        Err(_) => {
+            tracing::warn!(
+                task = name,
+                "still running at the shutdown deadline: abandoned"
+            );
+            handle.abort();
+            Ok(None)
+        }
+    }
 }

@@ -134,3 +134,138 @@ async fn a_panicked_stage_exits_non_zero_after_nacking() {
     assert_eq!(store.embeddings().await.unwrap().len(), n, "nothing lost");
     assert_subscription_empty(&cfg, Duration::from_secs(2)).await;
 }
+
+/// Puts `text` at gs://inputs/doc.txt and the test model under gs://models/minilm in `data`.
+fn gcs_objects(data: &std::path::Path, text: &str) {
+    let put = |object: &str, bytes: &[u8]| {
+        let path = data.join(object);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, bytes).unwrap();
+    };
+    put("inputs/doc.txt", text.as_bytes());
+    for f in spotinfer::external::gcs::MODEL_FILES {
+        put(
+            &format!("models/minilm/{f}"),
+            &std::fs::read(model_dir().join(f)).unwrap(),
+        );
+    }
+}
+
+/// SIGTERMs `w` after `after` and asserts a 0 exit within `budget` (its --shutdown-timeout).
+async fn sigterm_exits_0_within(
+    w: &mut WorkerProcess,
+    after: Duration,
+    budget: Duration,
+    what: &str,
+) {
+    tokio::time::sleep(after).await;
+    w.signal(libc::SIGTERM);
+    let (status, took) = w.wait(Duration::from_secs(30));
+    eprintln!("SIGTERM during {what}: {status} after {took:?}");
+    assert!(status.success(), "{what}: {status}");
+    assert!(
+        took < budget,
+        "{what}: exit took {took:?}, budget {budget:?}"
+    );
+}
+
+/// Finding 5: start-up gives way to SIGTERM. The worker waits for an unreachable database, then
+/// downloads its model from Cloud Storage through a link that delays every chunk by a second:
+/// a SIGTERM in either step ends it with 0 within --shutdown-timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_start_up_exits_0_within_the_budget() {
+    let name = unique("startup");
+    let (args, _cfg) = fresh_pubsub(&name).await;
+    let budget = Duration::from_secs(2);
+    let flags = ["--shutdown-timeout", "2s"];
+
+    let db = fresh_pg_database().await;
+    let (pg_proxy, unreachable_db) = proxied_pg(&db).await;
+    pg_proxy.cut();
+    let mut w = WorkerProcess::start(&args, &unreachable_db, &flags);
+    sigterm_exits_0_within(
+        &mut w,
+        Duration::from_millis(1500),
+        budget,
+        "the database wait",
+    )
+    .await;
+
+    let data = tempfile::tempdir().unwrap();
+    gcs_objects(data.path(), "unused");
+    let gcs = FakeGcs::start(data.path());
+    let slow = spotinfer_chaos::Proxy::start(gcs.host.clone())
+        .await
+        .unwrap();
+    slow.set_latency(Duration::from_secs(1));
+    let cache = tempfile::tempdir().unwrap();
+    let mut w = WorkerProcess::start_with_env(
+        &args,
+        &db,
+        &flags,
+        &[
+            ("SPOTINFER_MODEL", "gs://models/minilm".to_string()),
+            ("STORAGE_EMULATOR_HOST", slow.addr().to_string()),
+            ("SPOTINFER_CACHE_DIR", cache.path().display().to_string()),
+        ],
+    );
+    sigterm_exits_0_within(&mut w, Duration::from_secs(3), budget, "the model download").await;
+}
+
+/// Finding 5: a `uri` record whose object answers slowly (20 s per chunk) holds the source; a
+/// SIGTERM abandons the read, exits 0 within --shutdown-timeout and NACKs the message, which a
+/// second worker then commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_a_slow_object_read_exits_0_within_the_budget() {
+    let name = unique("slowread");
+    let (args, cfg) = fresh_pubsub(&name).await;
+    let (_dir, db) = fresh_sqlite();
+    let data = tempfile::tempdir().unwrap();
+    gcs_objects(data.path(), "a document stored in a bucket");
+    let gcs = FakeGcs::start(data.path());
+    let slow = spotinfer_chaos::Proxy::start(gcs.host.clone())
+        .await
+        .unwrap();
+    let storage = [("STORAGE_EMULATOR_HOST", slow.addr().to_string())];
+    publish_lines(
+        &cfg,
+        &[serde_json::json!({"id": "doc", "uri": "gs://inputs/doc.txt"}).to_string()],
+    )
+    .await;
+
+    slow.set_latency(Duration::from_secs(20));
+    let mut w = WorkerProcess::start_with_env(&args, &db, &["--shutdown-timeout", "3s"], &storage);
+    wait_until(
+        Duration::from_secs(60),
+        "the worker to receive the record",
+        || async {
+            w.metric("spotinfer_messages_received_total")
+                .await
+                .unwrap_or(0.0)
+                >= 1.0
+        },
+    )
+    .await;
+    sigterm_exits_0_within(
+        &mut w,
+        Duration::from_millis(500),
+        Duration::from_secs(3),
+        "an object read",
+    )
+    .await;
+
+    slow.set_latency(Duration::ZERO);
+    let mut b = WorkerProcess::start_with_env(&args, &db, &["--exit-when-idle", "3s"], &storage);
+    let (status, _) = b.wait(Duration::from_secs(60));
+    assert!(status.success());
+    let rows = Store::connect(&db)
+        .await
+        .unwrap()
+        .embeddings()
+        .await
+        .unwrap();
+    assert!(
+        rows.contains_key("doc"),
+        "the NACKed record was committed by the next worker"
+    );
+}

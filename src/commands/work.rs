@@ -46,7 +46,16 @@ pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
         return Ok(());
     };
     metrics.set_store_ok(true);
-    let model = load_model(&a.model).await?;
+    // The model download (gs://) and load give way to SIGTERM: the worker holds no message yet.
+    let model = tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => None,
+        m = load_model(&a.model) => Some(m?),
+    };
+    let Some(model) = model else {
+        println!("worker done: stopped before the model was loaded");
+        return Ok(());
+    };
     metrics.set_model_loaded(true);
     tracing::info!(
         startup_seconds = started.elapsed().as_secs_f64(),
@@ -70,7 +79,13 @@ pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
         storage_emulator_host: a.model.storage.storage_emulator_host.clone(),
         max_object_bytes: a.model.storage.max_object_bytes,
     };
-    let report = worker::run(cfg, store, model, metrics, shutdown).await?;
+    let report = match worker::run(cfg, store, model, metrics, shutdown).await {
+        Err(worker::WorkerError::StoppedBeforeStart) => {
+            println!("worker done: stopped before it started");
+            return Ok(());
+        }
+        r => r?,
+    };
     if drained.is_cancelled() && !signalled.is_cancelled() {
         // Exiting now would only get the container restarted on the node that is going away.
         tracing::info!(

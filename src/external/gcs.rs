@@ -291,13 +291,17 @@ impl InputReader {
     /// The object's text. Permanent errors ([`StorageError::is_permanent`]) mean the record can
     /// never succeed; any other error may pass on a retry.
     pub async fn text(&self, uri: &str) -> Result<String, StorageError> {
-        let client = self
-            .client
-            .get_or_try_init(|| Gcs::new(self.emulator_host.as_deref()))
-            .await?;
         // The client retries transient errors with backoff for a long time; a record should go
-        // back to Pub/Sub (NACK) well before its lease matters.
-        tokio::time::timeout(INPUT_TIMEOUT, client.read_text(uri, self.max_bytes))
+        // back to Pub/Sub (NACK) well before its lease matters. The first call builds the
+        // client, inside the same limit.
+        let read = async {
+            let client = self
+                .client
+                .get_or_try_init(|| Gcs::new(self.emulator_host.as_deref()))
+                .await?;
+            client.read_text(uri, self.max_bytes).await
+        };
+        tokio::time::timeout(INPUT_TIMEOUT, read)
             .await
             .map_err(|_| StorageError::Timeout(uri.to_string()))?
     }

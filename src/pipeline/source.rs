@@ -88,8 +88,10 @@ pub async fn run(
             .map(|t| t.seconds() * 1_000_000 + i64::from(t.nanos()) / 1_000)
             .unwrap_or(0);
         let payload = match record::parse(&message.data, max_text_bytes) {
-            Ok(rec) if rec.uri.is_some() => match resolve_uri(rec, &inputs).await {
-                Ok(p) => p,
+            Ok(rec) if rec.uri.is_some() => match resolve_uri(rec, &inputs, &shutdown).await {
+                Ok(Some(p)) => p,
+                // Shutdown: the read is abandoned and the message NACKed with the rest.
+                Ok(None) => break Ok(()),
                 Err(e) => {
                     // Transient (storage unreachable): NACK, Pub/Sub redelivers.
                     tracing::warn!(message_id = %message.message_id, error = %e, "cannot read the record's input object; nacking");
@@ -126,20 +128,29 @@ pub async fn run(
     Stopped { drained, result }
 }
 
-/// Fills a `uri` record's text from Cloud Storage. `Ok(Err(_))`: the object can never be used
-/// (the record fails); `Err(_)`: a transient error (the message is retried).
+/// Fills a `uri` record's text from Cloud Storage. `Ok(Some(Err(_)))`: the object can never be
+/// used (the record fails); `Err(_)`: a transient error (the message is retried); `Ok(None)`:
+/// shutdown began first.
 async fn resolve_uri(
     mut rec: Record,
     inputs: &InputReader,
-) -> Result<Result<Record, RecordError>, StorageError> {
+    shutdown: &Shutdown,
+) -> Result<Option<Result<Record, RecordError>>, StorageError> {
     let uri = rec.uri.clone().unwrap_or_default();
-    match inputs.text(&uri).await {
-        Ok(text) if text.is_empty() => Ok(Err(RecordError::Object(format!("{uri} is empty")))),
+    let read = tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => return Ok(None),
+        r = inputs.text(&uri) => r,
+    };
+    match read {
+        Ok(text) if text.is_empty() => {
+            Ok(Some(Err(RecordError::Object(format!("{uri} is empty")))))
+        }
         Ok(text) => {
             rec.text = text;
-            Ok(Ok(rec))
+            Ok(Some(Ok(rec)))
         }
-        Err(e) if e.is_permanent() => Ok(Err(RecordError::Object(e.to_string()))),
+        Err(e) if e.is_permanent() => Ok(Some(Err(RecordError::Object(e.to_string())))),
         Err(e) => Err(e),
     }
 }

@@ -90,6 +90,9 @@ pub enum WorkerError {
     /// `--exactly-once` on a subscription without exactly-once delivery.
     #[error("--exactly-once: subscription {0} does not have exactly-once delivery (create it with `setup --exactly-once`)")]
     NotExactlyOnce(String),
+    /// Shutdown came before the worker had started: it held no message.
+    #[error("stopped before the worker started")]
+    StoppedBeforeStart,
     /// A pipeline stage panicked; the worker NACKed what it held and stopped.
     #[error(transparent)]
     Panicked(#[from] TaskPanicked),
@@ -104,7 +107,13 @@ pub async fn run(
     shutdown: Shutdown,
 ) -> Result<Report, WorkerError> {
     let started = Instant::now();
-    let mut running = start(&cfg, store, &model, &metrics, &shutdown).await?;
+    // Start-up (the subscription check, opening the streams) gives way to a shutdown, too.
+    let mut running = tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => None,
+        r = start(&cfg, store, &model, &metrics, &shutdown) => Some(r?),
+    }
+    .ok_or(WorkerError::StoppedBeforeStart)?;
     // Run until told to stop (a panicked stage tells it too), or until the pipeline ends on its
     // own (every stream closed).
     let sink_ended = tokio::select! {
@@ -238,48 +247,31 @@ async fn stop(
         leases,
         batcher,
         stage,
-        mut sink,
+        sink,
         held_nacks,
     } = running;
     let mut failures = Vec::new();
     // Step 1: sources stop at once; each closes its stream as soon as it has stopped (dropping a
     // stream cancels its gRPC call at once), so no message NACKed below can be redelivered into
     // a stream that is going away. The messages stay leased until step 3.
-    let drained = close_streams(sources, &mut failures).await;
+    let drained = close_streams(sources, deadline, &mut failures).await;
     let streams_closed = tokio::time::Instant::now();
-    failures.extend(
-        shutdown::join("batcher", batcher)
-            .await
-            .err()
-            .map(Into::into),
-    );
-    failures.extend(
-        shutdown::join("model stage", stage)
-            .await
-            .err()
-            .map(Into::into),
-    );
+    let joined = [
+        shutdown::join("batcher", batcher, deadline).await,
+        shutdown::join("model stage", stage, deadline).await,
+    ];
     // Step 2: the sink finishes the commit in flight and acks it, within the budget.
-    let sink_result = match sink_ended {
-        Some(r) => Some(r),
-        None => match tokio::time::timeout_at(deadline, &mut sink).await {
-            Ok(r) => Some(r),
-            Err(_) => {
-                tracing::warn!("commit still running at the shutdown deadline; its messages will be redelivered");
-                sink.abort();
-                None
-            }
-        },
-    };
-    if let Some(r) = sink_result {
-        let r = r.unwrap_or_else(|e| {
+    let sink = match sink_ended {
+        Some(r) => r.unwrap_or_else(|e| {
             Err(TaskPanicked {
                 task: "sink",
                 message: e.to_string(),
             })
-        });
-        failures.extend(r.err().map(Into::into));
-    }
+        }),
+        None => shutdown::join("sink", sink, deadline).await.map(|_| ()),
+    };
+    failures.extend(joined.into_iter().filter_map(Result::err).map(Into::into));
+    failures.extend(sink.err().map(Into::into));
     // Step 3. The server learns of a cancelled stream asynchronously; a NACK that overtakes the
     // cancel sends the message back into the dead stream, where it waits out its ack deadline
     // (seen with the emulator). A short grace after closing lets the cancel land first.
@@ -301,22 +293,24 @@ async fn stop(
     failures.into_iter().next()
 }
 
-/// Waits for every source (each closes its stream) and keeps the handlers it drained; the
-/// sources' failures go to `failures`.
+/// Waits (until `deadline`) for every source, each of which closes its stream, and keeps the
+/// handlers they drained; the sources' failures go to `failures`.
 async fn close_streams(
     sources: Vec<Task<source::Stopped>>,
+    deadline: tokio::time::Instant,
     failures: &mut Vec<WorkerError>,
 ) -> Vec<Vec<Handler>> {
     let mut drained = Vec::new();
     for s in sources {
-        match shutdown::join("source", s).await {
-            Ok(stopped) => {
+        match shutdown::join("source", s, deadline).await {
+            Ok(Some(stopped)) => {
                 drained.push(stopped.drained);
                 if let Err(e) = stopped.result {
                     tracing::error!(error = %e, "stream failed");
                     failures.push(e.into());
                 }
             }
+            Ok(None) => {}
             Err(p) => failures.push(p.into()),
         }
     }
