@@ -75,6 +75,9 @@ pub struct TaskPanicked {
 /// Spawns `fut` as the task `name`. If it panics, `shutdown` is cancelled so the other tasks
 /// settle what they hold and stop instead of running on without it, and the handle yields
 /// [`TaskPanicked`] for the caller to turn into a non-zero exit.
+///
+/// The cancel happens in the panic hook, before the task unwinds: what the task drops while
+/// unwinding is then already handled as shutdown (its NACKs held until the streams are closed).
 pub fn spawn_supervised<T, F>(
     name: &'static str,
     fut: F,
@@ -85,9 +88,16 @@ where
     T: Send + 'static,
 {
     use futures::FutureExt;
+    install_panic_hook();
     let shutdown = shutdown.clone();
+    let supervised = Supervised {
+        inner: Box::pin(fut),
+        shutdown: shutdown.clone(),
+    };
     tokio::spawn(async move {
-        let result = std::panic::AssertUnwindSafe(fut).catch_unwind().await;
+        let result = std::panic::AssertUnwindSafe(supervised)
+            .catch_unwind()
+            .await;
         result.map_err(|p| {
             tracing::error!(task = name, "task panicked: stopping the worker");
             shutdown.cancel();
@@ -97,6 +107,59 @@ where
             }
         })
     })
+}
+
+thread_local! {
+    /// The shutdown of the supervised task this thread is polling, if any.
+    static POLLING: std::cell::RefCell<Option<Shutdown>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A future that, while polled, names its shutdown for the panic hook.
+struct Supervised<F> {
+    inner: std::pin::Pin<Box<F>>,
+    shutdown: Shutdown,
+}
+
+impl<F: std::future::Future> std::future::Future for Supervised<F> {
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        // Restored on the way out, unwinding included.
+        let _outer = Restore(POLLING.with(|p| p.replace(Some(self.shutdown.clone()))));
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+/// Puts back the shutdown an enclosing poll had named, when dropped.
+struct Restore(Option<Shutdown>);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let outer = self.0.take();
+        let _ = POLLING.try_with(|p| {
+            if let Ok(mut current) = p.try_borrow_mut() {
+                *current = outer;
+            }
+        });
+    }
+}
+
+/// Chains a hook before the default one that cancels the shutdown of the supervised task
+/// panicking on this thread (panics elsewhere, such as the model thread's caught ones, pass).
+fn install_panic_hook() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if let Ok(Some(s)) = POLLING.try_with(|p| p.try_borrow().ok().and_then(|s| s.clone())) {
+                s.cancel();
+            }
+            previous(info);
+        }));
+    });
 }
 
 /// The message of a caught panic.
