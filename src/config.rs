@@ -105,7 +105,8 @@ pub struct StorageArgs {
     /// Local cache for models fetched from gs:// (an emptyDir on Kubernetes).
     #[arg(long, env = "SPOTINFER_CACHE_DIR", default_value_os_t = std::env::temp_dir().join("spotinfer-cache"))]
     pub cache_dir: PathBuf,
-    /// Largest object a record's `uri` may point to; larger ones are recorded as failed.
+    /// Largest object a record's `uri` may point to (and at most --max-text-bytes); larger ones
+    /// are recorded as failed without being read.
     #[arg(long, env = "SPOTINFER_MAX_OBJECT_BYTES", default_value_t = 10 << 20)]
     pub max_object_bytes: u64,
 }

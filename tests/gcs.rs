@@ -114,7 +114,10 @@ fn uri_worker_config(
         },
         exit_when_idle: idle,
         storage_emulator_host: Some(gcs.to_string()),
-        max_object_bytes: 1000,
+        // --max-text-bytes bounds an object's text too (before, a 2,000-byte object under a
+        // 5,000-byte object limit was read and embedded).
+        max_object_bytes: 5000,
+        max_text_bytes: 1000,
         ..worker_config(PubsubConfig::from_args(args))
     }
 }

@@ -210,9 +210,12 @@ async fn open_streams(
     let subscriber = cfg.pubsub.subscriber(cfg.streams).await?;
     let ctx = source::SourceContext {
         max_text_bytes: cfg.max_text_bytes,
+        // An object's text is a record's text: --max-text-bytes bounds it as it bounds inline
+        // text, before any of it is read into memory.
         inputs: Arc::new(InputReader::new(
             cfg.storage_emulator_host.clone(),
-            cfg.max_object_bytes,
+            cfg.max_object_bytes
+                .min(u64::try_from(cfg.max_text_bytes).unwrap_or(u64::MAX)),
         )),
         metrics: metrics.clone(),
         subscription: cfg.pubsub.subscription.clone(),
