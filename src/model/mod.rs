@@ -16,6 +16,7 @@ mod budget;
 mod candle_bert;
 mod fused;
 pub mod offline;
+mod prefix;
 mod thread;
 
 pub use thread::{ModelHandle, Reply};
@@ -203,10 +204,32 @@ impl Embedder {
     }
 
     /// The texts as the model sees them: special tokens added, truncated, not padded.
-    fn tokenize(&self, texts: &[&str]) -> Result<Vec<tokenizers::Encoding>, ModelError> {
-        self.tokenizer
-            .encode_batch(texts.to_vec(), true)
-            .map_err(|e| ModelError::Tokenizer(e.to_string()))
+    ///
+    /// A long text is tokenized by its prefix (see [`prefix`]): the model keeps only its first
+    /// `max_seq_len` tokens, so a 1 MiB text costs what a few KiB cost, with the same tokens.
+    pub fn tokenize(&self, texts: &[&str]) -> Result<Vec<tokenizers::Encoding>, ModelError> {
+        let encode_error = |e: tokenizers::Error| ModelError::Tokenizer(e.to_string());
+        let max_len = self.info.max_seq_len;
+        let first = prefix::initial_bytes(max_len);
+        let cuts: Vec<prefix::Cut<'_>> = texts.iter().map(|t| prefix::cut(t, first)).collect();
+        let mut encodings = self
+            .tokenizer
+            .encode_batch(cuts.iter().map(|c| c.text).collect::<Vec<_>>(), true)
+            .map_err(encode_error)?;
+        for (i, mut cut) in cuts.into_iter().enumerate() {
+            // Grow the prefix until it yields the model's full window at a word boundary (then
+            // the rest of the text cannot change the kept tokens), or is the whole text.
+            let mut limit = first;
+            while !cut.settles(encodings[i].len(), max_len) {
+                limit = limit.saturating_mul(2);
+                cut = prefix::cut(texts[i], limit);
+                encodings[i] = self
+                    .tokenizer
+                    .encode(cut.text, true)
+                    .map_err(encode_error)?;
+            }
+        }
+        Ok(encodings)
     }
 
     /// Embeds a batch: tokenize, BERT, mean pooling, L2 normalisation.
