@@ -49,6 +49,51 @@ fn publish_reports_bad_lines_by_number_and_counts_the_rest() {
     assert!(stdout.contains("3 lines skipped"), "{stdout}");
 }
 
+/// Finding 6 of the semantics review: `publish` read its whole input into memory. A 100 MB line
+/// (over Pub/Sub's 10 MB message limit) between two valid ones is skipped with its number, and
+/// the process never holds the input: peak RSS stays far under the file's size.
+#[test]
+fn publish_streams_its_input_and_skips_an_oversized_line() {
+    let name = unique("cli-pub-big");
+    let args = pubsub_args(&name);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("in.jsonl");
+    {
+        use std::io::Write;
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&file).unwrap());
+        writeln!(f, "{{\"id\":\"a\",\"text\":\"first\"}}").unwrap();
+        let block = vec![b'x'; 1 << 20];
+        for _ in 0..100 {
+            f.write_all(&block).unwrap();
+        }
+        writeln!(f).unwrap();
+        writeln!(f, "{{\"id\":\"b\",\"text\":\"last\"}}").unwrap();
+    }
+    let setup = pubsub_env(&mut spotinfer(), &args)
+        .args(["setup", "--skip-db"])
+        .output()
+        .unwrap();
+    assert!(setup.status.success(), "{setup:?}");
+    let (out, peak_mib) = output_with_peak_rss(
+        pubsub_env(&mut spotinfer(), &args)
+            .arg("publish")
+            .arg(&file),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("publish of a 100 MiB file: peak RSS {peak_mib:.1} MiB");
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("line 2: longer than 10000000 bytes"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("published 2 records"), "{stdout}");
+    assert!(
+        peak_mib < 60.0,
+        "peak RSS {peak_mib:.1} MiB for a 100 MiB input"
+    );
+}
+
 #[test]
 fn embed_and_bench_run_offline() {
     let dir = tempfile::tempdir().unwrap();

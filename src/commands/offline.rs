@@ -11,15 +11,15 @@ pub async fn embed(mut a: EmbedArgs) -> anyhow::Result<()> {
 }
 
 fn embed_file(a: EmbedArgs) -> anyhow::Result<()> {
-    let records = offline::read_records(&a.input, a.model.max_text_bytes)?;
     let embedder = super::load_embedder(&a.model.model, &a.model)?;
-    let (vectors, _) = offline::embed_all(&embedder, &records, a.batch.batch_size)?;
-    offline::write_embeddings(&a.output, &records, &vectors)?;
-    println!(
-        "embedded {} records into {}",
-        records.len(),
-        a.output.display()
-    );
+    let n = offline::embed_file(
+        &embedder,
+        &a.input,
+        &a.output,
+        a.model.max_text_bytes,
+        a.batch.batch_size,
+    )?;
+    println!("embedded {n} records into {}", a.output.display());
     Ok(())
 }
 

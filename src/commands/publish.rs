@@ -1,32 +1,24 @@
-//! `spotinfer publish`: one message per JSONL line, from a file or gs://, with a progress bar.
+//! `spotinfer publish`: one message per JSONL line, from a file or gs://, read as it is
+//! published (constant memory), with a progress bar over the input's bytes.
 
 use anyhow::Context;
 use spotinfer::config::PublishArgs;
 use spotinfer::external::gcs::Gcs;
 use spotinfer::external::publish;
 use spotinfer::external::pubsub::PubsubConfig;
+use tokio::io::AsyncBufRead;
 
 /// Publishes every valid line; fails when any publish failed.
 pub async fn run(a: PublishArgs) -> anyhow::Result<()> {
     let ps = PubsubConfig::from_args(&a.pubsub);
     let publisher = ps.publisher().await?;
-    let data = match a.file.to_str().filter(|s| s.starts_with("gs://")) {
-        Some(uri) => {
-            Gcs::new(a.storage.storage_emulator_host.as_deref())
-                .await?
-                .read(uri, None)
-                .await?
-        }
-        None => {
-            std::fs::read(&a.file).with_context(|| format!("cannot read {}", a.file.display()))?
-        }
-    };
-    let lines = std::io::Cursor::new(&data).lines_count()?;
-    let progress = indicatif::ProgressBar::new(lines as u64).with_style(
-        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} published {per_sec}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    let (size, input) = open_input(&a).await?;
+    let progress = indicatif::ProgressBar::new(size).with_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {bytes}/{total_bytes} read {binary_bytes_per_sec}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let input = std::io::Cursor::new(&data);
     let summary = publish::publish_lines(&publisher, input, a.job.as_deref(), &progress).await?;
     progress.finish_and_clear();
     println!(
@@ -39,18 +31,17 @@ pub async fn run(a: PublishArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-trait LinesCount {
-    fn lines_count(self) -> std::io::Result<usize>;
-}
-
-impl<R: std::io::BufRead> LinesCount for R {
-    fn lines_count(self) -> std::io::Result<usize> {
-        let mut n = 0;
-        for l in self.split(b'\n') {
-            if !l?.iter().all(u8::is_ascii_whitespace) {
-                n += 1;
-            }
-        }
-        Ok(n)
+/// The input's size and a reader over it: a local file or a gs:// object.
+async fn open_input(
+    a: &PublishArgs,
+) -> anyhow::Result<(u64, Box<dyn AsyncBufRead + Unpin + Send>)> {
+    if let Some(uri) = a.file.to_str().filter(|s| s.starts_with("gs://")) {
+        let gcs = Gcs::new(a.storage.storage_emulator_host.as_deref()).await?;
+        let (size, reader) = gcs.open(uri).await?;
+        return Ok((size, Box::new(reader)));
     }
+    let context = || format!("cannot read {}", a.file.display());
+    let file = tokio::fs::File::open(&a.file).await.with_context(context)?;
+    let size = file.metadata().await.with_context(context)?.len();
+    Ok((size, Box::new(tokio::io::BufReader::new(file))))
 }

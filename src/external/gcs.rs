@@ -73,6 +73,14 @@ pub enum StorageError {
     /// A read did not finish in time (the client retries transient errors until then).
     #[error("reading {0} timed out")]
     Timeout(String),
+    /// A model URI whose bucket or prefix cannot name a directory inside the model cache.
+    #[error("{uri:?} cannot be cached: {reason}")]
+    UnsafeCachePath {
+        /// The model URI.
+        uri: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
     /// A local cache file could not be written.
     #[error("model cache {path}: {source}")]
     Io {
@@ -170,6 +178,27 @@ impl Gcs {
         Ok(out)
     }
 
+    /// Opens an object for reading as it is consumed, chunk by chunk (constant memory), and
+    /// returns its size with the reader.
+    pub async fn open(
+        &self,
+        uri: &str,
+    ) -> Result<(u64, impl tokio::io::AsyncBufRead + Unpin + Send), StorageError> {
+        let (bucket, object) = parse_uri(uri)?;
+        let resp = self
+            .client
+            .read_object(bucket, object)
+            .send()
+            .await
+            .map_err(|e| request_error(uri, e))?;
+        let size = resp.object().size.max(0) as u64;
+        let chunks = futures::stream::unfold(resp, |mut resp| async move {
+            let chunk = resp.next().await?;
+            Some((chunk.map_err(std::io::Error::other), resp))
+        });
+        Ok((size, tokio_util::io::StreamReader::new(Box::pin(chunks))))
+    }
+
     /// Reads an object as UTF-8 text.
     pub async fn read_text(&self, uri: &str, max_bytes: u64) -> Result<String, StorageError> {
         let bytes = self.read(uri, Some(max_bytes)).await?;
@@ -186,7 +215,12 @@ impl Gcs {
         let base = uri.trim_end_matches('/');
         let (bucket, prefix) = parse_uri(base)?;
         let bucket_name = bucket.rsplit('/').next().unwrap_or_default().to_string();
-        let dir = cache_dir.join(&bucket_name).join(&prefix);
+        let dir = cache_path(cache_dir, &bucket_name, &prefix).map_err(|reason| {
+            StorageError::UnsafeCachePath {
+                uri: base.chars().take(80).collect(),
+                reason,
+            }
+        })?;
         let mut downloaded = Vec::new();
         for file in MODEL_FILES {
             let object = format!("{prefix}/{file}");
@@ -264,6 +298,33 @@ impl Gcs {
             .map_err(|e| io(local, e))?;
         Ok(true)
     }
+}
+
+/// Where the model under `gs://bucket/prefix` is cached: `cache_dir/bucket/prefix`, refused
+/// unless every part is a plain name, so no URI can name a directory outside `cache_dir` (`..`,
+/// `.`, an absolute or empty segment) or one shared with another model's files.
+pub fn cache_path(cache_dir: &Path, bucket: &str, prefix: &str) -> Result<PathBuf, &'static str> {
+    let valid_bucket = !bucket.is_empty()
+        && bucket.len() <= 222
+        && bucket
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
+        && bucket.starts_with(|c: char| c.is_ascii_alphanumeric());
+    if !valid_bucket {
+        return Err("not a Cloud Storage bucket name");
+    }
+    let mut dir = cache_dir.join(bucket);
+    for segment in prefix.split('/') {
+        match segment {
+            "" => return Err("the prefix has an empty segment (`//` or a leading `/`)"),
+            "." | ".." => return Err("the prefix has a `.` or `..` segment"),
+            s if s.contains('\\') || s.contains('\0') => {
+                return Err("the prefix has a backslash or NUL")
+            }
+            s => dir.push(s),
+        }
+    }
+    Ok(dir)
 }
 
 /// Longest one input read may take before its message is NACKed for a later retry.
@@ -429,5 +490,45 @@ mod tests {
         assert!(parse_uri("gs://b").is_err());
         assert!(parse_uri("gs:///o").is_err());
         assert!(parse_uri("s3://b/o").is_err());
+    }
+
+    #[test]
+    fn the_model_cache_path_stays_inside_the_cache() {
+        let cache = Path::new("/cache");
+        assert_eq!(
+            cache_path(cache, "models", "team/minilm-v2").unwrap(),
+            Path::new("/cache/models/team/minilm-v2")
+        );
+        for (bucket, prefix) in [
+            ("models", "../../etc"),
+            ("models", "a/../../../x"),
+            ("models", "/etc"),
+            ("models", "a//b"),
+            ("models", "./a"),
+            ("models", ""),
+            ("..", "x"),
+            (".", "x"),
+            ("Models", "x"),
+            ("", "x"),
+            ("models", "a\\..\\b"),
+        ] {
+            let got = cache_path(cache, bucket, prefix);
+            assert!(got.is_err(), "gs://{bucket}/{prefix} gave {got:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn fetching_a_model_refuses_a_prefix_that_leaves_the_cache() {
+        let gcs = Gcs::new(Some("127.0.0.1:9")).await.unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let cache = root.path().join("cache");
+        let err = gcs
+            .fetch_model("gs://models/a/../../../outside", &cache)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StorageError::UnsafeCachePath { .. }), "{err}");
+        assert!(err.to_string().contains("`..` segment"), "{err}");
+        assert!(!root.path().join("outside").exists());
+        assert!(!cache.exists(), "nothing is created for a refused uri");
     }
 }

@@ -29,36 +29,120 @@ pub enum OfflineError {
     Empty(String),
 }
 
-/// Reads a JSONL file of records, reporting (to stderr) and skipping invalid lines.
+/// Reads a JSONL file of records, reporting (to stderr) and skipping invalid lines. Holds the
+/// whole file: for the bench, whose corpus is meant to fit; `embed` streams with [`records`].
 pub fn read_records(
     path: &std::path::Path,
     max_text_bytes: usize,
 ) -> Result<Vec<Record>, OfflineError> {
-    let io = |source| OfflineError::Io {
-        path: path.display().to_string(),
-        source,
-    };
-    let file = std::fs::File::open(path).map_err(io)?;
-    let mut out = Vec::new();
-    for (i, line) in std::io::BufReader::new(file).split(b'\n').enumerate() {
-        let line = line.map_err(io)?;
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        match record::parse(&line, max_text_bytes) {
-            Ok(r) if r.uri.is_some() => eprintln!(
-                "{}:{}: \"uri\" inputs are read by `spotinfer work`, not offline; skipped",
-                path.display(),
-                i + 1
-            ),
-            Ok(r) => out.push(r),
-            Err(e) => eprintln!("{}:{}: {e}; skipped", path.display(), i + 1),
-        }
-    }
+    let out = records(path, max_text_bytes)?.collect::<Result<Vec<_>, _>>()?;
     if out.is_empty() {
         return Err(OfflineError::Empty(path.display().to_string()));
     }
     Ok(out)
+}
+
+/// The valid records of a JSONL file, read as they are consumed; invalid lines are reported (to
+/// stderr, by number) and skipped.
+pub fn records(
+    path: &std::path::Path,
+    max_text_bytes: usize,
+) -> Result<impl Iterator<Item = Result<Record, OfflineError>>, OfflineError> {
+    let name = path.display().to_string();
+    let io = move |source| OfflineError::Io {
+        path: name.clone(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io.clone())?;
+    let shown = path.display().to_string();
+    let lines = std::io::BufReader::new(file).split(b'\n').enumerate();
+    Ok(lines.filter_map(move |(i, line)| {
+        let line = match line {
+            Ok(l) => l,
+            Err(e) => return Some(Err(io(e))),
+        };
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return None;
+        }
+        match record::parse(&line, max_text_bytes) {
+            Ok(r) if r.uri.is_some() => eprintln!(
+                "{shown}:{}: \"uri\" inputs are read by `spotinfer work`, not offline; skipped",
+                i + 1
+            ),
+            Ok(r) => return Some(Ok(r)),
+            Err(e) => eprintln!("{shown}:{}: {e}; skipped", i + 1),
+        }
+        None
+    }))
+}
+
+/// Records `embed` holds at once: length-sorting within this many keeps batches well padded, and
+/// memory stays flat whatever the file's size.
+const EMBED_CHUNK: usize = 8192;
+
+/// Embeds the records of `input` into `{"id","embedding"}` lines at `output`, in input order,
+/// reading and writing as it goes. The lines are written to `output` + `.partial`, renamed over
+/// `output` only once complete: an interrupted run leaves no half-written file under that name.
+/// Returns how many records were embedded.
+pub fn embed_file(
+    embedder: &Embedder,
+    input: &std::path::Path,
+    output: &std::path::Path,
+    max_text_bytes: usize,
+    batch_size: usize,
+) -> Result<usize, OfflineError> {
+    let mut records = records(input, max_text_bytes)?;
+    let mut partial = output.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = std::path::PathBuf::from(partial);
+    let written = write_vectors(embedder, &mut records, &partial, batch_size);
+    let io = |source| OfflineError::Io {
+        path: output.display().to_string(),
+        source,
+    };
+    match written {
+        Ok(0) => Err(OfflineError::Empty(input.display().to_string())),
+        Ok(n) => std::fs::rename(&partial, output).map(|()| n).map_err(io),
+        Err(e) => Err(e),
+    }
+    .inspect_err(|_| {
+        let _ = std::fs::remove_file(&partial);
+    })
+}
+
+/// Embeds `records` chunk by chunk into `path`, synced to disk; returns how many.
+fn write_vectors(
+    embedder: &Embedder,
+    records: &mut impl Iterator<Item = Result<Record, OfflineError>>,
+    path: &std::path::Path,
+    batch_size: usize,
+) -> Result<usize, OfflineError> {
+    let io = |source| OfflineError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut w = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
+    let mut done = 0;
+    loop {
+        let chunk = records
+            .by_ref()
+            .take(EMBED_CHUNK)
+            .collect::<Result<Vec<_>, _>>()?;
+        if chunk.is_empty() {
+            break;
+        }
+        let (vectors, _) = embed_all(embedder, &chunk, batch_size)?;
+        for (r, v) in chunk.iter().zip(vectors) {
+            let line = serde_json::json!({"id": r.id, "embedding": v});
+            writeln!(w, "{line}").map_err(io)?;
+        }
+        done += chunk.len();
+    }
+    w.into_inner()
+        .map_err(|e| io(e.into_error()))?
+        .sync_all()
+        .map_err(io)?;
+    Ok(done)
 }
 
 /// Indices of `records` in batches of at most `batch_size`, shortest texts first, so each batch
@@ -89,24 +173,6 @@ pub fn embed_all(
         }
     }
     Ok((vectors, tokens))
-}
-
-/// Writes `{"id","embedding"}` lines.
-pub fn write_embeddings(
-    path: &std::path::Path,
-    records: &[Record],
-    vectors: &[Vec<f32>],
-) -> Result<(), OfflineError> {
-    let io = |source| OfflineError::Io {
-        path: path.display().to_string(),
-        source,
-    };
-    let mut w = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
-    for (r, v) in records.iter().zip(vectors) {
-        let line = serde_json::json!({"id": r.id, "embedding": v});
-        writeln!(w, "{line}").map_err(io)?;
-    }
-    w.flush().map_err(io)
 }
 
 /// The bench's figures.

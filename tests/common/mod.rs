@@ -9,6 +9,7 @@ use google_cloud_pubsub::model::Message;
 use spotinfer::config::PubsubArgs;
 use spotinfer::external::pubsub::PubsubConfig;
 use spotinfer::pipeline::batcher::BatchConfig;
+use spotinfer::pipeline::window::Window;
 use spotinfer::pipeline::worker::WorkerConfig;
 use spotinfer_chaos::Proxy;
 use std::path::PathBuf;
@@ -325,7 +326,8 @@ pub fn worker_config(pubsub: PubsubConfig) -> WorkerConfig {
     WorkerConfig {
         pubsub,
         streams: 1,
-        max_outstanding: 256,
+        window: Window::fixed(256, 1),
+        max_outstanding_bytes: 32 << 20,
         lease_extension: Duration::from_secs(10),
         batch: BatchConfig {
             max_records: 32,
@@ -348,4 +350,50 @@ pub async fn proxied_pg(db: &str) -> (Proxy, String) {
     let proxy = Proxy::start(hostport.to_string()).await.unwrap();
     let url = db.replacen(hostport, proxy.addr(), 1);
     (proxy, url)
+}
+
+/// Runs `cmd` to its end, polling its peak resident memory (VmHWM) every 10 ms; returns its
+/// output and that peak in MiB.
+pub fn output_with_peak_rss(cmd: &mut Command) -> (std::process::Output, f64) {
+    use std::io::Read;
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut o = Vec::new();
+        out.read_to_end(&mut o).unwrap();
+        o
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut e = Vec::new();
+        err.read_to_end(&mut e).unwrap();
+        e
+    });
+    let status_file = format!("/proc/{}/status", child.id());
+    let mut peak_kib = 0u64;
+    let status = loop {
+        if let Ok(s) = std::fs::read_to_string(&status_file) {
+            if let Some(kib) = s
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            {
+                peak_kib = peak_kib.max(kib);
+            }
+        }
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let output = std::process::Output {
+        status,
+        stdout: reader.join().unwrap(),
+        stderr: err_reader.join().unwrap(),
+    };
+    (output, peak_kib as f64 / 1024.0)
 }

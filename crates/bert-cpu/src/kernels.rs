@@ -26,10 +26,18 @@ pub(crate) fn grow(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
 ///
 /// The rows are split into one block per thread, each a single-threaded product: on two cores
 /// this beats the product's own threading, which synchronises its threads inside every call.
+///
+/// Panics unless the shapes agree: the product below writes through raw pointers, so these
+/// checks are what keeps it inside the slices, in release builds too.
 pub(crate) fn linear(x: &[f32], k: usize, w: &[f32], b: Option<&[f32]>, out: &mut [f32]) {
+    assert!(
+        k > 0 && x.len().is_multiple_of(k) && w.len().is_multiple_of(k),
+        "linear: inner size {k}"
+    );
     let n = w.len() / k;
     let m = x.len() / k;
-    debug_assert_eq!(out.len(), m * n);
+    assert_eq!(out.len(), m * n, "linear: output of {m}x{n}");
+    assert!(b.is_none_or(|b| b.len() == n), "linear: bias of {n}");
     let threads = rayon::current_num_threads().max(1);
     let block = m.div_ceil(threads).max(16);
     out.par_chunks_mut(block * n)
@@ -98,6 +106,23 @@ pub(crate) fn attention(
     h: usize,
     heads: usize,
 ) {
+    // The products below read and write through raw pointers: these checks, in release builds
+    // too, are what keeps every span's rows inside qkv and ctx.
+    assert!(
+        heads > 0 && h.is_multiple_of(heads),
+        "attention: {h} columns in {heads} heads"
+    );
+    let rows = ctx.len() / h;
+    assert!(
+        ctx.len() == rows * h && qkv.len() == rows * 3 * h,
+        "attention: shapes"
+    );
+    assert!(
+        spans
+            .iter()
+            .all(|&(o, len)| o.checked_add(len).is_some_and(|end| end <= rows)),
+        "attention: a span past the last of {rows} rows"
+    );
     let dh = h / heads;
     let scale = 1.0 / (dh as f32).sqrt();
     let out = SharedOut(ctx.as_mut_ptr());
@@ -147,6 +172,7 @@ pub(crate) fn attention(
             for row in scores.chunks_exact_mut(len) {
                 softmax(row);
             }
+            // SAFETY: as above: scores (len × len) times v's `len` rows into this task's block.
             unsafe {
                 gemm::gemm(
                     len,

@@ -280,7 +280,57 @@ impl CpuBert {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::{erf, exp, softmax};
+    use crate::kernels::{attention, erf, exp, linear, softmax};
+
+    /// The products write through raw pointers: shapes that disagree must stop them in every
+    /// build, not only where debug assertions are on.
+    #[test]
+    fn kernels_refuse_shapes_that_would_leave_their_slices() {
+        let caught = |f: fn()| std::panic::catch_unwind(f).is_err();
+        // x (2, 4) times w (3, 4)ᵀ fills a (2, 3) output: one too short, one bias too short.
+        assert!(caught(|| linear(
+            &[1.0; 8],
+            4,
+            &[1.0; 12],
+            None,
+            &mut [0.0; 5]
+        )));
+        assert!(caught(|| linear(
+            &[1.0; 8],
+            4,
+            &[1.0; 12],
+            Some(&[0.0; 2]),
+            &mut [0.0; 6]
+        )));
+        assert!(caught(|| linear(
+            &[1.0; 9],
+            4,
+            &[1.0; 12],
+            None,
+            &mut [0.0; 6]
+        )));
+        let mut out = [0.0; 6];
+        linear(&[1.0; 8], 4, &[1.0; 12], Some(&[1.0; 3]), &mut out);
+        assert_eq!(out, [5.0; 6]);
+        // Two rows of width 4 (2 heads): a span reaching a third row is refused.
+        assert!(caught(|| attention(
+            &[0.0; 24],
+            &mut [0.0; 8],
+            &[(1, 2)],
+            4,
+            2
+        )));
+        assert!(caught(|| attention(
+            &[0.0; 24],
+            &mut [0.0; 8],
+            &[(0, 2)],
+            4,
+            3
+        )));
+        let mut ctx = [0.0; 8];
+        attention(&[1.0; 24], &mut ctx, &[(0, 2)], 4, 2);
+        assert_eq!(ctx, [1.0; 8]);
+    }
 
     /// NaN stays NaN (a silently finite value would hide a broken model), infinities saturate.
     #[test]
