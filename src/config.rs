@@ -4,6 +4,7 @@
 //! their lower-case, dashed twins. Defaults run the local Quick start: the Pub/Sub emulator when
 //! `PUBSUB_EMULATOR_HOST` is set, and a SQLite file in the working directory.
 
+use clap::builder::RangedU64ValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -107,7 +108,7 @@ pub struct StorageArgs {
     pub cache_dir: PathBuf,
     /// Largest object a record's `uri` may point to (and at most --max-text-bytes); larger ones
     /// are recorded as failed without being read.
-    #[arg(long, env = "SPOTINFER_MAX_OBJECT_BYTES", default_value_t = 10 << 20)]
+    #[arg(long, env = "SPOTINFER_MAX_OBJECT_BYTES", default_value_t = 10 << 20, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_object_bytes: u64,
 }
 
@@ -143,7 +144,7 @@ pub struct ModelArgs {
     pub max_batch_tokens: usize,
     /// Largest text accepted, in bytes; larger payloads are recorded as failed. Texts under it are
     /// truncated to the model's token limit, as sentence-transformers does.
-    #[arg(long, env = "SPOTINFER_MAX_TEXT_BYTES", default_value_t = 1 << 20)]
+    #[arg(long, env = "SPOTINFER_MAX_TEXT_BYTES", default_value_t = 1 << 20, value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_MESSAGE_BYTES))]
     pub max_text_bytes: usize,
 }
 
@@ -184,7 +185,7 @@ pub enum Precision {
 #[derive(Debug, Clone, Args)]
 pub struct BatchArgs {
     /// Most records in one model batch.
-    #[arg(long, env = "SPOTINFER_BATCH_SIZE", default_value_t = 32)]
+    #[arg(long, env = "SPOTINFER_BATCH_SIZE", default_value_t = 32, value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_BATCH_SIZE))]
     pub batch_size: usize,
     /// Longest a partial batch waits for more records before it runs.
     #[arg(long, env = "SPOTINFER_BATCH_WAIT", value_parser = parse_duration, default_value = "50ms")]
@@ -201,7 +202,7 @@ pub struct SetupArgs {
     #[allow(missing_docs)]
     pub db: DbArgs,
     /// Ack deadline set on a newly created subscription.
-    #[arg(long, env = "SPOTINFER_ACK_DEADLINE", value_parser = parse_duration, default_value = "10s")]
+    #[arg(long, env = "SPOTINFER_ACK_DEADLINE", value_parser = lease_seconds, default_value = "10s")]
     pub ack_deadline: Duration,
     /// Skip the database migrations (Pub/Sub resources only).
     #[arg(long)]
@@ -221,7 +222,7 @@ pub struct SubscriptionPolicyArgs {
     #[arg(long, env = "SPOTINFER_DEAD_LETTER_TOPIC")]
     pub dead_letter_topic: Option<String>,
     /// Deliveries before a message goes to the dead-letter topic (5 to 100).
-    #[arg(long, env = "SPOTINFER_MAX_DELIVERY_ATTEMPTS", default_value_t = 10)]
+    #[arg(long, env = "SPOTINFER_MAX_DELIVERY_ATTEMPTS", default_value_t = 10, value_parser = clap::value_parser!(i32).range(5..=100))]
     pub max_delivery_attempts: i32,
     /// Retry policy: backoff before redelivering a NACKed message (unset: immediate).
     #[arg(long, env = "SPOTINFER_MIN_RETRY_BACKOFF", value_parser = parse_duration)]
@@ -263,20 +264,25 @@ pub struct WorkArgs {
     #[allow(missing_docs)]
     pub batch: BatchArgs,
     /// Streaming-pull streams to open (one emulator stream delivers about 1,900 messages/s).
-    #[arg(long, env = "SPOTINFER_STREAMS", default_value_t = 1)]
+    #[arg(long, env = "SPOTINFER_STREAMS", default_value_t = 1, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
     pub streams: usize,
-    /// Flow control: most unacked messages per stream.
-    #[arg(long, env = "SPOTINFER_MAX_OUTSTANDING", default_value_t = 256)]
-    pub max_outstanding: i64,
+    /// Flow control: most unsettled messages per stream. Unset: about 2 s of the model's work,
+    /// measured at start-up (a preempted worker hands back what it holds, and each hand-back
+    /// counts as a delivery attempt towards a dead-letter policy).
+    #[arg(long, env = "SPOTINFER_MAX_OUTSTANDING", value_parser = clap::value_parser!(i64).range(1..=100_000))]
+    pub max_outstanding: Option<i64>,
+    /// Flow control: most unsettled message bytes per stream (bounds memory with large texts).
+    #[arg(long, env = "SPOTINFER_MAX_OUTSTANDING_BYTES", default_value_t = 32 << 20, value_parser = clap::value_parser!(i64).range(1 << 20..))]
+    pub max_outstanding_bytes: i64,
     /// Lease extension asked of Pub/Sub (10 s to 600 s). It bounds how long the messages of a
     /// SIGKILLed worker stay invisible before redelivery.
-    #[arg(long, env = "SPOTINFER_LEASE_EXTENSION", value_parser = parse_duration, default_value = "10s")]
+    #[arg(long, env = "SPOTINFER_LEASE_EXTENSION", value_parser = lease_seconds, default_value = "10s")]
     pub lease_extension: Duration,
     /// Longest one commit may take before it counts as failed (its messages are nacked).
-    #[arg(long, env = "SPOTINFER_COMMIT_TIMEOUT", value_parser = parse_duration, default_value = "15s")]
+    #[arg(long, env = "SPOTINFER_COMMIT_TIMEOUT", value_parser = positive_duration, default_value = "15s")]
     pub commit_timeout: Duration,
     /// Budget for the whole graceful shutdown after SIGTERM (Spot allows about 15 s).
-    #[arg(long, env = "SPOTINFER_SHUTDOWN_TIMEOUT", value_parser = parse_duration, default_value = "8s")]
+    #[arg(long, env = "SPOTINFER_SHUTDOWN_TIMEOUT", value_parser = positive_duration, default_value = "8s")]
     pub shutdown_timeout: Duration,
     /// Exit 0 once no message has arrived for this long and nothing is in flight.
     #[arg(long, env = "SPOTINFER_EXIT_WHEN_IDLE", value_parser = parse_duration)]
@@ -373,6 +379,30 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .map_err(|e| format!("{s:?} is not a duration like 500ms or 10s: {e}"))
 }
 
+/// Largest `--batch-size`: far past where a bigger batch speeds up any backend, and small
+/// enough that one batch's rows stay a few statements under the SQL bind-parameter limits.
+pub const MAX_BATCH_SIZE: u64 = 4096;
+/// Pub/Sub's largest message, which bounds any inline text.
+pub const MAX_MESSAGE_BYTES: u64 = 10_000_000;
+
+/// A duration Pub/Sub accepts for an ack deadline or lease extension: 10 s to 600 s.
+fn lease_seconds(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if (Duration::from_secs(10)..=Duration::from_secs(600)).contains(&d) {
+        Ok(d)
+    } else {
+        Err(format!("{s} is outside Pub/Sub's range of 10s to 600s"))
+    }
+}
+
+/// A duration that is not zero.
+fn positive_duration(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        d if d.is_zero() => Err("must be longer than 0s".to_string()),
+        d => Ok(d),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -381,6 +411,47 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// Settings that could only fail later (a statement past the bind limits, a lease Pub/Sub
+    /// refuses, a silently clamped policy) are refused as the worker starts, naming the flag.
+    #[test]
+    fn out_of_range_settings_are_refused_at_start_up() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["spotinfer", "work", "--subscription", "s"];
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(argv)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        assert!(parse(&[]).is_ok());
+        for (flag, value) in [
+            ("--batch-size", "0"),
+            ("--batch-size", "100000"),
+            ("--max-outstanding", "0"),
+            ("--max-outstanding-bytes", "1000"),
+            ("--streams", "0"),
+            ("--lease-extension", "5s"),
+            ("--lease-extension", "11m"),
+            ("--commit-timeout", "0s"),
+            ("--shutdown-timeout", "0s"),
+            ("--max-text-bytes", "0"),
+            ("--max-text-bytes", "20000000"),
+        ] {
+            let err = parse(&[flag, value]).expect_err(&format!("{flag} {value} accepted"));
+            assert!(err.contains(flag), "{flag} {value}: {err}");
+        }
+        let setup = |extra: &[&str]| {
+            let mut argv = vec!["spotinfer", "setup"];
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(argv)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        assert!(setup(&["--max-delivery-attempts", "4"]).is_err());
+        assert!(setup(&["--max-delivery-attempts", "101"]).is_err());
+        assert!(setup(&["--ack-deadline", "1s"]).is_err());
+        assert!(setup(&["--max-delivery-attempts", "20"]).is_ok());
     }
 
     #[test]

@@ -113,7 +113,8 @@ async fn metadata_preemption_notice_drains_the_worker() {
             mf.fetch_add(1, Ordering::SeqCst);
         }
         if path.starts_with("/computeMetadata/v1/instance/preempted") {
-            f.load(Ordering::SeqCst).then(|| "TRUE".to_string())
+            // A long poll that already saw the value (last_etag) waits for a change: none.
+            (f.load(Ordering::SeqCst) && !path.contains("last_etag")).then(|| "TRUE".to_string())
         } else {
             None // maintenance-event: no change, ever
         }
@@ -160,4 +161,128 @@ async fn node_termination_taint_drains_the_worker() {
         &unique("drain-taint"),
     )
     .await;
+}
+
+/// Finding 9: a notice that clears without a SIGTERM (the taint removed) resumes pulling: the
+/// worker drains, becomes ready again and finishes the job by itself. Before, it stayed drained
+/// until a SIGTERM that never came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notice_that_clears_resumes_pulling() {
+    let tainted = Arc::new(AtomicBool::new(false));
+    let t = tainted.clone();
+    let host = serve(move |_, _| {
+        let taint = if t.load(Ordering::SeqCst) {
+            r#",{"key":"cloud.google.com/impending-node-termination","effect":"NoSchedule"}"#
+        } else {
+            ""
+        };
+        Some(format!(
+            r#"{{"metadata":{{"name":"n1"}},"spec":{{"taints":[{{"key":"cloud.google.com/gke-spot","value":"true","effect":"NoSchedule"}}{taint}]}}}}"#
+        ))
+    })
+    .await;
+    let name = unique("drain-resume");
+    let (args, cfg) = fresh_pubsub(&name).await;
+    let (_dir, db) = fresh_sqlite();
+    let n = 300;
+    publish_lines(&cfg, &record_lines(&name, n)).await;
+    let env = [
+        ("SPOTINFER_EARLY_DRAIN", "taint".to_string()),
+        ("SPOTINFER_KUBE_API", format!("http://{host}")),
+        ("NODE_NAME", "n1".to_string()),
+        ("SPOTINFER_DRAIN_POLL", "100ms".to_string()),
+    ];
+    let mut a = WorkerProcess::start_with_env(
+        &args,
+        &db,
+        &["--batch-size", "8", "--exit-when-idle", "3s"],
+        &env,
+    );
+    let committed = || async {
+        a.metric("spotinfer_records_committed_total")
+            .await
+            .unwrap_or(0.0)
+    };
+    wait_until(Duration::from_secs(120), "a first commit", || async {
+        committed().await >= 8.0
+    })
+    .await;
+    tainted.store(true, Ordering::SeqCst);
+    wait_until(Duration::from_secs(10), "the drain", || async {
+        !a.ready().await
+    })
+    .await;
+    let during = committed().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(committed().await, during, "still working while drained");
+    assert!(
+        during < n as f64,
+        "the job must not be done before the drain"
+    );
+
+    tainted.store(false, Ordering::SeqCst);
+    wait_until(Duration::from_secs(10), "ready again", || async {
+        a.ready().await
+    })
+    .await;
+    // It finishes the job and exits by itself once idle.
+    let (status, _) = a.wait(Duration::from_secs(240));
+    assert!(status.success(), "{status}");
+    let store = spotinfer::external::store::Store::connect(&db)
+        .await
+        .unwrap();
+    assert_eq!(store.status(None).await.unwrap().done, n as i64);
+}
+
+/// Finding 9: a live migration keeps the VM: `MIGRATE_ON_HOST_MAINTENANCE` must not drain the
+/// worker (before, any value other than NONE did); `TERMINATE_ON_HOST_MAINTENANCE` does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_migration_does_not_drain_but_terminating_maintenance_does() {
+    let event = Arc::new(std::sync::Mutex::new(
+        "MIGRATE_ON_HOST_MAINTENANCE".to_string(),
+    ));
+    let served = Arc::new(std::sync::Mutex::new(String::new()));
+    let (e, s) = (event.clone(), served.clone());
+    let host = serve(move |path, _| {
+        if !path.starts_with("/computeMetadata/v1/instance/maintenance-event") {
+            return None; // preempted: no change
+        }
+        // A long poll answers when the value differs from what this client last saw.
+        let now = e.lock().unwrap().clone();
+        let mut last = s.lock().unwrap();
+        (*last != now).then(|| {
+            *last = now.clone();
+            now
+        })
+    })
+    .await;
+    let name = unique("drain-migrate");
+    let (args, cfg) = fresh_pubsub(&name).await;
+    let (_dir, db) = fresh_sqlite();
+    publish_lines(&cfg, &record_lines(&name, 100)).await;
+    let env = [
+        ("SPOTINFER_EARLY_DRAIN", "metadata".to_string()),
+        ("GCE_METADATA_HOST", host),
+    ];
+    let mut a = WorkerProcess::start_with_env(&args, &db, &["--batch-size", "8"], &env);
+    wait_until(Duration::from_secs(120), "every record", || async {
+        a.metric("spotinfer_records_committed_total")
+            .await
+            .unwrap_or(0.0)
+            >= 100.0
+    })
+    .await;
+    assert!(!served.lock().unwrap().is_empty(), "the event was read");
+    assert!(
+        a.ready().await,
+        "a live migration must not drain the worker"
+    );
+
+    *event.lock().unwrap() = "TERMINATE_ON_HOST_MAINTENANCE".to_string();
+    wait_until(Duration::from_secs(10), "the drain", || async {
+        !a.ready().await
+    })
+    .await;
+    a.signal(libc::SIGTERM);
+    assert!(a.wait(Duration::from_secs(5)).0.success());
 }

@@ -106,7 +106,7 @@ fn uri_worker_config(
     idle: Option<Duration>,
 ) -> WorkerConfig {
     WorkerConfig {
-        max_outstanding: 64,
+        window: spotinfer::pipeline::window::Window::fixed(64, 1),
         batch: BatchConfig {
             max_records: 8,
             max_wait: Duration::from_millis(20),

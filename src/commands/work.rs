@@ -5,11 +5,13 @@ use super::load_model;
 use anyhow::Context;
 use backon::Retryable;
 use spotinfer::config::WorkArgs;
-use spotinfer::external::drain::{self, DrainConfig};
+use spotinfer::external::drain::{self, DrainConfig, Notice};
 use spotinfer::external::pubsub::PubsubConfig;
 use spotinfer::external::store::{self, Store, StoreError};
 use spotinfer::external::telemetry::{self, Metrics};
+use spotinfer::model::ModelHandle;
 use spotinfer::pipeline::batcher::BatchConfig;
+use spotinfer::pipeline::window::{self, Window};
 use spotinfer::pipeline::worker::{self, WorkerConfig};
 use spotinfer::shutdown::{self, Shutdown};
 use std::time::{Duration, Instant};
@@ -20,9 +22,8 @@ pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
     let signalled = Shutdown::new();
     shutdown::listen_for_signals(shutdown.clone(), signalled.clone())
         .context("cannot install signal handlers")?;
-    let drained = Shutdown::new();
     let watches = drain::parse_watches(&a.early_drain).map_err(anyhow::Error::msg)?;
-    drain::spawn(
+    let notice = drain::spawn(
         DrainConfig {
             watches,
             metadata_host: a.metadata_host.clone(),
@@ -30,8 +31,7 @@ pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
             node_name: a.node_name.clone(),
             poll: a.drain_poll,
         },
-        shutdown.clone(),
-        drained.clone(),
+        signalled.clone(),
     );
     let metrics = Metrics::new();
     if let Some(addr) = &a.metrics_addr {
@@ -46,30 +46,35 @@ pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
         return Ok(());
     };
     metrics.set_store_ok(true);
-    // The model download (gs://) and load give way to SIGTERM: the worker holds no message yet.
+    // The model download (gs://), load and measurement give way to SIGTERM: the worker holds no
+    // message yet.
     let model = tokio::select! {
         biased;
         _ = shutdown.cancelled() => None,
-        m = load_model(&a.model) => Some(m?),
+        m = model_and_window(&a) => Some(m?),
     };
-    let Some(model) = model else {
+    let Some((model, window)) = model else {
         println!("worker done: stopped before the model was loaded");
         return Ok(());
     };
     metrics.set_model_loaded(true);
     tracing::info!(
         startup_seconds = started.elapsed().as_secs_f64(),
+        window = window.messages,
+        flow_control_per_stream = window.per_stream,
+        model_records_per_s = window.measured_rate,
         "database and model ready"
     );
     let cfg = WorkerConfig {
         pubsub: PubsubConfig::from_args(&a.pubsub),
         streams: a.streams,
-        max_outstanding: a.max_outstanding,
+        window,
+        max_outstanding_bytes: a.max_outstanding_bytes,
         lease_extension: a.lease_extension,
         batch: BatchConfig {
             max_records: a.batch.batch_size,
             max_wait: a.batch.batch_wait,
-            window: usize::try_from(a.max_outstanding).unwrap_or(usize::MAX),
+            window: window.messages,
         },
         max_text_bytes: a.model.max_text_bytes,
         commit_timeout: a.commit_timeout,
@@ -79,32 +84,105 @@ pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
         storage_emulator_host: a.model.storage.storage_emulator_host.clone(),
         max_object_bytes: a.model.storage.max_object_bytes,
     };
-    let report = match worker::run(cfg, store, model, metrics, shutdown).await {
-        Err(worker::WorkerError::StoppedBeforeStart) => {
-            println!("worker done: stopped before it started");
-            return Ok(());
-        }
-        r => r?,
+    let pipeline = Pipeline {
+        cfg,
+        store,
+        model,
+        metrics: metrics.clone(),
     };
-    if drained.is_cancelled() && !signalled.is_cancelled() {
-        // Exiting now would only get the container restarted on the node that is going away.
-        tracing::info!(
-            drain_seconds = report.drain_seconds,
-            "drained early; idle and not ready until SIGTERM"
-        );
-        signalled.cancelled().await;
+    if !pipeline.run_until_stopped(&shutdown, notice).await? {
+        println!("worker done: stopped before it started");
+        return Ok(());
     }
-    let c = report.counts;
+    let c = metrics.counts();
     println!(
-        "worker done: {} received, {} acked, {} nacked, {} results committed, {} failed payloads recorded, {:.1} records/s",
+        "worker done: {} received, {} acked, {} nacked, {} released at shutdown, {} results committed, {} failed payloads recorded, {:.1} records/s",
         c.received,
         c.acked,
         c.nacked,
+        c.released,
         c.committed,
         c.failed,
-        c.committed as f64 / report.run_seconds.max(1e-9)
+        c.committed as f64 / started.elapsed().as_secs_f64().max(1e-9)
     );
     Ok(())
+}
+
+/// The pipeline and what it runs with, so it can be run again after an early drain.
+struct Pipeline {
+    cfg: WorkerConfig,
+    store: Store,
+    model: ModelHandle,
+    metrics: std::sync::Arc<Metrics>,
+}
+
+impl Pipeline {
+    /// Runs the pipeline until SIGTERM, an idle exit or a failure. While a termination notice is
+    /// active the pipeline is stopped as on SIGTERM and the worker waits, not ready, for the
+    /// signal (exiting would only get the container restarted on the node that is going away)
+    /// or for the notice to clear, and then runs it again. Returns whether it ever started.
+    async fn run_until_stopped(
+        &self,
+        shutdown: &Shutdown,
+        mut notice: Notice,
+    ) -> anyhow::Result<bool> {
+        let mut started = false;
+        loop {
+            let run = Shutdown::new();
+            let forward = tokio::spawn({
+                let (shutdown, run, mut notice) = (shutdown.clone(), run.clone(), notice.clone());
+                async move {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => {}
+                        _ = notice.announced() => {}
+                        _ = run.cancelled() => {}
+                    }
+                    run.cancel();
+                }
+            });
+            let result = worker::run(
+                self.cfg.clone(),
+                self.store.clone(),
+                self.model.clone(),
+                self.metrics.clone(),
+                run,
+            )
+            .await;
+            forward.abort();
+            match result {
+                Err(worker::WorkerError::StoppedBeforeStart) => {}
+                r => started |= r.map(|_| true)?,
+            }
+            let Some(reason) = notice.active().filter(|_| !shutdown.is_cancelled()) else {
+                return Ok(started);
+            };
+            tracing::info!(
+                reason,
+                "drained early: not ready until SIGTERM, or until the notice clears"
+            );
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(started),
+                _ = notice.cleared() => {}
+            }
+            self.metrics.set_draining(false);
+            tracing::info!("the termination notice cleared without a SIGTERM: pulling again");
+        }
+    }
+}
+
+/// The model, and the window sized from its measured speed (or as `--max-outstanding` sets it).
+async fn model_and_window(a: &WorkArgs) -> anyhow::Result<(ModelHandle, Window)> {
+    let model = load_model(&a.model).await?;
+    let window = match a.max_outstanding {
+        Some(n) => Window::fixed(n, a.streams),
+        None => {
+            let rate = window::measure_rate(&model, a.batch.batch_size)
+                .await
+                .context("cannot measure the model's speed")?;
+            Window::from_rate(rate, a.batch.batch_size, a.streams)
+        }
+    };
+    Ok((model, window))
 }
 
 /// Connects and migrates, retrying with backoff while the database is unreachable: a worker that

@@ -1,24 +1,34 @@
-//! Early drain: stop pulling when a preemption is announced, before SIGTERM arrives.
+//! Early drain: stop pulling while the VM is announced to end, before SIGTERM arrives.
 //!
 //! Two optional watchers (`SPOTINFER_EARLY_DRAIN=taint,metadata`):
 //! * `metadata`: long-polls the Compute Engine metadata server's `instance/preempted` and
-//!   `instance/maintenance-event` (`?wait_for_change=true`). Note the GKE metadata server that
-//!   Workload Identity puts in front of pods does not expose `preempted`; the watcher then says so
-//!   once and keeps watching `maintenance-event`.
+//!   `instance/maintenance-event` (`?wait_for_change=true`). Only notices that end the VM count:
+//!   `preempted` = `TRUE`, and `TERMINATE_ON_HOST_MAINTENANCE`. A live migration
+//!   (`MIGRATE_ON_HOST_MAINTENANCE`) pauses the VM for a moment and keeps it, its disks and its
+//!   pods: draining for it would only hand work back. Note the GKE metadata server that Workload
+//!   Identity puts in front of pods does not expose `preempted`; the watcher then says so once
+//!   and keeps watching `maintenance-event`.
 //! * `taint`: polls this pod's Node (`NODE_NAME`, from the downward API) through the Kubernetes
 //!   API for the `cloud.google.com/impending-node-termination` taint GKE adds to a Spot node that
 //!   is about to go away (needs `get` on nodes: k8s/base/rbac.yaml).
 //!
-//! When one fires, the worker shuts its pipeline down exactly as on SIGTERM (NACKing everything
-//! uncommitted) but the process stays up, not ready, until the signal comes: exiting early would
-//! only have the container restarted on the dying node.
+//! The watchers keep watching after a notice: [`spawn`] returns a [`Notice`] that is active
+//! while any of them reports one and clears when they all stop. While it is active the worker
+//! shuts its pipeline down exactly as on SIGTERM (NACKing everything uncommitted) but the
+//! process stays up, not ready (exiting early would only have the container restarted on the
+//! dying node); if the notice clears without a SIGTERM (a maintenance window that was called
+//! off, a taint removed), the worker starts pulling again.
 
 use crate::shutdown::Shutdown;
+use std::sync::Arc;
 use std::time::Duration;
-use tokio_util::sync::CancellationToken;
+use tokio::sync::watch;
 
 /// The taint GKE puts on a node about to be preempted.
 pub const TERMINATION_TAINT: &str = "cloud.google.com/impending-node-termination";
+
+/// The maintenance event that ends the VM (a Spot VM cannot live-migrate).
+pub const TERMINATING_MAINTENANCE: &str = "TERMINATE_ON_HOST_MAINTENANCE";
 
 /// What to watch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,52 +72,108 @@ pub struct DrainConfig {
     pub poll: Duration,
 }
 
-/// Starts the enabled watchers. When one fires it cancels `drained` and then `shutdown`.
-pub fn spawn(cfg: DrainConfig, shutdown: Shutdown, drained: CancellationToken) {
-    for w in &cfg.watches {
-        let (cfg, shutdown, drained) = (cfg.clone(), shutdown.clone(), drained.clone());
-        match w {
-            Watch::Metadata => {
-                tokio::spawn(async move {
-                    let host = cfg.metadata_host.clone();
-                    let reason = tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        r = watch_metadata(&host, "instance/preempted", |v| v.trim() == "TRUE") => r,
-                        r = watch_metadata(&host, "instance/maintenance-event", |v| v.trim() != "NONE") => r,
-                    };
-                    fire(&reason, &shutdown, &drained);
-                });
+/// The sources a notice can come from, one slot each.
+const SOURCES: usize = 3;
+const PREEMPTED: usize = 0;
+const MAINTENANCE: usize = 1;
+const TAINT: usize = 2;
+
+/// Whether the VM is announced to end, and why: the combined state of every watcher.
+#[derive(Debug, Clone)]
+pub struct Notice {
+    rx: watch::Receiver<[Option<String>; SOURCES]>,
+}
+
+impl Notice {
+    /// The reason, while a notice is active.
+    pub fn active(&self) -> Option<String> {
+        self.rx.borrow().iter().flatten().next().cloned()
+    }
+
+    /// Waits until a notice is active; returns its reason. Never returns once every watcher
+    /// has ended without one.
+    pub async fn announced(&mut self) -> String {
+        loop {
+            if let Some(reason) = self.active() {
+                return reason;
             }
-            Watch::Taint => {
-                tokio::spawn(async move {
-                    let reason = tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        r = watch_taint(&cfg) => r,
-                    };
-                    if let Some(reason) = reason {
-                        fire(&reason, &shutdown, &drained);
-                    }
-                });
+            if self.rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Waits until no notice is active.
+    pub async fn cleared(&mut self) {
+        while self.active().is_some() {
+            if self.rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
             }
         }
     }
 }
 
-fn fire(reason: &str, shutdown: &Shutdown, drained: &CancellationToken) {
-    tracing::warn!(
-        reason,
-        "preemption announced: draining early (stop pulling, nack uncommitted)"
-    );
-    drained.cancel();
-    shutdown.cancel();
+/// Starts the enabled watchers, which run until `stop` is cancelled (SIGTERM).
+pub fn spawn(cfg: DrainConfig, stop: Shutdown) -> Notice {
+    let (tx, rx) = watch::channel([None, None, None]);
+    let tx = Arc::new(tx);
+    let set = |slot: usize| {
+        let tx = tx.clone();
+        move |v: Option<String>| {
+            tx.send_if_modified(|state| {
+                let changed = state[slot] != v;
+                if changed {
+                    match &v {
+                        Some(reason) => tracing::warn!(reason, "the VM is announced to end: draining early (stop pulling, nack uncommitted)"),
+                        None => tracing::info!(slot, "termination notice cleared"),
+                    }
+                    state[slot] = v;
+                }
+                changed
+            });
+        }
+    };
+    for w in &cfg.watches {
+        let stop = stop.clone();
+        match w {
+            Watch::Metadata => {
+                let host = cfg.metadata_host.clone();
+                let (preempted, maintenance) = (set(PREEMPTED), set(MAINTENANCE));
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = stop.cancelled() => {}
+                        _ = watch_metadata(&host, "instance/preempted", |v| v.trim() == "TRUE", preempted) => {}
+                        _ = watch_metadata(&host, "instance/maintenance-event", |v| v.trim() == TERMINATING_MAINTENANCE, maintenance) => {}
+                    }
+                });
+            }
+            Watch::Taint => {
+                let (cfg, taint) = (cfg.clone(), set(TAINT));
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = stop.cancelled() => {}
+                        _ = watch_taint(&cfg, taint) => {}
+                    }
+                });
+            }
+        }
+    }
+    Notice { rx }
 }
 
-/// Long-polls one metadata value until `fires` accepts it; returns the reason. Endpoints the
-/// server does not have (404) are reported once and then never resolve.
-async fn watch_metadata(host: &str, key: &str, fires: impl Fn(&str) -> bool) -> String {
+/// Long-polls one metadata value for ever, reporting through `report` a notice while `ends_vm`
+/// accepts the value and none otherwise. Endpoints the server does not have (404) are reported
+/// once and then never resolve.
+async fn watch_metadata(
+    host: &str,
+    key: &str,
+    ends_vm: impl Fn(&str) -> bool,
+    report: impl Fn(Option<String>),
+) {
     let client = reqwest::Client::new();
     let base = format!("http://{host}/computeMetadata/v1/{key}");
     let mut etag = String::new();
+    let mut last = None;
     loop {
         let url = if etag.is_empty() {
             format!("{base}?wait_for_change=true")
@@ -129,9 +195,21 @@ async fn watch_metadata(host: &str, key: &str, fires: impl Fn(&str) -> bool) -> 
                     etag = t.to_string();
                 }
                 let body = r.text().await.unwrap_or_default();
-                if fires(&body) {
-                    return format!("metadata {key} = {}", body.trim());
+                let value = body.trim();
+                if !ends_vm(value) && value != "NONE" && value != "FALSE" {
+                    tracing::info!(
+                        key,
+                        value,
+                        "metadata notice that does not end the VM; not draining"
+                    );
                 }
+                report(ends_vm(value).then(|| format!("metadata {key} = {value}")));
+                // The server answers a long poll when the value changes (or its wait times out):
+                // an unchanged value answered at once must not turn this into a busy loop.
+                if last.as_deref() == Some(value) {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                last = Some(value.to_string());
             }
             Ok(r) => {
                 tracing::debug!(key, status = %r.status(), "metadata watch");
@@ -145,12 +223,13 @@ async fn watch_metadata(host: &str, key: &str, fires: impl Fn(&str) -> bool) -> 
     }
 }
 
-/// Polls the node until it carries [`TERMINATION_TAINT`]. Returns None when it cannot watch at
-/// all (no node name).
-async fn watch_taint(cfg: &DrainConfig) -> Option<String> {
+/// Polls the node for ever, reporting through `report` a notice while it carries
+/// [`TERMINATION_TAINT`] and none otherwise. Returns at once when it cannot watch at all (no node
+/// name, no client).
+async fn watch_taint(cfg: &DrainConfig, report: impl Fn(Option<String>)) {
     let Some(node) = cfg.node_name.clone() else {
         tracing::warn!("early drain on the node taint needs NODE_NAME (downward API spec.nodeName); not watching");
-        return None;
+        return;
     };
     const SA: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
     let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(10));
@@ -164,7 +243,7 @@ async fn watch_taint(cfg: &DrainConfig) -> Option<String> {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, "cannot build the Kubernetes API client; not watching the taint");
-            return None;
+            return;
         }
     };
     let url = format!("{}/api/v1/nodes/{node}", cfg.kube_api.trim_end_matches('/'));
@@ -181,12 +260,12 @@ async fn watch_taint(cfg: &DrainConfig) -> Option<String> {
                 let tainted = node["spec"]["taints"]
                     .as_array()
                     .is_some_and(|ts| ts.iter().any(|t| t["key"] == TERMINATION_TAINT));
-                if tainted {
-                    return Some(format!(
+                report(tainted.then(|| {
+                    format!(
                         "node {node_name} has the {TERMINATION_TAINT} taint",
                         node_name = node["metadata"]["name"].as_str().unwrap_or("?")
-                    ));
-                }
+                    )
+                }));
             }
             other => {
                 if !warned {
@@ -206,6 +285,29 @@ async fn watch_taint(cfg: &DrainConfig) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The notice is the union of its sources and clears only when all have cleared.
+    #[tokio::test]
+    async fn a_notice_is_active_while_any_source_reports_one() {
+        let (tx, rx) = watch::channel([None, None, None]);
+        let mut notice = Notice { rx };
+        assert_eq!(notice.active(), None);
+        tx.send_modify(|s| s[TAINT] = Some("taint".into()));
+        assert_eq!(notice.announced().await, "taint");
+        tx.send_modify(|s| s[MAINTENANCE] = Some("maintenance".into()));
+        tx.send_modify(|s| s[TAINT] = None);
+        assert_eq!(notice.active().as_deref(), Some("maintenance"));
+        let waiter = tokio::spawn(async move {
+            notice.cleared().await;
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        tx.send_modify(|s| s[MAINTENANCE] = None);
+        tokio::time::timeout(Duration::from_secs(1), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+    }
 
     #[test]
     fn parses_watch_lists() {

@@ -125,6 +125,7 @@ impl tracing::field::Visit for JsonFields {
 const SECONDS_BUCKETS: [f64; 12] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
+const ATTEMPT_BUCKETS: [f64; 9] = [1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0, 50.0, 100.0];
 const SIZE_BUCKETS: [f64; 10] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
 
 /// The worker's counters, shared by every stage: a `prometheus-client` registry whose counters
@@ -137,6 +138,7 @@ pub struct Metrics {
     received: Counter,
     acked: Counter,
     nacked: Counter,
+    released: Counter,
     committed: Counter,
     failed: Counter,
     commit_errors: Counter,
@@ -151,6 +153,7 @@ pub struct Metrics {
     pub inference_seconds: Histogram,
     /// Seconds one commit took.
     pub commit_seconds: Histogram,
+    delivery_attempts: Histogram,
     model_loaded: AtomicBool,
     store_ok: AtomicBool,
     stream_open: AtomicBool,
@@ -176,7 +179,11 @@ impl Default for Metrics {
         );
         let nacked = counter(
             "spotinfer_messages_nacked",
-            "Messages nacked for redelivery.",
+            "Messages nacked for redelivery after a failure (commit, model, input read).",
+        );
+        let released = counter(
+            "spotinfer_messages_released_on_shutdown",
+            "Messages nacked at shutdown, unprocessed; each counts as a delivery attempt.",
         );
         let committed = counter("spotinfer_records_committed", "Result rows committed.");
         let failed = counter(
@@ -218,12 +225,18 @@ impl Default for Metrics {
             "Time per commit transaction.",
             &SECONDS_BUCKETS,
         );
+        let delivery_attempts = histogram(
+            "spotinfer_delivery_attempt",
+            "Delivery attempt of each message received (dead-letter subscriptions only).",
+            &ATTEMPT_BUCKETS,
+        );
         Self {
             registry,
             started: Instant::now(),
             received,
             acked,
             nacked,
+            released,
             committed,
             failed,
             commit_errors,
@@ -235,6 +248,7 @@ impl Default for Metrics {
             batch_size,
             inference_seconds,
             commit_seconds,
+            delivery_attempts,
             model_loaded: AtomicBool::new(false),
             store_ok: AtomicBool::new(false),
             stream_open: AtomicBool::new(false),
@@ -250,8 +264,10 @@ pub struct Counts {
     pub received: u64,
     /// Messages acked after commit.
     pub acked: u64,
-    /// Messages nacked (shutdown, failed commit, model error).
+    /// Messages nacked after a failure (commit, model, input read).
     pub nacked: u64,
+    /// Messages nacked unprocessed at shutdown.
+    pub released: u64,
     /// Result rows committed.
     pub committed: u64,
     /// Failure rows committed.
@@ -285,9 +301,19 @@ impl Metrics {
     pub fn acked(&self, n: u64) {
         self.acked.inc_by(n);
     }
-    /// Counts nacks.
+    /// Counts nacks after a failure.
     pub fn nacked(&self, n: u64) {
         self.nacked.inc_by(n);
+    }
+    /// Counts messages handed back unprocessed at shutdown.
+    pub fn released(&self, n: u64) {
+        self.released.inc_by(n);
+    }
+    /// Records a message's delivery attempt (0, unknown, is not recorded).
+    pub fn delivery_attempt(&self, attempt: u32) {
+        if attempt > 0 {
+            self.delivery_attempts.observe(f64::from(attempt));
+        }
     }
     /// Counts committed result rows and failure rows.
     pub fn committed(&self, results: u64, failures: u64) {
@@ -331,9 +357,10 @@ impl Metrics {
     pub fn set_stream_open(&self, v: bool) {
         self.stream_open.store(v, Ordering::Relaxed);
     }
-    /// Marks the worker as draining: no longer ready.
-    pub fn set_draining(&self) {
-        self.draining.store(true, Ordering::Relaxed);
+    /// Marks the worker as draining (no longer ready) or, after an early drain whose notice
+    /// cleared, as pulling again.
+    pub fn set_draining(&self, draining: bool) {
+        self.draining.store(draining, Ordering::Relaxed);
     }
     /// Ready: model loaded, database reachable, stream open, not draining.
     pub fn ready(&self) -> bool {
@@ -349,6 +376,7 @@ impl Metrics {
             received: self.received.get(),
             acked: self.acked.get(),
             nacked: self.nacked.get(),
+            released: self.released.get(),
             committed: self.committed.get(),
             failed: self.failed.get(),
             commit_errors: self.commit_errors.get(),
@@ -482,7 +510,7 @@ mod tests {
         m.set_store_ok(true);
         m.set_stream_open(true);
         assert!(m.ready());
-        m.set_draining();
+        m.set_draining(true);
         assert!(!m.ready());
     }
 }

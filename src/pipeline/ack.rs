@@ -55,6 +55,11 @@ impl NackHold {
         }
     }
 
+    /// Whether the shutdown has begun: what is dropped from now on is handed back, not failed.
+    fn engaged(&self) -> bool {
+        self.shutdown.is_cancelled()
+    }
+
     /// Parks `h` if the shutdown has begun and the hold is not released; gives it back
     /// otherwise.
     fn park(&self, h: Handler) -> Option<Handler> {
@@ -155,6 +160,8 @@ impl Drop for Ack {
         }
         if self.acked {
             self.metrics.acked(1);
+        } else if self.hold.as_ref().is_some_and(NackHold::engaged) {
+            self.metrics.released(1);
         } else {
             self.metrics.nacked(1);
         }

@@ -6,7 +6,9 @@
 //! window), and when the model has room it picks the batch from the whole window by length: the
 //! oldest message plus the `max_records - 1` messages closest to it in length. So batches pad
 //! little (which matters to backends that pad, candle's on CUDA), and no message waits behind
-//! more than `window / max_records` batches. Records are sorted by text length inside the batch.
+//! more than `window / max_records` batches. Messages Pub/Sub has delivered before (a preempted
+//! worker handed them back) go first, so repeated preemptions cannot walk a healthy record to
+//! its subscription's dead-letter limit. Records are sorted by text length inside the batch.
 //! Invalid payloads ride along in the next batch, untouched by the model, so the sink commits
 //! their failure rows in the same transaction. On shutdown whatever the batcher holds is
 //! dropped, which NACKs it at once.
@@ -83,26 +85,30 @@ pub async fn run(
     }
 }
 
-/// Removes one batch from `held` (in arrival order): every invalid payload, the oldest valid
-/// record and the `max - 1` valid records nearest to it in text length, sorted by length.
+/// Removes one batch from `held` (in arrival order): every invalid payload, an anchor record and
+/// the `max - 1` valid records nearest to it in text length, sorted by length. The anchor is the
+/// most-delivered record, the oldest among equals; records delivered before (Pub/Sub counts
+/// deliveries on a subscription with a dead-letter policy) are chosen before first deliveries,
+/// so a message that preemptions keep handing back is done at its next delivery instead of
+/// drifting towards the dead-letter topic.
 fn take_batch(held: &mut Vec<Delivery>, max: usize) -> Batch {
-    let len = |d: &Delivery| d.payload.as_ref().map_or(0, |r| r.text.len());
-    let mut valid: Vec<usize> = (0..held.len())
+    let attempt = |i: usize| held[i].meta.delivery_attempt;
+    let valid: Vec<usize> = (0..held.len())
         .filter(|&i| held[i].payload.is_ok())
         .collect();
     let mut chosen: Vec<bool> = held.iter().map(|d| d.payload.is_err()).collect();
-    if !valid.is_empty() {
-        let oldest = valid[0];
-        valid.sort_by_key(|&i| (len(&held[i]), i));
-        let k = max.min(valid.len());
-        let at = valid.iter().position(|&i| i == oldest).unwrap_or(0);
-        // The run of k (in length order) that holds the oldest and spans the least length.
-        let first = at.saturating_sub(k - 1);
-        let last = at.min(valid.len() - k);
-        let start = (first..=last)
-            .min_by_key(|&s| len(&held[valid[s + k - 1]]) - len(&held[valid[s]]))
-            .unwrap_or(first);
-        for &i in &valid[start..start + k] {
+    if let Some(&anchor) = valid
+        .iter()
+        .max_by_key(|&&i| (attempt(i), std::cmp::Reverse(i)))
+    {
+        let redelivered = attempt(anchor) > 1;
+        let (pool, rest): (Vec<usize>, Vec<usize>) = valid
+            .iter()
+            .copied()
+            .partition(|&i| !redelivered || attempt(i) > 1);
+        let picked = nearest_run(held, &pool, anchor, max);
+        let room = max - picked.len();
+        for i in picked.into_iter().chain(nearest(held, &rest, anchor, room)) {
             chosen[i] = true;
         }
     }
@@ -120,6 +126,39 @@ fn take_batch(held: &mut Vec<Delivery>, max: usize) -> Batch {
     batch
 }
 
+/// Text length of a held record (0 for an invalid payload).
+fn text_len(held: &[Delivery], i: usize) -> usize {
+    held[i].payload.as_ref().map_or(0, |r| r.text.len())
+}
+
+/// The run of up to `k` records of `pool` (consecutive in length order) that holds `anchor` and
+/// spans the least length.
+fn nearest_run(held: &[Delivery], pool: &[usize], anchor: usize, k: usize) -> Vec<usize> {
+    let len = |i: usize| text_len(held, i);
+    let mut sorted = pool.to_vec();
+    sorted.sort_by_key(|&i| (len(i), i));
+    let k = k.min(sorted.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    let at = sorted.iter().position(|&i| i == anchor).unwrap_or(0);
+    let first = at.saturating_sub(k - 1);
+    let last = at.min(sorted.len() - k);
+    let start = (first..=last)
+        .min_by_key(|&s| len(sorted[s + k - 1]) - len(sorted[s]))
+        .unwrap_or(first);
+    sorted[start..start + k].to_vec()
+}
+
+/// The `k` records of `pool` nearest to `anchor` in text length.
+fn nearest(held: &[Delivery], pool: &[usize], anchor: usize, k: usize) -> Vec<usize> {
+    let target = text_len(held, anchor);
+    let mut sorted = pool.to_vec();
+    sorted.sort_by_key(|&i| (text_len(held, i).abs_diff(target), i));
+    sorted.truncate(k);
+    sorted
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,6 +174,7 @@ mod tests {
             meta: MessageMeta {
                 message_id: i.to_string(),
                 publish_time_us: 0,
+                delivery_attempt: 0,
             },
             payload: crate::record::parse(data.as_bytes(), 1 << 20),
             data: Bytes::from(data),
@@ -233,5 +273,39 @@ mod tests {
         }
         // Each batch holds the oldest waiting record and its nearest neighbour in length.
         assert_eq!(seen, [vec![8, 9], vec![1, 2], vec![6, 7], vec![3, 4]]);
+    }
+
+    #[tokio::test]
+    async fn redelivered_records_are_batched_first() {
+        let metrics = Metrics::new();
+        let with_attempt = |i: usize, text: &str, attempt: u32| {
+            let mut d = delivery(i, text, &metrics);
+            d.meta.delivery_attempt = attempt;
+            d
+        };
+        // Arrival order; the 4th-delivery record arrived last, two others were delivered twice.
+        let mut held = vec![
+            with_attempt(0, "first delivery, oldest", 1),
+            with_attempt(1, "second", 2),
+            with_attempt(2, "first delivery", 1),
+            with_attempt(3, "a second delivery too", 2),
+            with_attempt(4, "fourth", 4),
+        ];
+        let ids = |b: &Batch| {
+            let mut v: Vec<String> = b.records.iter().map(|p| p.record.id.clone()).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(ids(&take_batch(&mut held, 2)), ["r1", "r4"]);
+        // One redelivered record left: the batch is filled by length from first deliveries.
+        assert_eq!(ids(&take_batch(&mut held, 2)), ["r0", "r3"]);
+        assert_eq!(ids(&take_batch(&mut held, 2)), ["r2"]);
+        // Without a dead-letter policy (attempt 0 everywhere) the oldest anchors the batch.
+        let mut held: Vec<Delivery> = ["ccc", "a", "bb"]
+            .iter()
+            .enumerate()
+            .map(|(i, t)| with_attempt(i, t, 0))
+            .collect();
+        assert_eq!(ids(&take_batch(&mut held, 2)), ["r0", "r2"]);
     }
 }

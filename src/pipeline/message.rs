@@ -21,6 +21,9 @@ pub struct MessageMeta {
     pub message_id: String,
     /// Publish time, microseconds since the epoch (0 when unknown).
     pub publish_time_us: i64,
+    /// Which delivery of the message this is (1 for the first). Pub/Sub reports it only on a
+    /// subscription with a dead-letter policy; 0 elsewhere.
+    pub delivery_attempt: u32,
 }
 
 /// One message on its way through the pipeline.

@@ -7,6 +7,7 @@
 //! * [`embed`]: the model stage, batches to [`message::Outcome`]s on the model thread;
 //! * [`sink`]: one transaction per outcome, then the acks;
 //! * [`ack`]: the ack that travels with each message (dropping it NACKs);
+//! * [`window`]: how much the worker holds (a few seconds of its model's work);
 //! * [`fault`]: injected panics for the tests (debug builds only).
 //!
 //! Every stage watches the [`crate::shutdown`] token it is handed.
@@ -18,4 +19,5 @@ pub mod fault;
 pub mod message;
 pub mod sink;
 pub mod source;
+pub mod window;
 pub mod worker;

@@ -80,6 +80,10 @@ pub async fn run(
             Some(Ok(m)) => m,
         };
         metrics.received(1);
+        let delivery_attempt = handler
+            .delivery_attempt()
+            .map_or(0, |n| u32::try_from(n).unwrap_or(0));
+        metrics.delivery_attempt(delivery_attempt);
         let ack = Ack::new(handler, metrics.clone(), nack_hold.clone());
         crate::pipeline::fault::point(crate::pipeline::fault::Stage::Source);
         let publish_time_us = message
@@ -105,6 +109,7 @@ pub async fn run(
             meta: MessageMeta {
                 message_id: message.message_id,
                 publish_time_us,
+                delivery_attempt,
             },
             payload,
             data: message.data,
@@ -123,6 +128,9 @@ pub async fn run(
     } else {
         Vec::new()
     };
+    let n = drained.len() as u64;
+    metrics.received(n);
+    metrics.released(n);
     // Closes the streaming pull: nothing new arrives. The lease loop keeps what was handed out.
     drop(stream);
     Stopped { drained, result }

@@ -48,8 +48,10 @@ pub struct WorkerConfig {
     pub pubsub: PubsubConfig,
     /// Streaming-pull streams to open.
     pub streams: usize,
-    /// Flow control per stream.
-    pub max_outstanding: i64,
+    /// What the worker holds: each stream's flow control (the batcher's window is in `batch`).
+    pub window: crate::pipeline::window::Window,
+    /// Flow control per stream, in bytes.
+    pub max_outstanding_bytes: i64,
     /// Lease extension asked of Pub/Sub.
     pub lease_extension: Duration,
     /// Batch bounds.
@@ -121,7 +123,7 @@ pub async fn run(
         r = &mut running.sink => { shutdown.cancel(); Some(r) },
     };
     let drain_started = Instant::now();
-    metrics.set_draining();
+    metrics.set_draining(true);
     let deadline = tokio::time::Instant::now() + cfg.shutdown_timeout;
     let failure = stop(running, sink_ended, deadline).await;
     let report = Report {
@@ -133,6 +135,7 @@ pub async fn run(
         drain_seconds = report.drain_seconds,
         acked = report.counts.acked,
         nacked = report.counts.nacked,
+        released_on_shutdown = report.counts.released,
         committed = report.counts.committed,
         failed = report.counts.failed,
         "worker stopped"
@@ -227,7 +230,8 @@ async fn open_streams(
         let stream = subscriber
             .subscribe(&cfg.pubsub.subscription)
             .set_max_lease_extension(cfg.lease_extension)
-            .set_max_outstanding_messages(cfg.max_outstanding)
+            .set_max_outstanding_messages(cfg.window.per_stream)
+            .set_max_outstanding_bytes(cfg.max_outstanding_bytes)
             .set_shutdown_behavior(ShutdownBehavior::WaitForProcessing)
             .build();
         leases.push(stream.shutdown_token());

@@ -41,6 +41,8 @@ pub struct Driven {
     pub problems: Vec<String>,
     /// Worker slots.
     pub workers: usize,
+    /// Database outages, (start, end) in seconds since the epoch.
+    pub outages_unix: Vec<(f64, f64)>,
 }
 
 /// Runs the workers under faults until everything is settled or `--timeout`, then stops them.
@@ -133,6 +135,7 @@ impl<'a> Drive<'a> {
                 peak_rss_kb: 0,
                 problems: Vec::new(),
                 workers: slots.len(),
+                outages_unix: Vec::new(),
             },
             args,
             stage,
@@ -198,7 +201,7 @@ impl<'a> Drive<'a> {
         for i in 0..self.slots.len() {
             if self.slots[i].worker.is_none() && self.slots[i].restart_at.is_some_and(|t| t <= now)
             {
-                let w = self.spawner.spawn(i, &self.slots[i].log)?;
+                let w = self.spawner.spawn(i, &mut self.slots[i])?;
                 self.slots[i].worker = Some(w);
                 self.slots[i].restart_at = None;
                 self.event(&format!("start worker {i}"));
@@ -257,7 +260,7 @@ impl<'a> Drive<'a> {
                 self.out.stalls_measured += 1;
                 self.pending_stalls.push(now);
             }
-            self.exits.push(workers::sigterm(i, w.child, false));
+            self.exits.push(workers::sigterm(i, w, false));
         }
         self.slots[i].restart_at = Some(now + self.args.restart_delay);
     }
@@ -272,6 +275,8 @@ impl<'a> Drive<'a> {
             p.cut();
             self.pending_stalls.clear();
             self.out.db_outages += 1;
+            let t = crate::writes::unix_now();
+            self.out.outages_unix.push((t, t));
             self.outage = Some(now);
             self.event("database outage");
         }
@@ -280,6 +285,9 @@ impl<'a> Drive<'a> {
             .is_some_and(|t| now.duration_since(t) >= self.args.db_outage)
         {
             p.restore();
+            if let Some(o) = self.out.outages_unix.last_mut() {
+                o.1 = crate::writes::unix_now();
+            }
             self.outage = None;
             self.outage_done = true;
             self.event("database back");
@@ -306,6 +314,9 @@ impl<'a> Drive<'a> {
     fn finish(mut self, finished_at: Instant) -> Driven {
         if let Some(p) = &self.stage.db_proxy {
             p.restore();
+            if let (Some(_), Some(o)) = (self.outage, self.out.outages_unix.last_mut()) {
+                o.1 = crate::writes::unix_now();
+            }
         }
         let _ = self.timeline.flush();
         self.progress.finish_and_clear();
@@ -313,7 +324,7 @@ impl<'a> Drive<'a> {
         for (i, slot) in self.slots.iter_mut().enumerate() {
             if let Some(w) = slot.worker.take() {
                 self.out.peak_rss_kb = self.out.peak_rss_kb.max(workers::peak_rss(w.child.id()));
-                self.exits.push(workers::sigterm(i, w.child, true));
+                self.exits.push(workers::sigterm(i, w, true));
             }
         }
         let exits: Vec<SigtermExit> = self.exits.drain(..).filter_map(|h| h.join().ok()).collect();

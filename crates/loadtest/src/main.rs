@@ -6,9 +6,11 @@
 //! the `spotinfer` binary ([`workers`]) and, while they work, injects faults on a seeded schedule
 //! ([`faults`]): SIGTERM and SIGKILL of random workers (each replaced after a delay), a database
 //! outage, dropped Pub/Sub streams. Then it verifies every valid record is present exactly once
-//! with a correct vector, every poison payload is in `failed_records`, and nothing is left on the
-//! subscription ([`verify`]), and prints and writes a [`report`]. It exits non-zero when anything
-//! was lost, wrong, left behind, or a graceful exit was slow or non-zero.
+//! with a correct vector, every poison payload is in `failed_records`, nothing is left on the
+//! subscription or was dead-lettered, and (PostgreSQL, from a write log, [`writes`]) no record a
+//! stopping worker committed was committed again ([`verify`]); and prints and writes a
+//! [`report`]. It exits non-zero when anything was lost, wrong, left behind, dead-lettered or
+//! redone after a graceful stop, or a graceful exit was slow or non-zero.
 
 mod corpus;
 mod emulator;
@@ -17,6 +19,7 @@ mod report;
 mod stage;
 mod verify;
 mod workers;
+mod writes;
 
 use anyhow::Context;
 use clap::Parser;
@@ -84,6 +87,12 @@ pub struct Args {
     /// Latency added to every chunk between the workers and the emulator (a slow server); 0: none.
     #[arg(long, value_parser = parse_duration, default_value = "0s")]
     pub emulator_latency: Duration,
+    /// The subscription's dead-letter policy: deliveries before a message goes to the
+    /// dead-letter topic (5 to 100; 0: no policy). Every SIGTERM hands back what the stopped
+    /// worker held, and each hand-back counts: the run fails if any valid record is
+    /// dead-lettered.
+    #[arg(long, default_value_t = 5, value_parser = delivery_attempts)]
+    pub max_delivery_attempts: i32,
     /// Extra argument for every worker (repeatable), e.g. --worker-arg=--batch-size=16.
     #[arg(long = "worker-arg", allow_hyphen_values = true)]
     pub worker_args: Vec<String>,
@@ -133,6 +142,14 @@ impl From<std::io::Error> for LoadtestError {
     }
 }
 
+/// `--max-delivery-attempts`: 0, or what Pub/Sub accepts (5 to 100).
+fn delivery_attempts(s: &str) -> Result<i32, String> {
+    match s.parse::<i32>() {
+        Ok(n) if n == 0 || (5..=100).contains(&n) => Ok(n),
+        _ => Err(format!("{s}: 0 (no dead-letter policy) or 5 to 100")),
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     spotinfer::external::telemetry::init_logging(spotinfer::config::LogFormat::Text);
@@ -173,7 +190,7 @@ async fn run(args: Args) -> Result<report::LoadtestReport, LoadtestError> {
     let stage = stage::Stage::prepare(&args, &workdir, &name).await?;
     let published = corpus::publish(&args, &stage.pubsub, &name, &mut rng).await?;
     let drive = faults::drive(&args, &stage, &published, &workdir, rng).await?;
-    let checked = verify::check(&args, &stage, &published, &name).await?;
+    let checked = verify::check(&args, &stage, &published, &drive, &name).await?;
     let report = report::LoadtestReport::new(&args, &published, drive, checked);
     std::fs::write(
         &args.report,

@@ -34,6 +34,16 @@ pub struct LoadtestReport {
     pub poison_missing: usize,
     /// Messages still on the subscription at the end.
     pub left_on_subscription: usize,
+    /// The dead-letter policy's limit (0: none).
+    pub max_delivery_attempts: i32,
+    /// Valid records moved to the dead-letter topic.
+    pub dead_lettered: usize,
+    /// Records committed more than once, for any reason (PostgreSQL's write log; null on
+    /// SQLite). At-least-once delivery allows it after a SIGKILL or a database outage.
+    pub committed_more_than_once: Option<usize>,
+    /// Records committed again after the worker that committed them stopped gracefully: a
+    /// defect (null on SQLite).
+    pub committed_twice_after_graceful_stop: Option<usize>,
     /// SIGTERMs injected during the run.
     pub sigterms: usize,
     /// SIGKILLs injected during the run.
@@ -87,6 +97,10 @@ impl LoadtestReport {
             min_cosine: checked.min_cosine,
             poison_missing: checked.poison_missing,
             left_on_subscription: checked.left,
+            max_delivery_attempts: args.max_delivery_attempts,
+            dead_lettered: checked.dead_lettered,
+            committed_more_than_once: checked.redone.map(|r| r.any),
+            committed_twice_after_graceful_stop: checked.redone.map(|r| r.after_graceful_stop),
             sigterms: driven.sigterms,
             sigkills: driven.sigkills,
             sigterm_exits: driven.sigterm_exits,
@@ -108,6 +122,7 @@ pub fn summary(r: &LoadtestReport) -> String {
     format!(
         "{verdict}: {records} records + {poison} poison, {workers} workers, seed {seed}\n\
          lost {lost}, wrong {wrong} ({verified} vectors recomputed, min cosine {mincos:.5}), poison missing {pm}, left on subscription {left}\n\
+         dead-lettered {dl} (policy: {mda} attempts); committed twice after a graceful stop {twice} (committed more than once for any reason: {anyredo})\n\
          faults: {st} SIGTERM, {sk} SIGKILL, {dbo} database outage(s), {sd} stream drop(s)\n\
          graceful exits: {ne}, slowest {maxexit:.3} s; longest stall after a SIGTERM {stall:.3} s (over {sm} isolated SIGTERMs; median gap between commits {gap:.3} s)\n\
          throughput {rps:.1} records/s over {secs:.1} s; worker peak RSS {rss:.0} MiB{problems}",
@@ -122,6 +137,10 @@ pub fn summary(r: &LoadtestReport) -> String {
         mincos = r.min_cosine,
         pm = r.poison_missing,
         left = r.left_on_subscription,
+        dl = r.dead_lettered,
+        mda = if r.max_delivery_attempts > 0 { r.max_delivery_attempts.to_string() } else { "none".to_string() },
+        twice = r.committed_twice_after_graceful_stop.map_or("n/a (SQLite)".to_string(), |n| n.to_string()),
+        anyredo = r.committed_more_than_once.map_or("n/a".to_string(), |n| n.to_string()),
         st = r.sigterms,
         sk = r.sigkills,
         dbo = r.db_outages,

@@ -4,7 +4,7 @@
 
 use crate::emulator::{self, Emulator};
 use crate::{Args, LoadtestError};
-use spotinfer::config::PubsubArgs;
+use spotinfer::config::{PubsubArgs, SubscriptionPolicyArgs};
 use spotinfer::external::pubsub::PubsubConfig;
 use spotinfer::external::store::{self, Store};
 use spotinfer_chaos::Proxy;
@@ -15,6 +15,10 @@ use std::time::Duration;
 pub struct Stage {
     /// The fresh topic and subscription.
     pub pubsub: PubsubConfig,
+    /// The subscription that keeps what the dead-letter policy moved (`--max-delivery-attempts`).
+    pub dead_letters: Option<PubsubConfig>,
+    /// Whether the database logs who wrote each result (PostgreSQL).
+    pub write_log: bool,
     /// Where the workers reach Pub/Sub (through the stream proxy when there is one).
     pub worker_emulator: String,
     /// The results database, for progress and verification.
@@ -47,13 +51,25 @@ impl Stage {
             .clone()
             .or_else(|| own_emulator.as_ref().map(|e| e.host.clone()))
             .unwrap_or_default();
-        let pubsub = PubsubConfig::from_args(&PubsubArgs {
+        let pubsub_args = |topic: String, subscription: String| PubsubArgs {
             project: args.project.clone(),
             emulator_host: Some(emulator_host.clone()),
-            topic: format!("{name}-topic"),
-            subscription: format!("{name}-sub"),
+            topic,
+            subscription,
+        };
+        let pubsub =
+            PubsubConfig::from_args(&pubsub_args(format!("{name}-topic"), format!("{name}-sub")));
+        let dead_letters = (args.max_delivery_attempts > 0).then(|| {
+            let dlq = format!("{name}-dlq");
+            PubsubConfig::from_args(&pubsub_args(dlq.clone(), format!("{dlq}-sub")))
         });
-        pubsub.setup(Duration::from_secs(10)).await?;
+        let policy = SubscriptionPolicyArgs {
+            dead_letter_topic: dead_letters.as_ref().map(|_| format!("{name}-dlq")),
+            max_delivery_attempts: args.max_delivery_attempts,
+            max_retry_backoff: Duration::from_secs(60),
+            ..Default::default()
+        };
+        pubsub.setup_with(Duration::from_secs(10), &policy).await?;
         let stream_proxy = if args.stream_drop_every.is_zero() && args.emulator_latency.is_zero() {
             None
         } else {
@@ -69,12 +85,15 @@ impl Stage {
         });
         let store = Store::connect(&db_url).await?;
         store.migrate().await?;
+        let write_log = crate::writes::install(&store).await?;
         let db_proxy = database_proxy(args, &store, &db_url).await?;
         let worker_db = db_proxy.as_ref().map_or(db_url.clone(), |p| {
             db_url.replacen(pg_host_port(&db_url), p.addr(), 1)
         });
         Ok(Self {
             pubsub,
+            dead_letters,
+            write_log,
             worker_emulator,
             store,
             worker_db,

@@ -3,6 +3,7 @@
 //! no row for an id never published, every poison payload in `failed_records`, nothing left.
 
 use crate::corpus::Published;
+use crate::faults::Driven;
 use crate::stage::Stage;
 use crate::{Args, LoadtestError};
 use sha2::{Digest, Sha256};
@@ -28,6 +29,10 @@ pub struct Checked {
     pub poison_missing: usize,
     /// Messages still on the subscription.
     pub left: usize,
+    /// Valid records the dead-letter policy moved to the dead-letter topic.
+    pub dead_lettered: usize,
+    /// Redone records from the write log (None without one: SQLite).
+    pub redone: Option<crate::writes::Redone>,
     /// What went wrong, in words.
     pub problems: Vec<String>,
 }
@@ -37,6 +42,7 @@ pub async fn check(
     args: &Args,
     stage: &Stage,
     published: &Published,
+    driven: &Driven,
     name: &str,
 ) -> Result<Checked, LoadtestError> {
     let rows = stage.store.embeddings().await?;
@@ -57,6 +63,12 @@ pub async fn check(
     let (verified, min_cosine, bad_vectors) = recompute_sample(args, records, rows).await?;
     wrong += bad_vectors;
     let left = count_left(&stage.pubsub, Duration::from_secs(3)).await?;
+    let dead_lettered = match &stage.dead_letters {
+        Some(dlq) => count_dead_lettered(dlq, records, Duration::from_secs(3)).await?,
+        None => 0,
+    };
+    let redone = redone(stage, driven, name).await?;
+    let after_stop = redone.map_or(0, |r| r.after_graceful_stop);
     for (n, what) in [
         (lost, "records lost"),
         (wrong, "records wrong"),
@@ -65,6 +77,11 @@ pub async fn check(
             "poison payloads missing from failed_records",
         ),
         (left, "messages left on the subscription"),
+        (dead_lettered, "valid records dead-lettered"),
+        (
+            after_stop,
+            "records committed again after the worker that committed them stopped gracefully",
+        ),
     ] {
         if n > 0 {
             problems.push(format!("{n} {what}"));
@@ -77,8 +94,58 @@ pub async fn check(
         min_cosine,
         poison_missing,
         left,
+        dead_lettered,
+        redone,
         problems,
     })
+}
+
+/// The write log's verdict: graceful stops are the SIGTERMs a worker answered with exit 0.
+async fn redone(
+    stage: &Stage,
+    driven: &Driven,
+    name: &str,
+) -> Result<Option<crate::writes::Redone>, LoadtestError> {
+    if !stage.write_log {
+        return Ok(None);
+    }
+    crate::writes::uninstall(&stage.store).await?;
+    let writes = crate::writes::read(&stage.store, &format!("{name}-")).await?;
+    let graceful: HashMap<String, f64> = driven
+        .sigterm_exits
+        .iter()
+        .filter(|e| e.code == Some(0))
+        .map(|e| (e.incarnation.clone(), e.signalled_unix))
+        .collect();
+    Ok(Some(crate::writes::redone(
+        &writes,
+        &graceful,
+        &driven.outages_unix,
+    )))
+}
+
+/// Pulls the dead-letter subscription for `window` (acking) and counts the valid records in it.
+async fn count_dead_lettered(
+    dlq: &PubsubConfig,
+    records: &[Record],
+    window: Duration,
+) -> Result<usize, LoadtestError> {
+    let ids: HashSet<&str> = records.iter().map(|r| r.id.as_str()).collect();
+    let sub = dlq.subscriber(1).await?;
+    let mut stream = sub.subscribe(&dlq.subscription).build();
+    let token = stream.shutdown_token();
+    let deadline = tokio::time::Instant::now() + window;
+    let mut seen = HashSet::new();
+    while let Ok(Some(Ok((m, h)))) = tokio::time::timeout_at(deadline, stream.next()).await {
+        if let Ok(r) = record::parse(&m.data, usize::MAX) {
+            if ids.contains(r.id.as_str()) {
+                seen.insert(r.id);
+            }
+        }
+        h.ack();
+    }
+    token.shutdown().await;
+    Ok(seen.len())
 }
 
 /// Records with no row, and rows whose input hash or dimension is wrong.

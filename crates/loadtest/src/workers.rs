@@ -15,6 +15,10 @@ use std::time::Instant;
 pub struct SigtermExit {
     /// Worker slot.
     pub worker: usize,
+    /// Which start of the slot (`w{slot}-{n}`): the name its database writes carry.
+    pub incarnation: String,
+    /// When the SIGTERM was sent, seconds since the epoch.
+    pub signalled_unix: f64,
     /// Seconds from SIGTERM to exit.
     pub exit_seconds: f64,
     /// Exit code (None: killed by a signal).
@@ -29,6 +33,8 @@ pub struct Worker {
     pub child: Child,
     /// When it started (a fault spares workers younger than 2 s).
     pub started: Instant,
+    /// Its name (`w{slot}-{n}`), the `application_name` of its PostgreSQL connections.
+    pub incarnation: String,
 }
 
 /// One place for a worker: the process, if up, and when to (re)start it.
@@ -39,6 +45,8 @@ pub struct Slot {
     pub restart_at: Option<Instant>,
     /// Its log file (all its incarnations append to it).
     pub log: PathBuf,
+    /// Workers started in this slot so far.
+    pub starts: usize,
 }
 
 /// Starts workers with the run's environment.
@@ -68,12 +76,16 @@ impl<'a> Spawner<'a> {
                 worker: None,
                 restart_at: Some(Instant::now()),
                 log: workdir.join(format!("worker-{i}.log")),
+                starts: 0,
             })
             .collect()
     }
 
-    /// Starts `spotinfer work` for slot `slot`, its output appended to `log`.
-    pub fn spawn(&self, slot: usize, log: &Path) -> Result<Worker, LoadtestError> {
+    /// Starts `spotinfer work` for `slot`, its output appended to the slot's log.
+    pub fn spawn(&self, index: usize, slot: &mut Slot) -> Result<Worker, LoadtestError> {
+        slot.starts += 1;
+        let incarnation = format!("w{index}-{}", slot.starts);
+        let log = &slot.log;
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -85,10 +97,13 @@ impl<'a> Spawner<'a> {
             .env("GOOGLE_CLOUD_PROJECT", &self.args.project)
             .env("SPOTINFER_SUBSCRIPTION", &self.stage.pubsub.subscription)
             .env("SPOTINFER_TOPIC", &self.stage.pubsub.topic)
-            .env("DATABASE_URL", &self.stage.worker_db)
+            .env(
+                "DATABASE_URL",
+                crate::writes::named_url(&self.stage.worker_db, &incarnation),
+            )
             .env("SPOTINFER_MODEL", &self.args.model)
             .env_remove("SPOTINFER_METRICS_ADDR")
-            .env("SPOTINFER_WORKER_SLOT", slot.to_string())
+            .env("SPOTINFER_WORKER_SLOT", index.to_string())
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out)
@@ -97,23 +112,28 @@ impl<'a> Spawner<'a> {
         Ok(Worker {
             child,
             started: Instant::now(),
+            incarnation,
         })
     }
 }
 
 /// Sends SIGTERM and times the exit on a thread of its own.
-pub fn sigterm(
-    worker: usize,
-    mut child: Child,
-    final_stop: bool,
-) -> std::thread::JoinHandle<SigtermExit> {
+pub fn sigterm(worker: usize, w: Worker, final_stop: bool) -> std::thread::JoinHandle<SigtermExit> {
+    let Worker {
+        mut child,
+        incarnation,
+        ..
+    } = w;
     let at = Instant::now();
+    let signalled_unix = crate::writes::unix_now();
     // A child we own and have not reaped: the pid is still ours.
     let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
     std::thread::spawn(move || {
         let status = child.wait().ok();
         SigtermExit {
             worker,
+            incarnation,
+            signalled_unix,
             exit_seconds: at.elapsed().as_secs_f64(),
             code: status.and_then(|s| s.code()),
             final_stop,

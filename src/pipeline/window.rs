@@ -1,0 +1,117 @@
+//! How much a worker holds: a few seconds of its own work, not a fixed count.
+//!
+//! Every message a worker holds when it is preempted goes back to Pub/Sub unprocessed, and on a
+//! subscription with a dead-letter policy that return counts as a delivery attempt. A worker
+//! that holds minutes of work and is preempted again and again walks healthy records towards
+//! the dead-letter topic. So the worker measures its model's throughput once at start-up (one
+//! batch of synthetic texts of [`CALIBRATION_WORDS`] words, after a one-text warm-up: a fraction
+//! of a second in a release build) and asks Pub/Sub, through each stream's flow control, for
+//! about [`WINDOW_SECONDS`] of work. The batcher's window is the same number. Flow control
+//! is the server's limit on messages delivered and not yet settled, so it also bounds what the
+//! stream's buffers hold, which the batcher's window alone could not.
+
+use crate::model::{ModelError, ModelHandle};
+use std::time::Instant;
+
+/// Seconds of work a worker holds.
+pub const WINDOW_SECONDS: f64 = 2.0;
+/// The most messages a worker holds, however fast its model.
+pub const MAX_WINDOW: usize = 10_000;
+/// Words in each calibration text: a long sentence, a short paragraph.
+pub const CALIBRATION_WORDS: usize = 48;
+
+/// What a worker holds: the batcher's window and each stream's flow control.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Window {
+    /// Messages the batcher holds to choose batches from.
+    pub messages: usize,
+    /// Flow control of each stream: messages delivered and not yet settled.
+    pub per_stream: i64,
+    /// The model's measured records/s, when the window was sized from it.
+    pub measured_rate: Option<f64>,
+}
+
+impl Window {
+    /// `per_stream` messages per stream, as set by the user.
+    pub fn fixed(per_stream: i64, streams: usize) -> Self {
+        let per_stream = per_stream.max(1);
+        Self {
+            messages: usize::try_from(per_stream)
+                .unwrap_or(usize::MAX)
+                .saturating_mul(streams.max(1)),
+            per_stream,
+            measured_rate: None,
+        }
+    }
+
+    /// About [`WINDOW_SECONDS`] at `rate` records/s, split over `streams`: at least two batches
+    /// (one computing while the next forms), at most [`MAX_WINDOW`].
+    pub fn from_rate(rate: f64, batch_size: usize, streams: usize) -> Self {
+        let streams = streams.max(1);
+        let floor = (2 * batch_size.max(1)).max(streams);
+        let wanted = (rate.max(0.0) * WINDOW_SECONDS).round() as usize;
+        let total = wanted.clamp(floor, MAX_WINDOW.max(floor));
+        let per_stream = total.div_ceil(streams);
+        Self {
+            messages: per_stream * streams,
+            per_stream: i64::try_from(per_stream).unwrap_or(i64::MAX),
+            measured_rate: Some(rate),
+        }
+    }
+}
+
+/// Records/s of `model` on one batch of `batch_size` (at most 64) texts of
+/// [`CALIBRATION_WORDS`] words, after a one-text warm-up (allocations, CUDA kernels).
+pub async fn measure_rate(model: &ModelHandle, batch_size: usize) -> Result<f64, ModelError> {
+    let words = CALIBRATION_WORDS.min(model.info().max_seq_len).max(1);
+    let text = calibration_text(words);
+    model.embed(vec![text.clone()]).await?;
+    let batch = vec![text; batch_size.clamp(1, 64)];
+    let started = Instant::now();
+    model.embed(batch.clone()).await?;
+    Ok(batch.len() as f64 / started.elapsed().as_secs_f64().max(1e-6))
+}
+
+/// English-like text of about `words` tokens (common words, one token each in BERT
+/// vocabularies).
+fn calibration_text(words: usize) -> String {
+    const WORDS: [&str; 12] = [
+        "the", "worker", "reads", "a", "record", "and", "writes", "its", "vector", "to", "the",
+        "table",
+    ];
+    WORDS
+        .iter()
+        .cycle()
+        .take(words)
+        .copied()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_is_a_few_seconds_of_work_within_bounds() {
+        // 150 records/s: 300 messages, over two streams 150 each.
+        let w = Window::from_rate(150.0, 32, 2);
+        assert_eq!((w.messages, w.per_stream), (300, 150));
+        // A slow model still gets two batches; a fast one is capped.
+        assert_eq!(Window::from_rate(3.0, 32, 1).messages, 64);
+        assert_eq!(Window::from_rate(1e6, 32, 4).messages, MAX_WINDOW);
+        assert_eq!(Window::from_rate(f64::NAN, 8, 1).messages, 16);
+        // A user's fixed limit is per stream.
+        let f = Window::fixed(256, 3);
+        assert_eq!(
+            (f.messages, f.per_stream, f.measured_rate),
+            (768, 256, None)
+        );
+    }
+
+    #[test]
+    fn the_calibration_text_has_the_asked_length() {
+        assert_eq!(calibration_text(128).split(' ').count(), 128);
+        assert_eq!(calibration_text(1), "the");
+    }
+}
