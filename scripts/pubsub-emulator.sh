@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Starts the Cloud Pub/Sub emulator (gcloud's pubsub-emulator component) with a one-class fix
-# for its stream-cancel bug (see emulator-fix/io/grpc/InternalStatus.java and the README).
+# Starts the Cloud Pub/Sub emulator (gcloud's pubsub-emulator component) with two fixes: its
+# stream-cancel bug (emulator-fix/io/grpc/InternalStatus.java) and its missing streaming-pull flow
+# control (emulator-fix/com/google/cloud/pubsub/testing/v1/); see the README.
 #
 #   scripts/pubsub-emulator.sh start [HOST:PORT]   start in the background, wait until it answers
 #   scripts/pubsub-emulator.sh stop [HOST:PORT]    stop the one started from this checkout
@@ -27,13 +28,38 @@ find_jar() {
   exit 1
 }
 
+# The fixes: every .java under emulator-fix/, compiled against the jar and put ahead of it on the
+# classpath. Two replace inner classes of FakePubsubServer (flow control, see
+# emulator-fix/com/google/cloud/pubsub/testing/v1/StreamFlowControl.java): javac cannot compile a
+# top-level class named Outer$Inner while the jar has that inner class, so they are compiled as
+# FakePubsubServerX... (same length) and the name is rewritten in the class files.
 build_fix() {
-  local jar=$1 out="$state/classes"
-  if [ -f "$out/io/grpc/InternalStatus.class" ] && [ "$out/io/grpc/InternalStatus.class" -nt "$here/emulator-fix/io/grpc/InternalStatus.java" ]; then
+  local jar=$1 out="$state/classes" stamp="$state/classes.stamp"
+  local sources
+  sources=$(find "$here/emulator-fix" -name '*.java' | sort)
+  local want
+  want=$(cat $sources | sha256sum | cut -d' ' -f1)
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     return
   fi
+  rm -rf "$out"
   mkdir -p "$out"
-  javac -nowarn -d "$out" -cp "$jar" "$here/emulator-fix/io/grpc/InternalStatus.java"
+  # shellcheck disable=SC2086
+  javac -nowarn -d "$out" -cp "$jar" $sources
+  python3 - "$out/com/google/cloud/pubsub/testing/v1" <<'PY'
+import pathlib, sys
+d = pathlib.Path(sys.argv[1])
+names = [b"StreamingPullPusher", b"StreamingPullRequestObserver"]
+for f in d.glob("*.class"):
+    data = f.read_bytes()
+    for n in names:
+        data = data.replace(b"FakePubsubServerX" + n, b"FakePubsubServer$" + n)
+    target = f.with_name(f.name.replace("FakePubsubServerX", "FakePubsubServer$"))
+    target.write_bytes(data)
+    if target != f:
+        f.unlink()
+PY
+  echo "$want" >"$stamp"
 }
 
 cmd_line() {

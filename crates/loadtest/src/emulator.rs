@@ -1,14 +1,39 @@
-//! Starts the Cloud Pub/Sub emulator with the stream-cancel fix, for `spotinfer loadtest`.
+//! Starts the Cloud Pub/Sub emulator with the project's fixes, for `spotinfer loadtest`.
 //!
 //! This is the Rust twin of `scripts/pubsub-emulator.sh`: it finds gcloud's emulator jar,
-//! compiles the replacement `io.grpc.InternalStatus` (see the README) against it, and runs the
-//! emulator's main class with the fix ahead of the jar on the classpath.
+//! compiles the fixes under `scripts/emulator-fix/` against it (the stream-cancel fix and the
+//! streaming-pull flow control; see the README), and runs the emulator's main class with them
+//! ahead of the jar on the classpath.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const FIX_SOURCE: &str = include_str!("../../../scripts/emulator-fix/io/grpc/InternalStatus.java");
+/// The fixes: (path under the source root, source).
+const FIXES: [(&str, &str); 4] = [
+    (
+        "io/grpc/InternalStatus.java",
+        include_str!("../../../scripts/emulator-fix/io/grpc/InternalStatus.java"),
+    ),
+    (
+        "com/google/cloud/pubsub/testing/v1/StreamFlowControl.java",
+        include_str!(
+            "../../../scripts/emulator-fix/com/google/cloud/pubsub/testing/v1/StreamFlowControl.java"
+        ),
+    ),
+    (
+        "com/google/cloud/pubsub/testing/v1/FakePubsubServerXStreamingPullPusher.java",
+        include_str!("../../../scripts/emulator-fix/com/google/cloud/pubsub/testing/v1/FakePubsubServerXStreamingPullPusher.java"),
+    ),
+    (
+        "com/google/cloud/pubsub/testing/v1/FakePubsubServerXStreamingPullRequestObserver.java",
+        include_str!("../../../scripts/emulator-fix/com/google/cloud/pubsub/testing/v1/FakePubsubServerXStreamingPullRequestObserver.java"),
+    ),
+];
+
+/// Classes compiled as `FakePubsubServerX…` that replace the inner classes `FakePubsubServer$…`
+/// (javac cannot compile a top-level class with an inner class's binary name).
+const RENAMED: [&str; 2] = ["StreamingPullPusher", "StreamingPullRequestObserver"];
 
 /// Errors starting the emulator.
 #[derive(Debug, thiserror::Error)]
@@ -77,28 +102,72 @@ fn find_jar() -> Option<PathBuf> {
     })
 }
 
+/// Compiles [`FIXES`] into `classes` and gives the [`RENAMED`] classes their inner-class names.
+fn compile_fixes(jar: &Path, src: &Path, classes: &Path) -> Result<(), EmulatorError> {
+    let mut javac = Command::new("javac");
+    javac
+        .arg("-nowarn")
+        .arg("-d")
+        .arg(classes)
+        .arg("-cp")
+        .arg(jar);
+    for (path, source) in FIXES {
+        let file = src.join(path);
+        if let Some(dir) = file.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(&file, source)?;
+        javac.arg(file);
+    }
+    let out = javac
+        .output()
+        .map_err(|e| EmulatorError::Start(format!("cannot run javac: {e}")))?;
+    if !out.status.success() {
+        return Err(EmulatorError::Start(format!(
+            "javac failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    let dir = classes.join("com/google/cloud/pubsub/testing/v1");
+    for name in RENAMED {
+        let (from, to) = (
+            format!("FakePubsubServerX{name}"),
+            format!("FakePubsubServer${name}"),
+        );
+        for entry in std::fs::read_dir(&dir)?.flatten() {
+            let path = entry.path();
+            let mut data = std::fs::read(&path)?;
+            replace_same_length(&mut data, from.as_bytes(), to.as_bytes());
+            std::fs::write(&path, data)?;
+        }
+        std::fs::rename(
+            dir.join(format!("{from}.class")),
+            dir.join(format!("{to}.class")),
+        )?;
+    }
+    Ok(())
+}
+
+/// Replaces every `from` in `data` by `to`, of the same length (a class file's constant pool
+/// keeps its layout).
+fn replace_same_length(data: &mut [u8], from: &[u8], to: &[u8]) {
+    debug_assert_eq!(from.len(), to.len());
+    let mut i = 0;
+    while i + from.len() <= data.len() {
+        if &data[i..i + from.len()] == from {
+            data[i..i + from.len()].copy_from_slice(to);
+            i += from.len();
+        } else {
+            i += 1;
+        }
+    }
+}
+
 /// Starts an emulator on a free loopback port and waits until it accepts connections.
 pub fn start(workdir: &Path) -> Result<Emulator, EmulatorError> {
     let jar = find_jar().ok_or(EmulatorError::NoJar)?;
-    let src = workdir.join("src/io/grpc");
-    std::fs::create_dir_all(&src)?;
-    std::fs::write(src.join("InternalStatus.java"), FIX_SOURCE)?;
     let classes = workdir.join("classes");
-    let javac = Command::new("javac")
-        .arg("-nowarn")
-        .arg("-d")
-        .arg(&classes)
-        .arg("-cp")
-        .arg(&jar)
-        .arg(src.join("InternalStatus.java"))
-        .output()
-        .map_err(|e| EmulatorError::Start(format!("cannot run javac: {e}")))?;
-    if !javac.status.success() {
-        return Err(EmulatorError::Start(format!(
-            "javac failed: {}",
-            String::from_utf8_lossy(&javac.stderr)
-        )));
-    }
+    compile_fixes(&jar, &workdir.join("src"), &classes)?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
