@@ -102,9 +102,21 @@ impl PubsubConfig {
 
     /// Whether the subscription has exactly-once delivery enabled.
     pub async fn exactly_once_enabled(&self) -> Result<bool, QueueError> {
+        Ok(self.subscription().await?.enable_exactly_once_delivery)
+    }
+
+    /// The subscription's dead-letter limit (deliveries before a message is moved to the
+    /// dead-letter topic), if it has a dead-letter policy.
+    pub async fn dead_letter_limit(&self) -> Result<Option<u32>, QueueError> {
+        let s = self.subscription().await?;
+        Ok(s.dead_letter_policy
+            .and_then(|p| u32::try_from(p.max_delivery_attempts).ok())
+            .filter(|&n| n > 0))
+    }
+
+    async fn subscription(&self) -> Result<google_cloud_pubsub::model::Subscription, QueueError> {
         let subs = self.subscription_admin().await?;
-        let s = subs
-            .get_subscription()
+        subs.get_subscription()
             .set_subscription(&self.subscription)
             .send()
             .await
@@ -112,8 +124,7 @@ impl PubsubConfig {
                 op: "get subscription",
                 name: self.subscription.clone(),
                 source,
-            })?;
-        Ok(s.enable_exactly_once_delivery)
+            })
     }
 
     async fn topic_admin(&self) -> Result<TopicAdmin, QueueError> {

@@ -10,8 +10,9 @@
 //! worker handed them back) go first, so repeated preemptions cannot walk a healthy record to
 //! its subscription's dead-letter limit. Records are sorted by text length inside the batch.
 //! Invalid payloads ride along in the next batch, untouched by the model, so the sink commits
-//! their failure rows in the same transaction. On shutdown whatever the batcher holds is
-//! dropped, which NACKs it at once.
+//! their failure rows in the same transaction. On shutdown the batcher hands back what it holds
+//! to the worker, which finishes the messages on their last delivery attempt and drops the rest
+//! (NACKing them at once).
 
 use crate::pipeline::message::{Batch, Delivery};
 use crate::shutdown::Shutdown;
@@ -31,23 +32,42 @@ pub struct BatchConfig {
     pub window: usize,
 }
 
-/// Reads deliveries from `rx` and sends batches to `tx` until shutdown or `rx` closes.
+/// Reads deliveries from `rx` and sends batches to `tx` until shutdown or `rx` closes; returns
+/// what it held when it stopped.
 pub async fn run(
     mut rx: mpsc::Receiver<Delivery>,
     tx: mpsc::Sender<Batch>,
     cfg: BatchConfig,
     shutdown: Shutdown,
-) {
+) -> Vec<Delivery> {
     let max = cfg.max_records.max(1);
     let window = cfg.window.max(max);
     let mut held: Vec<Delivery> = Vec::new(); // arrival order
+    batch_until_stopped(&mut rx, &tx, cfg, max, window, &mut held, &shutdown).await;
+    // What waits in the channel from the sources goes back too.
+    while let Ok(d) = rx.try_recv() {
+        held.push(d);
+    }
+    held
+}
+
+/// The batcher's loop, until the shutdown comes or `rx` closes; `held` is what it holds then.
+async fn batch_until_stopped(
+    rx: &mut mpsc::Receiver<Delivery>,
+    tx: &mpsc::Sender<Batch>,
+    cfg: BatchConfig,
+    max: usize,
+    window: usize,
+    held: &mut Vec<Delivery>,
+    shutdown: &Shutdown,
+) {
     let mut open = true;
     loop {
         if held.is_empty() {
             if !open {
                 return;
             }
-            match crate::shutdown::recv(&mut rx, &shutdown).await {
+            match crate::shutdown::recv(rx, shutdown).await {
                 Some(d) => held.push(d),
                 None => return,
             }
@@ -81,7 +101,7 @@ pub async fn run(
             }
         };
         crate::pipeline::fault::point(crate::pipeline::fault::Stage::Batcher);
-        permit.send(take_batch(&mut held, max));
+        permit.send(take_batch(held, max));
     }
 }
 
@@ -217,7 +237,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn shutdown_drops_and_nacks_what_it_holds() {
+    async fn shutdown_hands_back_what_it_holds() {
         let metrics = Metrics::new();
         let (dtx, drx) = mpsc::channel(16);
         let (btx, _brx) = mpsc::channel(1);
@@ -232,10 +252,12 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(metrics.in_flight(), 1);
         shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(1), task)
+        let held = tokio::time::timeout(Duration::from_secs(1), task)
             .await
             .unwrap()
             .unwrap();
+        assert_eq!(held.len(), 1, "what it held goes back to the worker");
+        drop(held);
         assert_eq!(metrics.in_flight(), 0);
         assert_eq!(metrics.counts().nacked, 1);
     }

@@ -11,7 +11,7 @@
 
 use crate::external::telemetry::Metrics;
 use crate::model::{ModelError, ModelHandle, Reply};
-use crate::pipeline::message::{Batch, Outcome, Pending, Rejected};
+use crate::pipeline::message::{Batch, Delivery, HandBack, Outcome, Pending, Rejected};
 use crate::record::RecordError;
 use crate::shutdown::{self, Shutdown};
 use std::sync::Arc;
@@ -25,32 +25,49 @@ struct AtModel {
     reply: Option<Result<Reply, ModelError>>,
 }
 
+impl AtModel {
+    fn into_deliveries(self) -> impl Iterator<Item = Delivery> {
+        let records = self.records.into_iter().map(Delivery::from);
+        records.chain(self.rejected.into_iter().map(Delivery::from))
+    }
+}
+
 /// The model stage, in two tasks so the model never waits on the pipeline: one queues each
 /// batch at the model thread as soon as it has room (one batch computing, one queued), the
 /// other collects results in order and hands them to the sink. So batch n+1 computes while
-/// batch n commits. A batch the model fails on is retried record by record.
+/// batch n commits. A batch the model fails on is retried record by record. On shutdown what
+/// the stage holds goes to `handback`.
 pub async fn run(
-    rx: mpsc::Receiver<Batch>,
+    mut rx: mpsc::Receiver<Batch>,
     tx: mpsc::Sender<Outcome>,
     model: ModelHandle,
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
+    handback: HandBack,
 ) {
-    let (qtx, qrx) = mpsc::channel(1);
-    let submit = submit_batches(rx, qtx, model.clone(), metrics.clone(), shutdown.clone());
-    let collect = collect_results(qrx, tx, model, metrics, shutdown);
+    let (qtx, mut qrx) = mpsc::channel(1);
+    let (m, h) = (model.clone(), metrics.clone());
+    let submit = async {
+        submit_batches(&mut rx, qtx, m, h, &shutdown, &handback).await;
+        handback.put_queued(&mut rx, Batch::into_deliveries);
+    };
+    let collect = async {
+        collect_results(&mut qrx, tx, model, metrics, &shutdown, &handback).await;
+        handback.put_queued(&mut qrx, AtModel::into_deliveries);
+    };
     tokio::join!(submit, collect);
 }
 
 async fn submit_batches(
-    mut rx: mpsc::Receiver<Batch>,
+    rx: &mut mpsc::Receiver<Batch>,
     tx: mpsc::Sender<AtModel>,
     model: ModelHandle,
     metrics: Arc<Metrics>,
-    shutdown: Shutdown,
+    shutdown: &Shutdown,
+    handback: &HandBack,
 ) {
     loop {
-        let Some(batch) = shutdown::recv(&mut rx, &shutdown).await else {
+        let Some(batch) = shutdown::recv(rx, shutdown).await else {
             return;
         };
         let Batch { records, rejected } = batch;
@@ -62,28 +79,42 @@ async fn submit_batches(
         if !at.records.is_empty() {
             metrics.batch_size.observe(at.records.len() as f64);
             let texts = at.records.iter().map(|p| p.record.text.clone()).collect();
-            at.reply = Some(tokio::select! {
+            let reply = tokio::select! {
                 biased;
-                // Dropping the records NACKs them.
-                _ = shutdown.cancelled() => return,
-                r = model.submit(texts) => r,
-            });
+                _ = shutdown.cancelled() => None,
+                r = model.submit(texts) => Some(r),
+            };
+            let Some(reply) = reply else {
+                handback.put(at.into_deliveries());
+                return;
+            };
+            at.reply = Some(reply);
         }
-        if !shutdown::send(&tx, at, &shutdown).await {
-            return;
+        let permit = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => None,
+            p = tx.reserve() => p.ok(),
+        };
+        match permit {
+            Some(permit) => permit.send(at),
+            None => {
+                handback.put(at.into_deliveries());
+                return;
+            }
         }
     }
 }
 
 async fn collect_results(
-    mut rx: mpsc::Receiver<AtModel>,
+    rx: &mut mpsc::Receiver<AtModel>,
     tx: mpsc::Sender<Outcome>,
     model: ModelHandle,
     metrics: Arc<Metrics>,
-    shutdown: Shutdown,
+    shutdown: &Shutdown,
+    handback: &HandBack,
 ) {
     loop {
-        let Some(at) = shutdown::recv(&mut rx, &shutdown).await else {
+        let Some(at) = shutdown::recv(rx, shutdown).await else {
             return;
         };
         let AtModel {
@@ -100,8 +131,12 @@ async fn collect_results(
             let result = match reply {
                 Ok(reply) => tokio::select! {
                     biased;
-                    // Dropping the records NACKs them; the model thread skips or finishes the work.
-                    _ = shutdown.cancelled() => return,
+                    // The model thread skips or finishes the work; the records go back.
+                    _ = shutdown.cancelled() => {
+                        handback.put(records.into_iter().map(Delivery::from));
+                        handback.put(outcome.into_deliveries());
+                        return;
+                    }
                     r = reply.wait() => r,
                 },
                 Err(e) => Err(e),
@@ -123,8 +158,7 @@ async fn collect_results(
                 Err(e) => {
                     metrics.model_error();
                     tracing::warn!(error = %e, records = records.len(), "model failed on a batch; embedding its records one by one");
-                    let Some(()) = isolate(records, e, &model, &mut outcome, &shutdown).await
-                    else {
+                    let Some(()) = isolate(records, e, &model, &mut outcome, shutdown).await else {
                         return;
                     };
                 }
@@ -133,8 +167,17 @@ async fn collect_results(
         if outcome.is_empty() {
             continue;
         }
-        if !shutdown::send(&tx, outcome, &shutdown).await {
-            return;
+        let permit = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => None,
+            p = tx.reserve() => p.ok(),
+        };
+        match permit {
+            Some(permit) => permit.send(outcome),
+            None => {
+                handback.put(outcome.into_deliveries());
+                return;
+            }
         }
     }
 }

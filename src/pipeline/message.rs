@@ -39,6 +39,16 @@ pub struct Delivery {
     pub ack: Ack,
 }
 
+impl Delivery {
+    /// Whether the worker can finish it as it is: an invalid payload (its failure row) or a
+    /// record with its text (a `uri` record drained unread at shutdown has none yet).
+    pub fn ready(&self) -> bool {
+        self.payload
+            .as_ref()
+            .map_or(true, |r| r.uri.is_none() || !r.text.is_empty())
+    }
+}
+
 /// A valid record waiting for its embedding.
 #[derive(Debug)]
 pub struct Pending {
@@ -178,5 +188,76 @@ impl Outcome {
         let results =
             futures::future::join_all(acks.map(crate::pipeline::ack::Ack::confirmed_ack)).await;
         results.iter().filter(|r| r.is_err()).count()
+    }
+}
+
+impl From<Pending> for Delivery {
+    fn from(p: Pending) -> Self {
+        Delivery {
+            meta: p.meta,
+            payload: Ok(p.record),
+            data: p.data,
+            ack: p.ack,
+        }
+    }
+}
+
+impl From<Rejected> for Delivery {
+    fn from(r: Rejected) -> Self {
+        Delivery {
+            meta: r.meta,
+            payload: Err(r.error),
+            data: r.data,
+            ack: r.ack,
+        }
+    }
+}
+
+impl Batch {
+    /// Its messages, back as deliveries.
+    pub fn into_deliveries(self) -> impl Iterator<Item = Delivery> {
+        let records = self.records.into_iter().map(Delivery::from);
+        records.chain(self.rejected.into_iter().map(Delivery::from))
+    }
+}
+
+impl Outcome {
+    /// Its messages, back as deliveries (the vectors dropped).
+    pub fn into_deliveries(self) -> impl Iterator<Item = Delivery> {
+        let done = self.done.into_iter().map(|(p, _)| Delivery::from(p));
+        done.chain(self.rejected.into_iter().map(Delivery::from))
+    }
+}
+
+/// Where the stages put what they hold when the shutdown comes, instead of dropping it: the
+/// worker finishes the messages on their last delivery attempt and drops (NACKs) the rest.
+#[derive(Debug, Clone, Default)]
+pub struct HandBack(std::sync::Arc<std::sync::Mutex<Vec<Delivery>>>);
+
+impl HandBack {
+    /// Adds `deliveries`.
+    pub fn put(&self, deliveries: impl IntoIterator<Item = Delivery>) {
+        self.lock().extend(deliveries);
+    }
+
+    /// Adds what waits in `rx`, converted by `into`.
+    pub fn put_queued<T, I>(&self, rx: &mut tokio::sync::mpsc::Receiver<T>, into: impl Fn(T) -> I)
+    where
+        I: IntoIterator<Item = Delivery>,
+    {
+        while let Ok(v) = rx.try_recv() {
+            self.put(into(v));
+        }
+    }
+
+    /// Everything handed back so far.
+    pub fn take(&self) -> Vec<Delivery> {
+        std::mem::take(&mut *self.lock())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Delivery>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }

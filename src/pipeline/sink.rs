@@ -4,11 +4,11 @@
 //! only once it has committed, acks every message in it. A failed or timed-out commit drops the
 //! outcome, which NACKs its messages for redelivery, and the sink backs off before the next try
 //! so a dead database is not hammered. On shutdown a commit already in flight is finished and
-//! acked; outcomes still queued are dropped (NACKed).
+//! acked; outcomes still queued are handed back to the worker.
 
 use crate::external::store::{self, Store};
 use crate::external::telemetry::Metrics;
-use crate::pipeline::message::Outcome;
+use crate::pipeline::message::{HandBack, Outcome};
 use crate::shutdown::Shutdown;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,9 +28,22 @@ pub struct SinkConfig {
 /// The first pause after a failed commit; it doubles (with jitter) up to 5 s while commits fail.
 const BACKOFF_START: Duration = Duration::from_millis(200);
 
-/// Commits outcomes from `rx` until shutdown or `rx` closes.
+/// Commits outcomes from `rx` until shutdown or `rx` closes; on shutdown the outcomes still
+/// queued go to `handback`.
 pub async fn run(
     mut rx: mpsc::Receiver<Outcome>,
+    store: Store,
+    cfg: SinkConfig,
+    metrics: Arc<Metrics>,
+    shutdown: Shutdown,
+    handback: HandBack,
+) {
+    commit_until_stopped(&mut rx, store, cfg, metrics, shutdown).await;
+    handback.put_queued(&mut rx, Outcome::into_deliveries);
+}
+
+async fn commit_until_stopped(
+    rx: &mut mpsc::Receiver<Outcome>,
     store: Store,
     cfg: SinkConfig,
     metrics: Arc<Metrics>,
@@ -38,7 +51,7 @@ pub async fn run(
 ) {
     let mut backoff = store::retry_schedule(BACKOFF_START);
     loop {
-        let Some(outcome) = crate::shutdown::recv(&mut rx, &shutdown).await else {
+        let Some(outcome) = crate::shutdown::recv(rx, &shutdown).await else {
             return;
         };
         crate::pipeline::fault::point(crate::pipeline::fault::Stage::Sink);

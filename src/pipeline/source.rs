@@ -9,10 +9,11 @@
 use crate::external::gcs::{InputReader, StorageError};
 use crate::external::pubsub::QueueError;
 use crate::external::telemetry::Metrics;
-use crate::pipeline::ack::Ack;
+use crate::pipeline::ack::{Ack, NackHold};
 use crate::pipeline::message::{Delivery, MessageMeta};
 use crate::record::{self, Record, RecordError};
 use crate::shutdown::Shutdown;
+use google_cloud_pubsub::model::Message;
 use google_cloud_pubsub::subscriber::handler::Handler;
 use google_cloud_pubsub::subscriber::MessageStream;
 use std::sync::Arc;
@@ -20,10 +21,11 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// What a source hands back when it stops: the messages it drained from the stream's buffer on
-/// shutdown (the worker NACKs them once the stream's cancel has reached the server).
+/// shutdown (the worker finishes those on their last delivery attempt; dropped, the others are
+/// NACKed once the stream's cancel has reached the server).
 pub struct Stopped {
-    /// Handlers of messages read on shutdown and never processed.
-    pub drained: Vec<Handler>,
+    /// Messages read on shutdown and never processed.
+    pub drained: Vec<Delivery>,
     /// The permanent stream error, if that is why the source stopped.
     pub result: Result<(), QueueError>,
 }
@@ -63,6 +65,8 @@ pub async fn run(
         nack_hold,
     } = ctx;
     metrics.set_stream_open(true);
+    // A delivery in hand when the shutdown came: handed back with the drained ones.
+    let mut in_hand = None;
     let result = loop {
         let next = tokio::select! {
             biased;
@@ -79,18 +83,8 @@ pub async fn run(
             }
             Some(Ok(m)) => m,
         };
-        metrics.received(1);
-        let delivery_attempt = handler
-            .delivery_attempt()
-            .map_or(0, |n| u32::try_from(n).unwrap_or(0));
-        metrics.delivery_attempt(delivery_attempt);
-        let ack = Ack::new(handler, metrics.clone(), nack_hold.clone());
+        let (meta, ack) = received(&message, handler, &metrics, &nack_hold);
         crate::pipeline::fault::point(crate::pipeline::fault::Stage::Source);
-        let publish_time_us = message
-            .publish_time
-            .as_ref()
-            .map(|t| t.seconds() * 1_000_000 + i64::from(t.nanos()) / 1_000)
-            .unwrap_or(0);
         let payload = match record::parse(&message.data, max_text_bytes) {
             Ok(rec) if rec.uri.is_some() => match resolve_uri(rec, &inputs, &shutdown).await {
                 Ok(Some(p)) => p,
@@ -106,34 +100,58 @@ pub async fn run(
             other => other,
         };
         let delivery = Delivery {
-            meta: MessageMeta {
-                message_id: message.message_id,
-                publish_time_us,
-                delivery_attempt,
-            },
+            meta,
             payload,
             data: message.data,
             ack,
         };
         tokio::select! {
             biased;
-            // Dropping the delivery NACKs it.
-            _ = shutdown.cancelled() => break Ok(()),
-            sent = tx.send(delivery) => if sent.is_err() { break Ok(()) },
+            _ = shutdown.cancelled() => {
+                in_hand = Some(delivery);
+                break Ok(());
+            }
+            permit = tx.reserve() => match permit {
+                Ok(permit) => permit.send(delivery),
+                Err(_) => break Ok(()),
+            },
         }
     };
     metrics.set_stream_open(false);
     let drained = if shutdown.is_cancelled() {
-        drain(&mut stream).await
+        let mut drained = drain(&mut stream, max_text_bytes, &metrics, &nack_hold).await;
+        drained.extend(in_hand);
+        drained
     } else {
         Vec::new()
     };
-    let n = drained.len() as u64;
-    metrics.received(n);
-    metrics.released(n);
     // Closes the streaming pull: nothing new arrives. The lease loop keeps what was handed out.
     drop(stream);
     Stopped { drained, result }
+}
+
+/// Counts a message in and wraps its handler in an [`Ack`]: its metadata and its ack.
+fn received(
+    message: &Message,
+    handler: Handler,
+    metrics: &Arc<Metrics>,
+    nack_hold: &NackHold,
+) -> (MessageMeta, Ack) {
+    metrics.received(1);
+    let delivery_attempt = handler
+        .delivery_attempt()
+        .map_or(0, |n| u32::try_from(n).unwrap_or(0));
+    metrics.delivery_attempt(delivery_attempt);
+    let meta = MessageMeta {
+        message_id: message.message_id.clone(),
+        publish_time_us: message
+            .publish_time
+            .as_ref()
+            .map(|t| t.seconds() * 1_000_000 + i64::from(t.nanos()) / 1_000)
+            .unwrap_or(0),
+        delivery_attempt,
+    };
+    (meta, Ack::new(handler, metrics.clone(), nack_hold.clone()))
 }
 
 /// Fills a `uri` record's text from Cloud Storage. `Ok(Some(Err(_)))`: the object can never be
@@ -165,15 +183,31 @@ async fn resolve_uri(
 
 /// Reads the messages the server already pushed into this stream's buffers. They were delivered
 /// to this worker: left unread, Pub/Sub would only redeliver them once their lease expired. Read,
-/// they come under lease management and the stream's shutdown NACKs them at once. The handlers
-/// are held, not dropped: a NACK now would free flow-control room and invite the server to push
-/// more into a stream that is closing.
-async fn drain(stream: &mut MessageStream) -> Vec<Handler> {
+/// they come under lease management and are NACKed at once when dropped. They are handed to the
+/// worker, not dropped here: a NACK now would free flow-control room and invite the server to
+/// push more into a stream that is closing (the shutdown hold parks it anyway), and a message on
+/// its last delivery attempt is finished rather than handed back. `uri` records are not read
+/// from Cloud Storage here: their text stays empty ([`Delivery::ready`] is false).
+async fn drain(
+    stream: &mut MessageStream,
+    max_text_bytes: usize,
+    metrics: &Arc<Metrics>,
+    nack_hold: &NackHold,
+) -> Vec<Delivery> {
     let started = tokio::time::Instant::now();
     let mut held = Vec::new();
     while started.elapsed() < DRAIN_MAX {
         match tokio::time::timeout(DRAIN_GAP, stream.next()).await {
-            Ok(Some(Ok((_, handler)))) => held.push(handler),
+            Ok(Some(Ok((message, handler)))) => {
+                let (meta, ack) = received(&message, handler, metrics, nack_hold);
+                let payload = record::parse(&message.data, max_text_bytes);
+                held.push(Delivery {
+                    meta,
+                    payload,
+                    data: message.data,
+                    ack,
+                });
+            }
             _ => break,
         }
     }

@@ -8,7 +8,10 @@
 //!    back ([`crate::pipeline::ack::NackHold`]), because a NACK sent before the server has seen
 //!    a stream's cancel can redeliver the message into that dead stream;
 //! 2. the sink finishes the commit in flight, if any, and acks it (on an exactly-once
-//!    subscription, waits for the confirmation);
+//!    subscription, waits for the confirmation). Then the messages the batcher held or the
+//!    sources drained that are on their last delivery attempt (the subscription's dead-letter
+//!    limit), which a hand-back would move to the dead-letter topic, are embedded, committed
+//!    and acked by a model stage and sink of their own ([`LastChance`]);
 //! 3. at least 100 ms after the streams closed, the held NACKs are sent; once every message is
 //!    settled, each lease loop flushes its acks and NACKs and ends;
 //! 4. `run` returns and the process exits 0.
@@ -24,11 +27,10 @@ use crate::model::ModelHandle;
 use crate::pipeline::ack::{NackHold, NackRelease};
 use crate::pipeline::batcher::{self, BatchConfig};
 use crate::pipeline::embed;
-use crate::pipeline::message::Delivery;
+use crate::pipeline::message::{Delivery, HandBack};
 use crate::pipeline::sink::{self, SinkConfig};
 use crate::pipeline::source;
 use crate::shutdown::{self, Shutdown, TaskPanicked};
-use google_cloud_pubsub::subscriber::handler::Handler;
 use google_cloud_pubsub::subscriber::{ShutdownBehavior, ShutdownToken};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -151,11 +153,87 @@ struct Running {
     sources: Vec<Task<source::Stopped>>,
     /// One per stream: its lease loop flushes acks and NACKs the rest when shut down.
     leases: Vec<ShutdownToken>,
-    batcher: Task<()>,
+    batcher: Task<Vec<Delivery>>,
     stage: Task<()>,
     sink: Task<()>,
     /// Releases the NACKs held back since the shutdown began, on every way out of `run`.
     held_nacks: NackRelease,
+    last_chance: LastChance,
+}
+
+/// Finishes, at shutdown, the messages a hand-back would dead-letter: those whose delivery
+/// attempt has reached the subscription's dead-letter limit. Preemptions can hand a healthy
+/// record back again and again (the batcher takes redelivered messages first, which makes it
+/// rare); on its last attempt it is embedded and committed before the worker exits, within the
+/// shutdown budget, by a model stage and a sink of its own that end when their input does.
+struct LastChance {
+    limit: Option<u32>,
+    /// What the model stage and the sink held at the shutdown.
+    handback: HandBack,
+    batch_size: usize,
+    model: ModelHandle,
+    store: Store,
+    sink: SinkConfig,
+    metrics: Arc<Metrics>,
+}
+
+impl LastChance {
+    /// Whether `d` is on its last delivery attempt and can be finished as it is.
+    fn is_last(&self, d: &Delivery) -> bool {
+        self.limit
+            .is_some_and(|limit| d.meta.delivery_attempt >= limit)
+            && d.ready()
+    }
+
+    /// Embeds, commits and acks `deliveries` by `deadline`; what is not done by then is dropped
+    /// (handed back).
+    async fn finish(&self, deliveries: Vec<Delivery>, deadline: tokio::time::Instant) {
+        if deliveries.is_empty() {
+            return;
+        }
+        let n = deliveries.len();
+        let lane = Shutdown::new();
+        let (btx, brx) = mpsc::channel(1);
+        let (otx, orx) = mpsc::channel(1);
+        // Its own hand-back: at the deadline what it holds is dropped with it.
+        let handback = HandBack::default();
+        let stage = embed::run(
+            brx,
+            otx,
+            self.model.clone(),
+            self.metrics.clone(),
+            lane.clone(),
+            handback.clone(),
+        );
+        let sink = sink::run(
+            orx,
+            self.store.clone(),
+            self.sink.clone(),
+            self.metrics.clone(),
+            lane,
+            handback,
+        );
+        let feed = async move {
+            let mut deliveries = deliveries.into_iter().peekable();
+            while deliveries.peek().is_some() {
+                let mut batch = crate::pipeline::message::Batch::default();
+                for d in deliveries.by_ref().take(self.batch_size.max(1)) {
+                    batch.push(d);
+                }
+                if btx.send(batch).await.is_err() {
+                    return;
+                }
+            }
+        };
+        let done = tokio::time::timeout_at(deadline, async {
+            tokio::join!(feed, stage, sink);
+        })
+        .await;
+        match done {
+            Ok(()) => tracing::info!(messages = n, "finished the messages on their last delivery attempt"),
+            Err(_) => tracing::warn!(messages = n, "the shutdown budget ran out before the messages on their last delivery attempt were finished"),
+        }
+    }
 }
 
 /// Start-up: checks the subscription, opens the streams and spawns every stage, source to sink.
@@ -169,6 +247,10 @@ async fn start(
     if cfg.exactly_once && !cfg.pubsub.exactly_once_enabled().await? {
         return Err(WorkerError::NotExactlyOnce(cfg.pubsub.subscription.clone()));
     }
+    let limit = cfg.pubsub.dead_letter_limit().await.unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "cannot read the subscription's dead-letter policy; messages on their last attempt are handed back at shutdown like the rest");
+        None
+    });
     let max = cfg.batch.max_records.max(1);
     let (dtx, drx) = mpsc::channel(max * 2);
     let nack_hold = NackHold::new(shutdown.clone());
@@ -178,14 +260,38 @@ async fn start(
     let batcher = batcher::run(drx, btx, cfg.batch, shutdown.clone());
     let batcher = shutdown::spawn_supervised("batcher", batcher, shutdown);
     let (otx, orx) = mpsc::channel(1);
-    let stage = embed::run(brx, otx, model.clone(), metrics.clone(), shutdown.clone());
+    let handback = HandBack::default();
+    let stage = embed::run(
+        brx,
+        otx,
+        model.clone(),
+        metrics.clone(),
+        shutdown.clone(),
+        handback.clone(),
+    );
     let stage = shutdown::spawn_supervised("model stage", stage, shutdown);
     let sink_cfg = SinkConfig {
         model: model.info().name.clone(),
         commit_timeout: cfg.commit_timeout,
         confirm_acks: cfg.exactly_once,
     };
-    let sink = sink::run(orx, store, sink_cfg, metrics.clone(), shutdown.clone());
+    let last_chance = LastChance {
+        limit,
+        handback: handback.clone(),
+        batch_size: max,
+        model: model.clone(),
+        store: store.clone(),
+        sink: sink_cfg.clone(),
+        metrics: metrics.clone(),
+    };
+    let sink = sink::run(
+        orx,
+        store,
+        sink_cfg,
+        metrics.clone(),
+        shutdown.clone(),
+        handback.clone(),
+    );
     let sink = shutdown::spawn_supervised("sink", sink, shutdown);
     metrics.mark_active();
     if let Some(idle) = cfg.exit_when_idle {
@@ -199,6 +305,7 @@ async fn start(
         stage,
         sink,
         held_nacks,
+        last_chance,
     })
 }
 
@@ -256,6 +363,7 @@ async fn stop(
         stage,
         sink,
         held_nacks,
+        last_chance,
     } = running;
     let mut failures = Vec::new();
     // Step 1: sources stop at once; each closes its stream as soon as it has stopped (dropping a
@@ -263,10 +371,14 @@ async fn stop(
     // a stream that is going away. The messages stay leased until step 3.
     let drained = close_streams(sources, deadline, &mut failures).await;
     let streams_closed = tokio::time::Instant::now();
-    let joined = [
-        shutdown::join("batcher", batcher, deadline).await,
-        shutdown::join("model stage", stage, deadline).await,
-    ];
+    let held = match shutdown::join("batcher", batcher, deadline).await {
+        Ok(held) => held.unwrap_or_default(),
+        Err(p) => {
+            failures.push(p.into());
+            Vec::new()
+        }
+    };
+    let stage = shutdown::join("model stage", stage, deadline).await;
     // Step 2: the sink finishes the commit in flight and acks it, within the budget.
     let sink = match sink_ended {
         Some(r) => r.unwrap_or_else(|e| {
@@ -277,15 +389,22 @@ async fn stop(
         }),
         None => shutdown::join("sink", sink, deadline).await.map(|_| ()),
     };
-    failures.extend(joined.into_iter().filter_map(Result::err).map(Into::into));
+    failures.extend(stage.err().map(Into::into));
     failures.extend(sink.err().map(Into::into));
+    let (last, rest): (Vec<Delivery>, Vec<Delivery>) = drained
+        .into_iter()
+        .flatten()
+        .chain(held)
+        .chain(last_chance.handback.take())
+        .partition(|d| last_chance.is_last(d));
+    last_chance.finish(last, deadline).await;
     // Step 3. The server learns of a cancelled stream asynchronously; a NACK that overtakes the
     // cancel sends the message back into the dead stream, where it waits out its ack deadline
     // (seen with the emulator). A short grace after closing lets the cancel land first.
     tokio::time::sleep_until((streams_closed + STREAM_CANCEL_GRACE).min(deadline)).await;
     // NACK what the stages held and what was drained from the stream buffers. With every
     // message settled, each lease loop flushes its acks and NACKs and ends.
-    drop(drained);
+    drop(rest);
     drop(held_nacks);
     for lease in &leases {
         if tokio::time::timeout_at(deadline, lease.shutdown())
@@ -306,7 +425,7 @@ async fn close_streams(
     sources: Vec<Task<source::Stopped>>,
     deadline: tokio::time::Instant,
     failures: &mut Vec<WorkerError>,
-) -> Vec<Vec<Handler>> {
+) -> Vec<Vec<Delivery>> {
     let mut drained = Vec::new();
     for s in sources {
         match shutdown::join("source", s, deadline).await {
