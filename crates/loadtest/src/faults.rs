@@ -4,6 +4,7 @@
 //! SIGTERM causes. Every event and progress step goes to `timeline.csv` for replay.
 
 use crate::corpus::Published;
+use crate::deadletters::DeadLetters;
 use crate::stage::Stage;
 use crate::workers::{self, SigtermExit, Slot, Spawner};
 use crate::{Args, LoadtestError};
@@ -52,8 +53,10 @@ pub async fn drive(
     published: &Published,
     workdir: &Path,
     rng: StdRng,
+    dead_letters: Option<&DeadLetters>,
 ) -> Result<Driven, LoadtestError> {
     let mut d = Drive::new(args, stage, published, workdir, rng)?;
+    d.dead_letters = dead_letters;
     let finished_at = loop {
         let now = Instant::now();
         if now.duration_since(d.started) > args.timeout {
@@ -98,6 +101,7 @@ struct Drive<'a> {
     done: i64,
     progress: indicatif::ProgressBar,
     timeline: std::io::BufWriter<std::fs::File>,
+    dead_letters: Option<&'a DeadLetters>,
     out: Driven,
 }
 
@@ -157,6 +161,7 @@ impl<'a> Drive<'a> {
             done: 0,
             progress,
             timeline,
+            dead_letters: None,
         })
     }
 
@@ -170,13 +175,16 @@ impl<'a> Drive<'a> {
         );
     }
 
-    /// Every 100 ms: results of this run plus poison rows. True once everything is settled.
+    /// Every 100 ms: results of this run plus poison rows plus dead-lettered messages. True once
+    /// everything is settled.
     async fn poll_progress(&mut self, now: Instant) -> bool {
         if now.duration_since(self.last_poll) < Duration::from_millis(100) {
             return false;
         }
         self.last_poll = now;
+        let dead = self.dead_letters.map_or(0, |d| d.count() as i64);
         if let Ok(c) = count_settled(self.stage, &self.job, &self.poison_ids).await {
+            let c = c + dead;
             if c > self.done {
                 self.done = c;
                 self.event("progress");

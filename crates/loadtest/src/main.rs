@@ -13,6 +13,7 @@
 //! redone after a graceful stop, or a graceful exit was slow or non-zero.
 
 mod corpus;
+mod deadletters;
 mod emulator;
 mod faults;
 mod report;
@@ -189,8 +190,28 @@ async fn run(args: Args) -> Result<report::LoadtestReport, LoadtestError> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
     let stage = stage::Stage::prepare(&args, &workdir, &name).await?;
     let published = corpus::publish(&args, &stage.pubsub, &name, &mut rng).await?;
-    let drive = faults::drive(&args, &stage, &published, &workdir, rng).await?;
-    let checked = verify::check(&args, &stage, &published, &drive, &name).await?;
+    let dead_letters = match &stage.dead_letters {
+        Some(dlq) => Some(deadletters::DeadLetters::watch(dlq).await?),
+        None => None,
+    };
+    let drive = faults::drive(
+        &args,
+        &stage,
+        &published,
+        &workdir,
+        rng,
+        dead_letters.as_ref(),
+    )
+    .await?;
+    let checked = verify::check(
+        &args,
+        &stage,
+        &published,
+        &drive,
+        dead_letters.as_ref(),
+        &name,
+    )
+    .await?;
     let report = report::LoadtestReport::new(&args, &published, drive, checked);
     std::fs::write(
         &args.report,

@@ -3,6 +3,7 @@
 //! no row for an id never published, every poison payload in `failed_records`, nothing left.
 
 use crate::corpus::Published;
+use crate::deadletters::DeadLetters;
 use crate::faults::Driven;
 use crate::stage::Stage;
 use crate::{Args, LoadtestError};
@@ -43,6 +44,7 @@ pub async fn check(
     stage: &Stage,
     published: &Published,
     driven: &Driven,
+    dead_letters: Option<&DeadLetters>,
     name: &str,
 ) -> Result<Checked, LoadtestError> {
     let rows = stage.store.embeddings().await?;
@@ -63,10 +65,8 @@ pub async fn check(
     let (verified, min_cosine, bad_vectors) = recompute_sample(args, records, rows).await?;
     wrong += bad_vectors;
     let left = count_left(&stage.pubsub, Duration::from_secs(3)).await?;
-    let dead_lettered = match &stage.dead_letters {
-        Some(dlq) => count_dead_lettered(dlq, records, Duration::from_secs(3)).await?,
-        None => 0,
-    };
+    // What the policy moved while the subscription was drained above has arrived by now.
+    let dead_lettered = dead_letters.map_or(0, |d| d.among(records.iter().map(|r| r.id.as_str())));
     let redone = redone(stage, driven, name).await?;
     let after_stop = redone.map_or(0, |r| r.after_graceful_stop);
     for (n, what) in [
@@ -122,30 +122,6 @@ async fn redone(
         &graceful,
         &driven.outages_unix,
     )))
-}
-
-/// Pulls the dead-letter subscription for `window` (acking) and counts the valid records in it.
-async fn count_dead_lettered(
-    dlq: &PubsubConfig,
-    records: &[Record],
-    window: Duration,
-) -> Result<usize, LoadtestError> {
-    let ids: HashSet<&str> = records.iter().map(|r| r.id.as_str()).collect();
-    let sub = dlq.subscriber(1).await?;
-    let mut stream = sub.subscribe(&dlq.subscription).build();
-    let token = stream.shutdown_token();
-    let deadline = tokio::time::Instant::now() + window;
-    let mut seen = HashSet::new();
-    while let Ok(Some(Ok((m, h)))) = tokio::time::timeout_at(deadline, stream.next()).await {
-        if let Ok(r) = record::parse(&m.data, usize::MAX) {
-            if ids.contains(r.id.as_str()) {
-                seen.insert(r.id);
-            }
-        }
-        h.ack();
-    }
-    token.shutdown().await;
-    Ok(seen.len())
 }
 
 /// Records with no row, and rows whose input hash or dimension is wrong.
