@@ -22,13 +22,20 @@ pub async fn recv<T>(rx: &mut mpsc::Receiver<T>, shutdown: &Shutdown) -> Option<
     }
 }
 
-/// Sends `v` into `tx`; `false` (and `v` dropped, which NACKs what it carries) once shutdown has
-/// begun or the receiver is gone.
-pub async fn send<T>(tx: &mpsc::Sender<T>, v: T, shutdown: &Shutdown) -> bool {
-    tokio::select! {
+/// Sends `v` into `tx`, or gives it back once shutdown has begun or the receiver is gone, so
+/// the caller can hand what it carries back to the worker instead of dropping it.
+pub async fn send<T>(tx: &mpsc::Sender<T>, v: T, shutdown: &Shutdown) -> Result<(), T> {
+    let permit = tokio::select! {
         biased;
-        _ = shutdown.cancelled() => false,
-        sent = tx.send(v) => sent.is_ok(),
+        _ = shutdown.cancelled() => None,
+        p = tx.reserve() => p.ok(),
+    };
+    match permit {
+        Some(permit) => {
+            permit.send(v);
+            Ok(())
+        }
+        None => Err(v),
     }
 }
 

@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use spotinfer::config::{DeviceChoice, SubscriptionPolicyArgs};
+use spotinfer::config::{DeviceChoice, PubsubArgs, SubscriptionPolicyArgs};
 use spotinfer::external::pubsub::PubsubConfig;
 use spotinfer::external::store::Store;
 use spotinfer::external::telemetry::Metrics;
@@ -25,6 +25,27 @@ fn config(cfg: PubsubConfig, exactly_once: bool) -> WorkerConfig {
         exactly_once,
         ..worker_config(cfg)
     }
+}
+
+/// A fresh subscription with a dead-letter policy of 5 attempts, and the subscription that keeps
+/// what the policy moves.
+async fn dead_letter_subscription(name: &str) -> (PubsubConfig, PubsubConfig) {
+    let args = pubsub_args(name);
+    let cfg = PubsubConfig::from_args(&args);
+    let policy = SubscriptionPolicyArgs {
+        dead_letter_topic: Some(format!("dlq-{name}")),
+        max_delivery_attempts: 5,
+        max_retry_backoff: Duration::from_secs(60),
+        ..Default::default()
+    };
+    cfg.setup_with(Duration::from_secs(10), &policy)
+        .await
+        .unwrap();
+    let dlq = PubsubConfig::from_args(&PubsubArgs {
+        subscription: format!("dlq-{name}-sub"),
+        ..args
+    });
+    (cfg, dlq)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -92,17 +113,7 @@ async fn exactly_once_flag_refuses_an_at_least_once_subscription() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letter_policy_moves_a_message_nacked_too_often() {
     let name = unique("dlq");
-    let args = pubsub_args(&name);
-    let cfg = PubsubConfig::from_args(&args);
-    let policy = SubscriptionPolicyArgs {
-        dead_letter_topic: Some(format!("dlq-{name}")),
-        max_delivery_attempts: 5,
-        max_retry_backoff: Duration::from_secs(60),
-        ..Default::default()
-    };
-    cfg.setup_with(Duration::from_secs(10), &policy)
-        .await
-        .unwrap();
+    let (cfg, dlq) = dead_letter_subscription(&name).await;
     publish_raw(&cfg, vec![b"always fails".to_vec()]).await;
 
     // NACK every delivery until the message stops coming back.
@@ -127,10 +138,6 @@ async fn dead_letter_policy_moves_a_message_nacked_too_often() {
     );
     assert_eq!(attempts.last().copied().flatten(), Some(5));
 
-    let dlq = PubsubConfig::from_args(&spotinfer::config::PubsubArgs {
-        subscription: format!("dlq-{name}-sub"),
-        ..args
-    });
     let sub = dlq.subscriber(1).await.unwrap();
     let mut stream = sub.subscribe(&dlq.subscription).build();
     let (m, h) = tokio::time::timeout(Duration::from_secs(10), stream.next())
@@ -152,17 +159,7 @@ async fn dead_letter_policy_moves_a_message_nacked_too_often() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopping_worker_hands_back_what_it_holds_counted_apart_from_failures() {
     let name = unique("handback");
-    let args = pubsub_args(&name);
-    let cfg = PubsubConfig::from_args(&args);
-    let policy = SubscriptionPolicyArgs {
-        dead_letter_topic: Some(format!("dlq-{name}")),
-        max_delivery_attempts: 5,
-        max_retry_backoff: Duration::from_secs(60),
-        ..Default::default()
-    };
-    cfg.setup_with(Duration::from_secs(10), &policy)
-        .await
-        .unwrap();
+    let (cfg, _) = dead_letter_subscription(&name).await;
     let n = 600;
     publish_lines(&cfg, &record_lines(&name, n)).await;
     let db = fresh_pg_database().await;
@@ -254,17 +251,7 @@ async fn a_stopping_worker_hands_back_what_it_holds_counted_apart_from_failures(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_on_its_last_attempt_is_finished_at_shutdown_not_dead_lettered() {
     let name = unique("lastchance");
-    let args = pubsub_args(&name);
-    let cfg = PubsubConfig::from_args(&args);
-    let policy = SubscriptionPolicyArgs {
-        dead_letter_topic: Some(format!("dlq-{name}")),
-        max_delivery_attempts: 5,
-        max_retry_backoff: Duration::from_secs(60),
-        ..Default::default()
-    };
-    cfg.setup_with(Duration::from_secs(10), &policy)
-        .await
-        .unwrap();
+    let (cfg, dlq) = dead_letter_subscription(&name).await;
     assert_eq!(cfg.dead_letter_limit().await.unwrap(), Some(5));
     let n = 40;
     publish_lines(&cfg, &record_lines(&name, n)).await;
@@ -330,10 +317,6 @@ async fn a_message_on_its_last_attempt_is_finished_at_shutdown_not_dead_lettered
         n as i64,
         "every record committed"
     );
-    let dlq = PubsubConfig::from_args(&spotinfer::config::PubsubArgs {
-        subscription: format!("dlq-{name}-sub"),
-        ..args
-    });
     assert_subscription_empty(&dlq, Duration::from_secs(3)).await;
     assert_subscription_empty(&cfg, Duration::from_secs(2)).await;
 }

@@ -90,17 +90,9 @@ async fn submit_batches(
             };
             at.reply = Some(reply);
         }
-        let permit = tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => None,
-            p = tx.reserve() => p.ok(),
-        };
-        match permit {
-            Some(permit) => permit.send(at),
-            None => {
-                handback.put(at.into_deliveries());
-                return;
-            }
+        if let Err(at) = shutdown::send(&tx, at, shutdown).await {
+            handback.put(at.into_deliveries());
+            return;
         }
     }
 }
@@ -167,17 +159,9 @@ async fn collect_results(
         if outcome.is_empty() {
             continue;
         }
-        let permit = tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => None,
-            p = tx.reserve() => p.ok(),
-        };
-        match permit {
-            Some(permit) => permit.send(outcome),
-            None => {
-                handback.put(outcome.into_deliveries());
-                return;
-            }
+        if let Err(outcome) = shutdown::send(&tx, outcome, shutdown).await {
+            handback.put(outcome.into_deliveries());
+            return;
         }
     }
 }

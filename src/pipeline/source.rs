@@ -105,16 +105,9 @@ pub async fn run(
             data: message.data,
             ack,
         };
-        tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => {
-                in_hand = Some(delivery);
-                break Ok(());
-            }
-            permit = tx.reserve() => match permit {
-                Ok(permit) => permit.send(delivery),
-                Err(_) => break Ok(()),
-            },
+        if let Err(delivery) = crate::shutdown::send(&tx, delivery, &shutdown).await {
+            in_hand = shutdown.is_cancelled().then_some(delivery);
+            break Ok(());
         }
     };
     metrics.set_stream_open(false);
