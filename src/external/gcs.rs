@@ -148,14 +148,7 @@ impl Gcs {
 
     /// Reads a whole object, refusing one larger than `max_bytes`.
     pub async fn read(&self, uri: &str, max_bytes: Option<u64>) -> Result<Vec<u8>, StorageError> {
-        let (bucket, object) = parse_uri(uri)?;
-        let mut resp = self
-            .client
-            .read_object(bucket, object)
-            .send()
-            .await
-            .map_err(|e| request_error(uri, e))?;
-        let size = resp.object().size.max(0) as u64;
+        let (mut resp, size) = self.request(uri).await?;
         if let Some(max) = max_bytes.filter(|m| size > *m) {
             return Err(StorageError::TooLarge {
                 uri: uri.to_string(),
@@ -184,6 +177,19 @@ impl Gcs {
         &self,
         uri: &str,
     ) -> Result<(u64, impl tokio::io::AsyncBufRead + Unpin + Send), StorageError> {
+        let (resp, size) = self.request(uri).await?;
+        let chunks = futures::stream::unfold(resp, |mut resp| async move {
+            let chunk = resp.next().await?;
+            Some((chunk.map_err(std::io::Error::other), resp))
+        });
+        Ok((size, tokio_util::io::StreamReader::new(Box::pin(chunks))))
+    }
+
+    /// Starts reading the object at `uri`: the response (its body not yet read) and the size.
+    async fn request(
+        &self,
+        uri: &str,
+    ) -> Result<(google_cloud_storage::read_object::ReadObjectResponse, u64), StorageError> {
         let (bucket, object) = parse_uri(uri)?;
         let resp = self
             .client
@@ -192,11 +198,7 @@ impl Gcs {
             .await
             .map_err(|e| request_error(uri, e))?;
         let size = resp.object().size.max(0) as u64;
-        let chunks = futures::stream::unfold(resp, |mut resp| async move {
-            let chunk = resp.next().await?;
-            Some((chunk.map_err(std::io::Error::other), resp))
-        });
-        Ok((size, tokio_util::io::StreamReader::new(Box::pin(chunks))))
+        Ok((resp, size))
     }
 
     /// Reads an object as UTF-8 text.
