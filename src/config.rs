@@ -53,6 +53,8 @@ pub enum Command {
     Bench(BenchArgs),
     /// Print done/failed counts from the database.
     Status(StatusArgs),
+    /// Inspect a model folder: what spotinfer understood of it, or why it is refused.
+    Models(ModelsArgs),
     /// Prove nothing is lost: publish, run K workers under injected faults, verify, report.
     /// Runs the `spotinfer-loadtest` binary installed beside this one (`crates/loadtest`), with
     /// these arguments; `spotinfer loadtest --help` lists them.
@@ -142,10 +144,56 @@ pub struct ModelArgs {
     /// ones can come in large batches. 0: no limit.
     #[arg(long, env = "SPOTINFER_MAX_BATCH_TOKENS", default_value_t = 16384)]
     pub max_batch_tokens: usize,
+    /// Name written with every result (with the record id, the row's key): a second model's
+    /// vectors sit beside the first's. Default: the model folder's name.
+    #[arg(long, env = "SPOTINFER_MODEL_NAME")]
+    pub model_name: Option<String>,
+    /// The model prompt put before every text whose record names none (its `prompts` in
+    /// config_sentence_transformers.json). Default: the model's `default_prompt_name`.
+    #[arg(long, env = "SPOTINFER_PROMPT_NAME", conflicts_with = "prompt")]
+    pub prompt_name: Option<String>,
+    /// A literal prompt put before every text whose record names none; "" for no prompt even
+    /// where the model has a default.
+    #[arg(long, env = "SPOTINFER_PROMPT")]
+    pub prompt: Option<String>,
+    /// Lower the model's token limit (`max_seq_length`); it cannot be raised.
+    #[arg(long, env = "SPOTINFER_MAX_SEQ_LENGTH", value_parser = RangedU64ValueParser::<usize>::new().range(2..))]
+    pub max_seq_length: Option<usize>,
     /// Largest text accepted, in bytes; larger payloads are recorded as failed. Texts under it are
     /// truncated to the model's token limit, as sentence-transformers does.
     #[arg(long, env = "SPOTINFER_MAX_TEXT_BYTES", default_value_t = 1 << 20, value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_MESSAGE_BYTES))]
     pub max_text_bytes: usize,
+}
+
+/// `spotinfer models …`.
+#[derive(Debug, Clone, Args)]
+pub struct ModelsArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub action: ModelsCommand,
+}
+
+/// The `models` subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum ModelsCommand {
+    /// Print what spotinfer understands of a model folder (architecture, sizes, pooling, Dense,
+    /// normalize, prompts, max length, weight dtypes, content hash) after loading it and
+    /// embedding one text; or the exact reason it is refused (exit status 1).
+    Check(ModelCheckArgs),
+}
+
+/// `spotinfer models check`.
+#[derive(Debug, Clone, Args)]
+pub struct ModelCheckArgs {
+    /// The model: a local folder or gs://BUCKET/PREFIX (default: SPOTINFER_MODEL).
+    #[arg(env = "SPOTINFER_MODEL", default_value = "models/all-MiniLM-L6-v2")]
+    pub dir: PathBuf,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub storage: StorageArgs,
+    /// Also load it with this encoder.
+    #[arg(long, env = "SPOTINFER_BACKEND", value_enum, default_value = "auto")]
+    pub backend: Backend,
 }
 
 /// The compute device requested.

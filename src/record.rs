@@ -1,6 +1,7 @@
 //! The message contract: what a Pub/Sub message's data must hold, and why it is refused.
 //!
-//! Data is a UTF-8 JSON object `{"id": string, "text": string, "job"?: string}`. Anything else is
+//! Data is a UTF-8 JSON object `{"id": string, "text": string, "job"?: string, "prompt_name"?:
+//! string}` (or `"uri"` instead of `"text"`). Anything else is
 //! a [`RecordError`], which the worker records in `failed_records` and acks: a bad payload never
 //! becomes a redelivery loop and is never dropped silently.
 
@@ -10,6 +11,8 @@ use serde_json::Value;
 pub const MAX_ID_BYTES: usize = 256;
 /// Longest `job`, in bytes.
 pub const MAX_JOB_BYTES: usize = 256;
+/// Longest `prompt_name`, in bytes.
+pub const MAX_PROMPT_NAME_BYTES: usize = 128;
 /// Longest `uri`, in bytes: `gs://`, a bucket name (at most 222) and an object name (at most
 /// 1,024), with room to spare.
 pub const MAX_URI_BYTES: usize = 1280;
@@ -28,6 +31,8 @@ pub struct Record {
     pub uri: Option<String>,
     /// Optional grouping for `spotinfer status --job`.
     pub job: Option<String>,
+    /// The model prompt to put before the text (e5's `query`/`passage`); none: the worker's.
+    pub prompt_name: Option<String>,
 }
 
 /// Why a payload is not a valid record. The message is final: redelivering it cannot help.
@@ -76,6 +81,9 @@ pub enum RecordError {
     /// The model fails on this record, alone in its batch.
     #[error("the model fails on this input: {0}")]
     Model(String),
+    /// The record names a prompt the model does not have.
+    #[error("field \"prompt_name\": {0}")]
+    UnknownPrompt(String),
     /// The text is larger than the configured limit.
     #[error("field \"text\" is {len} bytes, the limit is {max} (--max-text-bytes)")]
     TextTooLarge {
@@ -101,11 +109,8 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
     if id.len() > MAX_ID_BYTES {
         return Err(RecordError::IdTooLong(id.len()));
     }
-    let job = match map.get("job") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(within("job", s, MAX_JOB_BYTES)?.to_owned()),
-        Some(_) => return Err(RecordError::NotString("job")),
-    };
+    let job = optional_string(&map, "job", MAX_JOB_BYTES)?;
+    let prompt_name = optional_string(&map, "prompt_name", MAX_PROMPT_NAME_BYTES)?;
     let has_text = !matches!(map.get("text"), None | Some(Value::Null));
     if !has_text && !matches!(map.get("uri"), None | Some(Value::Null)) {
         let uri = within("uri", required_string(&map, "uri")?, MAX_URI_BYTES)?;
@@ -117,6 +122,7 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
             text: String::new(),
             uri: Some(uri.to_owned()),
             job,
+            prompt_name,
         });
     }
     if has_text && !matches!(map.get("uri"), None | Some(Value::Null)) {
@@ -134,7 +140,21 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
         text: text.to_owned(),
         uri: None,
         job,
+        prompt_name,
     })
+}
+
+/// An optional string field of at most `max` bytes.
+fn optional_string(
+    map: &serde_json::Map<String, Value>,
+    field: &'static str,
+    max: usize,
+) -> Result<Option<String>, RecordError> {
+    match map.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(within(field, s, max)?.to_owned())),
+        Some(_) => Err(RecordError::NotString(field)),
+    }
 }
 
 /// `value`, refused when longer than `max` bytes.
@@ -194,6 +214,9 @@ mod tests {
         assert_eq!(r.job.as_deref(), Some("j"));
         let r = parse(br#"{"id":"a1","text":"hello"}"#, MAX).unwrap();
         assert_eq!(r.job, None);
+        assert_eq!(r.prompt_name, None);
+        let r = parse(br#"{"id":"a1","text":"hi","prompt_name":"query"}"#, MAX).unwrap();
+        assert_eq!(r.prompt_name.as_deref(), Some("query"));
     }
 
     #[test]
@@ -210,6 +233,10 @@ mod tests {
             (
                 br#"{"id":"a","text":"x","job":3}"#,
                 RecordError::NotString("job"),
+            ),
+            (
+                br#"{"id":"a","text":"x","prompt_name":["query"]}"#,
+                RecordError::NotString("prompt_name"),
             ),
         ];
         for (data, want) in cases {

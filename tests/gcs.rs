@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use spotinfer::config::DeviceChoice;
-use spotinfer::external::gcs::{Gcs, StorageError, MODEL_FILES};
+use spotinfer::external::gcs::{Gcs, StorageError};
 use spotinfer::external::pubsub::PubsubConfig;
 use spotinfer::external::store::Store;
 use spotinfer::external::telemetry::Metrics;

@@ -143,7 +143,7 @@ fn gcs_objects(data: &std::path::Path, text: &str) {
         std::fs::write(path, bytes).unwrap();
     };
     put("inputs/doc.txt", text.as_bytes());
-    for f in spotinfer::external::gcs::MODEL_FILES {
+    for f in MODEL_FILES {
         put(
             &format!("models/minilm/{f}"),
             &std::fs::read(model_dir().join(f)).unwrap(),

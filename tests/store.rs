@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use spotinfer::external::store::{FailureRow, ResultRow, Store};
 
-/// More rows than one statement can carry in either database: 9,000 results (8 binds each) and
+/// More rows than one statement can carry in either database: 9,000 results (9 binds each) and
 /// 6,000 failure rows (6 binds each).
 fn oversized_batch() -> (Vec<ResultRow>, Vec<FailureRow>) {
     let results = (0..9_000)
@@ -14,6 +14,7 @@ fn oversized_batch() -> (Vec<ResultRow>, Vec<FailureRow>) {
             record_id: format!("r{i}"),
             embedding: vec![0.5; 4],
             model: "m".into(),
+            model_hash: "00000000000000aa".into(),
             job: Some("big".into()),
             input_sha256: "00".into(),
             message_id: format!("m{i}"),
@@ -52,4 +53,147 @@ async fn sqlite_commits_a_batch_past_the_bind_limit() {
 async fn postgres_commits_a_batch_past_the_bind_limit() {
     let url = fresh_pg_database().await;
     commits_a_batch_past_the_bind_limit(&url).await;
+}
+
+/// A row of `model` for record `id`, published at `t`.
+fn model_row(id: &str, model: &str, hash: &str, t: i64, v: f32) -> ResultRow {
+    ResultRow {
+        record_id: id.into(),
+        embedding: vec![v; 3],
+        model: model.into(),
+        model_hash: hash.into(),
+        job: None,
+        input_sha256: "00".into(),
+        message_id: format!("{id}-{model}-{t}"),
+        publish_time_us: t,
+    }
+}
+
+/// `(model, model_hash, first value of the vector)` of every row of `id`, by model.
+async fn rows_of(store: &Store, id: &str) -> Vec<(String, String, f32)> {
+    let q = "SELECT model, model_hash, embedding FROM embeddings WHERE record_id = ";
+    match store {
+        Store::Postgres(p) => {
+            sqlx::query_as::<_, (String, String, Vec<f32>)>(&format!("{q}$1 ORDER BY model"))
+                .bind(id)
+                .fetch_all(p)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|(m, h, v)| (m, h, v[0]))
+                .collect()
+        }
+        Store::Sqlite(p) => {
+            sqlx::query_as::<_, (String, String, Vec<u8>)>(&format!("{q}?1 ORDER BY model"))
+                .bind(id)
+                .fetch_all(p)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|(m, h, v)| (m, h, spotinfer::external::store::le_bytes_to_f32s(&v)[0]))
+                .collect()
+        }
+    }
+}
+
+/// A second model's vectors sit beside the first's; the same model's later result replaces its
+/// own row (hash included), and an older publish replaces nothing.
+async fn a_second_model_keeps_the_first_models_vectors(url: &str) {
+    let store = Store::connect(url).await.unwrap();
+    store.migrate().await.unwrap();
+    store
+        .commit(&[model_row("r1", "mini", "aaaa", 10, 1.0)], &[])
+        .await
+        .unwrap();
+    store
+        .commit(&[model_row("r1", "e5", "bbbb", 11, 2.0)], &[])
+        .await
+        .unwrap();
+    store
+        .commit(&[model_row("r1", "mini", "cccc", 12, 3.0)], &[])
+        .await
+        .unwrap();
+    store
+        .commit(&[model_row("r1", "e5", "dddd", 5, 9.0)], &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        rows_of(&store, "r1").await,
+        [
+            ("e5".to_string(), "bbbb".to_string(), 2.0),
+            ("mini".to_string(), "cccc".to_string(), 3.0)
+        ]
+    );
+}
+
+#[tokio::test]
+async fn sqlite_keeps_one_row_per_record_and_model() {
+    let (_dir, url) = fresh_sqlite();
+    a_second_model_keeps_the_first_models_vectors(&url).await;
+}
+
+#[tokio::test]
+async fn postgres_keeps_one_row_per_record_and_model() {
+    a_second_model_keeps_the_first_models_vectors(&fresh_pg_database().await).await;
+}
+
+/// A database made by the first release (its schema, a row in it) migrates: the row stays, with
+/// an empty model hash, and is then updated in place by the same model and kept beside another.
+async fn migrates_a_database_of_the_first_schema(url: &str, first: &str, legacy_row: &str) {
+    let store = Store::connect(url).await.unwrap();
+    match &store {
+        Store::Postgres(p) => {
+            sqlx::raw_sql(first).execute(p).await.unwrap();
+            sqlx::raw_sql(legacy_row).execute(p).await.unwrap();
+        }
+        Store::Sqlite(p) => {
+            sqlx::raw_sql(first).execute(p).await.unwrap();
+            sqlx::raw_sql(legacy_row).execute(p).await.unwrap();
+        }
+    }
+    store.migrate().await.unwrap();
+    assert_eq!(
+        rows_of(&store, "r1").await,
+        [("mini".to_string(), String::new(), 0.5)]
+    );
+    store
+        .commit(&[model_row("r1", "mini", "aaaa", 20, 1.0)], &[])
+        .await
+        .unwrap();
+    store
+        .commit(&[model_row("r1", "e5", "bbbb", 21, 2.0)], &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        rows_of(&store, "r1").await,
+        [
+            ("e5".to_string(), "bbbb".to_string(), 2.0),
+            ("mini".to_string(), "aaaa".to_string(), 1.0)
+        ]
+    );
+}
+
+#[tokio::test]
+async fn sqlite_migrates_a_first_release_database() {
+    let (_dir, url) = fresh_sqlite();
+    let row = "INSERT INTO embeddings (record_id, embedding, model, dim, input_sha256, message_id, publish_time_us) \
+               VALUES ('r1', X'0000003F0000003F0000003F', 'mini', 3, '00', 'm0', 1)";
+    migrates_a_database_of_the_first_schema(
+        &url,
+        include_str!("../migrations/sqlite/0001_init.sql"),
+        row,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn postgres_migrates_a_first_release_database() {
+    let row = "INSERT INTO embeddings (record_id, embedding, model, dim, input_sha256, message_id, publish_time_us) \
+               VALUES ('r1', '{0.5,0.5,0.5}', 'mini', 3, '00', 'm0', 1)";
+    migrates_a_database_of_the_first_schema(
+        &fresh_pg_database().await,
+        include_str!("../migrations/postgres/0001_init.sql"),
+        row,
+    )
+    .await;
 }

@@ -132,6 +132,7 @@ fn row(id: &str, t: i64, v: f32) -> ResultRow {
         record_id: id.into(),
         embedding: vec![v; 4],
         model: "m".into(),
+        model_hash: "00000000000000aa".into(),
         job: None,
         input_sha256: format!("h{t}"),
         message_id: format!("m{t}"),

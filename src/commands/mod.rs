@@ -1,6 +1,7 @@
 //! The commands: each a thin entry point over the library, one file each.
 
 pub mod loadtest;
+pub mod models;
 pub mod offline;
 pub mod publish;
 pub mod setup;
@@ -10,20 +11,28 @@ pub mod work;
 use anyhow::Context;
 use spotinfer::config::ModelArgs;
 use spotinfer::external::gcs::Gcs;
-use spotinfer::model::{Embedder, ModelHandle};
+use spotinfer::model::{Embedder, LoadOptions, ModelHandle, PromptChoice};
 use std::path::Path;
 use std::time::Instant;
 
 /// The local model directory: `SPOTINFER_MODEL` itself, or, for gs://BUCKET/PREFIX, the
 /// verified copy in the cache (downloaded unless a valid copy is already there).
 pub async fn model_dir(m: &ModelArgs) -> anyhow::Result<std::path::PathBuf> {
-    let Some(uri) = m.model.to_str().filter(|s| s.starts_with("gs://")) else {
-        return Ok(m.model.clone());
+    fetch_model(&m.model, &m.storage).await
+}
+
+/// [`model_dir`] for a model path and storage settings.
+pub async fn fetch_model(
+    model: &Path,
+    storage: &spotinfer::config::StorageArgs,
+) -> anyhow::Result<std::path::PathBuf> {
+    let Some(uri) = model.to_str().filter(|s| s.starts_with("gs://")) else {
+        return Ok(model.to_path_buf());
     };
     let started = Instant::now();
-    let gcs = Gcs::new(m.storage.storage_emulator_host.as_deref()).await?;
+    let gcs = Gcs::new(storage.storage_emulator_host.as_deref()).await?;
     let fetched = gcs
-        .fetch_model(uri, &m.storage.cache_dir)
+        .fetch_model(uri, &storage.cache_dir)
         .await
         .with_context(|| format!("cannot fetch the model from {uri}"))?;
     tracing::info!(model = uri, dir = %fetched.dir.display(), downloaded = ?fetched.downloaded, seconds = started.elapsed().as_secs_f64(), "model ready in the cache");
@@ -32,7 +41,20 @@ pub async fn model_dir(m: &ModelArgs) -> anyhow::Result<std::path::PathBuf> {
 
 /// The model as `m` describes it, from `dir` (what [`model_dir`] returned), on this thread.
 pub fn load_embedder(dir: &Path, m: &ModelArgs) -> anyhow::Result<Embedder> {
-    let embedder = Embedder::load_as(dir, m.device, m.backend, m.precision)?;
+    let prompt = match (&m.prompt_name, &m.prompt) {
+        (Some(name), _) => PromptChoice::Named(name.clone()),
+        (None, Some(text)) => PromptChoice::Text(text.clone()),
+        (None, None) => PromptChoice::ModelDefault,
+    };
+    let options = LoadOptions {
+        device: m.device,
+        backend: m.backend,
+        precision: m.precision,
+        name: m.model_name.clone(),
+        prompt,
+        max_seq_len: m.max_seq_length,
+    };
+    let embedder = Embedder::open(dir, &options)?;
     Ok(embedder.with_max_batch_tokens(m.max_batch_tokens))
 }
 

@@ -16,15 +16,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 
-/// The files a sentence-transformers model directory needs.
-pub const MODEL_FILES: &[&str] = &[
-    "config.json",
-    "sentence_bert_config.json",
-    "1_Pooling/config.json",
-    "tokenizer.json",
-    "model.safetensors",
-];
-
 /// Errors reading from Cloud Storage.
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
@@ -208,11 +199,32 @@ impl Gcs {
     }
 
     /// Copies the model under `gs://bucket/prefix` into `cache_dir` (see the module docs) and
-    /// returns the local directory. A missing object or a bad checksum is an error.
+    /// returns the local directory: first its `modules.json`, then the files that names (see
+    /// [`crate::model::spec::model_files`]). A missing required object or a bad checksum is an
+    /// error; a missing optional one is skipped (and any stale cached copy removed).
     pub async fn fetch_model(
         &self,
         uri: &str,
         cache_dir: &Path,
+    ) -> Result<FetchedModel, StorageError> {
+        let modules = ["modules.json".to_string()];
+        let mut fetched = self.fetch_files(uri, cache_dir, &[], &modules).await?;
+        let files = crate::model::spec::model_files(&fetched.dir);
+        let rest = self
+            .fetch_files(uri, cache_dir, &files.required, &files.optional)
+            .await?;
+        fetched.downloaded.extend(rest.downloaded);
+        Ok(fetched)
+    }
+
+    /// Copies `required` and, where they exist, `optional` files of the model under `uri` into
+    /// its cache directory.
+    async fn fetch_files(
+        &self,
+        uri: &str,
+        cache_dir: &Path,
+        required: &[String],
+        optional: &[String],
     ) -> Result<FetchedModel, StorageError> {
         let base = uri.trim_end_matches('/');
         let (bucket, prefix) = parse_uri(base)?;
@@ -224,19 +236,18 @@ impl Gcs {
             }
         })?;
         let mut downloaded = Vec::new();
-        for file in MODEL_FILES {
+        let files = required.iter().map(|f| (f, true));
+        for (file, needed) in files.chain(optional.iter().map(|f| (f, false))) {
             let object = format!("{prefix}/{file}");
             let local = dir.join(file);
-            if self
-                .cache_file(
-                    &bucket,
-                    &object,
-                    &format!("gs://{bucket_name}/{object}"),
-                    &local,
-                )
-                .await?
-            {
-                downloaded.push(file.to_string());
+            let object_uri = format!("gs://{bucket_name}/{object}");
+            match self.cache_file(&bucket, &object, &object_uri, &local).await {
+                Ok(true) => downloaded.push(file.to_string()),
+                Ok(false) => {}
+                Err(StorageError::NotFound(_)) if !needed => {
+                    let _ = tokio::fs::remove_file(&local).await;
+                }
+                Err(e) => return Err(e),
             }
         }
         Ok(FetchedModel { dir, downloaded })

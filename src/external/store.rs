@@ -1,9 +1,10 @@
 //! The result store: PostgreSQL in production, SQLite as the embedded default.
 //!
 //! Every write is one transaction holding a batch's results and its failure rows, so the sink can
-//! ack exactly the messages whose outcome is durable. Results are UPSERTed by record id with a
-//! guard on the publish time: a redelivered or republished record leaves exactly one row, and a
-//! redelivery of an older publish never overwrites the result of a newer one.
+//! ack exactly the messages whose outcome is durable. Results are UPSERTed by (record id, model)
+//! with a guard on the publish time: a redelivered or republished record leaves exactly one row
+//! per model, a second model's vectors sit beside the first's, and a redelivery of an older
+//! publish never overwrites the result of a newer one.
 
 use sqlx::postgres::Postgres;
 use sqlx::postgres::{PgPool, PgPoolOptions};
@@ -45,8 +46,10 @@ pub struct ResultRow {
     pub record_id: String,
     /// The unit-length vector.
     pub embedding: Vec<f32>,
-    /// Model name.
+    /// Model name (with the record id, the primary key).
     pub model: String,
+    /// Which weights made the vector (see `ModelInfo::hash`).
+    pub model_hash: String,
     /// The record's job, if any.
     pub job: Option<String>,
     /// Hex SHA-256 of the input text.
@@ -105,11 +108,11 @@ pub enum Store {
     Sqlite(SqlitePool),
 }
 
-const UPSERT_COLUMNS: &str = "INSERT INTO embeddings (record_id, embedding, model, dim, job, input_sha256, message_id, publish_time_us) ";
+const UPSERT_COLUMNS: &str = "INSERT INTO embeddings (record_id, embedding, model, model_hash, dim, job, input_sha256, message_id, publish_time_us) ";
 
 fn upsert_tail(now: &str) -> String {
     format!(
-        " ON CONFLICT (record_id) DO UPDATE SET embedding = excluded.embedding, model = excluded.model, \
+        " ON CONFLICT (record_id, model) DO UPDATE SET embedding = excluded.embedding, model_hash = excluded.model_hash, \
          dim = excluded.dim, job = excluded.job, input_sha256 = excluded.input_sha256, \
          message_id = excluded.message_id, publish_time_us = excluded.publish_time_us, processed_at = {now} \
          WHERE embeddings.publish_time_us <= excluded.publish_time_us"
@@ -121,7 +124,7 @@ const FAILURE_COLUMNS: &str =
 const FAILURE_TAIL: &str = " ON CONFLICT (message_id) DO NOTHING";
 
 /// Bind parameters per row of the result UPSERT and of the failure INSERT.
-const RESULT_COLUMNS: usize = 8;
+const RESULT_COLUMNS: usize = 9;
 const FAILURE_COLUMNS_N: usize = 6;
 /// Bind parameters one statement may carry: PostgreSQL's protocol limit, and SQLite's
 /// `SQLITE_MAX_VARIABLE_NUMBER` as sqlx's bundled SQLite is built (32,766). A batch with more
@@ -346,6 +349,7 @@ where
         b.push_bind(r.record_id.clone());
         DB::bind_embedding(&mut b, &r.embedding);
         b.push_bind(r.model.clone())
+            .push_bind(r.model_hash.clone())
             .push_bind(r.embedding.len() as i32)
             .push_bind(r.job.clone())
             .push_bind(r.input_sha256.clone())
@@ -393,11 +397,11 @@ pub fn retry_schedule(first: std::time::Duration) -> backon::ExponentialBackoff 
         .build()
 }
 
-/// Keeps, for each record id, the row with the newest publish time; sorted by record id.
+/// Keeps, for each (record id, model), the row with the newest publish time; sorted by both.
 pub fn newest_per_record(rows: &[ResultRow]) -> Vec<&ResultRow> {
-    let mut best: HashMap<&str, &ResultRow> = HashMap::new();
+    let mut best: HashMap<(&str, &str), &ResultRow> = HashMap::new();
     for r in rows {
-        best.entry(&r.record_id)
+        best.entry((&r.record_id, &r.model))
             .and_modify(|cur| {
                 if r.publish_time_us >= cur.publish_time_us {
                     *cur = r;
@@ -406,7 +410,7 @@ pub fn newest_per_record(rows: &[ResultRow]) -> Vec<&ResultRow> {
             .or_insert(r);
     }
     let mut out: Vec<&ResultRow> = best.into_values().collect();
-    out.sort_by(|a, b| a.record_id.cmp(&b.record_id));
+    out.sort_by(|a, b| (&a.record_id, &a.model).cmp(&(&b.record_id, &b.model)));
     out
 }
 
@@ -473,6 +477,7 @@ mod tests {
             record_id: id.into(),
             embedding: vec![t as f32],
             model: "m".into(),
+            model_hash: "0123456789abcdef".into(),
             job: None,
             input_sha256: String::new(),
             message_id: format!("{id}-{t}"),

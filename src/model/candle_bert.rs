@@ -1,5 +1,5 @@
-//! The BERT encoder on candle: the CUDA backend, and on the CPU the reference the fused encoder
-//! is measured against.
+//! The BERT/RoBERTa encoder on candle: the CUDA backend, and on the CPU the reference the fused
+//! encoder is measured against.
 //!
 //! Written here rather than taken from `candle_transformers::models::bert` because that model
 //! cannot run in half precision: it builds the attention mask as `(1 - mask) * f32::MIN` in the
@@ -9,9 +9,10 @@
 //! accumulate in f32 (candle's kernels do), and the caller pools in f32. Q, K and V are one
 //! matrix product.
 
-use candle_core::{DType, Device, Module, Result, Tensor, D};
+use super::spec::EncoderSpec;
+use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
-use candle_transformers::models::bert::Config;
+use spotinfer_bert_cpu::Pooling;
 
 /// A loaded BERT encoder.
 pub struct CandleBert {
@@ -21,6 +22,7 @@ pub struct CandleBert {
     norm: LayerNorm,
     layers: Vec<Layer>,
     heads: usize,
+    position_offset: u32,
     dtype: DType,
 }
 
@@ -34,34 +36,31 @@ struct Layer {
 }
 
 impl CandleBert {
-    /// Loads the weights (with or without the `bert.` prefix some checkpoints carry), in the
-    /// VarBuilder's dtype.
-    pub fn load(vb: VarBuilder, config: &Config) -> Result<Self> {
-        let vb = if vb.contains_tensor("embeddings.word_embeddings.weight") {
-            vb
-        } else {
-            vb.pp("bert")
-        };
-        let (d, eps) = (config.hidden_size, config.layer_norm_eps);
+    /// Loads the weights (with or without the `bert.`/`roberta.` prefix some checkpoints carry),
+    /// in the VarBuilder's dtype.
+    pub fn load(vb: VarBuilder, config: &EncoderSpec) -> Result<Self> {
+        let vb = ["bert", "roberta", "model"]
+            .into_iter()
+            .map(|p| vb.pp(p))
+            .find(|p| p.contains_tensor("embeddings.word_embeddings.weight"))
+            .unwrap_or(vb);
+        let (d, eps) = (config.hidden, config.eps);
         let emb = vb.pp("embeddings");
-        let layers = (0..config.num_hidden_layers)
+        let layers = (0..config.layers)
             .map(|i| Layer::load(vb.pp(format!("encoder.layer.{i}")), config))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
-            words: candle_nn::embedding(config.vocab_size, d, emb.pp("word_embeddings"))?,
+            words: candle_nn::embedding(config.vocab, d, emb.pp("word_embeddings"))?,
             positions: candle_nn::embedding(
-                config.max_position_embeddings,
+                config.max_positions,
                 d,
                 emb.pp("position_embeddings"),
             )?,
-            types: candle_nn::embedding(
-                config.type_vocab_size,
-                d,
-                emb.pp("token_type_embeddings"),
-            )?,
+            types: candle_nn::embedding(config.type_vocab, d, emb.pp("token_type_embeddings"))?,
             norm: candle_nn::layer_norm(d, eps, emb.pp("LayerNorm"))?,
             layers,
-            heads: config.num_attention_heads,
+            heads: config.heads,
+            position_offset: config.position_offset as u32,
             dtype: vb.dtype(),
         })
     }
@@ -70,7 +69,10 @@ impl CandleBert {
     /// `(n, len)` (u32) and `mask` `(n, len)` (u32, 1 for a real token, 0 for padding).
     pub fn forward(&self, ids: &Tensor, types: &Tensor, mask: &Tensor) -> Result<Tensor> {
         let (_, len) = ids.dims2()?;
-        let positions = Tensor::arange(0u32, len as u32, ids.device())?.unsqueeze(0)?;
+        // RoBERTa's real tokens sit at padding_idx + 1 onwards; padding's own positions do not
+        // matter (padding is masked out of every real token's attention and of pooling).
+        let first = self.position_offset;
+        let positions = Tensor::arange(first, first + len as u32, ids.device())?.unsqueeze(0)?;
         let x = self
             .words
             .forward(ids)?
@@ -91,8 +93,8 @@ impl CandleBert {
 }
 
 impl Layer {
-    fn load(vb: VarBuilder, c: &Config) -> Result<Self> {
-        let (d, eps) = (c.hidden_size, c.layer_norm_eps);
+    fn load(vb: VarBuilder, c: &EncoderSpec) -> Result<Self> {
+        let (d, eps) = (c.hidden, c.eps);
         let att = vb.pp("attention");
         let qkv = ["query", "key", "value"]
             .iter()
@@ -108,8 +110,8 @@ impl Layer {
             qkv: Linear::new(weight, bias),
             attention_out: candle_nn::linear(d, d, att.pp("output.dense"))?,
             attention_norm: candle_nn::layer_norm(d, eps, att.pp("output.LayerNorm"))?,
-            intermediate: candle_nn::linear(d, c.intermediate_size, vb.pp("intermediate.dense"))?,
-            output: candle_nn::linear(c.intermediate_size, d, vb.pp("output.dense"))?,
+            intermediate: candle_nn::linear(d, c.intermediate, vb.pp("intermediate.dense"))?,
+            output: candle_nn::linear(c.intermediate, d, vb.pp("output.dense"))?,
             output_norm: candle_nn::layer_norm(d, eps, vb.pp("output.LayerNorm"))?,
         })
     }
@@ -151,20 +153,23 @@ fn mask_bias(mask: &Tensor, dtype: DType) -> Result<Tensor> {
     (padding * floor)?.to_dtype(dtype)?.reshape((n, 1, 1, len))
 }
 
-/// Mean of `hidden` `(n, len, dim)` over the real tokens of `mask` `(n, len)`, in f32.
-pub fn mean_pool(hidden: &Tensor, mask: &Tensor) -> Result<Tensor> {
+/// One vector per text of `hidden` `(n, len, dim)`, in f32, pooled as sentence-transformers
+/// pools over `mask` `(n, len)` (1 for a token that is pooled: real and not a left-out prompt).
+pub fn pool(hidden: &Tensor, mask: &Tensor, mode: Pooling) -> Result<Tensor> {
     let hidden = hidden.to_dtype(DType::F32)?;
+    if mode == Pooling::Cls {
+        return hidden.narrow(1, 0, 1)?.squeeze(1);
+    }
     let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?; // (n, len, 1)
+    if mode == Pooling::Max {
+        // Left-out positions become -1e9, as sentence-transformers sets them, then the maximum.
+        let floor = ((1.0 - &mask)? * -1e9)?;
+        return hidden.broadcast_mul(&mask)?.broadcast_add(&floor)?.max(1);
+    }
     let summed = hidden.broadcast_mul(&mask)?.sum(1)?; // (n, dim)
-    summed.broadcast_div(&mask.sum(1)?)
-}
-
-/// Each row of `x` `(n, dim)` scaled to unit length, in f32.
-pub fn l2_normalize(x: &Tensor) -> Result<Tensor> {
-    let norm = x
-        .sqr()?
-        .sum_keepdim(D::Minus1)?
-        .sqrt()?
-        .clamp(1e-12, f32::MAX)?;
-    x.broadcast_div(&norm)
+    let count = mask.sum(1)?.clamp(1e-9, f64::MAX)?; // (n, 1)
+    match mode {
+        Pooling::MeanSqrtLen => summed.broadcast_div(&count.sqrt()?),
+        _ => summed.broadcast_div(&count),
+    }
 }

@@ -1,10 +1,9 @@
-//! The fused CPU encoder (`crates/bert-cpu`) as the model layer sees it: its configuration from
-//! the model's `config.json`, and its errors in the model layer's terms.
+//! The fused CPU encoder (`crates/bert-cpu`) as the model layer sees it: its shape from the
+//! model's spec, and its errors in the model layer's terms.
 
+use super::spec::EncoderSpec;
 use super::ModelError;
-use candle_transformers::models::bert::{Config as BertConfig, HiddenAct};
 use spotinfer_bert_cpu::{self as bert_cpu, BertError};
-use std::path::Path;
 
 impl From<BertError> for ModelError {
     fn from(e: BertError) -> Self {
@@ -16,25 +15,17 @@ impl From<BertError> for ModelError {
     }
 }
 
-/// The fused encoder's dimensions, refusing what it does not implement.
-pub(super) fn bert_dims(c: &BertConfig, path: &Path) -> Result<bert_cpu::Dims, ModelError> {
-    if c.hidden_act != HiddenAct::Gelu {
-        return Err(ModelError::Config {
-            path: path.to_path_buf(),
-            message: format!(
-                "hidden_act {:?}: the fused backend implements erf GELU only (use --backend candle)",
-                c.hidden_act
-            ),
-        });
+/// The fused encoder's dimensions (the spec has already refused what no encoder implements).
+pub(super) fn dims(e: &EncoderSpec) -> bert_cpu::Dims {
+    bert_cpu::Dims {
+        hidden: e.hidden,
+        heads: e.heads,
+        intermediate: e.intermediate,
+        layers: e.layers,
+        vocab: e.vocab,
+        max_positions: e.max_positions,
+        type_vocab: e.type_vocab,
+        eps: e.eps as f32,
+        position_offset: e.position_offset,
     }
-    Ok(bert_cpu::Dims {
-        hidden: c.hidden_size,
-        heads: c.num_attention_heads,
-        intermediate: c.intermediate_size,
-        layers: c.num_hidden_layers,
-        vocab: c.vocab_size,
-        max_positions: c.max_position_embeddings,
-        type_vocab: c.type_vocab_size,
-        eps: c.layer_norm_eps as f32,
-    })
 }

@@ -1,8 +1,10 @@
-//! The model layer: text in, unit vectors out, exactly as sentence-transformers computes them.
+//! The model layer: text in, vectors out, exactly as sentence-transformers computes them for the
+//! model folder it is given.
 //!
-//! [`Embedder`] tokenizes (truncating at the model's `max_seq_length`: 256 for all-MiniLM-L6-v2,
-//! not the 128 baked into the package's tokenizer.json), runs an encoder, mean-pools over the
-//! attention mask and L2-normalises. Two encoders sit behind it:
+//! [`spec`] reads what the folder says to compute (encoder, pooling, Dense, Normalize, prompts,
+//! limits) and refuses what spotinfer cannot compute exactly. [`Embedder`] then tokenizes
+//! (`tokenize`, with the prompt `prompt` picks), runs an encoder that pools, and applies the
+//! `head` (Dense layers, Normalize). Two encoders sit behind it:
 //!
 //! * `fused`: the CPU encoder of `crates/bert-cpu`, written for throughput (no padding, fused
 //!   passes, reused buffers), the CPU default;
@@ -15,20 +17,29 @@
 mod budget;
 mod candle_bert;
 mod fused;
+mod head;
 pub mod offline;
 mod prefix;
+mod prompt;
+pub mod spec;
 mod thread;
+mod tokenize;
 
-pub use thread::{ModelHandle, Reply};
+pub use prompt::PromptChoice;
+pub use spec::ModelSpec;
+pub use thread::{ModelHandle, Reply, Text};
 
 use crate::config::{Backend, DeviceChoice, Precision};
 use candle_bert::CandleBert;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::bert::Config as BertConfig;
-use spotinfer_bert_cpu::{self as bert_cpu, CpuBert};
+use head::Head;
+use prompt::Prompts;
+use spotinfer_bert_cpu::{self as bert_cpu, CpuBert, Pooling};
+use std::borrow::Cow;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use tokenizers::Tokenizer;
+use tokenize::TextTokenizer;
 
 /// Errors loading or running the model.
 #[derive(Debug, thiserror::Error)]
@@ -42,7 +53,7 @@ pub enum ModelError {
         #[source]
         source: std::io::Error,
     },
-    /// A model config file is not what this backend understands.
+    /// A model config file is broken or inconsistent.
     #[error("invalid model config {path}: {message}")]
     Config {
         /// The file.
@@ -50,6 +61,18 @@ pub enum ModelError {
         /// What is wrong.
         message: String,
     },
+    /// The model asks for something spotinfer does not compute (refused rather than computed
+    /// approximately).
+    #[error("unsupported model ({path}): {message}")]
+    Unsupported {
+        /// The file that asks for it.
+        path: PathBuf,
+        /// What is unsupported.
+        message: String,
+    },
+    /// A prompt that does not exist.
+    #[error("{0}")]
+    Prompt(String),
     /// The tokenizer failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
@@ -81,20 +104,65 @@ pub enum ModelError {
 /// What the loaded model is, for result rows and logs.
 #[derive(Debug, Clone)]
 pub struct ModelInfo {
-    /// Model name (the model directory's name).
+    /// Model name: `--model-name`, else the model folder's name.
     pub name: String,
+    /// The first 16 hex digits of the SHA-256 over the model's weight files, in module order:
+    /// which weights made a vector.
+    pub hash: String,
     /// Embedding dimension.
     pub dim: usize,
     /// Token limit per text.
     pub max_seq_len: usize,
     /// Device in words.
     pub device: String,
+    /// The model's named prompts, which a record may pick with `prompt_name`.
+    pub prompts: Vec<String>,
+}
+
+/// How to load a model, beyond what its own files say.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Where to run.
+    pub device: DeviceChoice,
+    /// Which encoder.
+    pub backend: Backend,
+    /// Precision of the encoder's matrix products.
+    pub precision: Precision,
+    /// The name in result rows (default: the folder's name).
+    pub name: Option<String>,
+    /// The prompt when a record names none.
+    pub prompt: PromptChoice,
+    /// A lower token limit than the model's `max_seq_length`.
+    pub max_seq_len: Option<usize>,
+}
+
+impl LoadOptions {
+    /// The model as its files describe it, on `device`, with the default encoder.
+    pub fn new(device: DeviceChoice) -> Self {
+        Self {
+            device,
+            backend: Backend::Auto,
+            precision: Precision::Auto,
+            name: None,
+            prompt: PromptChoice::ModelDefault,
+            max_seq_len: None,
+        }
+    }
+}
+
+/// One input: a text and, optionally, the name of the model's prompt to put before it.
+#[derive(Debug, Clone, Copy)]
+pub struct Input<'a> {
+    /// The text.
+    pub text: &'a str,
+    /// A prompt name; none: the worker's default prompt.
+    pub prompt_name: Option<&'a str>,
 }
 
 /// The embeddings of one batch, in input order.
 #[derive(Debug, Clone)]
 pub struct Embedded {
-    /// One unit-length vector per input text.
+    /// One vector per input text (unit length where the model normalises).
     pub vectors: Vec<Vec<f32>>,
     /// Real (unpadded) tokens embedded, for throughput figures.
     pub tokens: usize,
@@ -104,26 +172,30 @@ pub struct Embedded {
 
 /// A loaded sentence-embedding model.
 pub struct Embedder {
-    backend: Engine,
-    tokenizer: Tokenizer,
+    engine: Engine,
+    tokenizer: TextTokenizer,
+    head: Head,
+    prompts: Prompts,
+    /// Whether pooling leaves the prompt's tokens out (`include_prompt: false`).
+    skip_prompt: bool,
     info: ModelInfo,
     /// Most padded tokens in one encoder batch (0: no limit); see `budget`.
     max_batch_tokens: usize,
 }
 
-/// The code that runs the BERT encoder.
+/// The code that runs the encoder and pools.
 enum Engine {
-    /// The fused CPU encoder.
+    /// The fused CPU encoder (it pools itself).
     Fused(Box<CpuBert>),
-    /// The candle encoder, on any candle device.
-    Candle(CandleBert),
+    /// The candle encoder, on any candle device, and its pooling.
+    Candle(CandleBert, Pooling),
 }
 
 impl Embedder {
     /// Loads the model from a local directory, checking every file it needs up front so a
-    /// missing or broken model is a clear error at startup.
+    /// missing, broken or unsupported model is a clear error at startup.
     pub fn load(dir: &Path, device: DeviceChoice) -> Result<Self, ModelError> {
-        Self::load_with(dir, device, Backend::Auto)
+        Self::open(dir, &LoadOptions::new(device))
     }
 
     /// [`Embedder::load`] with a chosen backend: `auto` is the fused encoder on the CPU and
@@ -137,51 +209,74 @@ impl Embedder {
     }
 
     /// [`Embedder::load_with`] with a chosen precision for the encoder's matrix products:
-    /// `auto` is f16 on CUDA and f32 on the CPU; pooling and normalisation are always f32.
+    /// `auto` is f16 on CUDA and f32 on the CPU; pooling and what follows are always f32.
     pub fn load_as(
         dir: &Path,
         device: DeviceChoice,
         backend: Backend,
         precision: Precision,
     ) -> Result<Self, ModelError> {
-        let device = select_device(device)?;
-        let config_path = dir.join("config.json");
-        let config: BertConfig = read_json(&config_path)?;
-        let max_seq_len = max_seq_len(dir, &config)?;
-        check_pooling(dir)?;
-        let tokenizer = load_tokenizer(dir, max_seq_len)?;
-        let dtype = match precision {
+        let options = LoadOptions {
+            backend,
+            precision,
+            ..LoadOptions::new(device)
+        };
+        Self::open(dir, &options)
+    }
+
+    /// Loads the model in `dir` as `options` say.
+    pub fn open(dir: &Path, options: &LoadOptions) -> Result<Self, ModelError> {
+        let spec = ModelSpec::read(dir)?;
+        let max_seq_len = match options.max_seq_len {
+            Some(n) if n > spec.max_seq_len => {
+                return Err(ModelError::Config {
+                    path: dir.to_path_buf(),
+                    message: format!(
+                        "--max-seq-length {n} is past the model's {}; it can only lower it",
+                        spec.max_seq_len
+                    ),
+                })
+            }
+            Some(n) => n.max(2),
+            None => spec.max_seq_len,
+        };
+        let tokenizer = TextTokenizer::load(&spec, max_seq_len)?;
+        let prompts = Prompts::new(&spec, &options.prompt)?;
+        let device = select_device(options.device)?;
+        let dtype = match options.precision {
             Precision::F32 => DType::F32,
             Precision::F16 => DType::F16,
             Precision::Auto if device.is_cpu() => DType::F32,
             Precision::Auto => DType::F16,
         };
-        let fused = match backend {
+        let fused = match options.backend {
             Backend::Fused => true,
             Backend::Candle => false,
             Backend::Auto => device.is_cpu(),
         };
-        let backend = if fused {
-            load_fused(dir, &config, &device, dtype)?
+        let engine = if fused {
+            load_fused(&spec, &device, dtype)?
         } else {
-            load_candle(dir, &config, &device, dtype)?
+            load_candle(&spec, &device, dtype)?
         };
-        let name = dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into());
+        let name = options.name.clone().unwrap_or_else(|| folder_name(dir));
         let info = ModelInfo {
             name,
-            dim: config.hidden_size,
+            hash: weights_hash(&spec.weight_files())?,
+            dim: spec.dim(),
             max_seq_len,
-            device: match backend {
+            device: match engine {
                 Engine::Fused(_) => "Cpu (fused)".into(),
-                Engine::Candle(_) => format!("{device:?} (candle, {dtype:?})"),
+                Engine::Candle(..) => format!("{device:?} (candle, {dtype:?})"),
             },
+            prompts: prompts.names(),
         };
         Ok(Self {
-            backend,
+            engine,
             tokenizer,
+            head: Head::load(&spec)?,
+            prompts,
+            skip_prompt: !spec.pooling.include_prompt,
             info,
             max_batch_tokens: 0,
         })
@@ -198,57 +293,36 @@ impl Embedder {
         &self.info
     }
 
-    /// Counts the tokens each text becomes (after truncation), without running the model.
+    /// Counts the tokens each text becomes (default prompt included, after truncation), without
+    /// running the model.
     pub fn token_counts(&self, texts: &[&str]) -> Result<Vec<usize>, ModelError> {
-        Ok(self.tokenize(texts)?.iter().map(|e| e.len()).collect())
+        let inputs: Vec<Input<'_>> = texts.iter().map(|&text| plain(text)).collect();
+        let (encodings, _) = self.tokenize_inputs(&inputs)?;
+        Ok(encodings.iter().map(|e| e.len()).collect())
     }
 
-    /// The texts as the model sees them: special tokens added, truncated, not padded.
-    ///
-    /// A long text is tokenized by its prefix (see [`prefix`]): the model keeps only its first
-    /// `max_seq_len` tokens, so a 1 MiB text costs what a few KiB cost, with the same tokens.
+    /// The texts as the model sees them (no prompt): special tokens added, truncated, not padded.
     pub fn tokenize(&self, texts: &[&str]) -> Result<Vec<tokenizers::Encoding>, ModelError> {
-        let encode_error = |e: tokenizers::Error| ModelError::Tokenizer(e.to_string());
-        let max_len = self.info.max_seq_len;
-        let first = prefix::initial_bytes(max_len);
-        let cuts: Vec<prefix::Cut<'_>> = texts.iter().map(|t| prefix::cut(t, first)).collect();
-        let mut encodings = self
-            .tokenizer
-            .encode_batch(cuts.iter().map(|c| c.text).collect::<Vec<_>>(), true)
-            .map_err(encode_error)?;
-        for (i, mut cut) in cuts.into_iter().enumerate() {
-            // Grow the prefix until it yields the model's full window at a word boundary (then
-            // the rest of the text cannot change the kept tokens), or is the whole text.
-            let mut limit = first;
-            while !cut.settles(encodings[i].len(), max_len) {
-                limit = limit.saturating_mul(2);
-                cut = prefix::cut(texts[i], limit);
-                encodings[i] = self
-                    .tokenizer
-                    .encode(cut.text, true)
-                    .map_err(encode_error)?;
-            }
-        }
-        Ok(encodings)
+        self.tokenizer.encode(texts)
     }
 
-    /// Embeds a batch: tokenize, BERT, mean pooling, L2 normalisation.
+    /// Embeds a batch with the default prompt.
     pub fn embed(&self, texts: &[&str]) -> Result<Embedded, ModelError> {
-        if texts.is_empty() {
-            return Ok(Embedded {
-                vectors: Vec::new(),
-                tokens: 0,
-                seconds: 0.0,
-            });
-        }
+        let inputs: Vec<Input<'_>> = texts.iter().map(|&text| plain(text)).collect();
+        self.embed_inputs(&inputs)
+    }
+
+    /// Embeds a batch: prompt, tokenize, encoder and pooling, Dense layers, Normalize.
+    pub fn embed_inputs(&self, inputs: &[Input<'_>]) -> Result<Embedded, ModelError> {
         let started = std::time::Instant::now();
-        let encodings = self.tokenize(texts)?;
+        let (encodings, skips) = self.tokenize_inputs(inputs)?;
         let lens: Vec<usize> = encodings.iter().map(|e| e.len()).collect();
         let mut vectors = vec![Vec::new(); encodings.len()];
         for chunk in budget::token_budget_chunks(&lens, self.max_batch_tokens) {
-            let part: Vec<&tokenizers::Encoding> = chunk.iter().map(|&i| &encodings[i]).collect();
+            let part: Vec<(&tokenizers::Encoding, usize)> =
+                chunk.iter().map(|&i| (&encodings[i], skips[i])).collect();
             for (i, v) in chunk.into_iter().zip(self.encode(&part)?) {
-                vectors[i] = v;
+                vectors[i] = self.head.apply(v);
             }
         }
         if let Some(index) = vectors
@@ -257,115 +331,106 @@ impl Embedder {
         {
             return Err(ModelError::NonFinite { index });
         }
-        let tokens = lens.iter().sum();
         Ok(Embedded {
             vectors,
-            tokens,
+            tokens: lens.iter().sum(),
             seconds: started.elapsed().as_secs_f64(),
         })
     }
 
-    /// One encoder batch through whichever encoder is loaded.
-    fn encode(&self, encodings: &[&tokenizers::Encoding]) -> Result<Vec<Vec<f32>>, ModelError> {
-        match &self.backend {
+    /// Each input with its prompt before it, tokenized, and how many leading tokens pooling
+    /// leaves out of it.
+    fn tokenize_inputs(
+        &self,
+        inputs: &[Input<'_>],
+    ) -> Result<(Vec<tokenizers::Encoding>, Vec<usize>), ModelError> {
+        let mut prompt_tokens: HashMap<&str, usize> = HashMap::new();
+        let mut texts: Vec<Cow<'_, str>> = Vec::with_capacity(inputs.len());
+        let mut skips = Vec::with_capacity(inputs.len());
+        for input in inputs {
+            let prompt = self.prompts.resolve(input.prompt_name)?;
+            let skip = match prompt {
+                Some(p) if self.skip_prompt => match prompt_tokens.get(p) {
+                    Some(&n) => n,
+                    None => *prompt_tokens
+                        .entry(p)
+                        .or_insert(self.tokenizer.prompt_tokens(p)?),
+                },
+                _ => 0,
+            };
+            skips.push(skip);
+            texts.push(match prompt {
+                Some(p) => Cow::Owned(format!("{p}{}", input.text)),
+                None => Cow::Borrowed(input.text),
+            });
+        }
+        let refs: Vec<&str> = texts.iter().map(|t| t.as_ref()).collect();
+        Ok((self.tokenizer.encode(&refs)?, skips))
+    }
+
+    /// One encoder batch through whichever encoder is loaded: pooled vectors.
+    fn encode(
+        &self,
+        batch: &[(&tokenizers::Encoding, usize)],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        match &self.engine {
             Engine::Fused(bert) => {
-                let batch: Vec<bert_cpu::Tokens<'_>> = encodings
+                let batch: Vec<bert_cpu::Tokens<'_>> = batch
                     .iter()
-                    .map(|e| bert_cpu::Tokens {
+                    .map(|(e, skip)| bert_cpu::Tokens {
                         ids: e.get_ids(),
                         type_ids: e.get_type_ids(),
+                        skip: *skip,
                     })
                     .collect();
                 Ok(bert.embed(&batch)?)
             }
-            Engine::Candle(model) => candle_embed(model, encodings),
+            Engine::Candle(model, pooling) => candle_embed(model, *pooling, batch),
         }
     }
 }
 
-/// The candle encoder on a padded batch (to the longest text), mean-pooled over the attention
-/// mask and normalised in f32.
+/// An input with the default prompt.
+fn plain(text: &str) -> Input<'_> {
+    Input {
+        text,
+        prompt_name: None,
+    }
+}
+
+/// The candle encoder on a padded batch (to the longest text), pooled over each text's pooled
+/// tokens in f32.
 fn candle_embed(
     model: &CandleBert,
-    encodings: &[&tokenizers::Encoding],
+    pooling: Pooling,
+    batch: &[(&tokenizers::Encoding, usize)],
 ) -> Result<Vec<Vec<f32>>, ModelError> {
-    let n = encodings.len();
-    let len = encodings.iter().map(|e| e.len()).max().unwrap_or(0);
+    let n = batch.len();
+    let len = batch.iter().map(|(e, _)| e.len()).max().unwrap_or(0);
     let mut ids = vec![0u32; n * len];
     let mut types = vec![0u32; n * len];
     let mut mask = vec![0u32; n * len];
-    for (i, e) in encodings.iter().enumerate() {
+    let mut pooled = vec![0u32; n * len];
+    for (i, (e, skip)) in batch.iter().enumerate() {
         let row = i * len..i * len + e.len();
         ids[row.clone()].copy_from_slice(e.get_ids());
         types[row.clone()].copy_from_slice(e.get_type_ids());
-        mask[row].fill(1);
+        mask[row.clone()].fill(1);
+        pooled[row.start + (*skip).min(e.len())..row.end].fill(1);
     }
     let device = model.device();
     let ids = Tensor::from_vec(ids, (n, len), device)?;
     let types = Tensor::from_vec(types, (n, len), device)?;
     let mask = Tensor::from_vec(mask, (n, len), device)?;
+    let pooled = Tensor::from_vec(pooled, (n, len), device)?;
     let hidden = model.forward(&ids, &types, &mask)?; // (n, len, dim)
-    let pooled = candle_bert::mean_pool(&hidden, &mask)?;
-    Ok(candle_bert::l2_normalize(&pooled)?.to_vec2::<f32>()?)
-}
-
-/// The token limit: `sentence_bert_config.json`'s `max_seq_length`, never past the positions the
-/// model has.
-fn max_seq_len(dir: &Path, config: &BertConfig) -> Result<usize, ModelError> {
-    let st: serde_json::Value = read_json(&dir.join("sentence_bert_config.json"))?;
-    Ok(st
-        .get("max_seq_length")
-        .and_then(|v| v.as_u64())
-        .map(|v| v as usize)
-        .unwrap_or(config.max_position_embeddings)
-        .min(config.max_position_embeddings))
-}
-
-/// Refuses pooling this layer does not compute.
-fn check_pooling(dir: &Path) -> Result<(), ModelError> {
-    let path = dir.join("1_Pooling").join("config.json");
-    let pooling: serde_json::Value = read_json(&path)?;
-    if pooling.get("pooling_mode_mean_tokens") != Some(&serde_json::Value::Bool(true)) {
-        return Err(ModelError::Config {
-            path,
-            message: "only mean-token pooling is supported".into(),
-        });
-    }
-    Ok(())
-}
-
-/// The model's tokenizer, truncating at `max_seq_len` and not padding.
-fn load_tokenizer(dir: &Path, max_seq_len: usize) -> Result<Tokenizer, ModelError> {
-    let path = dir.join("tokenizer.json");
-    if !path.is_file() {
-        return Err(ModelError::File {
-            path,
-            source: std::io::ErrorKind::NotFound.into(),
-        });
-    }
-    let mut tokenizer = Tokenizer::from_file(&path)
-        .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
-    // The package's tokenizer.json truncates at 128 and pads to a fixed 128;
-    // sentence-transformers truncates at max_seq_length and pads to the batch's longest.
-    // The fused encoder takes texts unpadded; the candle path pads them itself.
-    let mut truncation = tokenizer.get_truncation().cloned().unwrap_or_default();
-    truncation.max_length = max_seq_len;
-    tokenizer
-        .with_truncation(Some(truncation))
-        .map_err(|e| ModelError::Tokenizer(e.to_string()))?
-        .with_padding(None);
-    Ok(tokenizer)
+    Ok(candle_bert::pool(&hidden, &pooled, pooling)?.to_vec2::<f32>()?)
 }
 
 /// The fused CPU encoder, which computes in f32 on the CPU only.
-fn load_fused(
-    dir: &Path,
-    config: &BertConfig,
-    device: &Device,
-    dtype: DType,
-) -> Result<Engine, ModelError> {
+fn load_fused(spec: &ModelSpec, device: &Device, dtype: DType) -> Result<Engine, ModelError> {
     let refuse = |message: &str| ModelError::Config {
-        path: dir.to_path_buf(),
+        path: spec.dir.clone(),
         message: message.into(),
     };
     if !device.is_cpu() {
@@ -378,22 +443,50 @@ fn load_fused(
             "the fused backend computes in f32 only (use --precision f32, or --backend candle)",
         ));
     }
-    let dims = fused::bert_dims(config, &dir.join("config.json"))?;
-    let bert = CpuBert::load(&dir.join("model.safetensors"), dims)?;
+    let bert = CpuBert::load(&spec.weights, fused::dims(&spec.encoder), spec.pooling.mode)?;
     Ok(Engine::Fused(Box::new(bert)))
 }
 
 /// The candle encoder on `device`, its weights converted to `dtype`.
-fn load_candle(
-    dir: &Path,
-    config: &BertConfig,
-    device: &Device,
-    dtype: DType,
-) -> Result<Engine, ModelError> {
-    let path = dir.join("model.safetensors");
+fn load_candle(spec: &ModelSpec, device: &Device, dtype: DType) -> Result<Engine, ModelError> {
+    let path = spec.weights.clone();
     let bytes = std::fs::read(&path).map_err(|source| ModelError::File { path, source })?;
     let vb = VarBuilder::from_buffered_safetensors(bytes, dtype, device)?;
-    Ok(Engine::Candle(CandleBert::load(vb, config)?))
+    Ok(Engine::Candle(
+        CandleBert::load(vb, &spec.encoder)?,
+        spec.pooling.mode,
+    ))
+}
+
+/// The first 16 hex digits of the SHA-256 over `files`' bytes, in order.
+pub fn weights_hash(files: &[&Path]) -> Result<String, ModelError> {
+    use sha2::Digest;
+    use std::io::Read;
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    for path in files {
+        let io = |source| ModelError::File {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut file = std::fs::File::open(path).map_err(io)?;
+        loop {
+            let n = file.read(&mut buf).map_err(io)?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+        }
+    }
+    Ok(hex::encode(&hasher.finalize()[..8]))
+}
+
+/// A model's default name: its folder's name.
+fn folder_name(dir: &Path) -> String {
+    let name = |d: &Path| d.file_name().map(|n| n.to_string_lossy().into_owned());
+    name(dir)
+        .or_else(|| dir.canonicalize().ok().as_deref().and_then(name))
+        .unwrap_or_else(|| "model".into())
 }
 
 fn select_device(choice: DeviceChoice) -> Result<Device, ModelError> {
@@ -409,17 +502,6 @@ fn select_device(choice: DeviceChoice) -> Result<Device, ModelError> {
             Device::new_cuda(0).map_err(|e| ModelError::NoCuda(e.to_string()))
         }
     }
-}
-
-fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ModelError> {
-    let bytes = std::fs::read(path).map_err(|source| ModelError::File {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    serde_json::from_slice(&bytes).map_err(|e| ModelError::Config {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    })
 }
 
 /// Cosine similarity of two vectors (1.0 for identical directions).

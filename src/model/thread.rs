@@ -2,11 +2,29 @@
 //! computes for seconds never stalls the async runtime that keeps Pub/Sub leases, acks and nacks
 //! flowing.
 
-use super::{Embedded, Embedder, ModelError, ModelInfo};
+use super::{Embedded, Embedder, Input, ModelError, ModelInfo};
 use tokio::sync::{mpsc, oneshot};
 
+/// One text for the model thread, with the name of the prompt it asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Text {
+    /// The text.
+    pub text: String,
+    /// The model prompt to put before it; none: the worker's default.
+    pub prompt_name: Option<String>,
+}
+
+impl From<String> for Text {
+    fn from(text: String) -> Self {
+        Self {
+            text,
+            prompt_name: None,
+        }
+    }
+}
+
 struct Job {
-    texts: Vec<String>,
+    texts: Vec<Text>,
     reply: oneshot::Sender<Result<Embedded, ModelError>>,
 }
 
@@ -31,9 +49,16 @@ impl ModelHandle {
                     if job.reply.is_closed() {
                         continue; // the caller gave up (shutdown): skip the work
                     }
-                    let texts: Vec<&str> = job.texts.iter().map(String::as_str).collect();
+                    let inputs: Vec<Input<'_>> = job
+                        .texts
+                        .iter()
+                        .map(|t| Input {
+                            text: &t.text,
+                            prompt_name: t.prompt_name.as_deref(),
+                        })
+                        .collect();
                     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        embedder.embed(&texts)
+                        embedder.embed_inputs(&inputs)
                     }))
                     .unwrap_or_else(|p| {
                         Err(ModelError::Panic(crate::shutdown::panic_message(
@@ -52,14 +77,14 @@ impl ModelHandle {
     }
 
     /// Embeds `texts` on the model thread.
-    pub async fn embed(&self, texts: Vec<String>) -> Result<Embedded, ModelError> {
+    pub async fn embed(&self, texts: Vec<Text>) -> Result<Embedded, ModelError> {
         self.submit(texts).await?.wait().await
     }
 
     /// Queues `texts` for the model thread and returns at once with the [`Reply`] to wait on, so
     /// the caller can queue the next batch while this one computes. Waits only while the model
     /// already has a batch computing and one queued.
-    pub async fn submit(&self, texts: Vec<String>) -> Result<Reply, ModelError> {
+    pub async fn submit(&self, texts: Vec<Text>) -> Result<Reply, ModelError> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Job { texts, reply })

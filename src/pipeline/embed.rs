@@ -10,7 +10,7 @@
 //! forever. Only when the model thread itself is gone is the batch NACKed.
 
 use crate::external::telemetry::Metrics;
-use crate::model::{ModelError, ModelHandle, Reply};
+use crate::model::{ModelError, ModelHandle, Reply, Text};
 use crate::pipeline::message::{Batch, Delivery, HandBack, Outcome, Pending, Rejected};
 use crate::record::RecordError;
 use crate::shutdown::{self, Shutdown};
@@ -70,7 +70,11 @@ async fn submit_batches(
         let Some(batch) = shutdown::recv(rx, shutdown).await else {
             return;
         };
-        let Batch { records, rejected } = batch;
+        let Batch {
+            mut records,
+            mut rejected,
+        } = batch;
+        refuse_unknown_prompts(&mut records, &mut rejected, &model);
         let mut at = AtModel {
             records,
             rejected,
@@ -78,7 +82,7 @@ async fn submit_batches(
         };
         if !at.records.is_empty() {
             metrics.batch_size.observe(at.records.len() as f64);
-            let texts = at.records.iter().map(|p| p.record.text.clone()).collect();
+            let texts = at.records.iter().map(model_text).collect();
             let reply = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => None,
@@ -94,6 +98,48 @@ async fn submit_batches(
             handback.put(at.into_deliveries());
             return;
         }
+    }
+}
+
+/// What the model thread embeds for a record.
+fn model_text(p: &Pending) -> Text {
+    Text {
+        text: p.record.text.clone(),
+        prompt_name: p.record.prompt_name.clone(),
+    }
+}
+
+/// Moves the records naming a prompt the model lacks to `rejected`: a final failure, recorded
+/// with the model's prompt names, never a batch failure.
+fn refuse_unknown_prompts(
+    records: &mut Vec<Pending>,
+    rejected: &mut Vec<Rejected>,
+    model: &ModelHandle,
+) {
+    let known = &model.info().prompts;
+    let unknown = |p: &Pending| {
+        p.record
+            .prompt_name
+            .as_ref()
+            .is_some_and(|n| !known.contains(n))
+    };
+    if !records.iter().any(unknown) {
+        return;
+    }
+    let (bad, good): (Vec<Pending>, Vec<Pending>) =
+        std::mem::take(records).into_iter().partition(unknown);
+    *records = good;
+    for p in bad {
+        let name = p.record.prompt_name.clone().unwrap_or_default();
+        let reason = format!(
+            "the model has no prompt named {name:?} (its prompts: {})",
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        );
+        rejected.push(p.into_rejected(RecordError::UnknownPrompt(reason)));
     }
 }
 
@@ -188,7 +234,7 @@ async fn isolate(
         let alone = tokio::select! {
             biased;
             _ = shutdown.cancelled() => return None,
-            r = model.embed(vec![p.record.text.clone()]) => r,
+            r = model.embed(vec![model_text(&p)]) => r,
         };
         let alone = alone.and_then(|mut e| match (e.vectors.pop(), e.vectors.is_empty()) {
             (Some(v), true) => Ok(v),

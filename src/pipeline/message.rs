@@ -141,7 +141,7 @@ impl Outcome {
     }
 
     /// The rows to write.
-    pub fn rows(&self, model: &str) -> (Vec<ResultRow>, Vec<FailureRow>) {
+    pub fn rows(&self, model: &str, model_hash: &str) -> (Vec<ResultRow>, Vec<FailureRow>) {
         let results = self
             .done
             .iter()
@@ -149,6 +149,7 @@ impl Outcome {
                 record_id: p.record.id.clone(),
                 embedding: v.clone(),
                 model: model.to_string(),
+                model_hash: model_hash.to_string(),
                 job: p.record.job.clone(),
                 input_sha256: hex::encode(Sha256::digest(p.record.text.as_bytes())),
                 message_id: p.meta.message_id.clone(),

@@ -20,6 +20,8 @@ use tokio::sync::mpsc;
 pub struct SinkConfig {
     /// Model name written in each row.
     pub model: String,
+    /// Which weights made the vectors, written in each row.
+    pub model_hash: String,
     /// Longest a commit may take before it counts as failed.
     pub commit_timeout: Duration,
     /// Wait for exactly-once ack confirmations.
@@ -78,7 +80,7 @@ async fn commit_until_done(
     shutdown: &Shutdown,
 ) -> Result<(), Outcome> {
     let mut backoff = store::retry_schedule(BACKOFF_START);
-    let (results, failures) = outcome.rows(&cfg.model);
+    let (results, failures) = outcome.rows(&cfg.model, &cfg.model_hash);
     loop {
         let started = Instant::now();
         let committed =

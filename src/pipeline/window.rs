@@ -65,8 +65,8 @@ impl Window {
 pub async fn measure_rate(model: &ModelHandle, batch_size: usize) -> Result<f64, ModelError> {
     let words = CALIBRATION_WORDS.min(model.info().max_seq_len).max(1);
     let text = calibration_text(words);
-    model.embed(vec![text.clone()]).await?;
-    let batch = vec![text; batch_size.clamp(1, 64)];
+    model.embed(vec![text.clone().into()]).await?;
+    let batch = vec![crate::model::Text::from(text); batch_size.clamp(1, 64)];
     let started = Instant::now();
     model.embed(batch.clone()).await?;
     Ok(batch.len() as f64 / started.elapsed().as_secs_f64().max(1e-6))

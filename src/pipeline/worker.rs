@@ -272,6 +272,7 @@ async fn start(
     let stage = shutdown::spawn_supervised("model stage", stage, shutdown);
     let sink_cfg = SinkConfig {
         model: model.info().name.clone(),
+        model_hash: model.info().hash.clone(),
         commit_timeout: cfg.commit_timeout,
         confirm_acks: cfg.exactly_once,
     };

@@ -16,6 +16,18 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The files of the all-MiniLM-L6-v2 folder (scripts/fetch-model.sh), as a bucket holds them.
+pub const MODEL_FILES: &[&str] = &[
+    "modules.json",
+    "config.json",
+    "tokenizer.json",
+    "model.safetensors",
+    "1_Pooling/config.json",
+    "config_sentence_transformers.json",
+    "sentence_bert_config.json",
+    "tokenizer_config.json",
+];
+
 /// The local model directory.
 pub fn model_dir() -> PathBuf {
     std::env::var_os("SPOTINFER_MODEL")

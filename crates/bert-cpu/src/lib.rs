@@ -4,7 +4,8 @@
 //! pads every text to the batch's longest, allocates (and the kernel zero-fills) a fresh tensor
 //! for every intermediate of every layer, runs softmax, GELU, bias and residual additions as
 //! separate single-threaded passes, and copies Q, K and V into head-major layouts. This encoder
-//! computes the same function (BERT, exact erf GELU, mean pooling, L2 norm) with:
+//! computes the same function (a BERT or RoBERTa encoder with exact erf GELU, then the pooling
+//! sentence-transformers configures) with:
 //!
 //! - **no padding**: the batch is one `(tokens, hidden)` matrix holding only real tokens, so the
 //!   dense layers, which are about 95% of the work, never multiply padding;
@@ -71,6 +72,22 @@ pub struct Dims {
     pub type_vocab: usize,
     /// Layer norm epsilon.
     pub eps: f32,
+    /// The position id of a text's first token: 0 for BERT; `padding_idx + 1` for RoBERTa and
+    /// XLM-RoBERTa, whose position table keeps its first rows for padding.
+    pub position_offset: usize,
+}
+
+/// How a text's token vectors become one vector (sentence-transformers' `Pooling` module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    /// The first token's vector (`[CLS]` or `<s>`).
+    Cls,
+    /// The mean over the pooled tokens.
+    Mean,
+    /// The element-wise maximum over the pooled tokens.
+    Max,
+    /// The sum over the pooled tokens divided by the square root of their count.
+    MeanSqrtLen,
 }
 
 /// One text, tokenized.
@@ -80,6 +97,9 @@ pub struct Tokens<'a> {
     pub ids: &'a [u32],
     /// Token type ids, one per token.
     pub type_ids: &'a [u32],
+    /// Leading tokens left out of mean, max and mean-sqrt pooling: a prompt the model's pooling
+    /// excludes (`include_prompt: false`); 0 pools every token.
+    pub skip: usize,
 }
 
 struct Layer {
@@ -108,9 +128,10 @@ struct Scratch {
     inter: Vec<f32>,
 }
 
-/// A BERT encoder with mean pooling and L2 normalisation, for the CPU.
+/// A BERT encoder with its pooling, for the CPU.
 pub struct CpuBert {
     dims: Dims,
+    pooling: Pooling,
     word: Vec<f32>,
     position: Vec<f32>,
     token_type: Vec<f32>,
@@ -121,9 +142,9 @@ pub struct CpuBert {
 }
 
 impl CpuBert {
-    /// Loads the weights from a safetensors file (F32, PyTorch `BertModel` names, with or without
-    /// a `bert.` prefix).
-    pub fn load(path: &Path, dims: Dims) -> Result<Self, BertError> {
+    /// Loads the weights from a safetensors file (F32, F16 or BF16, widened to f32; PyTorch
+    /// `BertModel`/`XLMRobertaModel` names, with or without a `bert.` or `roberta.` prefix).
+    pub fn load(path: &Path, dims: Dims, pooling: Pooling) -> Result<Self, BertError> {
         let file = WeightsFile::open(path)?;
         let st = file.tensors()?;
         let h = dims.hidden;
@@ -133,11 +154,10 @@ impl CpuBert {
                 dims.heads
             )));
         }
-        let prefix = if st.has("embeddings.word_embeddings.weight") {
-            ""
-        } else {
-            "bert."
-        };
+        let prefix = ["", "bert.", "roberta.", "model."]
+            .into_iter()
+            .find(|p| st.has(&format!("{p}embeddings.word_embeddings.weight")))
+            .unwrap_or("");
         let get = |name: &str, shape: &[usize]| st.read(&format!("{prefix}{name}"), shape);
         let word = get("embeddings.word_embeddings.weight", &[dims.vocab, h])?;
         let position = get(
@@ -179,6 +199,7 @@ impl CpuBert {
         }
         Ok(Self {
             dims,
+            pooling,
             word,
             position,
             token_type,
@@ -189,25 +210,31 @@ impl CpuBert {
         })
     }
 
-    /// Embeds a batch of tokenized texts: one unit-length, mean-pooled vector per text.
+    /// Embeds a batch of tokenized texts: one pooled vector per text (not normalised: that is
+    /// the model's `Normalize` module, applied by the caller when the model has one).
     pub fn embed(&self, texts: &[Tokens<'_>]) -> Result<Vec<Vec<f32>>, BertError> {
         let d = self.dims;
         let h = d.hidden;
         // Each text's (first row, length) in the batch matrix, and each row's (id, position, type).
         let mut spans = Vec::with_capacity(texts.len());
+        let mut skips = Vec::with_capacity(texts.len());
         let mut rows = Vec::new();
         for t in texts {
-            if t.ids.is_empty() || t.ids.len() > d.max_positions || t.ids.len() != t.type_ids.len()
+            if t.ids.is_empty()
+                || t.ids.len() + d.position_offset > d.max_positions
+                || t.ids.len() != t.type_ids.len()
             {
                 return Err(BertError::Input(format!(
                     "a text of {} tokens ({} type ids) does not fit a model of {} positions",
                     t.ids.len(),
                     t.type_ids.len(),
-                    d.max_positions
+                    d.max_positions - d.position_offset
                 )));
             }
             spans.push((rows.len(), t.ids.len()));
+            skips.push(t.skip);
             for (pos, (&id, &ty)) in t.ids.iter().zip(t.type_ids).enumerate() {
+                let pos = pos + d.position_offset;
                 if id as usize >= d.vocab || ty as usize >= d.type_vocab {
                     return Err(BertError::Input(format!(
                         "token id {id} or type {ty} outside the model's vocabulary"
@@ -256,25 +283,50 @@ impl CpuBert {
             add_layer_norm(x, tmp, &layer.out_b, ln_w, ln_b, d.eps);
         }
 
-        // Mean pooling over each text's tokens, then L2 normalisation.
         let x = &*x;
         Ok(spans
             .par_iter()
-            .map(|&(o, len)| {
-                let mut v = vec![0f32; h];
-                for row in x[o * h..(o + len) * h].chunks_exact(h) {
-                    for (a, b) in v.iter_mut().zip(row) {
-                        *a += b;
-                    }
-                }
-                let inv = 1.0 / len as f32;
-                v.iter_mut().for_each(|a| *a *= inv);
-                let norm = v.iter().map(|a| a * a).sum::<f32>().sqrt().max(1e-12);
-                v.iter_mut().for_each(|a| *a /= norm);
-                v
-            })
+            .zip(skips.par_iter())
+            .map(|(&(o, len), &skip)| pool(self.pooling, &x[o * h..(o + len) * h], h, skip))
             .collect())
     }
+}
+
+/// One text's vector from its token rows (`len × h`), as sentence-transformers pools: the first
+/// row for CLS; otherwise over the rows after the first `skip` (a prompt left out), where mean
+/// divides by at least 1e-9 and no row at all leaves a zero vector, as its clamp does.
+fn pool(mode: Pooling, rows: &[f32], h: usize, skip: usize) -> Vec<f32> {
+    if mode == Pooling::Cls {
+        return rows[..h].to_vec();
+    }
+    let kept = rows.get(skip * h..).unwrap_or_default();
+    let count = (kept.len() / h) as f32;
+    if mode == Pooling::Max {
+        if kept.is_empty() {
+            return vec![-1e9; h];
+        }
+        let mut v = kept[..h].to_vec();
+        for row in kept.chunks_exact(h).skip(1) {
+            for (a, b) in v.iter_mut().zip(row) {
+                *a = a.max(*b);
+            }
+        }
+        return v;
+    }
+    let mut v = vec![0f32; h];
+    for row in kept.chunks_exact(h) {
+        for (a, b) in v.iter_mut().zip(row) {
+            *a += b;
+        }
+    }
+    let count = count.max(1e-9);
+    let div = if mode == Pooling::Mean {
+        count
+    } else {
+        count.sqrt()
+    };
+    v.iter_mut().for_each(|a| *a /= div);
+    v
 }
 
 #[cfg(test)]
@@ -372,6 +424,7 @@ mod tests {
         max_positions: 10,
         type_vocab: 2,
         eps: 1e-12,
+        position_offset: 0,
     };
 
     /// The tensors of a BERT of `d`'s shape, as (name, shape), in PyTorch's names.
@@ -467,11 +520,12 @@ mod tests {
         let tokens = Tokens {
             ids: &[1, 3, 4, 9, 2],
             type_ids: &[0; 5],
+            skip: 0,
         };
         let embed = |dtype: &str| {
             let path = temp_path(&format!("tiny-{dtype}"));
             write_model_as(&path, &tensors(TINY), dtype);
-            let v = CpuBert::load(&path, TINY)
+            let v = CpuBert::load(&path, TINY, Pooling::Mean)
                 .unwrap()
                 .embed(&[tokens])
                 .unwrap();
@@ -487,7 +541,7 @@ mod tests {
     fn a_text_embeds_the_same_alone_and_in_any_batch() {
         let path = temp_path("tiny");
         write_model(&path, &tensors(TINY));
-        let bert = CpuBert::load(&path, TINY).unwrap();
+        let bert = CpuBert::load(&path, TINY, Pooling::Mean).unwrap();
         let texts: [&[u32]; 4] = [
             &[1, 5, 2],
             &[1, 3, 4, 9, 7, 8, 11, 2],
@@ -498,13 +552,15 @@ mod tests {
         let batch: Vec<Tokens<'_>> = texts
             .iter()
             .zip(&types)
-            .map(|(ids, ty)| Tokens { ids, type_ids: ty })
+            .map(|(ids, ty)| Tokens {
+                ids,
+                type_ids: ty,
+                skip: 0,
+            })
             .collect();
         let together = bert.embed(&batch).unwrap();
         for (i, t) in batch.iter().enumerate() {
             let alone = &bert.embed(std::slice::from_ref(t)).unwrap()[0];
-            let norm: f32 = alone.iter().map(|x| x * x).sum::<f32>().sqrt();
-            assert!((norm - 1.0).abs() < 1e-5, "not unit length: {norm}");
             for (a, b) in alone.iter().zip(&together[i]) {
                 assert!(
                     (a - b).abs() < 1e-5,
@@ -521,6 +577,7 @@ mod tests {
             .embed(&[Tokens {
                 ids: &[1, 99],
                 type_ids: &[0, 0],
+                skip: 0,
             }])
             .unwrap_err();
         assert!(err.to_string().contains("token id 99"), "{err}");
@@ -533,7 +590,10 @@ mod tests {
         let mut t = tensors(TINY);
         t.retain(|(n, _)| n != "encoder.layer.1.output.dense.bias");
         write_model(&path, &t);
-        let err = CpuBert::load(&path, TINY).err().unwrap().to_string();
+        let err = CpuBert::load(&path, TINY, Pooling::Mean)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(
             err.contains("no tensor encoder.layer.1.output.dense.bias"),
             "{err}"
@@ -543,14 +603,33 @@ mod tests {
             ..TINY
         };
         write_model(&path, &tensors(TINY));
-        let err = CpuBert::load(&path, wide).err().unwrap().to_string();
+        let err = CpuBert::load(&path, wide, Pooling::Mean)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(
             err.contains("intermediate.dense.weight") && err.contains("shape"),
             "{err}"
         );
         std::fs::write(&path, b"not a model").unwrap();
-        assert!(CpuBert::load(&path, TINY).is_err());
+        assert!(CpuBert::load(&path, TINY, Pooling::Mean).is_err());
         std::fs::remove_file(path).unwrap();
+    }
+
+    /// Each pooling mode over three rows of width 2, with and without a skipped prompt row.
+    #[test]
+    fn pooling_modes_compute_what_sentence_transformers_does() {
+        let rows = [1.0, -2.0, 3.0, 4.0, -1.0, 0.0];
+        assert_eq!(pool(Pooling::Cls, &rows, 2, 0), [1.0, -2.0]);
+        assert_eq!(pool(Pooling::Cls, &rows, 2, 2), [1.0, -2.0]);
+        assert_eq!(pool(Pooling::Mean, &rows, 2, 0), [1.0, 2.0 / 3.0]);
+        assert_eq!(pool(Pooling::Mean, &rows, 2, 1), [1.0, 2.0]);
+        assert_eq!(pool(Pooling::Max, &rows, 2, 0), [3.0, 4.0]);
+        assert_eq!(pool(Pooling::Max, &rows, 2, 2), [-1.0, 0.0]);
+        let s = 3f32.sqrt();
+        assert_eq!(pool(Pooling::MeanSqrtLen, &rows, 2, 0), [3.0 / s, 2.0 / s]);
+        // A prompt covering every token leaves nothing to pool: zeros, as the clamp gives.
+        assert_eq!(pool(Pooling::Mean, &rows, 2, 3), [0.0, 0.0]);
     }
 
     #[test]

@@ -161,6 +161,7 @@ pub fn corpus(n: usize, seed: u64, prefix: &str) -> Vec<Record> {
                 text: words.join(" "),
                 uri: None,
                 job: Some(prefix.to_string()),
+                prompt_name: None,
             }
         })
         .collect()

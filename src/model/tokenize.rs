@@ -1,0 +1,128 @@
+//! Texts to token ids as sentence-transformers makes them: the model's `tokenizer.json` (WordPiece,
+//! Unigram/SentencePiece or BPE, with its normalizer, special tokens and post-processor),
+//! `do_lower_case` applied first, truncation at the model's `max_seq_length` on the tokenizer's
+//! side, no padding (the encoders pad, or not, themselves).
+
+use super::prefix;
+use super::spec::ModelSpec;
+use super::ModelError;
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::{Encoding, Tokenizer, TruncationDirection, TruncationParams};
+
+/// The model's tokenizer, set up as sentence-transformers uses it.
+pub struct TextTokenizer {
+    inner: Tokenizer,
+    max_len: usize,
+    lowercase: bool,
+    /// Whether a long text may be tokenized by a prefix (see [`prefix`]): only where the
+    /// pre-tokenizer splits at whitespace and truncation keeps the start.
+    prefix_cut: bool,
+}
+
+impl TextTokenizer {
+    /// Loads `tokenizer.json` from the encoder's folder, truncating at `max_len` tokens.
+    pub fn load(spec: &ModelSpec, max_len: usize) -> Result<Self, ModelError> {
+        let path = spec.encoder_dir.join("tokenizer.json");
+        if !path.is_file() {
+            return Err(ModelError::File {
+                path,
+                source: std::io::ErrorKind::NotFound.into(),
+            });
+        }
+        let mut inner = Tokenizer::from_file(&path)
+            .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
+        // A saved tokenizer.json may carry its own truncation and padding (all-MiniLM-L6-v2's
+        // truncates at 128 and pads to 128); sentence-transformers truncates at max_seq_length
+        // and pads to the batch's longest.
+        let truncation = TruncationParams {
+            max_length: max_len,
+            direction: if spec.truncate_left {
+                TruncationDirection::Left
+            } else {
+                TruncationDirection::Right
+            },
+            ..Default::default()
+        };
+        inner
+            .with_truncation(Some(truncation))
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?
+            .with_padding(None);
+        let prefix_cut =
+            !spec.truncate_left && inner.get_pre_tokenizer().is_some_and(splits_at_whitespace);
+        Ok(Self {
+            inner,
+            max_len,
+            lowercase: spec.do_lower_case,
+            prefix_cut,
+        })
+    }
+
+    /// The texts as the model sees them: lowercased if the model says so, special tokens added,
+    /// truncated, not padded.
+    ///
+    /// A long text is tokenized by its prefix where that is exact (see [`prefix`]): the model
+    /// keeps only its first `max_len` tokens, so a 1 MiB text costs what a few KiB cost.
+    pub fn encode(&self, texts: &[&str]) -> Result<Vec<Encoding>, ModelError> {
+        let first = if self.prefix_cut {
+            prefix::initial_bytes(self.max_len)
+        } else {
+            usize::MAX
+        };
+        let cuts: Vec<prefix::Cut<'_>> = texts.iter().map(|t| prefix::cut(t, first)).collect();
+        let inputs: Vec<String> = cuts.iter().map(|c| self.case(c.text)).collect();
+        let mut encodings = self
+            .inner
+            .encode_batch(inputs, true)
+            .map_err(tokenizer_error)?;
+        for (i, mut cut) in cuts.into_iter().enumerate() {
+            // Grow the prefix until it yields the model's full window at a word boundary (then
+            // the rest of the text cannot change the kept tokens), or is the whole text.
+            let mut limit = first;
+            while !cut.settles(encodings[i].len(), self.max_len) {
+                limit = limit.saturating_mul(2);
+                cut = prefix::cut(texts[i], limit);
+                encodings[i] = self
+                    .inner
+                    .encode(self.case(cut.text), true)
+                    .map_err(tokenizer_error)?;
+            }
+        }
+        Ok(encodings)
+    }
+
+    /// How many leading tokens a prompt accounts for, as sentence-transformers counts them for
+    /// `include_prompt: false`: the prompt tokenized alone, special tokens included, less one.
+    pub fn prompt_tokens(&self, prompt: &str) -> Result<usize, ModelError> {
+        let e = self
+            .inner
+            .encode(self.case(prompt), true)
+            .map_err(tokenizer_error)?;
+        Ok(e.len().saturating_sub(1))
+    }
+
+    fn case(&self, text: &str) -> String {
+        if self.lowercase {
+            text.to_lowercase()
+        } else {
+            text.to_string()
+        }
+    }
+}
+
+fn tokenizer_error(e: tokenizers::Error) -> ModelError {
+    ModelError::Tokenizer(e.to_string())
+}
+
+/// Whether this pre-tokenizer splits words at whitespace, so a word's tokens never depend on
+/// what follows the whitespace after it.
+fn splits_at_whitespace(p: &PreTokenizerWrapper) -> bool {
+    match p {
+        PreTokenizerWrapper::BertPreTokenizer(_)
+        | PreTokenizerWrapper::Whitespace(_)
+        | PreTokenizerWrapper::WhitespaceSplit(_) => true,
+        PreTokenizerWrapper::Metaspace(m) => m.get_split(),
+        PreTokenizerWrapper::ByteLevel(b) => b.use_regex,
+        PreTokenizerWrapper::Sequence(s) => s.as_ref().iter().any(splits_at_whitespace),
+        _ => false,
+    }
+}
