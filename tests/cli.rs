@@ -260,3 +260,51 @@ fn scripts_find_the_binary_in_cargo_target_dir() {
         "/tmp/elsewhere/release/spotinfer"
     );
 }
+
+/// `models check` says what it understood of a model, or exactly why it refuses it.
+#[test]
+fn models_check_prints_what_it_understood_or_why_it_refuses() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models");
+    let out = spotinfer()
+        .args(["models", "check"])
+        .arg(fixtures.join("bert-max-dense-bf16"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "architecture:   bert",
+        "weights:        BF16",
+        "pooling:        max",
+        "dense:          32 -> 16, bias true, Tanh",
+        "normalize:      true",
+        "dimension:      16",
+        "name:           bert-max-dense-bf16",
+        "ok",
+    ] {
+        assert!(stdout.contains(line), "missing {line:?} in:\n{stdout}");
+    }
+    // The default model (SPOTINFER_MODEL) when no folder is given.
+    let out = spotinfer().args(["models", "check"]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("pooling:        mean (prompt pooled)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("max tokens:     256"), "{stdout}");
+    let out = spotinfer()
+        .args(["models", "check"])
+        .arg(fixtures.join("refused/pooling-lasttoken"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("unsupported model") && stderr.contains("\"lasttoken\""),
+        "{stderr}"
+    );
+}

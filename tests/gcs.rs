@@ -289,3 +289,93 @@ fn publish_and_bench_read_from_gs() {
         "{stderr}"
     );
 }
+
+/// A model with Dense layers and prompts comes from a bucket with every file its modules.json
+/// names, and nothing it does not; an optional file gone from the bucket leaves the cache too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_from_gs_brings_the_modules_its_modules_json_names() {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/models/bert-two-dense");
+    let data = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    for entry in walk(&fixture) {
+        let rel = entry
+            .strip_prefix(&fixture)
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        put(
+            data.path(),
+            "models",
+            &format!("dense/{rel}"),
+            &std::fs::read(&entry).unwrap(),
+        );
+        files.push(rel);
+    }
+    put(
+        data.path(),
+        "models",
+        "dense/unrelated.bin",
+        b"not part of the model",
+    );
+    let gcs_server = FakeGcs::start(data.path());
+    let cache = tempfile::tempdir().unwrap();
+    let gcs = Gcs::new(Some(&gcs_server.host)).await.unwrap();
+    let fetched = gcs
+        .fetch_model("gs://models/dense", cache.path())
+        .await
+        .unwrap();
+    for f in [
+        "2_Dense/model.safetensors",
+        "3_Dense/config.json",
+        "1_Pooling/config.json",
+        "config_sentence_transformers.json",
+    ] {
+        assert!(
+            fetched.downloaded.contains(&f.to_string()),
+            "{f} not fetched: {fetched:?}"
+        );
+    }
+    assert!(!fetched.dir.join("unrelated.bin").exists());
+    let from_bucket = Embedder::load(&fetched.dir, DeviceChoice::Cpu).unwrap();
+    let local = Embedder::load(&fixture, DeviceChoice::Cpu).unwrap();
+    assert_eq!(from_bucket.info().hash, local.info().hash);
+    let a = &from_bucket
+        .embed(&["dense layers from a bucket"])
+        .unwrap()
+        .vectors[0];
+    let b = &local
+        .embed(&["dense layers from a bucket"])
+        .unwrap()
+        .vectors[0];
+    assert_eq!(a.len(), 16);
+    assert!(cosine(a, b) > 0.99999);
+    // The prompts file is removed from the bucket: the cached copy goes too.
+    let url = format!(
+        "http://{}/storage/v1/b/models/o/dense%2Fconfig_sentence_transformers.json",
+        gcs_server.host.trim_start_matches("http://")
+    );
+    let deleted = reqwest::Client::new().delete(&url).send().await.unwrap();
+    assert!(deleted.status().is_success(), "{deleted:?}");
+    gcs.fetch_model("gs://models/dense", cache.path())
+        .await
+        .unwrap();
+    assert!(!fetched
+        .dir
+        .join("config_sentence_transformers.json")
+        .exists());
+}
+
+/// Every file under `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}

@@ -389,3 +389,78 @@ async fn worker_started_during_a_database_outage_waits_for_it() {
     assert!(status.success(), "{status}");
     assert_eq!(count_rows(&db).await, n as i64);
 }
+
+/// Records pick the model's prompt by name (e5's "query"/"passage" on one subscription); a name
+/// the model lacks is a failure row naming the model's prompts; rows carry the model's name and
+/// weights hash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_choose_their_prompt_and_rows_name_the_model() {
+    let name = unique("prompts");
+    let (args, cfg) = fresh_pubsub(&name).await;
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/bert-cls-f16");
+    let text = "where do spot nodes go when they are preempted";
+    let line = |id: &str, prompt: Option<&str>| {
+        let mut v = serde_json::json!({"id": format!("{name}-{id}"), "text": text});
+        if let Some(p) = prompt {
+            v["prompt_name"] = p.into();
+        }
+        v.to_string()
+    };
+    publish_lines(
+        &cfg,
+        &[
+            line("q", Some("query")),
+            line("p", Some("passage")),
+            line("none", None),
+            line("bad", Some("questions")),
+        ],
+    )
+    .await;
+    let (_tmp, db) = fresh_sqlite();
+    let store = Store::connect(&db).await.unwrap();
+    store.migrate().await.unwrap();
+    let embedder = Embedder::load(&dir, DeviceChoice::Cpu).unwrap();
+    let info = embedder.info().clone();
+    let want = |prompt: Option<&str>| {
+        embedder
+            .embed_inputs(&[spotinfer::model::Input {
+                text,
+                prompt_name: prompt,
+            }])
+            .unwrap()
+            .vectors
+            .remove(0)
+    };
+    let (q, p, none) = (want(Some("query")), want(Some("passage")), want(None));
+    assert!(cosine(&q, &p) < 0.9999, "the prompts change the vector");
+    let cfg = config_for(&args, Some(Duration::from_secs(5)));
+    let model = ModelHandle::spawn(Embedder::load(&dir, DeviceChoice::Cpu).unwrap()).unwrap();
+    let report = worker::run(cfg, store.clone(), model, Metrics::new(), Shutdown::new())
+        .await
+        .unwrap();
+    assert_eq!(report.counts.nacked, 0, "{report:?}");
+    let rows = store.embeddings().await.unwrap();
+    for (id, want) in [("q", &q), ("p", &p), ("none", &none)] {
+        let got = &rows[&format!("{name}-{id}")].embedding;
+        assert!(cosine(got, want) > 0.99999, "{id}");
+    }
+    let failures = store.failures().await.unwrap();
+    let bad = failures
+        .iter()
+        .find(|(_, id, _)| id.as_deref() == Some(&format!("{name}-bad")))
+        .expect("a failure row for the unknown prompt");
+    assert!(
+        bad.2.contains("no prompt named \"questions\"") && bad.2.contains("passage, query"),
+        "{bad:?}"
+    );
+    let Store::Sqlite(pool) = &store else {
+        unreachable!()
+    };
+    let tags: Vec<(String, String)> =
+        sqlx::query_as("SELECT DISTINCT model, model_hash FROM embeddings")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    assert_eq!(tags, [("bert-cls-f16".to_string(), info.hash.clone())]);
+}

@@ -154,11 +154,17 @@ fn mask_bias(mask: &Tensor, dtype: DType) -> Result<Tensor> {
 }
 
 /// One vector per text of `hidden` `(n, len, dim)`, in f32, pooled as sentence-transformers
-/// pools over `mask` `(n, len)` (1 for a token that is pooled: real and not a left-out prompt).
-pub fn pool(hidden: &Tensor, mask: &Tensor, mode: Pooling) -> Result<Tensor> {
+/// pools over `mask` `(n, len)` (1 for a token that is pooled: real and not a left-out prompt);
+/// CLS takes each text's token at `firsts`.
+pub fn pool(hidden: &Tensor, mask: &Tensor, mode: Pooling, firsts: &[usize]) -> Result<Tensor> {
     let hidden = hidden.to_dtype(DType::F32)?;
     if mode == Pooling::Cls {
-        return hidden.narrow(1, 0, 1)?.squeeze(1);
+        let rows = firsts
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| hidden.get(i)?.get(t))
+            .collect::<Result<Vec<_>>>()?;
+        return Tensor::stack(&rows, 0);
     }
     let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?; // (n, len, 1)
     if mode == Pooling::Max {

@@ -317,6 +317,12 @@ impl Embedder {
         let started = std::time::Instant::now();
         let (encodings, skips) = self.tokenize_inputs(inputs)?;
         let lens: Vec<usize> = encodings.iter().map(|e| e.len()).collect();
+        if let Some(i) = (0..lens.len()).find(|&i| skips[i] > 0 && skips[i] >= lens[i]) {
+            return Err(ModelError::Input(format!(
+                "input {i}: its prompt fills the model's {} tokens, leaving nothing of the text to pool",
+                self.info.max_seq_len
+            )));
+        }
         let mut vectors = vec![Vec::new(); encodings.len()];
         for chunk in budget::token_budget_chunks(&lens, self.max_batch_tokens) {
             let part: Vec<(&tokenizers::Encoding, usize)> =
@@ -424,7 +430,11 @@ fn candle_embed(
     let mask = Tensor::from_vec(mask, (n, len), device)?;
     let pooled = Tensor::from_vec(pooled, (n, len), device)?;
     let hidden = model.forward(&ids, &types, &mask)?; // (n, len, dim)
-    Ok(candle_bert::pool(&hidden, &pooled, pooling)?.to_vec2::<f32>()?)
+    let firsts: Vec<usize> = batch
+        .iter()
+        .map(|(e, skip)| if *skip < e.len() { *skip } else { 0 })
+        .collect();
+    Ok(candle_bert::pool(&hidden, &pooled, pooling, &firsts)?.to_vec2::<f32>()?)
 }
 
 /// The fused CPU encoder, which computes in f32 on the CPU only.

@@ -6,6 +6,7 @@
 use super::prefix;
 use super::spec::ModelSpec;
 use super::ModelError;
+use tokenizers::normalizers::{Lowercase, NormalizerWrapper, Sequence};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::{Encoding, Tokenizer, TruncationDirection, TruncationParams};
 
@@ -13,7 +14,6 @@ use tokenizers::{Encoding, Tokenizer, TruncationDirection, TruncationParams};
 pub struct TextTokenizer {
     inner: Tokenizer,
     max_len: usize,
-    lowercase: bool,
     /// Whether a long text may be tokenized by a prefix (see [`prefix`]): only where the
     /// pre-tokenizer splits at whitespace and truncation keeps the start.
     prefix_cut: bool,
@@ -47,18 +47,24 @@ impl TextTokenizer {
             .with_truncation(Some(truncation))
             .map_err(|e| ModelError::Tokenizer(e.to_string()))?
             .with_padding(None);
+        if spec.do_lower_case {
+            // What sentence-transformers does with `do_lower_case`: a Lowercase normalizer first.
+            let mut steps = vec![NormalizerWrapper::Lowercase(Lowercase)];
+            steps.extend(inner.get_normalizer().cloned());
+            inner
+                .with_normalizer(Some(Sequence::new(steps)))
+                .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        }
         let prefix_cut =
             !spec.truncate_left && inner.get_pre_tokenizer().is_some_and(splits_at_whitespace);
         Ok(Self {
             inner,
             max_len,
-            lowercase: spec.do_lower_case,
             prefix_cut,
         })
     }
 
-    /// The texts as the model sees them: lowercased if the model says so, special tokens added,
-    /// truncated, not padded.
+    /// The texts as the model sees them: normalized, special tokens added, truncated, not padded.
     ///
     /// A long text is tokenized by its prefix where that is exact (see [`prefix`]): the model
     /// keeps only its first `max_len` tokens, so a 1 MiB text costs what a few KiB cost.
@@ -69,7 +75,7 @@ impl TextTokenizer {
             usize::MAX
         };
         let cuts: Vec<prefix::Cut<'_>> = texts.iter().map(|t| prefix::cut(t, first)).collect();
-        let inputs: Vec<String> = cuts.iter().map(|c| self.case(c.text)).collect();
+        let inputs: Vec<&str> = cuts.iter().map(|c| c.text).collect();
         let mut encodings = self
             .inner
             .encode_batch(inputs, true)
@@ -81,31 +87,19 @@ impl TextTokenizer {
             while !cut.settles(encodings[i].len(), self.max_len) {
                 limit = limit.saturating_mul(2);
                 cut = prefix::cut(texts[i], limit);
-                encodings[i] = self
-                    .inner
-                    .encode(self.case(cut.text), true)
-                    .map_err(tokenizer_error)?;
+                encodings[i] = self.inner.encode(cut.text, true).map_err(tokenizer_error)?;
             }
         }
         Ok(encodings)
     }
 
     /// How many leading tokens a prompt accounts for, as sentence-transformers counts them for
-    /// `include_prompt: false`: the prompt tokenized alone, special tokens included, less one.
+    /// `include_prompt: false`: the prompt tokenized alone, special tokens included, less a
+    /// trailing special token (`[SEP]`, `</s>`).
     pub fn prompt_tokens(&self, prompt: &str) -> Result<usize, ModelError> {
-        let e = self
-            .inner
-            .encode(self.case(prompt), true)
-            .map_err(tokenizer_error)?;
-        Ok(e.len().saturating_sub(1))
-    }
-
-    fn case(&self, text: &str) -> String {
-        if self.lowercase {
-            text.to_lowercase()
-        } else {
-            text.to_string()
-        }
+        let e = self.inner.encode(prompt, true).map_err(tokenizer_error)?;
+        let trailing = e.get_special_tokens_mask().last() == Some(&1);
+        Ok(e.len() - usize::from(trailing))
     }
 }
 

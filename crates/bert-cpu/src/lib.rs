@@ -80,7 +80,8 @@ pub struct Dims {
 /// How a text's token vectors become one vector (sentence-transformers' `Pooling` module).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pooling {
-    /// The first token's vector (`[CLS]` or `<s>`).
+    /// The first pooled token's vector: `[CLS]` or `<s>`, or with a left-out prompt the first
+    /// token after it (sentence-transformers takes the first position its pooling mask keeps).
     Cls,
     /// The mean over the pooled tokens.
     Mean,
@@ -292,18 +293,20 @@ impl CpuBert {
     }
 }
 
-/// One text's vector from its token rows (`len × h`), as sentence-transformers pools: the first
-/// row for CLS; otherwise over the rows after the first `skip` (a prompt left out), where mean
-/// divides by at least 1e-9 and no row at all leaves a zero vector, as its clamp does.
+/// One text's vector from its token rows (`len × h`), as sentence-transformers pools over the
+/// rows after the first `skip` (a prompt left out): the first of them for CLS (the first row when
+/// none is left), otherwise their mean, maximum or sum over the square root of their count,
+/// where no row at all leaves zeros (mean) or -inf (max), as its clamp and fill do.
 fn pool(mode: Pooling, rows: &[f32], h: usize, skip: usize) -> Vec<f32> {
     if mode == Pooling::Cls {
-        return rows[..h].to_vec();
+        let first = if skip * h < rows.len() { skip } else { 0 };
+        return rows[first * h..][..h].to_vec();
     }
     let kept = rows.get(skip * h..).unwrap_or_default();
     let count = (kept.len() / h) as f32;
     if mode == Pooling::Max {
         if kept.is_empty() {
-            return vec![-1e9; h];
+            return vec![f32::NEG_INFINITY; h];
         }
         let mut v = kept[..h].to_vec();
         for row in kept.chunks_exact(h).skip(1) {
@@ -621,7 +624,8 @@ mod tests {
     fn pooling_modes_compute_what_sentence_transformers_does() {
         let rows = [1.0, -2.0, 3.0, 4.0, -1.0, 0.0];
         assert_eq!(pool(Pooling::Cls, &rows, 2, 0), [1.0, -2.0]);
-        assert_eq!(pool(Pooling::Cls, &rows, 2, 2), [1.0, -2.0]);
+        assert_eq!(pool(Pooling::Cls, &rows, 2, 2), [-1.0, 0.0]);
+        assert_eq!(pool(Pooling::Cls, &rows, 2, 3), [1.0, -2.0]);
         assert_eq!(pool(Pooling::Mean, &rows, 2, 0), [1.0, 2.0 / 3.0]);
         assert_eq!(pool(Pooling::Mean, &rows, 2, 1), [1.0, 2.0]);
         assert_eq!(pool(Pooling::Max, &rows, 2, 0), [3.0, 4.0]);

@@ -36,7 +36,9 @@ pub struct ModelSpec {
     pub weight_dtypes: Vec<String>,
     /// Tokens kept per text (prompt and special tokens included).
     pub max_seq_len: usize,
-    /// Whether texts are lowercased before tokenizing (`do_lower_case`).
+    /// Whether texts are lowercased before tokenizing (`do_lower_case` in an older
+    /// `sentence_bert_config.json`; newer sentence-transformers writes a `Lowercase` normalizer
+    /// into `tokenizer.json` instead).
     pub do_lower_case: bool,
     /// Whether the tokenizer cuts from the left (`truncation_side: left`).
     pub truncate_left: bool,
@@ -80,7 +82,18 @@ impl ModelSpec {
             }
         }
         check_dense_widths(&dense, encoder.hidden, dir)?;
-        let st = read_optional(&encoder_dir.join("sentence_bert_config.json"))?;
+        let st_path = encoder_dir.join("sentence_bert_config.json");
+        let st = read_optional(&st_path)?;
+        if let Some(task) = st.get("transformer_task").and_then(Value::as_str) {
+            if task != "feature-extraction" {
+                return Err(ModelError::Unsupported {
+                    path: st_path,
+                    message: format!(
+                        "transformer_task {task:?}: spotinfer runs \"feature-extraction\" encoders"
+                    ),
+                });
+            }
+        }
         let tok = read_optional(&encoder_dir.join("tokenizer_config.json"))?;
         let max_seq_len = max_seq_len(&st, &tok, &encoder, &mut notes);
         let (prompts, default_prompt_name) = prompts(dir)?;

@@ -120,12 +120,25 @@ impl PoolingSpec {
         };
         let modes: Vec<String> = match config.get("pooling_mode") {
             Some(Value::String(mode)) => vec![mode.clone()],
-            Some(other) => return Err(refuse(format!("pooling_mode {other} is not a string"))),
-            None => OLD_KEYS
+            Some(Value::Array(list)) => list
                 .iter()
-                .filter(|(key, _)| config.get(*key) == Some(&Value::Bool(true)))
-                .map(|(_, mode)| mode.to_string())
-                .collect(),
+                .map(|m| m.as_str().map(str::to_string))
+                .collect::<Option<_>>()
+                .ok_or_else(|| refuse("pooling_mode holds a non-string".into()))?,
+            Some(other) => return Err(refuse(format!("pooling_mode {other} is not a string"))),
+            // The older booleans; none set means mean, as sentence-transformers reads them.
+            None => {
+                let set: Vec<String> = OLD_KEYS
+                    .iter()
+                    .filter(|(key, _)| config.get(*key) == Some(&Value::Bool(true)))
+                    .map(|(_, mode)| mode.to_string())
+                    .collect();
+                if set.is_empty() {
+                    vec!["mean".into()]
+                } else {
+                    set
+                }
+            }
         };
         let mode = match modes.as_slice() {
             [one] => match one.as_str() {

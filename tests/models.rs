@@ -1,0 +1,255 @@
+//! Bring your own model: every architecture, pooling, Dense, Normalize, prompt and dtype
+//! spotinfer supports, on small random-weight models that sentence-transformers saved and
+//! embedded (tests/fixtures/models/make_models.py), through both encoders, batched and alone;
+//! and every model spotinfer must refuse, refused with its reason.
+
+mod common;
+
+use spotinfer::config::{Backend, DeviceChoice, Precision};
+use spotinfer::model::{cosine, Embedder, Input, LoadOptions, ModelSpec, PromptChoice};
+use std::path::{Path, PathBuf};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models")
+}
+
+fn reference() -> serde_json::Value {
+    let raw = std::fs::read_to_string(fixtures().join("reference.json")).unwrap();
+    serde_json::from_str(&raw).unwrap()
+}
+
+fn floats(v: &serde_json::Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+fn norm(v: &[f32]) -> f32 {
+    v.iter().map(|x| x * x).sum::<f32>().sqrt()
+}
+
+fn load(name: &str, backend: Backend, prompt: PromptChoice) -> Embedder {
+    let options = LoadOptions {
+        backend,
+        precision: Precision::F32,
+        prompt,
+        ..LoadOptions::new(DeviceChoice::Cpu)
+    };
+    Embedder::open(&fixtures().join(name), &options)
+        .unwrap_or_else(|e| panic!("{name} ({backend:?}): {e}"))
+}
+
+/// Cosine ≥ 0.9999 and, where the model does not normalise, the same norm (within 0.1%).
+fn check(what: &str, got: &[f32], want: &[f32], normalized: bool, worst: &mut f32) {
+    assert_eq!(got.len(), want.len(), "{what}: dimension");
+    let c = cosine(got, want);
+    *worst = worst.min(c);
+    assert!(c >= 0.9999, "{what}: cosine {c}");
+    let (ng, nw) = (norm(got), norm(want));
+    if normalized {
+        assert!((ng - 1.0).abs() < 1e-4, "{what}: norm {ng}, want 1");
+    } else {
+        assert!((ng - nw).abs() <= 1e-3 * nw, "{what}: norm {ng}, want {nw}");
+    }
+}
+
+/// Every case of every model: the whole text list in one batch, and each text alone, with the
+/// case's prompt as a worker default and as each record's own `prompt_name`.
+#[test]
+fn every_fixture_model_matches_sentence_transformers_on_both_encoders() {
+    let reference = reference();
+    let texts: Vec<&str> = reference["texts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    let models = reference["models"].as_object().unwrap();
+    assert!(models.len() >= 8, "{} fixture models", models.len());
+    for (name, m) in models {
+        let spec = ModelSpec::read(&fixtures().join(name)).unwrap();
+        assert_eq!(spec.dim(), m["dim"].as_u64().unwrap() as usize, "{name}");
+        assert_eq!(
+            spec.max_seq_len,
+            m["max_seq_length"].as_u64().unwrap() as usize,
+            "{name}"
+        );
+        for backend in [Backend::Fused, Backend::Candle] {
+            let mut worst = 1.0f32;
+            for case in m["cases"].as_array().unwrap() {
+                let prompt_name = case["prompt_name"].as_str();
+                let choice = match (prompt_name, case["prompt"].as_str()) {
+                    (Some(n), _) => PromptChoice::Named(n.into()),
+                    (None, Some(p)) => PromptChoice::Text(p.into()),
+                    (None, None) => PromptChoice::ModelDefault,
+                };
+                let model = load(name, backend, choice);
+                let want: Vec<Vec<f32>> = case["embeddings"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(floats)
+                    .collect();
+                let what = |i: usize, how: &str| {
+                    format!(
+                        "{name} {backend:?} prompt {prompt_name:?}/{:?} text {i} {how}",
+                        case["prompt"]
+                    )
+                };
+                let batch = model.embed(&texts).unwrap().vectors;
+                for (i, (got, want)) in batch.iter().zip(&want).enumerate() {
+                    check(&what(i, "batched"), got, want, spec.normalize, &mut worst);
+                }
+                for (i, (text, want)) in texts.iter().zip(&want).enumerate() {
+                    let alone = &model.embed(&[text]).unwrap().vectors[0];
+                    check(&what(i, "alone"), alone, want, spec.normalize, &mut worst);
+                }
+                // The same prompt named by each record instead of the worker.
+                if let Some(n) = prompt_name {
+                    let model = load(name, backend, PromptChoice::Text(String::new()));
+                    let inputs: Vec<Input<'_>> = texts
+                        .iter()
+                        .map(|&text| Input {
+                            text,
+                            prompt_name: Some(n),
+                        })
+                        .collect();
+                    let got = model.embed_inputs(&inputs).unwrap().vectors;
+                    for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+                        check(
+                            &what(i, "record prompt"),
+                            got,
+                            want,
+                            spec.normalize,
+                            &mut worst,
+                        );
+                    }
+                }
+            }
+            eprintln!("{name} {backend:?}: worst cosine {worst:.7}");
+        }
+    }
+}
+
+/// The tokens each text becomes (default prompt, truncation, special tokens) are exactly the
+/// ones sentence-transformers fed its model.
+#[test]
+fn every_fixture_tokenizer_gives_sentence_transformers_tokens() {
+    let reference = reference();
+    let texts: Vec<&str> = reference["texts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    for (name, m) in reference["models"].as_object().unwrap() {
+        let Some(tokens) = m["tokens"].as_array() else {
+            continue;
+        };
+        let model = load(name, Backend::Fused, PromptChoice::ModelDefault);
+        let counts = model.token_counts(&texts).unwrap();
+        for (i, (want, got)) in tokens.iter().zip(counts).enumerate() {
+            assert_eq!(
+                got,
+                want.as_array().unwrap().len(),
+                "{name}: text {i} {:?}",
+                texts[i]
+            );
+        }
+    }
+}
+
+/// Each model spotinfer cannot compute exactly is refused at load, naming what it lacks.
+#[test]
+fn unsupported_models_are_refused_with_the_reason() {
+    let refused = fixtures().join("refused");
+    let cases = [
+        ("pooling-lasttoken", "pooling mode \"lasttoken\""),
+        ("pooling-weightedmean-old", "pooling mode \"weightedmean\""),
+        ("mpnet", "model_type \"mpnet\""),
+        (
+            "unknown-module",
+            "spotinfer runs Transformer, Pooling, Dense and Normalize",
+        ),
+        ("bin-weights", "pytorch_model.bin only"),
+        ("relu-act", "hidden_act \"relu\""),
+        (
+            "relative-positions",
+            "position_embedding_type \"relative_key\"",
+        ),
+    ];
+    for (name, reason) in cases {
+        let dir = refused.join(name);
+        assert!(dir.is_dir(), "missing fixture {name}");
+        for backend in [Backend::Fused, Backend::Candle] {
+            let options = LoadOptions {
+                backend,
+                ..LoadOptions::new(DeviceChoice::Cpu)
+            };
+            let err = match Embedder::open(&dir, &options) {
+                Ok(_) => panic!("{name} loaded with {backend:?}"),
+                Err(e) => e.to_string(),
+            };
+            assert!(err.contains(reason), "{name}: {err}");
+            assert!(err.contains("unsupported model"), "{name}: {err}");
+        }
+    }
+}
+
+/// A worker prompt the model lacks, a limit above the model's and a record's unknown prompt are
+/// errors, not silently different vectors.
+#[test]
+fn bad_prompts_and_limits_are_errors() {
+    let dir = fixtures().join("bert-cls-f16");
+    let options = |prompt: PromptChoice, max: Option<usize>| LoadOptions {
+        prompt,
+        max_seq_len: max,
+        ..LoadOptions::new(DeviceChoice::Cpu)
+    };
+    let err = Embedder::open(&dir, &options(PromptChoice::Named("nope".into()), None))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("no prompt named \"nope\"") && err.contains("passage, query"),
+        "{err}"
+    );
+    let err = Embedder::open(&dir, &options(PromptChoice::ModelDefault, Some(10_000)))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("can only lower it"), "{err}");
+    let model = Embedder::open(&dir, &options(PromptChoice::ModelDefault, Some(8))).unwrap();
+    assert_eq!(model.info().max_seq_len, 8);
+    assert_eq!(
+        model
+            .token_counts(&["one two three four five six seven eight nine ten"])
+            .unwrap(),
+        [8]
+    );
+    let err = model
+        .embed_inputs(&[Input {
+            text: "x",
+            prompt_name: Some("nope"),
+        }])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("no prompt named \"nope\""), "{err}");
+    // sentence-transformers 6.2 adds an empty "document" prompt to every model it saves.
+    assert_eq!(model.info().prompts, ["document", "passage", "query"]);
+}
+
+/// The weights hash changes with the weights and only with them.
+#[test]
+fn the_weights_hash_names_the_weights() {
+    let a = load("bert-mean-old", Backend::Fused, PromptChoice::ModelDefault);
+    let b = load("bert-mean-old", Backend::Candle, PromptChoice::ModelDefault);
+    let c = load("xlmr-mean", Backend::Fused, PromptChoice::ModelDefault);
+    assert_eq!(a.info().hash.len(), 16);
+    assert_eq!(a.info().hash, b.info().hash);
+    assert_ne!(a.info().hash, c.info().hash);
+    assert_eq!(a.info().name, "bert-mean-old");
+}
