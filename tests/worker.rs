@@ -194,7 +194,8 @@ async fn sigterm_mid_stream_exits_fast_and_a_second_worker_takes_over() {
     let name = unique("sigterm");
     let (args, cfg) = fresh_pubsub(&name).await;
     let db = fresh_pg_database().await;
-    let n = 300;
+    // Enough work that A is still busy when B has loaded its model, even on a loaded machine.
+    let n = 1000;
     publish_lines(&cfg, &record_lines(&name, n)).await;
 
     let mut a = WorkerProcess::start(
@@ -220,6 +221,14 @@ async fn sigterm_mid_stream_exits_fast_and_a_second_worker_takes_over() {
         .await
         .unwrap_or(0.0);
 
+    let a_done = a
+        .metric("spotinfer_records_committed_total")
+        .await
+        .unwrap_or(0.0);
+    assert!(
+        a_done < n as f64,
+        "A finished all {n} records before B was ready: nothing left to hand over"
+    );
     let sigterm_at = Instant::now();
     a.signal(libc::SIGTERM);
     let (status, exit_time) = a.wait(Duration::from_secs(15));

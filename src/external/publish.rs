@@ -114,11 +114,19 @@ fn message_data(
     if rec.job.is_none() {
         rec.job = job.map(str::to_string);
     }
-    let data = match &rec.uri {
+    Some(record_json(&rec).to_string())
+}
+
+/// The message data for a parsed record: what the worker's contract reads, nothing else.
+fn record_json(rec: &record::Record) -> serde_json::Value {
+    let mut data = match &rec.uri {
         Some(uri) => serde_json::json!({"id": rec.id, "uri": uri, "job": rec.job}),
         None => serde_json::json!({"id": rec.id, "text": rec.text, "job": rec.job}),
     };
-    Some(data.to_string())
+    if let Some(name) = &rec.prompt_name {
+        data["prompt_name"] = serde_json::Value::from(name.as_str());
+    }
+    data
 }
 
 /// What [`next_line`] read.
@@ -176,5 +184,21 @@ fn settle(
             tracing::error!(error = %e, "publish failed");
         }
         None => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_published_record_keeps_its_prompt_name_and_gains_the_job() {
+        let bar = indicatif::ProgressBar::hidden();
+        let line = br#"{"id":"q1","text":"how far","prompt_name":"query"}"#;
+        let data = message_data(line, 1, Some("j"), &bar).expect("a valid line");
+        let back = record::parse(data.as_bytes(), usize::MAX).expect("the worker reads it");
+        assert_eq!(back.prompt_name.as_deref(), Some("query"));
+        assert_eq!(back.job.as_deref(), Some("j"));
+        assert_eq!(back.text, "how far");
     }
 }
