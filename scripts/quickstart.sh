@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job end to end on a fresh machine: fetch the model, start the Pub/Sub emulator, create
 # the topic/subscription and the SQLite database, publish examples/sample.jsonl, run one worker
-# until the batch is done, and print a summary.
+# until the batch is done, and print the job's summary.
 #
 #   scripts/quickstart.sh [FILE.jsonl]
 set -euo pipefail
@@ -15,6 +15,6 @@ export SPOTINFER_MODEL=${SPOTINFER_MODEL:-$PWD/models/all-MiniLM-L6-v2}
 cargo build --quiet
 bin=$(scripts/cargo-bin.sh spotinfer)
 $bin setup
-$bin publish "$input"
+$bin publish "$input" --job sample
 $bin work --exit-when-idle 3s
-$bin status
+$bin status --job sample

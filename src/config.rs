@@ -43,7 +43,8 @@ pub struct Cli {
 pub enum Command {
     /// Create the topic and subscription (idempotent) and run the database migrations.
     Setup(SetupArgs),
-    /// Publish records from a JSONL file (one `{"id","text","job"?}` object per line).
+    /// Publish records from a JSONL file (one `{"id","text","job"?}` object per line); with
+    /// --job, register them as a job in the database first.
     Publish(PublishArgs),
     /// Run a worker until SIGTERM/SIGINT (or until idle, with --exit-when-idle).
     Work(WorkArgs),
@@ -51,8 +52,12 @@ pub enum Command {
     Embed(EmbedArgs),
     /// Measure model throughput on a JSONL file; the last line printed is a JSON report.
     Bench(BenchArgs),
-    /// Print done/failed counts from the database.
+    /// A job's progress (published, done, failed, remaining, rate, ETA, complete), or the
+    /// database's done/failed counts.
     Status(StatusArgs),
+    /// Stream a job's results (or `--failed`: its failure rows) to a .parquet or .jsonl file,
+    /// local or gs://.
+    Export(ExportArgs),
     /// Inspect a model folder: what spotinfer understood of it, or why it is refused.
     Models(ModelsArgs),
     /// Prove nothing is lost: publish, run K workers under injected faults, verify, report.
@@ -114,9 +119,10 @@ pub struct StorageArgs {
     pub max_object_bytes: u64,
 }
 
-/// Where the model comes from and where it runs.
+/// Which model: where its files are and the name its results carry (with the record id, a
+/// result row's key; a job's "done" means a result under this name).
 #[derive(Debug, Clone, Args)]
-pub struct ModelArgs {
+pub struct ModelRef {
     /// Model: a local directory (model.safetensors, tokenizer.json, config.json, …) or
     /// gs://BUCKET/PREFIX, fetched into SPOTINFER_CACHE_DIR and verified.
     #[arg(
@@ -125,6 +131,27 @@ pub struct ModelArgs {
         default_value = "models/all-MiniLM-L6-v2"
     )]
     pub model: PathBuf,
+    /// Name written with every result (with the record id, the row's key): a second model's
+    /// vectors sit beside the first's. Default: the model folder's name.
+    #[arg(long, env = "SPOTINFER_MODEL_NAME")]
+    pub model_name: Option<String>,
+}
+
+impl ModelRef {
+    /// `--model-name`, else the model folder's name (the last segment of a gs:// prefix).
+    pub fn name(&self) -> String {
+        self.model_name
+            .clone()
+            .unwrap_or_else(|| crate::model::default_name(&self.model))
+    }
+}
+
+/// Where the model comes from and where it runs.
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub source: ModelRef,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub storage: StorageArgs,
@@ -144,10 +171,6 @@ pub struct ModelArgs {
     /// ones can come in large batches. 0: no limit.
     #[arg(long, env = "SPOTINFER_MAX_BATCH_TOKENS", default_value_t = 16384)]
     pub max_batch_tokens: usize,
-    /// Name written with every result (with the record id, the row's key): a second model's
-    /// vectors sit beside the first's. Default: the model folder's name.
-    #[arg(long, env = "SPOTINFER_MODEL_NAME")]
-    pub model_name: Option<String>,
     /// The model prompt put before every text whose record names none (its `prompts` in
     /// config_sentence_transformers.json). Default: the model's `default_prompt_name`.
     #[arg(long, env = "SPOTINFER_PROMPT_NAME", conflicts_with = "prompt")]
@@ -255,9 +278,34 @@ pub struct SetupArgs {
     /// Skip the database migrations (Pub/Sub resources only).
     #[arg(long)]
     pub skip_db: bool,
+    /// PostgreSQL: store `embedding` as a pgvector `vector` (converting the column once):
+    /// `auto` where the server has the extension, `on` (fail without it), `off` (keep REAL[]).
+    #[arg(long, env = "SPOTINFER_PGVECTOR", value_enum, default_value = "auto")]
+    pub pgvector: PgvectorChoice,
+    /// With pgvector: create an HNSW cosine index for the model's vectors (SPOTINFER_MODEL's
+    /// name and dimension), for `ORDER BY embedding::vector(DIM) <=> $1` queries.
+    #[arg(long, env = "SPOTINFER_VECTOR_INDEX")]
+    pub vector_index: bool,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub model: ModelRef,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub storage: StorageArgs,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub policy: SubscriptionPolicyArgs,
+}
+
+/// Whether `setup` stores vectors in a pgvector column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PgvectorChoice {
+    /// Where the server has the extension.
+    Auto,
+    /// Required: fail when the server lacks it.
+    On,
+    /// Keep the REAL[] column.
+    Off,
 }
 
 /// Delivery policy of a subscription `setup` creates (an existing one is left as it is).
@@ -291,9 +339,19 @@ pub struct PublishArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub storage: StorageArgs,
-    /// Job id stamped on records that carry none.
+    /// Job id stamped on records that carry none; the job and its record ids are registered in
+    /// the database (DATABASE_URL) before the messages go out, so `status --job` knows the total.
     #[arg(long, env = "SPOTINFER_JOB")]
     pub job: Option<String>,
+    /// Publish only records with no result yet from the job's model (resume a half-done job).
+    #[arg(long, requires = "job")]
+    pub skip_done: bool,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub model: ModelRef,
 }
 
 /// `spotinfer work`.
@@ -335,6 +393,13 @@ pub struct WorkArgs {
     /// Exit 0 once no message has arrived for this long and nothing is in flight.
     #[arg(long, env = "SPOTINFER_EXIT_WHEN_IDLE", value_parser = parse_duration)]
     pub exit_when_idle: Option<Duration>,
+    /// Exit 0 once this job is complete (every record it published has a result or a failure
+    /// row): how a flex-start Kubernetes Job ends.
+    #[arg(long, env = "SPOTINFER_EXIT_WHEN_JOB_COMPLETE")]
+    pub exit_when_job_complete: Option<String>,
+    /// How often --exit-when-job-complete reads the job's status.
+    #[arg(long, env = "SPOTINFER_JOB_POLL", value_parser = positive_duration, default_value = "5s")]
+    pub job_poll: Duration,
     /// host:port for /metrics, /healthz and /readyz; unset disables the endpoint.
     #[arg(long, env = "SPOTINFER_METRICS_ADDR")]
     pub metrics_addr: Option<String>,
@@ -408,9 +473,40 @@ pub struct StatusArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub db: DbArgs,
-    /// Only count records of this job.
-    #[arg(long)]
+    /// The job to report on (registered by `publish --job`).
+    #[arg(long, env = "SPOTINFER_JOB")]
     pub job: Option<String>,
+    /// Print one JSON object: job, model, published, done, failed, remaining, publishing,
+    /// complete, records_per_s, eta_seconds (null when unknown).
+    #[arg(long, requires = "job")]
+    pub json: bool,
+    /// Redraw until the job is complete (with --json: one object per line).
+    #[arg(long, requires = "job")]
+    pub watch: bool,
+    /// How often --watch redraws.
+    #[arg(long, value_parser = positive_duration, default_value = "2s")]
+    pub interval: Duration,
+}
+
+/// `spotinfer export`.
+#[derive(Debug, Clone, Args)]
+pub struct ExportArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub storage: StorageArgs,
+    /// The job whose results to write.
+    #[arg(long, env = "SPOTINFER_JOB")]
+    pub job: String,
+    /// Where: PATH.parquet, PATH.jsonl, or gs://BUCKET/OBJECT.parquet|.jsonl. Nothing appears
+    /// under this name unless the export completes.
+    #[arg(long, short)]
+    pub output: String,
+    /// Write the job's failure rows (records with no result) and their reasons instead.
+    #[arg(long)]
+    pub failed: bool,
 }
 
 /// Arguments handed unchanged to another program.

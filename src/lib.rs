@@ -13,7 +13,10 @@
 //! * [`model`]: tokenization, the encoders behind one `Embedder` (the fused CPU encoder of
 //!   `crates/bert-cpu`, the candle encoder for CUDA), pooling, and the thread that runs them.
 //! * [`external`]: the outside world the pipeline talks to: Pub/Sub, Cloud Storage, the
-//!   database, the early-drain watches, logs and metrics.
+//!   database (results, failures and jobs), the early-drain watches, logs and metrics.
+//!
+//! Beside the worker's path, [`export`] streams a job's rows out of the database into Parquet
+//! or JSON lines files, local or `gs://`.
 //!
 //! Beside them, the vocabulary all three share: [`config`] (every setting, a flag with an
 //! environment fallback), [`record`] (the message data contract) and [`shutdown`] (the
@@ -23,6 +26,7 @@
 //! chaos tooling.
 
 pub mod config;
+pub mod export;
 pub mod external;
 pub mod model;
 pub mod pipeline;

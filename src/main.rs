@@ -22,6 +22,7 @@ fn main() -> anyhow::Result<()> {
             Command::Embed(a) => commands::offline::embed(a).await,
             Command::Bench(a) => commands::offline::bench(a).await,
             Command::Status(a) => commands::status::run(a).await,
+            Command::Export(a) => commands::export::run(a).await,
             Command::Models(a) => commands::models::run(a).await,
             Command::Loadtest(a) => commands::loadtest::run(a),
         }

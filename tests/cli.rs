@@ -144,10 +144,24 @@ fn status_counts_and_unreachable_database_is_a_clear_error() {
         .env("DATABASE_URL", &db)
         .output()
         .unwrap();
-    assert!(out.status.success());
+    assert!(
+        !out.status.success(),
+        "a job no publish registered is an error"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("no job \"nothing\" in this database (a job is registered by `spotinfer publish --job`); rows tagged with it: 0 done, 0 failed"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = spotinfer()
+        .arg("status")
+        .env("DATABASE_URL", &db)
+        .output()
+        .unwrap();
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
-        "job nothing: 0 done, 0 failed"
+        "0 done, 0 failed"
     );
 
     let out = spotinfer()

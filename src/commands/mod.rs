@@ -1,5 +1,6 @@
 //! The commands: each a thin entry point over the library, one file each.
 
+pub mod export;
 pub mod loadtest;
 pub mod models;
 pub mod offline;
@@ -18,7 +19,7 @@ use std::time::Instant;
 /// The local model directory: `SPOTINFER_MODEL` itself, or, for gs://BUCKET/PREFIX, the
 /// verified copy in the cache (downloaded unless a valid copy is already there).
 pub async fn model_dir(m: &ModelArgs) -> anyhow::Result<std::path::PathBuf> {
-    fetch_model(&m.model, &m.storage).await
+    fetch_model(&m.source.model, &m.storage).await
 }
 
 /// [`model_dir`] for a model path and storage settings.
@@ -50,7 +51,7 @@ pub fn load_embedder(dir: &Path, m: &ModelArgs) -> anyhow::Result<Embedder> {
         device: m.device,
         backend: m.backend,
         precision: m.precision,
-        name: m.model_name.clone(),
+        name: m.source.model_name.clone(),
         prompt,
         max_seq_len: m.max_seq_length,
     };

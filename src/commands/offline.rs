@@ -6,12 +6,12 @@ use std::time::Instant;
 
 /// Embeds a file into `{"id", "embedding"}` lines.
 pub async fn embed(mut a: EmbedArgs) -> anyhow::Result<()> {
-    a.model.model = super::model_dir(&a.model).await?;
+    a.model.source.model = super::model_dir(&a.model).await?;
     tokio::task::spawn_blocking(move || embed_file(a)).await?
 }
 
 fn embed_file(a: EmbedArgs) -> anyhow::Result<()> {
-    let embedder = super::load_embedder(&a.model.model, &a.model)?;
+    let embedder = super::load_embedder(&a.model.source.model, &a.model)?;
     let n = offline::embed_file(
         &embedder,
         &a.input,
@@ -25,14 +25,14 @@ fn embed_file(a: EmbedArgs) -> anyhow::Result<()> {
 
 /// Measures model throughput; the last line printed is the JSON report.
 pub async fn bench(mut a: BenchArgs) -> anyhow::Result<()> {
-    a.model.model = super::model_dir(&a.model).await?;
+    a.model.source.model = super::model_dir(&a.model).await?;
     tokio::task::spawn_blocking(move || bench_file(a)).await?
 }
 
 fn bench_file(a: BenchArgs) -> anyhow::Result<()> {
     let records = offline::read_records(&a.input, a.model.max_text_bytes)?;
     let started = Instant::now();
-    let embedder = super::load_embedder(&a.model.model, &a.model)?;
+    let embedder = super::load_embedder(&a.model.source.model, &a.model)?;
     let load_seconds = started.elapsed().as_secs_f64();
     let report = offline::bench(
         &embedder,

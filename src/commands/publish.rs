@@ -1,34 +1,98 @@
 //! `spotinfer publish`: one message per JSONL line, from a file or gs://, read as it is
-//! published (constant memory), with a progress bar over the input's bytes.
+//! published (constant memory), with a progress bar over the input's bytes; with `--job`, the
+//! job and every record id are registered in the database before the messages go out.
 
 use anyhow::Context;
 use spotinfer::config::PublishArgs;
 use spotinfer::external::gcs::Gcs;
-use spotinfer::external::publish;
+use spotinfer::external::publish::{self, JobTarget};
 use spotinfer::external::pubsub::PubsubConfig;
+use spotinfer::external::store::Store;
 use tokio::io::AsyncBufRead;
 
 /// Publishes every valid line; fails when any publish failed.
 pub async fn run(a: PublishArgs) -> anyhow::Result<()> {
     let ps = PubsubConfig::from_args(&a.pubsub);
     let publisher = ps.publisher().await?;
-    let (size, input) = open_input(&a).await?;
+    let (size, input_reader) = open_input(&a).await?;
     let progress = indicatif::ProgressBar::new(size).with_style(
         indicatif::ProgressStyle::with_template(
             "{bar:40} {bytes}/{total_bytes} read {binary_bytes_per_sec}",
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let summary = publish::publish_lines(&publisher, input, a.job.as_deref(), &progress).await?;
+    let store = match &a.job {
+        Some(_) => {
+            let store = Store::connect(&a.db.database_url).await?;
+            store.migrate().await?;
+            Some(store)
+        }
+        None => None,
+    };
+    let model = a.model.name();
+    let input = input_name(&a);
+    let target = match (&store, &a.job) {
+        (Some(store), Some(job)) => {
+            store.register_job(job, &model).await?;
+            store.start_input(job, &input).await?;
+            Some(JobTarget {
+                store,
+                job,
+                model: &model,
+                skip_done: a.skip_done,
+            })
+        }
+        _ => None,
+    };
+    let summary = publish::publish_lines(
+        &publisher,
+        input_reader,
+        a.job.as_deref(),
+        target,
+        &progress,
+    )
+    .await?;
     progress.finish_and_clear();
     println!(
-        "published {} records to {} ({} lines skipped, {} failed)",
-        summary.published, ps.topic, summary.skipped, summary.failed
+        "published {} records to {} ({} lines skipped, {} failed{})",
+        summary.published,
+        ps.topic,
+        summary.skipped,
+        summary.failed,
+        if a.skip_done {
+            format!(", {} already done", summary.already_done)
+        } else {
+            String::new()
+        }
     );
     if summary.failed > 0 {
-        anyhow::bail!("{} publishes failed", summary.failed);
+        anyhow::bail!(
+            "{} publishes failed; run the same publish again (the job's count will not double)",
+            summary.failed
+        );
+    }
+    if let (Some(t), Some(job)) = (target, &a.job) {
+        let records = (summary.published + summary.already_done) as i64;
+        t.store.finish_input(job, &input, records).await?;
+        let status = t.store.job_status(job).await?;
+        println!(
+            "job {job}: {} records in all, model {}",
+            status.published, status.model
+        );
     }
     Ok(())
+}
+
+/// How the input is named in the job's list of inputs: a gs:// URI as given, a local file by
+/// its absolute path (so a re-run from another directory is the same input).
+fn input_name(a: &PublishArgs) -> String {
+    let given = a.file.to_string_lossy();
+    if given.starts_with("gs://") {
+        return given.into_owned();
+    }
+    std::fs::canonicalize(&a.file)
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| given.into_owned())
 }
 
 /// The input's size and a reader over it: a local file or a gs:// object.

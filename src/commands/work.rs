@@ -84,6 +84,11 @@ pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
         storage_emulator_host: a.model.storage.storage_emulator_host.clone(),
         max_object_bytes: a.model.storage.max_object_bytes,
     };
+    if let Some(job) = &a.exit_when_job_complete {
+        let watch =
+            exit_when_job_complete(store.clone(), job.clone(), a.job_poll, shutdown.clone());
+        tokio::spawn(watch);
+    }
     let pipeline = Pipeline {
         cfg,
         store,
@@ -171,6 +176,33 @@ impl Pipeline {
 }
 
 /// The model, and the window sized from its measured speed (or as `--max-outstanding` sets it).
+/// Starts the graceful shutdown once `job` is complete (every record it published has a result
+/// or a failure row, and no publish to it is unfinished): how a flex-start Job's pods end.
+async fn exit_when_job_complete(store: Store, job: String, poll: Duration, shutdown: Shutdown) {
+    let mut tick = tokio::time::interval(poll);
+    let mut warned = false;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {},
+        }
+        match store.job_status(&job).await {
+            Ok(s) if s.complete => {
+                tracing::info!(job = %job, done = s.done, failed = s.failed, "the job is complete: exiting");
+                shutdown.cancel();
+                return;
+            }
+            Ok(_) => {}
+            Err(e) if !warned => {
+                // An unknown job is not fatal: the publish may not have started yet.
+                tracing::warn!(job = %job, error = %e, "cannot read the job's status yet; polling on");
+                warned = true;
+            }
+            Err(_) => {}
+        }
+    }
+}
+
 async fn model_and_window(a: &WorkArgs) -> anyhow::Result<(ModelHandle, Window)> {
     let model = load_model(&a.model).await?;
     let window = match a.max_outstanding {

@@ -6,10 +6,12 @@
 //! confirmed.
 
 use crate::external::pubsub::QueueError;
+use crate::external::store::{Store, StoreError};
 use crate::record;
 use futures::stream::{FuturesUnordered, StreamExt};
 use google_cloud_pubsub::client::Publisher;
 use google_cloud_pubsub::model::Message;
+use google_cloud_pubsub::publisher::PublishFuture;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 
 /// Errors publishing a file.
@@ -27,6 +29,9 @@ pub enum PublishError {
     /// Pub/Sub refused.
     #[error(transparent)]
     Queue(#[from] QueueError),
+    /// The job's records could not be registered (nothing of theirs was published).
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 /// What a publish run did.
@@ -38,26 +43,52 @@ pub struct PublishSummary {
     pub skipped: u64,
     /// Publishes that failed.
     pub failed: u64,
+    /// Records not published because they already have a result (`--skip-done`).
+    pub already_done: u64,
+}
+
+/// The job a publish feeds: every record id is registered in the database before its message
+/// is published, so the job's total survives a crash and a re-run without doubling.
+#[derive(Debug, Clone, Copy)]
+pub struct JobTarget<'a> {
+    /// Where jobs are kept.
+    pub store: &'a Store,
+    /// The job.
+    pub job: &'a str,
+    /// Its model (what "done" means for `skip_done`).
+    pub model: &'a str,
+    /// Publish only records with no result from `model` yet.
+    pub skip_done: bool,
 }
 
 /// Most publishes awaited at once.
 const IN_FLIGHT: usize = 2000;
+
+/// Records registered (and looked up for `--skip-done`) per database round trip.
+const CHUNK: usize = 1000;
 
 /// The longest line read: Pub/Sub's 10 MB message limit. A longer line is reported and skipped
 /// without being held in memory.
 pub const MAX_LINE_BYTES: usize = 10_000_000;
 
 /// Publishes every valid line of `input`, stamping `job` on records that carry none. Reads as it
-/// publishes: memory holds one line and the publishes in flight, whatever the input's size.
-/// `progress` advances by the bytes read.
+/// publishes: memory holds a chunk of lines and the publishes in flight, whatever the input's
+/// size. With a `target`, each chunk's ids are registered with the job before its messages go
+/// out. `progress` advances by the bytes read.
 pub async fn publish_lines(
     publisher: &Publisher,
     mut input: impl AsyncBufRead + Unpin,
     job: Option<&str>,
+    target: Option<JobTarget<'_>>,
     progress: &indicatif::ProgressBar,
 ) -> Result<PublishSummary, PublishError> {
-    let mut summary = PublishSummary::default();
-    let mut pending = FuturesUnordered::new();
+    let mut out = Outbox {
+        publisher,
+        target,
+        pending: FuturesUnordered::new(),
+        chunk: Vec::with_capacity(CHUNK),
+        summary: PublishSummary::default(),
+    };
     let mut line = Vec::new();
     let mut n = 0;
     loop {
@@ -74,32 +105,80 @@ pub async fn publish_lines(
             progress.suspend(|| {
                 eprintln!("line {n}: longer than {MAX_LINE_BYTES} bytes (Pub/Sub's message limit); skipped")
             });
-            summary.skipped += 1;
+            out.summary.skipped += 1;
             continue;
         }
-        let Some(data) = message_data(&line, n, job, progress) else {
-            summary.skipped += u64::from(!line.iter().all(u8::is_ascii_whitespace));
-            continue;
-        };
-        pending.push(publisher.publish(Message::new().set_data(data)));
-        if pending.len() >= IN_FLIGHT {
-            settle(pending.next().await, &mut summary);
+        match message_data(&line, n, job, progress) {
+            Some(message) => out.add(message).await?,
+            None => out.summary.skipped += u64::from(!line.iter().all(u8::is_ascii_whitespace)),
         }
     }
-    publisher.flush().await;
-    while let Some(r) = pending.next().await {
-        settle(Some(r), &mut summary);
-    }
-    Ok(summary)
+    out.finish().await
 }
 
-/// The message for line `n`, or `None` for a blank line or a bad one (reported on stderr).
+/// The publishes in flight and the chunk of messages waiting to be registered and sent.
+struct Outbox<'a> {
+    publisher: &'a Publisher,
+    target: Option<JobTarget<'a>>,
+    pending: FuturesUnordered<PublishFuture>,
+    chunk: Vec<(String, String)>,
+    summary: PublishSummary,
+}
+
+impl Outbox<'_> {
+    /// Queues one (id, data) message; a full chunk is sent.
+    async fn add(&mut self, message: (String, String)) -> Result<(), PublishError> {
+        self.chunk.push(message);
+        if self.chunk.len() >= CHUNK {
+            self.send_chunk().await?;
+        }
+        Ok(())
+    }
+
+    /// Registers the chunk's ids with the job (dropping those already done, with `skip_done`),
+    /// then publishes its messages.
+    async fn send_chunk(&mut self) -> Result<(), PublishError> {
+        let mut chunk = std::mem::take(&mut self.chunk);
+        if let Some(t) = self.target {
+            let ids: Vec<&str> = chunk.iter().map(|(id, _)| id.as_str()).collect();
+            t.store.register_records(t.job, &ids).await?;
+            if t.skip_done {
+                let done = t.store.done_ids(t.model, &ids).await?;
+                let before = chunk.len();
+                chunk.retain(|(id, _)| !done.contains(id));
+                self.summary.already_done += (before - chunk.len()) as u64;
+            }
+        }
+        for (_, data) in chunk {
+            self.pending
+                .push(self.publisher.publish(Message::new().set_data(data)));
+            if self.pending.len() >= IN_FLIGHT {
+                settle(self.pending.next().await, &mut self.summary);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends the last chunk and waits for every publish.
+    async fn finish(mut self) -> Result<PublishSummary, PublishError> {
+        self.send_chunk().await?;
+        self.publisher.flush().await;
+        while let Some(r) = self.pending.next().await {
+            settle(Some(r), &mut self.summary);
+        }
+        Ok(self.summary)
+    }
+}
+
+/// The record id and message data for line `n`, or `None` for a blank line or a bad one
+/// (reported on stderr). With a `job`, a record that names another job is a bad line: a job's
+/// count must hold exactly what was published to it.
 fn message_data(
     line: &[u8],
     n: usize,
     job: Option<&str>,
     progress: &indicatif::ProgressBar,
-) -> Option<String> {
+) -> Option<(String, String)> {
     if line.iter().all(u8::is_ascii_whitespace) {
         return None;
     }
@@ -111,10 +190,17 @@ fn message_data(
             return None;
         }
     };
-    if rec.job.is_none() {
-        rec.job = job.map(str::to_string);
+    match (&rec.job, job) {
+        (Some(own), Some(j)) if own != j => {
+            progress.suspend(|| {
+                eprintln!("line {n}: the record names job {own:?}, not {j:?}; skipped")
+            });
+            return None;
+        }
+        (None, _) => rec.job = job.map(str::to_string),
+        _ => {}
     }
-    Some(record_json(&rec).to_string())
+    Some((rec.id.clone(), record_json(&rec).to_string()))
 }
 
 /// The message data for a parsed record: what the worker's contract reads, nothing else.
@@ -195,10 +281,20 @@ mod tests {
     fn a_published_record_keeps_its_prompt_name_and_gains_the_job() {
         let bar = indicatif::ProgressBar::hidden();
         let line = br#"{"id":"q1","text":"how far","prompt_name":"query"}"#;
-        let data = message_data(line, 1, Some("j"), &bar).expect("a valid line");
+        let (id, data) = message_data(line, 1, Some("j"), &bar).expect("a valid line");
+        assert_eq!(id, "q1");
         let back = record::parse(data.as_bytes(), usize::MAX).expect("the worker reads it");
         assert_eq!(back.prompt_name.as_deref(), Some("query"));
         assert_eq!(back.job.as_deref(), Some("j"));
         assert_eq!(back.text, "how far");
+    }
+
+    #[test]
+    fn a_record_naming_another_job_is_not_counted_in_this_one() {
+        let bar = indicatif::ProgressBar::hidden();
+        let line = br#"{"id":"a","text":"t","job":"other"}"#;
+        assert_eq!(message_data(line, 1, Some("j"), &bar), None);
+        assert!(message_data(line, 1, None, &bar).is_some());
+        assert!(message_data(line, 1, Some("other"), &bar).is_some());
     }
 }

@@ -491,6 +491,12 @@ pub fn weights_hash(files: &[&Path]) -> Result<String, ModelError> {
     Ok(hex::encode(&hasher.finalize()[..8]))
 }
 
+/// The name a model's results carry unless `--model-name` says otherwise: the last segment of
+/// its folder (or of its gs:// prefix, which is also its cache folder's name).
+pub fn default_name(model: &Path) -> String {
+    folder_name(model)
+}
+
 /// A model's default name: its folder's name.
 fn folder_name(dir: &Path) -> String {
     let name = |d: &Path| d.file_name().map(|n| n.to_string_lossy().into_owned());

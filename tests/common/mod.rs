@@ -284,6 +284,24 @@ impl FakeGcs {
         s
     }
 
+    /// Starts a server that uploads work against: on port 80 of a loopback address of its own.
+    /// The Rust SDK leaves the port out of the `Host` header and fake-gcs-server builds a
+    /// resumable upload's session URL from that header, so on any other port the upload's
+    /// data goes to port 80 (real Cloud Storage answers with an absolute URL). Needs root, as
+    /// the suite does for its databases.
+    pub fn start_for_uploads(data: &std::path::Path) -> Self {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n =
+            std::process::id() % 200 + 200 * N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut s = Self {
+            child: None,
+            host: format!("127.80.{}.{}:80", n / 250 % 250, n % 250 + 1),
+            data: data.to_path_buf(),
+        };
+        s.restart();
+        s
+    }
+
     /// Starts (again) on the same port with the same data.
     pub fn restart(&mut self) {
         self.stop();

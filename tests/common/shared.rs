@@ -33,7 +33,13 @@ pub fn unique(prefix: &str) -> String {
 
 /// Creates a fresh PostgreSQL database and returns its URL.
 pub async fn fresh_pg_database() -> String {
-    let admin = pg_admin_url();
+    fresh_pg_database_at(&pg_admin_url()).await
+}
+
+/// Creates a fresh database on the server `admin` (a URL whose role may create databases)
+/// and returns its URL.
+pub async fn fresh_pg_database_at(admin: &str) -> String {
+    let admin = admin.to_string();
     let name = unique("t").replace('-', "_");
     let pool = sqlx::PgPool::connect(&admin)
         .await

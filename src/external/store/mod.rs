@@ -6,6 +6,14 @@
 //! per model, a second model's vectors sit beside the first's, and a redelivery of an older
 //! publish never overwrites the result of a newer one.
 
+mod jobs;
+mod rows;
+mod vector;
+
+pub use jobs::{JobCounts, JobStatus, IDS_PER_STATEMENT};
+pub use rows::{ExportedFailure, ExportedResult};
+pub use vector::{vector_index_name, VectorColumn};
+
 use sqlx::postgres::Postgres;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::query_builder::Separated;
@@ -37,6 +45,22 @@ pub enum StoreError {
     /// A statement failed.
     #[error("database error: {0}")]
     Sql(#[from] sqlx::Error),
+    /// No publish registered this job.
+    #[error("no job {0:?} in this database (a job is registered by `spotinfer publish --job`)")]
+    UnknownJob(String),
+    /// A publish to a job names another model than the one the job was registered for.
+    #[error("job {job:?} is for model {has:?}, not {wants:?} (a job has one model; use a new job name for another)")]
+    JobModel {
+        /// The job.
+        job: String,
+        /// The model it was registered for.
+        has: String,
+        /// The model this publish names.
+        wants: String,
+    },
+    /// pgvector was asked for where it cannot be had.
+    #[error("pgvector: {0}")]
+    NoPgvector(String),
 }
 
 /// One embedding to store.
@@ -264,10 +288,13 @@ impl Store {
     pub async fn embeddings(&self) -> Result<HashMap<String, StoredEmbedding>, StoreError> {
         const Q: &str =
             "SELECT record_id, embedding, message_id, publish_time_us, input_sha256 FROM embeddings";
+        // `::real[]` reads a pgvector column as well as an array one.
+        const Q_PG: &str = "SELECT record_id, embedding::real[] AS embedding, message_id, \
+             publish_time_us, input_sha256 FROM embeddings";
         let mut out = HashMap::new();
         match self {
             Self::Postgres(p) => {
-                for row in sqlx::query(Q).fetch_all(p).await? {
+                for row in sqlx::query(Q_PG).fetch_all(p).await? {
                     out.insert(
                         row.try_get("record_id")?,
                         StoredEmbedding {

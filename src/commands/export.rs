@@ -1,0 +1,58 @@
+//! `spotinfer export`: a job's results (or `--failed`: its failure rows) to a Parquet or JSON
+//! lines file, local or gs://, streamed from the database.
+
+use spotinfer::config::ExportArgs;
+use spotinfer::export::{self, What};
+use spotinfer::external::store::Store;
+use std::time::Instant;
+
+/// Writes the file and says how many rows went into it.
+pub async fn run(a: ExportArgs) -> anyhow::Result<()> {
+    let store = Store::connect(&a.db.database_url).await?;
+    store.migrate().await?;
+    let what = if a.failed {
+        What::Failures
+    } else {
+        What::Results
+    };
+    let progress = indicatif::ProgressBar::new_spinner().with_style(
+        indicatif::ProgressStyle::with_template("{spinner} {pos} rows {per_sec}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+    );
+    let started = Instant::now();
+    let emulator = a.storage.storage_emulator_host.as_deref();
+    let job = a.job.as_str();
+    // SIGINT/SIGTERM drop the export before it commits: nothing appears under the final name.
+    let result = tokio::select! {
+        r = export::export(&store, job, what, &a.output, emulator, &progress) => r,
+        _ = interrupted() => anyhow::bail!("export interrupted; nothing written to {}", a.output),
+    };
+    let summary = result?;
+    progress.finish_and_clear();
+    let seconds = started.elapsed().as_secs_f64();
+    println!(
+        "exported {} {} of job {job} to {} ({} bytes, {:.1} s, {:.0} rows/s)",
+        summary.rows,
+        if a.failed { "failure rows" } else { "results" },
+        a.output,
+        summary.bytes,
+        seconds,
+        summary.rows as f64 / seconds.max(1e-9),
+    );
+    Ok(())
+}
+
+async fn interrupted() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term => {},
+    }
+}

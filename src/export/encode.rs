@@ -1,0 +1,119 @@
+//! Rows in, file bytes out: JSON lines or Parquet, handed over in pieces so the whole file is
+//! never in memory.
+
+use super::table::Table;
+use super::ExportError;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::Compression;
+use parquet::file::properties::WriterProperties;
+
+/// Rows per Parquet row group: the rows one group holds in memory before it is written
+/// (10,000 vectors of 384 floats are about 15 MB).
+pub const ROWS_PER_GROUP: usize = 10_000;
+
+/// Bytes a JSON-lines encoder gathers before handing them on.
+const JSONL_CHUNK: usize = 1 << 20;
+
+/// The file formats, chosen by the output's extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Apache Parquet (`.parquet`): columns, one row group per [`ROWS_PER_GROUP`] rows.
+    Parquet,
+    /// JSON lines (`.jsonl`): one object per line, as `spotinfer embed` writes.
+    Jsonl,
+}
+
+impl Format {
+    /// The format `path` names by its extension.
+    pub fn of(path: &str) -> Result<Self, ExportError> {
+        let lower = path.to_ascii_lowercase();
+        if lower.ends_with(".parquet") {
+            Ok(Self::Parquet)
+        } else if lower.ends_with(".jsonl") || lower.ends_with(".ndjson") {
+            Ok(Self::Jsonl)
+        } else {
+            Err(ExportError::UnknownFormat(path.to_string()))
+        }
+    }
+}
+
+/// An encoder of rows of `T`: push rows, take whatever bytes are ready, finish.
+pub enum Encoder<T: Table> {
+    /// JSON lines.
+    Jsonl(Vec<u8>),
+    /// Parquet: the writer (over a buffer drained after each row group) and the rows of the
+    /// group being gathered.
+    Parquet(Box<ArrowWriter<Vec<u8>>>, Vec<T>),
+}
+
+impl<T: Table> Encoder<T> {
+    /// An encoder for `format`.
+    pub fn new(format: Format) -> Result<Self, ExportError> {
+        Ok(match format {
+            Format::Jsonl => Self::Jsonl(Vec::with_capacity(JSONL_CHUNK + 4096)),
+            Format::Parquet => {
+                let props = WriterProperties::builder()
+                    .set_compression(Compression::SNAPPY)
+                    .set_max_row_group_row_count(Some(ROWS_PER_GROUP))
+                    .build();
+                let writer = ArrowWriter::try_new(Vec::new(), T::schema(), Some(props))?;
+                Self::Parquet(Box::new(writer), Vec::with_capacity(ROWS_PER_GROUP))
+            }
+        })
+    }
+
+    /// Adds a row; returns bytes when a piece of the file is ready.
+    pub fn push(&mut self, row: T) -> Result<Option<Vec<u8>>, ExportError> {
+        match self {
+            Self::Jsonl(buf) => {
+                serde_json::to_writer(&mut *buf, &row.json())
+                    .map_err(|e| ExportError::Encode(e.to_string()))?;
+                buf.push(b'\n');
+                Ok((buf.len() >= JSONL_CHUNK).then(|| std::mem::take(buf)))
+            }
+            Self::Parquet(writer, rows) => {
+                rows.push(row);
+                if rows.len() < ROWS_PER_GROUP {
+                    return Ok(None);
+                }
+                write_group(writer, rows)?;
+                Ok(Some(drain(writer)?))
+            }
+        }
+    }
+
+    /// The rest of the file (for Parquet: the last row group and the footer).
+    pub fn finish(self) -> Result<Vec<u8>, ExportError> {
+        match self {
+            Self::Jsonl(buf) => Ok(buf),
+            Self::Parquet(mut writer, mut rows) => {
+                write_group(&mut writer, &mut rows)?;
+                writer.finish()?;
+                drain(&mut writer)
+            }
+        }
+    }
+}
+
+/// Writes `rows` as one row group and empties them.
+fn write_group<T: Table>(
+    writer: &mut ArrowWriter<Vec<u8>>,
+    rows: &mut Vec<T>,
+) -> Result<(), ExportError> {
+    if !rows.is_empty() {
+        let batch = T::batch(rows)?;
+        writer.write(&batch)?;
+        writer.flush()?;
+        rows.clear();
+    }
+    Ok(())
+}
+
+/// Takes the bytes the writer has produced so far (it keeps its own offsets; the buffer is only
+/// where they land).
+fn drain(writer: &mut ArrowWriter<Vec<u8>>) -> Result<Vec<u8>, ExportError> {
+    writer
+        .sync()
+        .map_err(|e| ExportError::Encode(e.to_string()))?;
+    Ok(std::mem::take(writer.inner_mut()))
+}

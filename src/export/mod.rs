@@ -1,0 +1,201 @@
+//! `spotinfer export`: a job's results, or its failures, from the database to a Parquet or JSON
+//! lines file, local or `gs://`.
+//!
+//! One row at a time flows from the database cursor ([`crate::external::store`]'s streams)
+//! through an [`encode::Encoder`] to a [`destination::Destination`]: memory holds one Parquet
+//! row group at most, whatever the job's size. The destination is opened before the first row is
+//! read and made visible only when the last byte is written, so a failed or interrupted export
+//! leaves no file under the final name.
+
+pub mod destination;
+pub mod encode;
+pub mod table;
+
+use crate::external::gcs::StorageError;
+use crate::external::store::{Store, StoreError};
+use destination::Destination;
+use encode::{Encoder, Format};
+use futures::stream::{BoxStream, StreamExt};
+use std::path::PathBuf;
+use table::Table;
+
+/// Why an export failed (nothing is left under the final name).
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// The output's extension names no format.
+    #[error("cannot tell the format of {0}: the output must end in .parquet or .jsonl")]
+    UnknownFormat(String),
+    /// The output path has no file name.
+    #[error("{0} names no file")]
+    BadPath(String),
+    /// The local file cannot be written.
+    #[error("cannot write {path}: {source}")]
+    Io {
+        /// The output.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Cloud Storage refused or failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The database failed, or the job is unknown.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A row could not be encoded.
+    #[error("cannot encode a row: {0}")]
+    Encode(String),
+}
+
+impl From<parquet::errors::ParquetError> for ExportError {
+    fn from(e: parquet::errors::ParquetError) -> Self {
+        Self::Encode(e.to_string())
+    }
+}
+
+impl From<arrow_schema::ArrowError> for ExportError {
+    fn from(e: arrow_schema::ArrowError) -> Self {
+        Self::Encode(e.to_string())
+    }
+}
+
+/// What to export.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum What {
+    /// The job's results from its model.
+    Results,
+    /// The job's failure rows whose record has no result.
+    Failures,
+}
+
+/// What an export wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportSummary {
+    /// Rows written.
+    pub rows: u64,
+    /// Bytes written.
+    pub bytes: u64,
+    /// The format.
+    pub format: Format,
+}
+
+/// Exports `job`'s rows to `output`.
+pub async fn export(
+    store: &Store,
+    job: &str,
+    what: What,
+    output: &str,
+    emulator_host: Option<&str>,
+    progress: &indicatif::ProgressBar,
+) -> Result<ExportSummary, ExportError> {
+    let format = Format::of(output)?;
+    let model = store.job_model(job).await?;
+    let destination = Destination::open(output, emulator_host).await?;
+    match what {
+        What::Results => {
+            let rows = store.job_results(job, &model);
+            write_all(rows, format, destination, progress).await
+        }
+        What::Failures => {
+            let rows = store.job_failures(job, &model);
+            write_all(rows, format, destination, progress).await
+        }
+    }
+}
+
+/// Streams `rows` through an encoder into `destination`, committing it at the end.
+async fn write_all<T: Table>(
+    mut rows: BoxStream<'_, Result<T, StoreError>>,
+    format: Format,
+    mut destination: Destination,
+    progress: &indicatif::ProgressBar,
+) -> Result<ExportSummary, ExportError> {
+    let mut encoder = Encoder::<T>::new(format)?;
+    let mut summary = ExportSummary {
+        rows: 0,
+        bytes: 0,
+        format,
+    };
+    while let Some(row) = rows.next().await {
+        if let Some(bytes) = encoder.push(row?)? {
+            summary.bytes += bytes.len() as u64;
+            destination.write(bytes).await?;
+        }
+        summary.rows += 1;
+        progress.inc(1);
+    }
+    drop(rows);
+    let tail = encoder.finish()?;
+    summary.bytes += tail.len() as u64;
+    destination.write(tail).await?;
+    destination.commit().await?;
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::external::store::ExportedResult;
+
+    fn row(i: usize) -> ExportedResult {
+        ExportedResult {
+            id: format!("r{i}"),
+            embedding: vec![i as f32, 0.5],
+            model: "m".into(),
+            model_hash: "0123456789abcdef".into(),
+            job: "j".into(),
+            input_sha256: "00".into(),
+            message_id: i.to_string(),
+            publish_time_us: 1,
+            processed_at_us: 1_700_000_000_000_000,
+        }
+    }
+
+    /// A database that fails part-way through (after whole row groups went to disk) leaves
+    /// neither the final file nor the partial one.
+    #[tokio::test]
+    async fn an_export_cut_off_leaves_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let output = dir.path().join("out.parquet");
+        let rows = (0..2 * encode::ROWS_PER_GROUP + 5)
+            .map(|i| Ok(row(i)))
+            .chain(std::iter::once(Err(StoreError::UnknownJob("gone".into()))));
+        let destination = Destination::open(output.to_str().unwrap(), None)
+            .await
+            .unwrap();
+        let bar = indicatif::ProgressBar::hidden();
+        let stream = futures::stream::iter(rows).boxed();
+        let r = write_all(stream, Format::Parquet, destination, &bar).await;
+        assert!(r.is_err());
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "files left behind"
+        );
+    }
+
+    /// A completed export is one Parquet file with every row, readable by the reader.
+    #[tokio::test]
+    async fn an_export_writes_every_row_in_row_groups() {
+        let dir = tempfile::tempdir().unwrap();
+        let output = dir.path().join("out.parquet");
+        let n = 2 * encode::ROWS_PER_GROUP + 5;
+        let destination = Destination::open(output.to_str().unwrap(), None)
+            .await
+            .unwrap();
+        let bar = indicatif::ProgressBar::hidden();
+        let stream = futures::stream::iter((0..n).map(|i| Ok(row(i)))).boxed();
+        let summary = write_all(stream, Format::Parquet, destination, &bar)
+            .await
+            .unwrap();
+        assert_eq!(summary.rows, n as u64);
+        let file = std::fs::File::open(&output).unwrap();
+        let reader =
+            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
+        assert_eq!(reader.metadata().num_row_groups(), 3);
+        let total: usize = reader.build().unwrap().map(|b| b.unwrap().num_rows()).sum();
+        assert_eq!(total, n);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+}

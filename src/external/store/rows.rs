@@ -1,0 +1,163 @@
+//! A job's rows read back as a stream, for `spotinfer export`: one row at a time from the
+//! database cursor, so memory does not grow with the job.
+
+use super::{le_bytes_to_f32s, Store, StoreError};
+use futures::stream::{BoxStream, StreamExt};
+use sqlx::Row;
+
+/// One result of a job, as exported.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExportedResult {
+    /// The record id.
+    pub id: String,
+    /// The vector.
+    pub embedding: Vec<f32>,
+    /// The model's name.
+    pub model: String,
+    /// Which weights made the vector.
+    pub model_hash: String,
+    /// The job exported.
+    pub job: String,
+    /// Hex SHA-256 of the input text.
+    pub input_sha256: String,
+    /// The Pub/Sub message that carried it.
+    pub message_id: String,
+    /// That message's publish time, microseconds since the epoch.
+    pub publish_time_us: i64,
+    /// When the row was committed, microseconds since the epoch.
+    pub processed_at_us: i64,
+}
+
+/// One failure row of a job whose record has no result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExportedFailure {
+    /// The message that failed.
+    pub message_id: String,
+    /// Its record id, when the payload had one.
+    pub record_id: Option<String>,
+    /// Its job.
+    pub job: Option<String>,
+    /// Why it failed.
+    pub error: String,
+    /// The raw message data.
+    pub payload: Vec<u8>,
+    /// Its publish time, microseconds since the epoch.
+    pub publish_time_us: i64,
+    /// When it was recorded, microseconds since the epoch.
+    pub failed_at_us: i64,
+}
+
+const RESULTS_PG: &str = "SELECT e.record_id, e.embedding::real[] AS embedding, e.model, \
+     e.model_hash, r.job, e.input_sha256, e.message_id, e.publish_time_us, \
+     (EXTRACT(EPOCH FROM e.processed_at) * 1000000)::BIGINT AS processed_at_us \
+     FROM job_records r JOIN embeddings e ON e.record_id = r.record_id AND e.model = $2 \
+     WHERE r.job = $1 ORDER BY r.record_id";
+const RESULTS_SQLITE: &str = "SELECT e.record_id, e.embedding, e.model, e.model_hash, r.job, \
+     e.input_sha256, e.message_id, e.publish_time_us, \
+     CAST(ROUND((julianday(e.processed_at) - 2440587.5) * 86400000000.0) AS INTEGER) AS processed_at_us \
+     FROM job_records r JOIN embeddings e ON e.record_id = r.record_id AND e.model = $2 \
+     WHERE r.job = $1 ORDER BY r.record_id";
+const FAILURES_PG: &str = "SELECT f.message_id, f.record_id, f.job, f.error, f.payload, \
+     f.publish_time_us, (EXTRACT(EPOCH FROM f.failed_at) * 1000000)::BIGINT AS failed_at_us \
+     FROM failed_records f WHERE f.job = $1 AND NOT EXISTS \
+     (SELECT 1 FROM embeddings e WHERE e.record_id = f.record_id AND e.model = $2) \
+     ORDER BY f.message_id";
+const FAILURES_SQLITE: &str = "SELECT f.message_id, f.record_id, f.job, f.error, f.payload, \
+     f.publish_time_us, \
+     CAST(ROUND((julianday(f.failed_at) - 2440587.5) * 86400000000.0) AS INTEGER) AS failed_at_us \
+     FROM failed_records f WHERE f.job = $1 AND NOT EXISTS \
+     (SELECT 1 FROM embeddings e WHERE e.record_id = f.record_id AND e.model = $2) \
+     ORDER BY f.message_id";
+
+impl Store {
+    /// The results of `job` from `model`, in record-id order.
+    pub fn job_results<'a>(
+        &'a self,
+        job: &'a str,
+        model: &'a str,
+    ) -> BoxStream<'a, Result<ExportedResult, StoreError>> {
+        match self {
+            Store::Postgres(p) => sqlx::query(RESULTS_PG)
+                .bind(job)
+                .bind(model)
+                .fetch(p)
+                .map(|row| {
+                    let row = row?;
+                    let embedding: Vec<f32> = row.try_get("embedding")?;
+                    result_row(&row, embedding)
+                })
+                .boxed(),
+            Store::Sqlite(p) => sqlx::query(RESULTS_SQLITE)
+                .bind(job)
+                .bind(model)
+                .fetch(p)
+                .map(|row| {
+                    let row = row?;
+                    let blob: Vec<u8> = row.try_get("embedding")?;
+                    result_row(&row, le_bytes_to_f32s(&blob))
+                })
+                .boxed(),
+        }
+    }
+
+    /// The failure rows of `job` whose record has no result from `model`, by message id.
+    pub fn job_failures<'a>(
+        &'a self,
+        job: &'a str,
+        model: &'a str,
+    ) -> BoxStream<'a, Result<ExportedFailure, StoreError>> {
+        match self {
+            Store::Postgres(p) => sqlx::query(FAILURES_PG)
+                .bind(job)
+                .bind(model)
+                .fetch(p)
+                .map(|row| failure_row(&row?))
+                .boxed(),
+            Store::Sqlite(p) => sqlx::query(FAILURES_SQLITE)
+                .bind(job)
+                .bind(model)
+                .fetch(p)
+                .map(|row| failure_row(&row?))
+                .boxed(),
+        }
+    }
+}
+
+/// The columns both databases return alike.
+fn result_row<R: Row>(row: &R, embedding: Vec<f32>) -> Result<ExportedResult, StoreError>
+where
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> &'r str: sqlx::ColumnIndex<R>,
+{
+    Ok(ExportedResult {
+        id: row.try_get("record_id")?,
+        embedding,
+        model: row.try_get("model")?,
+        model_hash: row.try_get("model_hash")?,
+        job: row.try_get("job")?,
+        input_sha256: row.try_get("input_sha256")?,
+        message_id: row.try_get("message_id")?,
+        publish_time_us: row.try_get("publish_time_us")?,
+        processed_at_us: row.try_get("processed_at_us")?,
+    })
+}
+
+fn failure_row<R: Row>(row: &R) -> Result<ExportedFailure, StoreError>
+where
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> &'r str: sqlx::ColumnIndex<R>,
+{
+    Ok(ExportedFailure {
+        message_id: row.try_get("message_id")?,
+        record_id: row.try_get("record_id")?,
+        job: row.try_get("job")?,
+        error: row.try_get("error")?,
+        payload: row.try_get("payload")?,
+        publish_time_us: row.try_get("publish_time_us")?,
+        failed_at_us: row.try_get("failed_at_us")?,
+    })
+}
