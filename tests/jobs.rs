@@ -49,6 +49,12 @@ fn tiny_model() -> PathBuf {
     .clone()
 }
 
+/// Admin URL of the suite's PostgreSQL 16 with pgvector (`scripts/pgvector.sh`).
+fn pgvector_admin_url() -> String {
+    std::env::var("SPOTINFER_TEST_PGVECTOR_URL")
+        .expect("SPOTINFER_TEST_PGVECTOR_URL is not set: run the suite with scripts/test.sh")
+}
+
 /// Where one test's commands point: the emulator topic, the database, the model.
 struct Env {
     args: PubsubArgs,
@@ -426,8 +432,7 @@ async fn a_job_on_postgres() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_on_postgres_with_pgvector() {
-    let admin = std::env::var("SPOTINFER_TEST_PGVECTOR_URL")
-        .expect("SPOTINFER_TEST_PGVECTOR_URL is not set: run the suite with scripts/test.sh");
+    let admin = pgvector_admin_url();
     a_job_runs_to_complete_and_exports(fresh_pg_database_at(&admin).await, true).await;
 }
 
@@ -652,8 +657,7 @@ async fn exports_upload_to_cloud_storage() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_existing_table_converts_to_pgvector_and_keeps_its_vectors() {
     use spotinfer::external::store::{ResultRow, VectorColumn};
-    let admin = std::env::var("SPOTINFER_TEST_PGVECTOR_URL")
-        .expect("SPOTINFER_TEST_PGVECTOR_URL is not set: run the suite with scripts/test.sh");
+    let admin = pgvector_admin_url();
     let store = Store::connect(&fresh_pg_database_at(&admin).await)
         .await
         .unwrap();

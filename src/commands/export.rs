@@ -8,7 +8,7 @@ use std::time::Instant;
 
 /// Writes the file and says how many rows went into it.
 pub async fn run(a: ExportArgs) -> anyhow::Result<()> {
-    let store = Store::connect(&a.db.database_url).await?;
+    let store = Store::connect_for_streaming(&a.db.database_url).await?;
     store.migrate().await?;
     let what = if a.failed {
         What::Failures

@@ -92,6 +92,7 @@ pub async fn export(
     let format = Format::of(output)?;
     let model = store.job_model(job).await?;
     let destination = Destination::open(output, emulator_host).await?;
+    store.refresh_stale_statistics().await;
     match what {
         What::Results => {
             let rows = store.job_results(job, &model);

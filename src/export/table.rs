@@ -126,15 +126,16 @@ impl Table for ExportedFailure {
     fn batch(rows: &[Self]) -> Result<RecordBatch, ArrowError> {
         let mut payloads = BinaryBuilder::new();
         for r in rows {
-            payloads.append_value(&r.payload);
+            payloads.append_value(&r.failure.payload);
         }
+        let f = || rows.iter().map(|r| &r.failure);
         let columns: Vec<ArrayRef> = vec![
-            strings(rows.iter().map(|r| Some(r.message_id.as_str()))),
-            strings(rows.iter().map(|r| r.record_id.as_deref())),
-            strings(rows.iter().map(|r| r.job.as_deref())),
-            strings(rows.iter().map(|r| Some(r.error.as_str()))),
+            strings(f().map(|r| Some(r.message_id.as_str()))),
+            strings(f().map(|r| r.record_id.as_deref())),
+            strings(f().map(|r| r.job.as_deref())),
+            strings(f().map(|r| Some(r.error.as_str()))),
             Arc::new(payloads.finish()),
-            int64s(rows.iter().map(|r| r.publish_time_us)),
+            int64s(f().map(|r| r.publish_time_us)),
             timestamps(rows.iter().map(|r| r.failed_at_us)),
         ];
         RecordBatch::try_new(Self::schema(), columns)
@@ -143,17 +144,18 @@ impl Table for ExportedFailure {
     /// The payload as text when it is UTF-8 (as good as always), else base64 under
     /// `payload_base64`, so no byte of a bad payload is lost.
     fn json(&self) -> serde_json::Value {
+        let f = &self.failure;
         let mut v = serde_json::json!({
-            "message_id": self.message_id,
-            "record_id": self.record_id,
-            "job": self.job,
-            "error": self.error,
-            "publish_time_us": self.publish_time_us,
+            "message_id": f.message_id,
+            "record_id": f.record_id,
+            "job": f.job,
+            "error": f.error,
+            "publish_time_us": f.publish_time_us,
             "failed_at": rfc3339(self.failed_at_us),
         });
-        match std::str::from_utf8(&self.payload) {
+        match std::str::from_utf8(&f.payload) {
             Ok(text) => v["payload"] = text.into(),
-            Err(_) => v["payload_base64"] = STANDARD.encode(&self.payload).into(),
+            Err(_) => v["payload_base64"] = STANDARD.encode(&f.payload).into(),
         }
         v
     }

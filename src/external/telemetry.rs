@@ -20,11 +20,15 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tower::limit::GlobalConcurrencyLimitLayer;
 
-/// Installs the global tracing subscriber. `RUST_LOG` filters (default `info`). Logs go to
+/// Installs the global tracing subscriber. `RUST_LOG` filters (default `info`, PostgreSQL's
+/// notices at `warn`). Logs go to
 /// stderr so stdout stays clean for command output.
 pub fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // PostgreSQL's notices ("relation … already exists, skipping" on every migration run) say
+    // nothing an operator can act on: shown from RUST_LOG=sqlx::postgres::notice=info.
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx::postgres::notice=warn"));
     use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -15,7 +15,7 @@ pub use rows::{ExportedFailure, ExportedResult};
 pub use vector::{vector_index_name, VectorColumn};
 
 use sqlx::postgres::Postgres;
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::query_builder::Separated;
 use sqlx::sqlite::Sqlite;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
@@ -165,15 +165,34 @@ impl Store {
     /// Connects (and for SQLite creates the file), failing fast with a clear error when the
     /// database is unreachable.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::open(url, true).await
+    }
+
+    /// [`Store::connect`] without sqlx's slow-statement warnings: for commands that stream a
+    /// whole job (`export`), whose one long statement is expected, not a symptom.
+    pub async fn connect_for_streaming(url: &str) -> Result<Self, StoreError> {
+        Self::open(url, false).await
+    }
+
+    async fn open(url: &str, warn_slow: bool) -> Result<Self, StoreError> {
+        use sqlx::ConnectOptions;
         let connect_err = |source| StoreError::Connect {
             url: redact_url(url),
             source,
         };
+        let slow = if warn_slow {
+            log::LevelFilter::Warn
+        } else {
+            log::LevelFilter::Off
+        };
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let opts = PgConnectOptions::from_str(url)
+                .map_err(connect_err)?
+                .log_slow_statements(slow, Duration::from_secs(1));
             let pool = PgPoolOptions::new()
                 .max_connections(4)
                 .acquire_timeout(Duration::from_secs(5))
-                .connect(url)
+                .connect_with(opts)
                 .await
                 .map_err(connect_err)?;
             Ok(Self::Postgres(pool))
@@ -182,7 +201,8 @@ impl Store {
                 .map_err(connect_err)?
                 .create_if_missing(true)
                 .journal_mode(SqliteJournalMode::Wal)
-                .busy_timeout(Duration::from_secs(30));
+                .busy_timeout(Duration::from_secs(30))
+                .log_slow_statements(slow, Duration::from_secs(1));
             let pool = SqlitePoolOptions::new()
                 .max_connections(4)
                 .connect_with(opts)

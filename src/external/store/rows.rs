@@ -1,7 +1,7 @@
 //! A job's rows read back as a stream, for `spotinfer export`: one row at a time from the
 //! database cursor, so memory does not grow with the job.
 
-use super::{le_bytes_to_f32s, Store, StoreError};
+use super::{le_bytes_to_f32s, FailureRow, Store, StoreError};
 use futures::stream::{BoxStream, StreamExt};
 use sqlx::Row;
 
@@ -28,21 +28,11 @@ pub struct ExportedResult {
     pub processed_at_us: i64,
 }
 
-/// One failure row of a job whose record has no result.
+/// One failure row of a job whose record has no result, with when it was recorded.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ExportedFailure {
-    /// The message that failed.
-    pub message_id: String,
-    /// Its record id, when the payload had one.
-    pub record_id: Option<String>,
-    /// Its job.
-    pub job: Option<String>,
-    /// Why it failed.
-    pub error: String,
-    /// The raw message data.
-    pub payload: Vec<u8>,
-    /// Its publish time, microseconds since the epoch.
-    pub publish_time_us: i64,
+    /// The row as the worker wrote it.
+    pub failure: FailureRow,
     /// When it was recorded, microseconds since the epoch.
     pub failed_at_us: i64,
 }
@@ -69,7 +59,39 @@ const FAILURES_SQLITE: &str = "SELECT f.message_id, f.record_id, f.job, f.error,
      (SELECT 1 FROM embeddings e WHERE e.record_id = f.record_id AND e.model = $2) \
      ORDER BY f.message_id";
 
+/// PostgreSQL tables whose statistics the export's join plan depends on.
+const JOINED_TABLES: [&str; 3] = ["embeddings", "job_records", "failed_records"];
+
 impl Store {
+    /// Refreshes PostgreSQL's planner statistics of the tables an export joins when they are
+    /// stale (more than a fifth of their rows changed since the last ANALYZE). Right after a bulk
+    /// load, before autovacuum has looked, the planner can take a large table for an empty one
+    /// and pick a nested loop of sequential scans: minutes instead of seconds. A failure here
+    /// (say, a role that does not own the tables) only costs that risk, so it is logged.
+    pub async fn refresh_stale_statistics(&self) {
+        let Store::Postgres(p) = self else { return };
+        for table in JOINED_TABLES {
+            let stale: Result<bool, sqlx::Error> = sqlx::query_scalar(
+                "SELECT n_mod_since_analyze > 0.2 * (n_live_tup + 1000) \
+                 FROM pg_stat_user_tables WHERE relname = $1",
+            )
+            .bind(table)
+            .fetch_optional(p)
+            .await
+            .map(|s| s.unwrap_or(false));
+            let result = match stale {
+                Ok(true) => sqlx::query(&format!("ANALYZE {table}"))
+                    .execute(p)
+                    .await
+                    .map(|_| ()),
+                other => other.map(|_| ()),
+            };
+            if let Err(e) = result {
+                tracing::warn!(table, error = %e, "cannot refresh the planner's statistics");
+            }
+        }
+    }
+
     /// The results of `job` from `model`, in record-id order.
     pub fn job_results<'a>(
         &'a self,
@@ -152,12 +174,14 @@ where
     for<'r> &'r str: sqlx::ColumnIndex<R>,
 {
     Ok(ExportedFailure {
-        message_id: row.try_get("message_id")?,
-        record_id: row.try_get("record_id")?,
-        job: row.try_get("job")?,
-        error: row.try_get("error")?,
-        payload: row.try_get("payload")?,
-        publish_time_us: row.try_get("publish_time_us")?,
+        failure: FailureRow {
+            message_id: row.try_get("message_id")?,
+            record_id: row.try_get("record_id")?,
+            job: row.try_get("job")?,
+            error: row.try_get("error")?,
+            payload: row.try_get("payload")?,
+            publish_time_us: row.try_get("publish_time_us")?,
+        },
         failed_at_us: row.try_get("failed_at_us")?,
     })
 }
