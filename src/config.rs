@@ -6,7 +6,7 @@
 
 use clap::builder::RangedU64ValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Log output format (`SPOTINFER_LOG_FORMAT`).
@@ -142,8 +142,17 @@ impl ModelRef {
     pub fn name(&self) -> String {
         self.model_name
             .clone()
-            .unwrap_or_else(|| crate::model::default_name(&self.model))
+            .unwrap_or_else(|| default_model_name(&self.model))
     }
+}
+
+/// The name a model's results carry unless `--model-name` says otherwise: the last segment of
+/// its folder (or of its gs:// prefix, which is also its cache folder's name).
+pub fn default_model_name(dir: &Path) -> String {
+    let name = |d: &Path| d.file_name().map(|n| n.to_string_lossy().into_owned());
+    name(dir)
+        .or_else(|| dir.canonicalize().ok().as_deref().and_then(name))
+        .unwrap_or_else(|| "model".into())
 }
 
 /// Where the model comes from and where it runs.

@@ -484,6 +484,20 @@ async fn publish_totals_survive_reruns_and_skip_done_resumes() {
         (int(&s, "done"), s["complete"].clone()),
         (300, Value::Bool(true))
     );
+    let watched = env.ok(
+        "status",
+        &["--job", &job, "--watch", "--json", "--interval", "100ms"],
+    );
+    let last: Value = serde_json::from_str(watched.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        last["complete"], true,
+        "--watch ends once the job is complete: {watched}"
+    );
+    let human = env.ok("status", &["--job", &job]);
+    assert!(
+        human.contains("complete") && human.contains("done       300 (100.0%)"),
+        "{human}"
+    );
 
     // Half of the first file again plus 100 new records: only the new ones go out.
     let second = plain_input(dir.path(), "b.jsonl", "a", 150..400);

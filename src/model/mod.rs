@@ -259,7 +259,10 @@ impl Embedder {
         } else {
             load_candle(&spec, &device, dtype)?
         };
-        let name = options.name.clone().unwrap_or_else(|| folder_name(dir));
+        let name = options
+            .name
+            .clone()
+            .unwrap_or_else(|| crate::config::default_model_name(dir));
         let info = ModelInfo {
             name,
             hash: weights_hash(&spec.weight_files())?,
@@ -489,20 +492,6 @@ pub fn weights_hash(files: &[&Path]) -> Result<String, ModelError> {
         }
     }
     Ok(hex::encode(&hasher.finalize()[..8]))
-}
-
-/// The name a model's results carry unless `--model-name` says otherwise: the last segment of
-/// its folder (or of its gs:// prefix, which is also its cache folder's name).
-pub fn default_name(model: &Path) -> String {
-    folder_name(model)
-}
-
-/// A model's default name: its folder's name.
-fn folder_name(dir: &Path) -> String {
-    let name = |d: &Path| d.file_name().map(|n| n.to_string_lossy().into_owned());
-    name(dir)
-        .or_else(|| dir.canonicalize().ok().as_deref().and_then(name))
-        .unwrap_or_else(|| "model".into())
 }
 
 fn select_device(choice: DeviceChoice) -> Result<Device, ModelError> {
