@@ -125,6 +125,35 @@ macro_rules! on_pool {
     };
 }
 
+/// Reads a job's [`JobCounts`] inside the open transaction `$tx` (each count statement takes
+/// the job as `$1` and, if it names `$2`, the model).
+macro_rules! counts_in {
+    ($tx:ident, $job:expr, $model:expr, $recent:expr) => {{
+        let mut n = [0i64; 4];
+        for (slot, sql) in n.iter_mut().zip([PUBLISHING, PUBLISHED, DONE, FAILED]) {
+            let q = sqlx::query_scalar(sql).bind($job);
+            *slot = if sql.contains("$2") {
+                q.bind($model).fetch_one(&mut *$tx).await?
+            } else {
+                q.fetch_one(&mut *$tx).await?
+            };
+        }
+        let (recent, recent_span_s): (i64, f64) = sqlx::query_as($recent)
+            .bind($job)
+            .bind($model)
+            .fetch_one(&mut *$tx)
+            .await?;
+        JobCounts {
+            publishing: n[0],
+            published: n[1],
+            done: n[2],
+            failed: n[3],
+            recent,
+            recent_span_s,
+        }
+    }};
+}
+
 impl Store {
     /// Registers `job` for `model`, or checks that an existing job targets the same model.
     pub async fn register_job(&self, job: &str, model: &str) -> Result<(), StoreError> {
@@ -233,48 +262,27 @@ impl Store {
     /// Where `job` stands; [`StoreError::UnknownJob`] when no publish registered it.
     pub async fn job_status(&self, job: &str) -> Result<JobStatus, StoreError> {
         let model = self.job_model(job).await?;
-        let published = self.count(PUBLISHED, job, &model).await?;
-        let done = self.count(DONE, job, &model).await?;
-        let failed = self.count(FAILED, job, &model).await?;
-        let publishing = self.count(PUBLISHING, job, &model).await?;
-        let (recent, recent_span_s): (i64, f64) = match self {
+        // One snapshot for every count: a job is complete only if, at one moment, no publish
+        // to it was unfinished and every record it had was settled.
+        let counts = match self {
             Store::Postgres(p) => {
-                sqlx::query_as(RECENT_PG)
-                    .bind(job)
-                    .bind(&model)
-                    .fetch_one(p)
-                    .await?
+                let mut tx = p.begin().await?;
+                sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                    .execute(&mut *tx)
+                    .await?;
+                let counts = counts_in!(tx, job, &model, RECENT_PG);
+                tx.commit().await?;
+                counts
             }
             Store::Sqlite(p) => {
-                sqlx::query_as(RECENT_SQLITE)
-                    .bind(job)
-                    .bind(&model)
-                    .fetch_one(p)
-                    .await?
+                // In WAL mode a read transaction sees one snapshot from its first read on.
+                let mut tx = p.begin().await?;
+                let counts = counts_in!(tx, job, &model, RECENT_SQLITE);
+                tx.commit().await?;
+                counts
             }
-        };
-        let counts = JobCounts {
-            published,
-            done,
-            failed,
-            publishing,
-            recent,
-            recent_span_s,
         };
         Ok(JobStatus::from_counts(job, &model, counts))
-    }
-
-    /// One of the status counts: `sql` takes the job as `$1` and, if it names `$2`, the model.
-    async fn count(&self, sql: &'static str, job: &str, model: &str) -> Result<i64, StoreError> {
-        let model = sql.contains("$2").then_some(model);
-        let n = on_pool!(self, p => {
-            let q = sqlx::query_scalar(sql).bind(job);
-            match model {
-                Some(m) => q.bind(m).fetch_one(p).await?,
-                None => q.fetch_one(p).await?,
-            }
-        });
-        Ok(n)
     }
 }
 

@@ -215,10 +215,28 @@ impl Store {
     }
 
     /// Runs the migrations under `migrations/postgres` or `migrations/sqlite`.
+    ///
+    /// PostgreSQL serialises concurrent runs with an advisory lock. sqlx takes no lock on
+    /// SQLite, so two processes opening a new file at once (a publish and a status, two
+    /// workers) can both try to record the same version, and one fails on its primary key; its
+    /// migration rolled back, and a second run finds the version applied.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         match self {
             Self::Postgres(p) => sqlx::migrate!("./migrations/postgres").run(p).await?,
-            Self::Sqlite(p) => sqlx::migrate!("./migrations/sqlite").run(p).await?,
+            Self::Sqlite(p) => {
+                let mut tries = 0;
+                loop {
+                    match sqlx::migrate!("./migrations/sqlite").run(p).await {
+                        Ok(()) => break,
+                        Err(e) if tries >= 3 => return Err(e.into()),
+                        Err(e) => {
+                            tries += 1;
+                            tracing::debug!(error = %e, tries, "SQLite migration raced another process; again");
+                            tokio::time::sleep(Duration::from_millis(50 * tries)).await;
+                        }
+                    }
+                }
+            }
         }
         Ok(())
     }
