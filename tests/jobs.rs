@@ -49,6 +49,16 @@ fn tiny_model() -> PathBuf {
     .clone()
 }
 
+/// Every stored embedding of the database at `db`, by record id.
+async fn table(db: &str) -> HashMap<String, spotinfer::external::store::StoredEmbedding> {
+    Store::connect(db)
+        .await
+        .unwrap()
+        .embeddings()
+        .await
+        .unwrap()
+}
+
 /// Admin URL of the suite's PostgreSQL 16 with pgvector (`scripts/pgvector.sh`).
 fn pgvector_admin_url() -> String {
     std::env::var("SPOTINFER_TEST_PGVECTOR_URL")
@@ -202,12 +212,7 @@ async fn a_job_runs_to_complete_and_exports(db: String, pgvector: bool) {
     assert_eq!(end["complete"], true);
     assert_eq!(end["eta_seconds"].as_f64(), Some(0.0));
 
-    let table = Store::connect(&env.db)
-        .await
-        .unwrap()
-        .embeddings()
-        .await
-        .unwrap();
+    let table = table(&env.db).await;
     check_exports(&env, &name, dir.path(), &table, &poison);
     if pgvector {
         each_record_is_its_own_nearest_neighbour(&env.db).await;
@@ -643,12 +648,7 @@ async fn exports_upload_to_cloud_storage() {
         .unwrap();
     let bytes = client.read(uri, None).await.unwrap();
     let rows = read_parquet(&bytes);
-    let table = Store::connect(&env.db)
-        .await
-        .unwrap()
-        .embeddings()
-        .await
-        .unwrap();
+    let table = table(&env.db).await;
     assert_eq!(rows.len(), 500);
     for (id, v) in &rows {
         assert_eq!(&table[id].embedding, v);

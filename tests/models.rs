@@ -18,6 +18,16 @@ fn reference() -> serde_json::Value {
     serde_json::from_str(&raw).unwrap()
 }
 
+/// The texts every fixture model's reference vectors were made from.
+fn texts(reference: &serde_json::Value) -> Vec<&str> {
+    reference["texts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect()
+}
+
 fn floats(v: &serde_json::Value) -> Vec<f32> {
     v.as_array()
         .unwrap()
@@ -60,12 +70,7 @@ fn check(what: &str, got: &[f32], want: &[f32], normalized: bool, worst: &mut f3
 #[test]
 fn every_fixture_model_matches_sentence_transformers_on_both_encoders() {
     let reference = reference();
-    let texts: Vec<&str> = reference["texts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_str().unwrap())
-        .collect();
+    let texts = texts(&reference);
     let models = reference["models"].as_object().unwrap();
     assert!(models.len() >= 8, "{} fixture models", models.len());
     for (name, m) in models {
@@ -138,12 +143,7 @@ fn every_fixture_model_matches_sentence_transformers_on_both_encoders() {
 #[test]
 fn every_fixture_tokenizer_gives_sentence_transformers_tokens() {
     let reference = reference();
-    let texts: Vec<&str> = reference["texts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_str().unwrap())
-        .collect();
+    let texts = texts(&reference);
     for (name, m) in reference["models"].as_object().unwrap() {
         let Some(tokens) = m["tokens"].as_array() else {
             continue;
@@ -259,12 +259,7 @@ fn the_weights_hash_names_the_weights() {
 #[test]
 fn every_fixture_model_holds_in_half_precision() {
     let reference = reference();
-    let texts: Vec<&str> = reference["texts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_str().unwrap())
-        .collect();
+    let texts = texts(&reference);
     for (name, m) in reference["models"].as_object().unwrap() {
         let options = LoadOptions {
             backend: Backend::Candle,

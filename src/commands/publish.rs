@@ -21,29 +21,21 @@ pub async fn run(a: PublishArgs) -> anyhow::Result<()> {
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let store = match &a.job {
-        Some(_) => {
-            let store = Store::connect(&a.db.database_url).await?;
-            store.migrate().await?;
-            Some(store)
-        }
-        None => None,
-    };
     let model = a.model.name();
     let input = input_name(&a);
-    let target = match (&store, &a.job) {
-        (Some(store), Some(job)) => {
-            store.register_job(job, &model).await?;
-            store.start_input(job, &input).await?;
-            Some(JobTarget {
-                store,
-                job,
-                model: &model,
-                skip_done: a.skip_done,
-            })
-        }
-        _ => None,
+    let store = match &a.job {
+        Some(job) => Some(register(&a, job, &model, &input).await?),
+        None => None,
     };
+    let target = store
+        .as_ref()
+        .zip(a.job.as_deref())
+        .map(|(store, job)| JobTarget {
+            store,
+            job,
+            model: &model,
+            skip_done: a.skip_done,
+        });
     let summary = publish::publish_lines(
         &publisher,
         input_reader,
@@ -71,16 +63,25 @@ pub async fn run(a: PublishArgs) -> anyhow::Result<()> {
             summary.failed
         );
     }
-    if let (Some(t), Some(job)) = (target, &a.job) {
+    if let Some(t) = target {
         let records = (summary.published + summary.already_done) as i64;
-        t.store.finish_input(job, &input, records).await?;
-        let status = t.store.job_status(job).await?;
+        t.store.finish_input(t.job, &input, records).await?;
+        let status = t.store.job_status(t.job).await?;
         println!(
-            "job {job}: {} records in all, model {}",
-            status.published, status.model
+            "job {}: {} records in all, model {}",
+            t.job, status.published, status.model
         );
     }
     Ok(())
+}
+
+/// Opens the database, registers `job` for `model` and marks `input` as being published to it.
+async fn register(a: &PublishArgs, job: &str, model: &str, input: &str) -> anyhow::Result<Store> {
+    let store = Store::connect(&a.db.database_url).await?;
+    store.migrate().await?;
+    store.register_job(job, model).await?;
+    store.start_input(job, input).await?;
+    Ok(store)
 }
 
 /// How the input is named in the job's list of inputs: a gs:// URI as given, a local file by

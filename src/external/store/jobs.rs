@@ -9,7 +9,7 @@ use super::{Store, StoreError};
 use std::collections::HashSet;
 
 /// Most ids one registration or lookup statement carries (well under both databases' limits).
-pub const IDS_PER_STATEMENT: usize = 1000;
+const IDS_PER_STATEMENT: usize = 1000;
 
 /// Where a job stands.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -103,27 +103,11 @@ const RECENT_SQLITE: &str = "SELECT COUNT(*), \
      COALESCE((julianday('now') - julianday(MIN(e.processed_at))) * 86400.0, 0.0) \
      FROM job_records r JOIN embeddings e ON e.record_id = r.record_id AND e.model = $2 \
      WHERE r.job = $1 AND e.processed_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-60 seconds')";
-const START_INPUT_PG: &str = "INSERT INTO job_inputs (job, input) VALUES ($1, $2) \
-     ON CONFLICT (job, input) DO UPDATE SET started_at = now(), finished_at = NULL, records = 0";
-const START_INPUT_SQLITE: &str = "INSERT INTO job_inputs (job, input) VALUES ($1, $2) \
-     ON CONFLICT (job, input) DO UPDATE SET started_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), \
-     finished_at = NULL, records = 0";
-const FINISH_INPUT_PG: &str =
-    "UPDATE job_inputs SET finished_at = now(), records = $3 WHERE job = $1 AND input = $2";
-const FINISH_INPUT_SQLITE: &str = "UPDATE job_inputs SET \
-     finished_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), records = $3 \
-     WHERE job = $1 AND input = $2";
-
-/// Runs the same statement text on whichever pool the store holds (`$N` placeholders work on
-/// both: sqlx binds SQLite's `$N` by number).
-macro_rules! on_pool {
-    ($store:expr, $pool:ident => $body:expr) => {
-        match $store {
-            Store::Postgres($pool) => $body,
-            Store::Sqlite($pool) => $body,
-        }
-    };
-}
+/// `{now}`: the dialect's current time ([`Store::now_sql`]).
+const START_INPUT: &str = "INSERT INTO job_inputs (job, input) VALUES ($1, $2) \
+     ON CONFLICT (job, input) DO UPDATE SET started_at = {now}, finished_at = NULL, records = 0";
+const FINISH_INPUT: &str =
+    "UPDATE job_inputs SET finished_at = {now}, records = $3 WHERE job = $1 AND input = $2";
 
 /// Reads a job's [`JobCounts`] inside the open transaction `$tx` (each count statement takes
 /// the job as `$1` and, if it names `$2`, the model).
@@ -180,22 +164,10 @@ impl Store {
 
     /// Marks a publish of `input` to `job` as running (until [`Store::finish_input`]).
     pub async fn start_input(&self, job: &str, input: &str) -> Result<(), StoreError> {
-        match self {
-            Store::Postgres(p) => {
-                sqlx::query(START_INPUT_PG)
-                    .bind(job)
-                    .bind(input)
-                    .execute(p)
-                    .await?;
-            }
-            Store::Sqlite(p) => {
-                sqlx::query(START_INPUT_SQLITE)
-                    .bind(job)
-                    .bind(input)
-                    .execute(p)
-                    .await?;
-            }
-        }
+        let sql = START_INPUT.replace("{now}", self.now_sql());
+        on_pool!(self, p => {
+            sqlx::query(&sql).bind(job).bind(input).execute(p).await?;
+        });
         Ok(())
     }
 
@@ -206,22 +178,10 @@ impl Store {
         input: &str,
         records: i64,
     ) -> Result<(), StoreError> {
-        match self {
-            Store::Postgres(p) => {
-                let q = sqlx::query(FINISH_INPUT_PG)
-                    .bind(job)
-                    .bind(input)
-                    .bind(records);
-                q.execute(p).await?;
-            }
-            Store::Sqlite(p) => {
-                let q = sqlx::query(FINISH_INPUT_SQLITE)
-                    .bind(job)
-                    .bind(input)
-                    .bind(records);
-                q.execute(p).await?;
-            }
-        }
+        let sql = FINISH_INPUT.replace("{now}", self.now_sql());
+        on_pool!(self, p => {
+            sqlx::query(&sql).bind(job).bind(input).bind(records).execute(p).await?;
+        });
         Ok(())
     }
 

@@ -6,13 +6,24 @@
 //! per model, a second model's vectors sit beside the first's, and a redelivery of an older
 //! publish never overwrites the result of a newer one.
 
+/// Runs the same statement code on whichever pool the store holds (`$N` placeholders work on
+/// both: sqlx binds SQLite's `$N` by number).
+macro_rules! on_pool {
+    ($store:expr, $pool:ident => $body:expr) => {
+        match $store {
+            Store::Postgres($pool) => $body,
+            Store::Sqlite($pool) => $body,
+        }
+    };
+}
+
 mod jobs;
 mod rows;
 mod vector;
 
-pub use jobs::{JobCounts, JobStatus, IDS_PER_STATEMENT};
+pub use jobs::{JobCounts, JobStatus};
 pub use rows::{ExportedFailure, ExportedResult};
-pub use vector::{vector_index_name, VectorColumn};
+pub use vector::VectorColumn;
 
 use sqlx::postgres::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -211,6 +222,22 @@ impl Store {
             Ok(Self::Sqlite(pool))
         } else {
             Err(StoreError::UnsupportedUrl(redact_url(url)))
+        }
+    }
+
+    /// SQL for the current time, in the format this database's timestamp columns hold.
+    fn now_sql(&self) -> &'static str {
+        match self {
+            Self::Postgres(_) => <Postgres as Dialect>::NOW,
+            Self::Sqlite(_) => <Sqlite as Dialect>::NOW,
+        }
+    }
+
+    /// The statement written for this database out of a PostgreSQL and a SQLite spelling.
+    fn pick<'s>(&self, postgres: &'s str, sqlite: &'s str) -> &'s str {
+        match self {
+            Self::Postgres(_) => postgres,
+            Self::Sqlite(_) => sqlite,
         }
     }
 

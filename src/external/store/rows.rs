@@ -128,20 +128,13 @@ impl Store {
         job: &'a str,
         model: &'a str,
     ) -> BoxStream<'a, Result<ExportedFailure, StoreError>> {
-        match self {
-            Store::Postgres(p) => sqlx::query(FAILURES_PG)
-                .bind(job)
-                .bind(model)
-                .fetch(p)
-                .map(|row| failure_row(&row?))
-                .boxed(),
-            Store::Sqlite(p) => sqlx::query(FAILURES_SQLITE)
-                .bind(job)
-                .bind(model)
-                .fetch(p)
-                .map(|row| failure_row(&row?))
-                .boxed(),
-        }
+        let sql = self.pick(FAILURES_PG, FAILURES_SQLITE);
+        on_pool!(self, p => sqlx::query(sql)
+            .bind(job)
+            .bind(model)
+            .fetch(p)
+            .map(|row| failure_row(&row?))
+            .boxed())
     }
 }
 

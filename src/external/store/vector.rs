@@ -86,7 +86,7 @@ impl Store {
 
 /// `embeddings_hnsw_` and 12 hex digits of the model name's SHA-256: one index per model, a
 /// valid identifier whatever the name holds.
-pub fn vector_index_name(model: &str) -> String {
+fn vector_index_name(model: &str) -> String {
     let digest = Sha256::digest(model.as_bytes());
     format!("embeddings_hnsw_{}", &hex::encode(digest)[..12])
 }
