@@ -87,17 +87,40 @@ fn a_token_budget_splits_batches_without_changing_a_vector() {
     }
 }
 
+/// The fused encoder's bf16 products (the CPU default where the CPU has AVX-512 BF16) hold
+/// the same bar; where the CPU lacks it, asking for bf16 is a clear error, and auto is f32.
 #[test]
-fn the_fused_encoder_refuses_half_precision() {
-    let err = Embedder::load_as(
-        &common::model_dir(),
-        DeviceChoice::Cpu,
-        Backend::Fused,
-        Precision::F16,
-    )
-    .err()
-    .expect("the fused encoder computes in f32 only");
-    assert!(err.to_string().contains("f32 only"), "{err}");
+fn fused_in_bf16_matches_sentence_transformers_where_the_cpu_has_it() {
+    let dir = common::model_dir();
+    let auto = Embedder::load_as(&dir, DeviceChoice::Cpu, Backend::Auto, Precision::Auto).unwrap();
+    if spotinfer_bert_cpu::bf16_supported() {
+        assert_eq!(auto.info().device, "Cpu (fused, bf16)");
+        matches_sentence_transformers(Backend::Fused, Precision::Bf16);
+    } else {
+        assert_eq!(auto.info().device, "Cpu (fused, f32)");
+        let err = Embedder::load_as(&dir, DeviceChoice::Cpu, Backend::Fused, Precision::Bf16)
+            .err()
+            .expect("bf16 without AVX-512 BF16");
+        assert!(err.to_string().contains("AVX-512 BF16"), "{err}");
+    }
+    let forced = Embedder::load_as(&dir, DeviceChoice::Cpu, Backend::Fused, Precision::F32);
+    assert_eq!(forced.unwrap().info().device, "Cpu (fused, f32)");
+}
+
+#[test]
+fn each_encoder_refuses_the_precision_it_does_not_compute_in() {
+    let dir = common::model_dir();
+    let err = Embedder::load_as(&dir, DeviceChoice::Cpu, Backend::Fused, Precision::F16)
+        .err()
+        .expect("the fused encoder computes in f32 or bf16");
+    assert!(err.to_string().contains("not f16"), "{err}");
+    let err = Embedder::load_as(&dir, DeviceChoice::Cpu, Backend::Candle, Precision::Bf16)
+        .err()
+        .expect("candle computes in f32 or f16");
+    assert!(
+        err.to_string().contains("candle computes in f32 or f16"),
+        "{err}"
+    );
 }
 
 fn matches_sentence_transformers(backend: Backend, precision: Precision) {

@@ -254,31 +254,38 @@ fn the_weights_hash_names_the_weights() {
     assert_eq!(a.info().name, "bert-mean-old");
 }
 
-/// The CUDA path's arithmetic (candle with f16 matrix products, f32 pooling and head), run by
-/// candle on the CPU: every fixture model stays within cosine 0.999 of sentence-transformers.
+/// The reduced-precision paths: the CUDA path's arithmetic (candle with f16 matrix products, f32
+/// pooling and head, run by candle on the CPU) and the fused encoder's bf16 products (where the
+/// CPU has AVX-512 BF16): every fixture model stays within cosine 0.999 of sentence-transformers.
 #[test]
 fn every_fixture_model_holds_in_half_precision() {
     let reference = reference();
     let texts = texts(&reference);
+    let mut paths = vec![(Backend::Candle, Precision::F16)];
+    if spotinfer_bert_cpu::bf16_supported() {
+        paths.push((Backend::Fused, Precision::Bf16));
+    }
     for (name, m) in reference["models"].as_object().unwrap() {
-        let options = LoadOptions {
-            backend: Backend::Candle,
-            precision: Precision::F16,
-            ..LoadOptions::new(DeviceChoice::Cpu)
-        };
-        let model = Embedder::open(&fixtures().join(name), &options).unwrap();
-        let case = &m["cases"][0];
-        let got = model.embed(&texts).unwrap().vectors;
-        let mut worst = 1.0f32;
-        for (i, (g, w)) in got
-            .iter()
-            .zip(case["embeddings"].as_array().unwrap())
-            .enumerate()
-        {
-            let c = cosine(g, &floats(w));
-            worst = worst.min(c);
-            assert!(c >= 0.999, "{name} f16 text {i}: cosine {c}");
+        for &(backend, precision) in &paths {
+            let options = LoadOptions {
+                backend,
+                precision,
+                ..LoadOptions::new(DeviceChoice::Cpu)
+            };
+            let model = Embedder::open(&fixtures().join(name), &options).unwrap();
+            let case = &m["cases"][0];
+            let got = model.embed(&texts).unwrap().vectors;
+            let mut worst = 1.0f32;
+            for (i, (g, w)) in got
+                .iter()
+                .zip(case["embeddings"].as_array().unwrap())
+                .enumerate()
+            {
+                let c = cosine(g, &floats(w));
+                worst = worst.min(c);
+                assert!(c >= 0.999, "{name} {precision:?} text {i}: cosine {c}");
+            }
+            eprintln!("{name} {backend:?} {precision:?}: worst cosine {worst:.6}");
         }
-        eprintln!("{name} candle f16: worst cosine {worst:.6}");
     }
 }

@@ -2,7 +2,8 @@
 //! model's spec, and its errors in the model layer's terms.
 
 use super::spec::EncoderSpec;
-use super::ModelError;
+use super::{Embedder, Engine, ModelError};
+use crate::config::Precision;
 use spotinfer_bert_cpu::{self as bert_cpu, BertError};
 
 impl From<BertError> for ModelError {
@@ -11,6 +12,7 @@ impl From<BertError> for ModelError {
             BertError::File { path, source } => Self::File { path, source },
             BertError::Weights { path, message } => Self::Config { path, message },
             BertError::Input(m) => Self::Input(m),
+            BertError::Unsupported(m) => Self::Precision(m),
         }
     }
 }
@@ -27,5 +29,102 @@ pub(super) fn dims(e: &EncoderSpec) -> bert_cpu::Dims {
         type_vocab: e.type_vocab,
         eps: e.eps as f32,
         position_offset: e.position_offset,
+    }
+}
+
+/// The least cosine between a probe's bf16 and f32 vectors for `--precision auto` to keep bf16
+/// (bench/accuracy.py measures whole corpora against sentence-transformers: the bar there is
+/// 0.999, so this leaves a margin).
+const BF16_MIN_COSINE: f64 = 0.9995;
+
+/// Texts embedded both ways at load under `--precision auto`: short and long, prose, code,
+/// numbers, other scripts, repetition, so a model whose activations bf16 cannot hold shows it.
+const PROBES: &[&str] = &[
+    "hello",
+    "The quick brown fox jumps over the lazy dog.",
+    "How do I reset my password if I no longer have access to the email on my account?",
+    "Spot VMs can be preempted at any time; the worker returns unfinished messages at once.",
+    "fn main() { println!(\"{}\", (1..=10).map(|x| x * x).sum::<u64>()); }",
+    "Order #48213 shipped 2026-11-23 14:05 UTC: 3 × 250 ml, €17.40, tracking 1Z999AA10123456784.",
+    "Die Katze sitzt auf der Matte. Le chat est assis sur le tapis. 猫はマットの上に座っている。",
+    "error error error error error error error error error error error error error error",
+    "Photosynthesis converts light energy into chemical energy: in the chloroplasts, water is \
+     split, oxygen is released, and the energy captured drives the Calvin cycle, which fixes \
+     carbon dioxide into three-carbon sugars that the plant then uses to build glucose, starch \
+     and cellulose. The rate depends on light intensity, temperature and the concentration of \
+     carbon dioxide, each of which can become the limiting factor; farmers raise yields in \
+     greenhouses by adding carbon dioxide and controlling heat, while in the open field the \
+     supply of water and nitrogen usually limits growth long before light does.",
+];
+
+impl Embedder {
+    /// Settles the fused encoder's precision: f32 or bf16 when asked for, and for `auto` bf16
+    /// where the CPU has it and the model's probe vectors stay within [`BF16_MIN_COSINE`] of
+    /// f32's, else f32 (with the reason logged). The weights the choice does not use are freed.
+    pub(super) fn choose_cpu_precision(&mut self, asked: Precision) -> Result<(), ModelError> {
+        let bf16 = match asked {
+            Precision::F32 | Precision::F16 => false,
+            Precision::Bf16 => true,
+            Precision::Auto if !bert_cpu::bf16_supported() => {
+                tracing::info!("fused encoder in f32: this CPU has no AVX-512 BF16");
+                false
+            }
+            Precision::Auto => self.bf16_holds()?,
+        };
+        let Engine::Fused(bert) = &mut self.engine else {
+            return Ok(());
+        };
+        let chosen = if bf16 {
+            bert_cpu::Precision::Bf16
+        } else {
+            bert_cpu::Precision::F32
+        };
+        bert.set_precision(chosen)?;
+        bert.release_unused();
+        self.info.device = format!("Cpu (fused, {})", if bf16 { "bf16" } else { "f32" });
+        Ok(())
+    }
+
+    /// Whether bf16 keeps every probe text's vector within [`BF16_MIN_COSINE`] of f32's.
+    fn bf16_holds(&mut self) -> Result<bool, ModelError> {
+        let exact = self.embed(PROBES)?.vectors;
+        if let Engine::Fused(bert) = &mut self.engine {
+            bert.set_precision(bert_cpu::Precision::Bf16)?;
+        }
+        let rounded = self.embed(PROBES)?.vectors;
+        let worst = exact
+            .iter()
+            .zip(&rounded)
+            .map(|(a, b)| cosine(a, b))
+            .fold(f64::INFINITY, f64::min);
+        if worst >= BF16_MIN_COSINE {
+            tracing::info!(
+                worst_cosine = worst,
+                "fused encoder in bf16 (checked against f32 at load)"
+            );
+            Ok(true)
+        } else {
+            tracing::warn!(
+                worst_cosine = worst,
+                "fused encoder in f32: this model's bf16 vectors drift past cosine {BF16_MIN_COSINE}"
+            );
+            Ok(false)
+        }
+    }
+}
+
+/// The cosine of two vectors, in f64; 1 for two zero vectors (nothing to drift).
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| f64::from(*x) * f64::from(*y))
+        .sum();
+    let na: f64 = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    if na == 0.0 && nb == 0.0 {
+        1.0
+    } else {
+        dot / (na * nb)
     }
 }

@@ -73,6 +73,9 @@ pub enum ModelError {
     /// A prompt that does not exist.
     #[error("{0}")]
     Prompt(String),
+    /// A `--precision` this CPU, device or backend cannot compute in.
+    #[error("--precision: {0}")]
+    Precision(String),
     /// The tokenizer failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
@@ -209,7 +212,8 @@ impl Embedder {
     }
 
     /// [`Embedder::load_with`] with a chosen precision for the encoder's matrix products:
-    /// `auto` is f16 on CUDA and f32 on the CPU; pooling and what follows are always f32.
+    /// `auto` is f16 on CUDA and, on the CPU, bf16 where the CPU has AVX-512 BF16 and the model
+    /// passes the load-time check (see `fused`), else f32; pooling and what follows are f32.
     pub fn load_as(
         dir: &Path,
         device: DeviceChoice,
@@ -243,21 +247,16 @@ impl Embedder {
         let tokenizer = TextTokenizer::load(&spec, max_seq_len)?;
         let prompts = Prompts::new(&spec, &options.prompt)?;
         let device = select_device(options.device)?;
-        let dtype = match options.precision {
-            Precision::F32 => DType::F32,
-            Precision::F16 => DType::F16,
-            Precision::Auto if device.is_cpu() => DType::F32,
-            Precision::Auto => DType::F16,
-        };
         let fused = match options.backend {
             Backend::Fused => true,
             Backend::Candle => false,
             Backend::Auto => device.is_cpu(),
         };
-        let engine = if fused {
-            load_fused(&spec, &device, dtype)?
+        let (engine, dtype) = if fused {
+            (load_fused(&spec, &device, options.precision)?, None)
         } else {
-            load_candle(&spec, &device, dtype)?
+            let dtype = candle_dtype(options.precision, &device)?;
+            (load_candle(&spec, &device, dtype)?, Some(dtype))
         };
         let name = options
             .name
@@ -268,13 +267,13 @@ impl Embedder {
             hash: weights_hash(&spec.weight_files())?,
             dim: spec.dim(),
             max_seq_len,
-            device: match engine {
-                Engine::Fused(_) => "Cpu (fused)".into(),
-                Engine::Candle(..) => format!("{device:?} (candle, {dtype:?})"),
+            device: match dtype {
+                None => "Cpu (fused, f32)".into(),
+                Some(dtype) => format!("{device:?} (candle, {dtype:?})"),
             },
             prompts: prompts.names(),
         };
-        Ok(Self {
+        let mut embedder = Self {
             engine,
             tokenizer,
             head: Head::load(&spec)?,
@@ -282,7 +281,11 @@ impl Embedder {
             skip_prompt: !spec.pooling.include_prompt,
             info,
             max_batch_tokens: 0,
-        })
+        };
+        if fused {
+            embedder.choose_cpu_precision(options.precision)?;
+        }
+        Ok(embedder)
     }
 
     /// Splits every batch into encoder batches of at most `tokens` padded tokens (0: no limit).
@@ -441,7 +444,11 @@ fn candle_embed(
 }
 
 /// The fused CPU encoder, which computes in f32 on the CPU only.
-fn load_fused(spec: &ModelSpec, device: &Device, dtype: DType) -> Result<Engine, ModelError> {
+fn load_fused(
+    spec: &ModelSpec,
+    device: &Device,
+    precision: Precision,
+) -> Result<Engine, ModelError> {
     let refuse = |message: &str| ModelError::Config {
         path: spec.dir.clone(),
         message: message.into(),
@@ -451,13 +458,28 @@ fn load_fused(spec: &ModelSpec, device: &Device, dtype: DType) -> Result<Engine,
             "the fused backend runs on the CPU only (use --backend candle)",
         ));
     }
-    if dtype != DType::F32 {
-        return Err(refuse(
-            "the fused backend computes in f32 only (use --precision f32, or --backend candle)",
+    if precision == Precision::F16 {
+        return Err(ModelError::Precision(
+            "the fused backend computes in f32 or bf16, not f16 (use --backend candle for f16)"
+                .into(),
         ));
     }
     let bert = CpuBert::load(&spec.weights, fused::dims(&spec.encoder), spec.pooling.mode)?;
     Ok(Engine::Fused(Box::new(bert)))
+}
+
+/// The candle encoder's dtype for `precision`: auto is f16 on CUDA and f32 on the CPU.
+fn candle_dtype(precision: Precision, device: &Device) -> Result<DType, ModelError> {
+    match precision {
+        Precision::F32 => Ok(DType::F32),
+        Precision::F16 => Ok(DType::F16),
+        Precision::Auto if device.is_cpu() => Ok(DType::F32),
+        Precision::Auto => Ok(DType::F16),
+        Precision::Bf16 => Err(ModelError::Precision(
+            "bf16 is the fused CPU encoder's (--backend fused); candle computes in f32 or f16"
+                .into(),
+        )),
+    }
 }
 
 /// The candle encoder on `device`, its weights converted to `dtype`.
