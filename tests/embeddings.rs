@@ -238,13 +238,48 @@ fn long_texts_tokenize_exactly_as_the_whole_text() {
     let theirs = whole.encode_batch(refs.clone(), true).unwrap();
     let whole_took = started.elapsed();
     for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
-        assert_eq!(a.get_ids(), b.get_ids(), "text {i}");
-        assert_eq!(a.get_type_ids(), b.get_type_ids(), "text {i}");
+        assert_eq!(a.ids, b.get_ids(), "text {i}");
+        assert_eq!(a.type_ids, b.get_type_ids(), "text {i}");
     }
     eprintln!(
         "{} texts, {} KiB: prefix tokenization {ours_took:?}, whole texts {whole_took:?}",
         texts.len(),
         texts.iter().map(String::len).sum::<usize>() / 1024
+    );
+}
+
+/// The WordPiece fast path gives the tokenizers crate's ids for every text, whether it takes
+/// the text or hands it over; most of these texts it takes.
+#[test]
+fn the_fast_tokenizer_path_gives_the_tokenizers_ids() {
+    let model = Embedder::load(&common::model_dir(), DeviceChoice::Cpu).unwrap();
+    let texts = common::tokenizer_texts(4000);
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let started = std::time::Instant::now();
+    let fast = model.tokenize(&refs).unwrap();
+    let fast_took = started.elapsed();
+    let started = std::time::Instant::now();
+    let (slow, has_fast) = model.tokenize_without_fast_path(&refs).unwrap();
+    let slow_took = started.elapsed();
+    assert!(has_fast, "all-MiniLM-L6-v2 is a BERT WordPiece tokenizer");
+    for (i, (a, b)) in fast.iter().zip(&slow).enumerate() {
+        assert_eq!(a, b, "text {i}: {:?}", texts[i]);
+    }
+    let truncated = fast.iter().filter(|t| t.len() == 256).count();
+    let plain = texts
+        .iter()
+        .filter(|t| {
+            t.bytes()
+                .all(|b| (0x20..0x7f).contains(&b) || b"\t\n\r".contains(&b))
+        })
+        .count();
+    assert!(
+        truncated > 100 && plain > 2000,
+        "{truncated} truncated, {plain} ASCII"
+    );
+    eprintln!(
+        "{} texts: fast path {fast_took:?}, tokenizers crate {slow_took:?}",
+        texts.len()
     );
 }
 

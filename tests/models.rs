@@ -161,6 +161,36 @@ fn every_fixture_tokenizer_gives_sentence_transformers_tokens() {
     }
 }
 
+/// Every WordPiece fixture tokenizer takes the fast path and gives the tokenizers crate's ids
+/// through it; the Unigram and BPE ones never take it.
+#[test]
+fn the_fast_tokenizer_path_agrees_on_every_fixture_tokenizer() {
+    let texts = common::tokenizer_texts(1500);
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let mut fast_models = 0;
+    for name in reference()["models"].as_object().unwrap().keys() {
+        let model = load(name, Backend::Fused, PromptChoice::ModelDefault);
+        let (slow, has_fast) = model.tokenize_without_fast_path(&refs).unwrap();
+        let tokenizer: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(fixtures().join(name).join("tokenizer.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            has_fast,
+            tokenizer["model"]["type"] == "WordPiece",
+            "{name}"
+        );
+        fast_models += usize::from(has_fast);
+        for (i, (a, b)) in model.tokenize(&refs).unwrap().iter().zip(&slow).enumerate() {
+            assert_eq!(a, b, "{name}: text {i} {:?}", texts[i]);
+        }
+    }
+    assert!(
+        fast_models >= 5,
+        "{fast_models} fixture models took the fast path"
+    );
+}
+
 /// Each model spotinfer cannot compute exactly is refused at load, naming what it lacks.
 #[test]
 fn unsupported_models_are_refused_with_the_reason() {

@@ -24,6 +24,7 @@ mod prompt;
 pub mod spec;
 mod thread;
 mod tokenize;
+mod wordpiece;
 
 pub use prompt::PromptChoice;
 pub use spec::ModelSpec;
@@ -40,6 +41,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use tokenize::TextTokenizer;
+pub use tokenize::TokenIds;
 
 /// Errors loading or running the model.
 #[derive(Debug, thiserror::Error)]
@@ -308,8 +310,20 @@ impl Embedder {
     }
 
     /// The texts as the model sees them (no prompt): special tokens added, truncated, not padded.
-    pub fn tokenize(&self, texts: &[&str]) -> Result<Vec<tokenizers::Encoding>, ModelError> {
+    pub fn tokenize(&self, texts: &[&str]) -> Result<Vec<TokenIds>, ModelError> {
         self.tokenizer.encode(texts)
+    }
+
+    /// [`Embedder::tokenize`] by the `tokenizers` crate alone, without the WordPiece fast path
+    /// (`wordpiece`), and whether this model has that path: for tests that compare the two.
+    pub fn tokenize_without_fast_path(
+        &self,
+        texts: &[&str],
+    ) -> Result<(Vec<TokenIds>, bool), ModelError> {
+        Ok((
+            self.tokenizer.encode_slow(texts)?,
+            self.tokenizer.has_fast_path(),
+        ))
     }
 
     /// Embeds a batch with the default prompt.
@@ -331,7 +345,7 @@ impl Embedder {
         }
         let mut vectors = vec![Vec::new(); encodings.len()];
         for chunk in budget::token_budget_chunks(&lens, self.max_batch_tokens) {
-            let part: Vec<(&tokenizers::Encoding, usize)> =
+            let part: Vec<(&TokenIds, usize)> =
                 chunk.iter().map(|&i| (&encodings[i], skips[i])).collect();
             for (i, v) in chunk.into_iter().zip(self.encode(&part)?) {
                 vectors[i] = self.head.apply(v);
@@ -355,7 +369,7 @@ impl Embedder {
     fn tokenize_inputs(
         &self,
         inputs: &[Input<'_>],
-    ) -> Result<(Vec<tokenizers::Encoding>, Vec<usize>), ModelError> {
+    ) -> Result<(Vec<TokenIds>, Vec<usize>), ModelError> {
         let mut prompt_tokens: HashMap<&str, usize> = HashMap::new();
         let mut texts: Vec<Cow<'_, str>> = Vec::with_capacity(inputs.len());
         let mut skips = Vec::with_capacity(inputs.len());
@@ -381,17 +395,14 @@ impl Embedder {
     }
 
     /// One encoder batch through whichever encoder is loaded: pooled vectors.
-    fn encode(
-        &self,
-        batch: &[(&tokenizers::Encoding, usize)],
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
+    fn encode(&self, batch: &[(&TokenIds, usize)]) -> Result<Vec<Vec<f32>>, ModelError> {
         match &self.engine {
             Engine::Fused(bert) => {
                 let batch: Vec<bert_cpu::Tokens<'_>> = batch
                     .iter()
                     .map(|(e, skip)| bert_cpu::Tokens {
-                        ids: e.get_ids(),
-                        type_ids: e.get_type_ids(),
+                        ids: &e.ids,
+                        type_ids: &e.type_ids,
                         skip: *skip,
                     })
                     .collect();
@@ -415,7 +426,7 @@ fn plain(text: &str) -> Input<'_> {
 fn candle_embed(
     model: &CandleBert,
     pooling: Pooling,
-    batch: &[(&tokenizers::Encoding, usize)],
+    batch: &[(&TokenIds, usize)],
 ) -> Result<Vec<Vec<f32>>, ModelError> {
     let n = batch.len();
     let len = batch.iter().map(|(e, _)| e.len()).max().unwrap_or(0);
@@ -425,8 +436,8 @@ fn candle_embed(
     let mut pooled = vec![0u32; n * len];
     for (i, (e, skip)) in batch.iter().enumerate() {
         let row = i * len..i * len + e.len();
-        ids[row.clone()].copy_from_slice(e.get_ids());
-        types[row.clone()].copy_from_slice(e.get_type_ids());
+        ids[row.clone()].copy_from_slice(&e.ids);
+        types[row.clone()].copy_from_slice(&e.type_ids);
         mask[row.clone()].fill(1);
         pooled[row.start + (*skip).min(e.len())..row.end].fill(1);
     }

@@ -5,14 +5,38 @@
 
 use super::prefix;
 use super::spec::ModelSpec;
+use super::wordpiece::FastWordPiece;
 use super::ModelError;
 use tokenizers::normalizers::{Lowercase, NormalizerWrapper, Sequence};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::{Encoding, Tokenizer, TruncationDirection, TruncationParams};
+use tokenizers::{Tokenizer, TruncationDirection, TruncationParams};
+
+/// One text as the encoders take it: token ids and type ids, special tokens included.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenIds {
+    /// Token ids.
+    pub ids: Vec<u32>,
+    /// Token type (segment) ids, one per token.
+    pub type_ids: Vec<u32>,
+}
+
+impl TokenIds {
+    /// Tokens.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+}
 
 /// The model's tokenizer, set up as sentence-transformers uses it.
 pub struct TextTokenizer {
     inner: Tokenizer,
+    /// The exact fast path for BERT WordPiece tokenizers and ASCII texts, where it applies.
+    fast: Option<FastWordPiece>,
     max_len: usize,
     /// Whether a long text may be tokenized by a prefix (see [`prefix`]): only where the
     /// pre-tokenizer splits at whitespace and truncation keeps the start.
@@ -57,8 +81,14 @@ impl TextTokenizer {
         }
         let prefix_cut =
             !spec.truncate_left && inner.get_pre_tokenizer().is_some_and(splits_at_whitespace);
+        let fast = if spec.truncate_left {
+            None
+        } else {
+            FastWordPiece::new(&inner, max_len)
+        };
         Ok(Self {
             inner,
+            fast,
             max_len,
             prefix_cut,
         })
@@ -68,29 +98,70 @@ impl TextTokenizer {
     ///
     /// A long text is tokenized by its prefix where that is exact (see [`prefix`]): the model
     /// keeps only its first `max_len` tokens, so a 1 MiB text costs what a few KiB cost.
-    pub fn encode(&self, texts: &[&str]) -> Result<Vec<Encoding>, ModelError> {
+    pub fn encode(&self, texts: &[&str]) -> Result<Vec<TokenIds>, ModelError> {
         let first = if self.prefix_cut {
             prefix::initial_bytes(self.max_len)
         } else {
             usize::MAX
         };
         let cuts: Vec<prefix::Cut<'_>> = texts.iter().map(|t| prefix::cut(t, first)).collect();
-        let inputs: Vec<&str> = cuts.iter().map(|c| c.text).collect();
-        let mut encodings = self
-            .inner
-            .encode_batch(inputs, true)
-            .map_err(tokenizer_error)?;
+        let mut out: Vec<Option<TokenIds>> = cuts.iter().map(|c| self.fast_path(c.text)).collect();
+        let slow: Vec<usize> = (0..out.len()).filter(|&i| out[i].is_none()).collect();
+        if !slow.is_empty() {
+            let inputs: Vec<&str> = slow.iter().map(|&i| cuts[i].text).collect();
+            let encoded = self
+                .inner
+                .encode_batch_fast(inputs, true)
+                .map_err(tokenizer_error)?;
+            for (i, e) in slow.into_iter().zip(encoded) {
+                out[i] = Some(ids_of(&e));
+            }
+        }
+        let mut out: Vec<TokenIds> = out.into_iter().flatten().collect();
         for (i, mut cut) in cuts.into_iter().enumerate() {
             // Grow the prefix until it yields the model's full window at a word boundary (then
             // the rest of the text cannot change the kept tokens), or is the whole text.
             let mut limit = first;
-            while !cut.settles(encodings[i].len(), self.max_len) {
+            while !cut.settles(out[i].len(), self.max_len) {
                 limit = limit.saturating_mul(2);
                 cut = prefix::cut(texts[i], limit);
-                encodings[i] = self.inner.encode(cut.text, true).map_err(tokenizer_error)?;
+                out[i] = self.encode_one(cut.text)?;
             }
         }
-        Ok(encodings)
+        Ok(out)
+    }
+
+    /// One text, by the fast path where it applies, else by the tokenizer.
+    fn encode_one(&self, text: &str) -> Result<TokenIds, ModelError> {
+        match self.fast_path(text) {
+            Some(t) => Ok(t),
+            None => Ok(ids_of(
+                &self
+                    .inner
+                    .encode_fast(text, true)
+                    .map_err(tokenizer_error)?,
+            )),
+        }
+    }
+
+    fn fast_path(&self, text: &str) -> Option<TokenIds> {
+        let (ids, type_ids) = self.fast.as_ref()?.encode(text)?;
+        Some(TokenIds { ids, type_ids })
+    }
+
+    /// The tokenizer's own result for each text, without the fast path (for tests that compare
+    /// the two).
+    pub fn encode_slow(&self, texts: &[&str]) -> Result<Vec<TokenIds>, ModelError> {
+        let encoded = self
+            .inner
+            .encode_batch(texts.to_vec(), true)
+            .map_err(tokenizer_error)?;
+        Ok(encoded.iter().map(ids_of).collect())
+    }
+
+    /// Whether the fast path applies to this tokenizer at all.
+    pub fn has_fast_path(&self) -> bool {
+        self.fast.is_some()
     }
 
     /// How many leading tokens a prompt accounts for, as sentence-transformers counts them for
@@ -100,6 +171,13 @@ impl TextTokenizer {
         let e = self.inner.encode(prompt, true).map_err(tokenizer_error)?;
         let trailing = e.get_special_tokens_mask().last() == Some(&1);
         Ok(e.len() - usize::from(trailing))
+    }
+}
+
+fn ids_of(e: &tokenizers::Encoding) -> TokenIds {
+    TokenIds {
+        ids: e.get_ids().to_vec(),
+        type_ids: e.get_type_ids().to_vec(),
     }
 }
 

@@ -427,3 +427,91 @@ pub fn output_with_peak_rss(cmd: &mut Command) -> (std::process::Output, f64) {
     };
     (output, peak_kib as f64 / 1024.0)
 }
+
+/// Texts that exercise every rule of the WordPiece fast path (src/model/wordpiece.rs) and every
+/// reason to leave it: words in and out of a BERT vocabulary, case, digits, each ASCII
+/// punctuation character, every whitespace byte, words around `max_input_chars_per_word`,
+/// texts past the token limit, added tokens written in the text, and (in every other text)
+/// accents, CJK, emoji and control characters. Seeded, so a failure names the same text again.
+#[allow(dead_code)]
+pub fn tokenizer_texts(n: usize) -> Vec<String> {
+    const ASCII: &[&str] = &[
+        "the",
+        "worker",
+        "embeds",
+        "records",
+        "unaffable",
+        "Preemptible",
+        "GPU",
+        "HELLO",
+        "xyzzyqq",
+        "e-mail",
+        "don't",
+        "U.S.A.",
+        "12345",
+        "3.14",
+        "$9.99",
+        "C++",
+        "foo_bar",
+        "a/b\\c",
+        "(x)",
+        "[y]",
+        "{z}",
+        "<tag>",
+        "#hash",
+        "@user",
+        "100%",
+        "~tilde`",
+        "^caret|",
+        "\"quoted\"",
+        "semi;colon:",
+        "what?!",
+        "well...",
+        "a=b+c*d",
+        "'single'",
+    ];
+    const ODD: &[&str] = &[
+        "[CLS]",
+        "[mask]",
+        "[SEP] after",
+        "[UNK]x",
+        "café",
+        "naïve",
+        "東京",
+        "🙂",
+        "Ωmega",
+        "tab\u{0007}bell",
+        "vertical\u{000b}tab",
+        "nbsp\u{00a0}here",
+        "zero\u{200b}width",
+    ];
+    const SPACE: &[&str] = &[" ", " ", " ", "  ", "\t", "\n", "\r\n", " \r "];
+    let mut seed = 0x5eed_u64;
+    let mut next = move |m: usize| {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        ((seed >> 33) as usize) % m
+    };
+    (0..n)
+        .map(|i| {
+            let words = match i % 10 {
+                0 => 200 + next(300), // past 256 tokens: truncation
+                _ => 1 + next(40),
+            };
+            let mut t = String::new();
+            for w in 0..words {
+                if w > 0 || next(4) == 0 {
+                    t.push_str(SPACE[next(SPACE.len())]);
+                }
+                match next(20) {
+                    0 => t.push_str(&"a".repeat(95 + next(10))), // around 100 characters
+                    1 => t.push_str(&"long".repeat(30)),
+                    2 if i % 2 == 1 => t.push_str(ODD[next(ODD.len())]),
+                    _ => t.push_str(ASCII[next(ASCII.len())]),
+                }
+            }
+            t
+        })
+        .collect()
+}
