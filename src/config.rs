@@ -382,9 +382,11 @@ pub struct WorkArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub batch: BatchArgs,
-    /// Streaming-pull streams to open (one emulator stream delivers about 1,900 messages/s).
-    #[arg(long, env = "SPOTINFER_STREAMS", default_value_t = 1, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
-    pub streams: usize,
+    /// Streaming-pull streams to open. Unset: one per 1,500 messages/s of the model's speed
+    /// measured at start-up (at most 8), so a fast model (a GPU, a small model) is not held to
+    /// one stream's delivery rate (about 1,900 messages/s on the emulator).
+    #[arg(long, env = "SPOTINFER_STREAMS", value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
+    pub streams: Option<usize>,
     /// Flow control: most unsettled messages per stream. Unset: about 2 s of the model's work,
     /// measured at start-up (a preempted worker hands back what it holds, and each hand-back
     /// counts as a delivery attempt towards a dead-letter policy).

@@ -194,14 +194,22 @@ async fn sigterm_mid_stream_exits_fast_and_a_second_worker_takes_over() {
     let name = unique("sigterm");
     let (args, cfg) = fresh_pubsub(&name).await;
     let db = fresh_pg_database().await;
-    // Enough work that A is still busy when B has loaded its model, even on a loaded machine.
-    let n = 1000;
+    // Enough work that A is still busy when B has loaded its model, even on a loaded machine
+    // (A computes in f32, the slower precision, for the same reason).
+    let n = 3000;
     publish_lines(&cfg, &record_lines(&name, n)).await;
 
     let mut a = WorkerProcess::start(
         &args,
         &db,
-        &["--max-outstanding", "1000", "--batch-size", "16"],
+        &[
+            "--max-outstanding",
+            "1000",
+            "--batch-size",
+            "16",
+            "--precision",
+            "f32",
+        ],
     );
     wait_until(Duration::from_secs(120), "worker A to commit", || async {
         a.metric("spotinfer_records_committed_total")

@@ -53,7 +53,7 @@ pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
         _ = shutdown.cancelled() => None,
         m = model_and_window(&a) => Some(m?),
     };
-    let Some((model, window)) = model else {
+    let Some((model, window, streams)) = model else {
         println!("worker done: stopped before the model was loaded");
         return Ok(());
     };
@@ -61,13 +61,14 @@ pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
     tracing::info!(
         startup_seconds = started.elapsed().as_secs_f64(),
         window = window.messages,
+        streams,
         flow_control_per_stream = window.per_stream,
         model_records_per_s = window.measured_rate,
         "database and model ready"
     );
     let cfg = WorkerConfig {
         pubsub: PubsubConfig::from_args(&a.pubsub),
-        streams: a.streams,
+        streams,
         window,
         max_outstanding_bytes: a.max_outstanding_bytes,
         lease_extension: a.lease_extension,
@@ -203,18 +204,25 @@ async fn exit_when_job_complete(store: Store, job: String, poll: Duration, shutd
     }
 }
 
-async fn model_and_window(a: &WorkArgs) -> anyhow::Result<(ModelHandle, Window)> {
+async fn model_and_window(a: &WorkArgs) -> anyhow::Result<(ModelHandle, Window, usize)> {
     let model = load_model(&a.model).await?;
-    let window = match a.max_outstanding {
-        Some(n) => Window::fixed(n, a.streams),
-        None => {
-            let rate = window::measure_rate(&model, a.batch.batch_size)
+    let rate = match (a.max_outstanding, a.streams) {
+        (Some(_), Some(_)) => None,
+        _ => Some(
+            window::measure_rate(&model, a.batch.batch_size)
                 .await
-                .context("cannot measure the model's speed")?;
-            Window::from_rate(rate, a.batch.batch_size, a.streams)
-        }
+                .context("cannot measure the model's speed")?,
+        ),
     };
-    Ok((model, window))
+    let streams = a
+        .streams
+        .unwrap_or_else(|| window::streams_for(rate.unwrap_or(0.0)));
+    let window = match a.max_outstanding {
+        Some(n) => Window::fixed(n, streams),
+        // Measured above whenever no limit is given.
+        None => Window::from_rate(rate.unwrap_or(0.0), a.batch.batch_size, streams),
+    };
+    Ok((model, window, streams))
 }
 
 /// Connects and migrates, retrying with backoff while the database is unreachable: a worker that

@@ -140,6 +140,17 @@ impl Outcome {
         self.done.is_empty() && self.rejected.is_empty()
     }
 
+    /// Messages in it.
+    pub fn len(&self) -> usize {
+        self.done.len() + self.rejected.len()
+    }
+
+    /// Takes `other`'s messages into this outcome (the sink's group commit).
+    pub fn absorb(&mut self, other: Outcome) {
+        self.done.extend(other.done);
+        self.rejected.extend(other.rejected);
+    }
+
     /// The rows to write.
     pub fn rows(&self, model: &str, model_hash: &str) -> (Vec<ResultRow>, Vec<FailureRow>) {
         let results = self

@@ -1,7 +1,10 @@
 //! The store sink: the only place a message is acked.
 //!
 //! For each [`Outcome`] the sink writes the results and the failure rows in one transaction and,
-//! only once it has committed, acks every message in it. A failed or timed-out commit is retried
+//! only once it has committed, acks every message in it. Outcomes that queued while a commit
+//! ran join the next one (a group commit, up to [`GROUP_MAX`] messages): one transaction and
+//! one WAL flush for several batches, so a fast model is not held to the database's commit
+//! rate at the batch size. A failed or timed-out commit is retried
 //! in place with backoff (200 ms doubling to 5 s, so a dead database is not hammered) while the
 //! messages stay leased: NACKing would cost each of them a delivery attempt. On shutdown a commit
 //! already in flight is finished and acked; an outcome waiting to retry, and those still queued,
@@ -27,6 +30,9 @@ pub struct SinkConfig {
     /// Wait for exactly-once ack confirmations.
     pub confirm_acks: bool,
 }
+
+/// The most messages one group commit takes.
+pub const GROUP_MAX: usize = 2048;
 
 /// The first pause after a failed commit; it doubles (with jitter) up to 5 s while commits fail.
 const BACKOFF_START: Duration = Duration::from_millis(200);
@@ -56,9 +62,15 @@ async fn commit_until_stopped(
     handback: &HandBack,
 ) {
     loop {
-        let Some(outcome) = crate::shutdown::recv(rx, &shutdown).await else {
+        let Some(mut outcome) = crate::shutdown::recv(rx, &shutdown).await else {
             return;
         };
+        while outcome.len() < GROUP_MAX {
+            match rx.try_recv() {
+                Ok(next) => outcome.absorb(next),
+                Err(_) => break,
+            }
+        }
         crate::pipeline::fault::point(crate::pipeline::fault::Stage::Sink);
         if let Err(outcome) = commit_until_done(outcome, &store, &cfg, &metrics, &shutdown).await {
             handback.put(outcome.into_deliveries());

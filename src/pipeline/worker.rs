@@ -40,6 +40,9 @@ use tokio::task::JoinHandle;
 /// A stage's task: a panic in it cancels the shutdown and comes back as [`TaskPanicked`].
 type Task<T> = JoinHandle<Result<T, TaskPanicked>>;
 
+/// Embedded batches that may wait for the sink (see `sink`'s group commit).
+const SINK_QUEUE: usize = 8;
+
 /// How long shutdown waits between closing the streams and NACKing what they delivered.
 const STREAM_CANCEL_GRACE: Duration = Duration::from_millis(100);
 
@@ -259,7 +262,8 @@ async fn start(
     let (btx, brx) = mpsc::channel(1);
     let batcher = batcher::run(drx, btx, cfg.batch, shutdown.clone());
     let batcher = shutdown::spawn_supervised("batcher", batcher, shutdown);
-    let (otx, orx) = mpsc::channel(1);
+    // Room for the outcomes that finish while a commit runs: they join the next one.
+    let (otx, orx) = mpsc::channel(SINK_QUEUE);
     let handback = HandBack::default();
     let stage = embed::run(
         brx,

@@ -331,7 +331,25 @@ impl CpuBert {
 
     /// Embeds a batch of tokenized texts: one pooled vector per text (not normalised: that is
     /// the model's `Normalize` module, applied by the caller when the model has one).
+    ///
+    /// The batch runs on a thread of rayon's pool, so its dozens of parallel passes are issued
+    /// from inside the pool rather than each handed over from the caller's thread; a batch of
+    /// less than [`SMALL_BATCH_MACS`] multiply-adds (a tiny model, a few short texts) runs on one
+    /// thread, where waking a second for each pass would cost more than it saves.
     pub fn embed(&self, texts: &[Tokens<'_>]) -> Result<Vec<Vec<f32>>, BertError> {
+        let d = self.dims;
+        let tokens: usize = texts.iter().map(|t| t.ids.len()).sum();
+        let per_token = d.layers * (4 * d.hidden * d.hidden + 2 * d.hidden * d.intermediate);
+        let attention: usize =
+            texts.iter().map(|t| t.ids.len().pow(2)).sum::<usize>() * 2 * d.hidden;
+        let macs = tokens.saturating_mul(per_token) + attention.saturating_mul(d.layers);
+        match single_thread_pool() {
+            Some(pool) if macs < SMALL_BATCH_MACS => pool.install(|| self.embed_here(texts)),
+            _ => rayon::scope(|_| self.embed_here(texts)),
+        }
+    }
+
+    fn embed_here(&self, texts: &[Tokens<'_>]) -> Result<Vec<Vec<f32>>, BertError> {
         let d = self.dims;
         let h = d.hidden;
         // Each text's (first row, length) in the batch matrix, and each row's (id, position, type).
@@ -410,6 +428,23 @@ impl CpuBert {
             .map(|(&(o, len), &skip)| pool(self.pooling, &x[o * h..(o + len) * h], h, skip))
             .collect())
     }
+}
+
+/// Below this many multiply-adds a batch runs on one thread (a few milliseconds of work).
+pub const SMALL_BATCH_MACS: usize = 8_000_000;
+
+/// A pool of one thread for small batches (none if the thread cannot be started: the shared
+/// pool then takes them).
+fn single_thread_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .thread_name(|_| "encoder-small".into())
+            .build()
+            .ok()
+    })
+    .as_ref()
 }
 
 /// One text's vector from its token rows (`len × h`), as sentence-transformers pools over the

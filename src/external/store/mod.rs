@@ -165,6 +165,9 @@ const FAILURE_COLUMNS_N: usize = 6;
 /// `SQLITE_MAX_VARIABLE_NUMBER` as sqlx's bundled SQLite is built (32,766). A batch with more
 /// rows is written as several statements in the same transaction.
 const PG_MAX_BINDS: usize = 65_535;
+/// Rows in one PostgreSQL result UPSERT (its columns are arrays, so any number fits; this bounds
+/// one statement's size and keeps the flat vector array's offsets in an int).
+const PG_ROWS_PER_UPSERT: usize = 10_000;
 const SQLITE_MAX_BINDS: usize = 32_766;
 
 /// Rows that fit one statement.
@@ -284,9 +287,8 @@ impl Store {
         match self {
             Self::Postgres(pool) => {
                 let mut tx = pool.begin().await?;
-                for chunk in results.chunks(rows_per_statement(PG_MAX_BINDS, RESULT_COLUMNS)) {
-                    let mut q = results_statement::<Postgres>(chunk);
-                    q.build().execute(&mut *tx).await?;
+                for chunk in results.chunks(PG_ROWS_PER_UPSERT) {
+                    pg_results_statement(chunk).execute(&mut *tx).await?;
                 }
                 for chunk in failures.chunks(rows_per_statement(PG_MAX_BINDS, FAILURE_COLUMNS_N)) {
                     let mut q = failures_statement::<Postgres>(chunk);
@@ -426,7 +428,54 @@ impl Dialect for Sqlite {
     }
 }
 
-/// The result UPSERT, one multi-row statement.
+/// The result UPSERT on PostgreSQL: one statement of the same text for any number of rows, its
+/// columns bound as arrays and unnested, the vectors as one flat array sliced per row. A
+/// multi-row VALUES list would be a new statement (parsed and planned, and cached) for every
+/// row count, and the sink's group commits come in every size.
+const PG_UPSERT_UNNEST: &str = "INSERT INTO embeddings (record_id, embedding, model, model_hash, \
+     dim, job, input_sha256, message_id, publish_time_us) \
+     SELECT r.record_id, ($2::real[])[r.first : r.first + r.dim - 1], r.model, r.model_hash, \
+     r.dim, r.job, r.input_sha256, r.message_id, r.publish_time_us \
+     FROM UNNEST($1::text[], $3::int[], $4::int[], $5::text[], $6::text[], $7::text[], \
+     $8::text[], $9::text[], $10::bigint[]) \
+     AS r(record_id, first, dim, model, model_hash, job, input_sha256, message_id, publish_time_us)";
+
+fn pg_results_statement<'q>(
+    rows: &[&ResultRow],
+) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+    let mut flat = Vec::with_capacity(rows.iter().map(|r| r.embedding.len()).sum());
+    let mut firsts = Vec::with_capacity(rows.len());
+    for r in rows {
+        firsts.push(i32::try_from(flat.len() + 1).unwrap_or(i32::MAX));
+        flat.extend_from_slice(&r.embedding);
+    }
+    let col = |f: fn(&ResultRow) -> String| rows.iter().map(|r| f(r)).collect::<Vec<String>>();
+    sqlx::query(PG_UPSERT_STATEMENT.as_str())
+        .bind(col(|r| r.record_id.clone()))
+        .bind(flat)
+        .bind(firsts)
+        .bind(
+            rows.iter()
+                .map(|r| r.embedding.len() as i32)
+                .collect::<Vec<i32>>(),
+        )
+        .bind(col(|r| r.model.clone()))
+        .bind(col(|r| r.model_hash.clone()))
+        .bind(
+            rows.iter()
+                .map(|r| r.job.clone())
+                .collect::<Vec<Option<String>>>(),
+        )
+        .bind(col(|r| r.input_sha256.clone()))
+        .bind(col(|r| r.message_id.clone()))
+        .bind(rows.iter().map(|r| r.publish_time_us).collect::<Vec<i64>>())
+}
+
+/// [`PG_UPSERT_UNNEST`] with the UPSERT's conflict clause.
+static PG_UPSERT_STATEMENT: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!("{PG_UPSERT_UNNEST}{}", upsert_tail(Postgres::NOW)));
+
+/// The result UPSERT, one multi-row statement (SQLite).
 fn results_statement<'a, DB>(results: &'a [&ResultRow]) -> QueryBuilder<'a, DB>
 where
     DB: Dialect,
