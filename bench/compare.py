@@ -1,17 +1,29 @@
 #!/usr/bin/env python3
-"""spotinfer against PyTorch and a Python worker, side by side in one run.
+"""spotinfer against PyTorch, ONNX Runtime and a Python worker, side by side in one run.
 
     bench/run.sh [options]        # installs and starts what this needs, then runs it
 
 Prints, for each target of docs/benchmarks.md, both sides' figures and their ratio, and writes
-them all to --out as JSON. Each comparison alternates the two sides over --rounds rounds on the
-same corpus and reports medians, so a noisy neighbour hits both.
+them all to --out as JSON. Each comparison alternates the sides over --rounds rounds on the
+same corpus (the order rotated each round) and reports medians, so a noisy neighbour hits all.
 
-- model:  `spotinfer bench` vs sentence-transformers `encode(batch_size=32)`, records/s;
-- e2e:    `spotinfer work` vs bench/py_worker.py through the Pub/Sub emulator and PostgreSQL,
-          records/s from the first committed row to the last, and peak RSS (VmHWM);
+- model:  `spotinfer bench` vs sentence-transformers `encode(batch_size=32)` (PyTorch) and vs
+          the model exported to ONNX fp32 run by ONNX Runtime (bench/ort_encode.py), records/s;
+- accuracy: `spotinfer embed` and ONNX Runtime's vectors for every record of the corpus, by
+          cosine with sentence-transformers fp32 on the CPU (bench/accuracy.py): worst and mean;
+- e2e:    `spotinfer work` vs bench/py_worker.py (PyTorch in arrival order, PyTorch over a
+          length-sorted window, ONNX Runtime over a length-sorted window) through the Pub/Sub
+          emulator and PostgreSQL, records/s from the first committed row to the last, and peak
+          RSS (VmHWM);
 - overhead: spotinfer's end-to-end records/s over its own `bench` records/s;
-- cold:   `spotinfer work` process start to the first committed row, with a backlog waiting.
+- cold:   `spotinfer work` process start to the first committed row, with a backlog waiting;
+- pull:   the emulator's own ceiling: examples/pull_ceiling.rs acking every message as it
+          arrives (nothing behind it), with 8 streams and with 1, messages/s.
+
+--model is every side's model: spotinfer's, sentence-transformers', the ONNX export's (made by
+bench/ort_export.py before the first round, untimed, and reused while it is up to date) and the
+Python workers'; e.g. a 1-layer random-weight folder from bench/make_shape.py shows the
+pipeline's ceiling when the model costs little.
 """
 import argparse
 import json
@@ -51,6 +63,28 @@ class Bench:
         return subprocess.run([self.a.spotinfer, *cmd], env=self.env, check=True,
                               capture_output=True, text=True, **kw)
 
+    def py(self, script, *args):
+        """One of bench/'s Python scripts, its output captured; its stderr shown if it fails."""
+        out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", script), *args],
+                             env=self.env, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"bench/{script} exited {out.returncode}:\n{out.stderr[-4000:]}")
+        return out
+
+    # --- the ONNX export ------------------------------------------------------------------
+    def onnx(self):
+        """The model exported to ONNX fp32 (bench/ort_export.py: made and checked against
+        PyTorch when missing or stale, else reused), before anything is timed."""
+        if getattr(self, "onnx_path", None) is None:
+            out = self.py("ort_export.py", "--model", self.a.model)
+            for line in out.stderr.splitlines():
+                if "max abs diff" in line:
+                    log(f"onnx export: {line.strip()}")
+            self.onnx_path = out.stdout.strip().splitlines()[-1]
+            with open(os.path.join(os.path.dirname(self.onnx_path), "export.json")) as f:
+                self.onnx_info = dict(json.load(f), path=self.onnx_path)
+        return self.onnx_path
+
     # --- corpus ---------------------------------------------------------------------------
     def corpus(self):
         path = os.path.join(self.work, f"corpus-{self.a.records}-{self.a.seed}.jsonl")
@@ -66,24 +100,53 @@ class Bench:
 
     # --- 1: model throughput ----------------------------------------------------------------
     def model(self, corpus):
-        spot, py, candle = [], [], []
+        out = {"spotinfer": [], "spotinfer-f32": [], "pytorch": [], "ort": [], "candle": []}
+        bench = ["bench", "--model", self.a.model, "--input", corpus,
+                 "--batch-size", str(self.a.batch_size), "--device", "cpu"]
+        py = ["--model", self.a.model, "--input", corpus, "--batch-size", str(self.a.batch_size)]
+        onnx = self.onnx()
+        run = {
+            "spotinfer": lambda: last_json(self.spot(*bench, *self.a.bench_arg).stdout),
+            # The default picks bf16 on CPUs with AVX-512 BF16; this side forces f32.
+            "spotinfer-f32": lambda: last_json(
+                self.spot(*bench, *self.a.bench_arg, "--precision", "f32").stdout),
+            "pytorch": lambda: last_json(self.py("st_encode.py", *py).stdout),
+            "ort": lambda: last_json(self.py("ort_encode.py", *py, "--onnx", onnx).stdout),
+        }
+        names = {"spotinfer": "spotinfer", "spotinfer-f32": "spotinfer f32", "pytorch": "PyTorch",
+                 "ort": "ONNX Runtime"}
+        sides = list(run)
         for r in range(self.a.rounds):
-            bench = ["bench", "--model", self.a.model, "--input", corpus,
-                     "--batch-size", str(self.a.batch_size), "--device", "cpu"]
             if self.a.with_candle:
                 c = last_json(self.spot(*bench, "--backend", "candle").stdout)
                 log(f"model round {r + 1}: spotinfer --backend candle {c['records_per_s']:.1f} rec/s")
-                candle.append(c)
-            s = last_json(self.spot(*bench).stdout)
-            p = last_json(subprocess.run(
-                [sys.executable, os.path.join(ROOT, "bench", "st_encode.py"),
-                 "--input", corpus, "--batch-size", str(self.a.batch_size)],
-                env=self.env, check=True, capture_output=True, text=True).stdout)
-            log(f"model round {r + 1}: spotinfer {s['records_per_s']:.1f} rec/s, "
-                f"PyTorch {p['records_per_s']:.1f} rec/s")
-            spot.append(s)
-            py.append(p)
-        return {"spotinfer": spot, "pytorch": py, "candle": candle}
+                out["candle"].append(c)
+            k = r % len(sides)
+            for side in sides[k:] + sides[:k]:
+                out[side].append(run[side]())
+            log(f"model round {r + 1}: " + ", ".join(
+                f"{names[side]} {out[side][-1]['records_per_s']:.1f} rec/s" for side in sides))
+        return out
+
+    # --- accuracy ---------------------------------------------------------------------------
+    def accuracy(self, corpus):
+        """spotinfer's and ONNX Runtime's vectors for every record, against sentence-transformers
+        fp32 on the CPU."""
+        spot = os.path.join(self.work, "accuracy-spotinfer.jsonl")
+        spot32 = os.path.join(self.work, "accuracy-spotinfer-f32.jsonl")
+        ort = os.path.join(self.work, "accuracy-ort.jsonl")
+        embed = ["embed", "--input", corpus, "--model", self.a.model, "--device", "cpu",
+                 "--batch-size", str(self.a.batch_size), *self.a.embed_arg]
+        self.spot(*embed, "--output", spot)
+        self.spot(*embed, "--output", spot32, "--precision", "f32")
+        self.py("ort_encode.py", "--model", self.a.model, "--input", corpus, "--batch-size",
+                str(self.a.batch_size), "--onnx", self.onnx(), "--vectors", ort)
+        out = self.py("accuracy.py", "--model", self.a.model, "--input", corpus,
+                      "--batch-size", str(self.a.batch_size), f"spotinfer={spot}",
+                      f"spotinfer-f32={spot32}", f"ort={ort}")
+        table = out.stderr[out.stderr.find("reference:"):] if "reference:" in out.stderr else ""
+        log(table.rstrip())
+        return last_json(out.stdout)
 
     # --- 2-4: end to end --------------------------------------------------------------------
     def fresh(self, corpus):
@@ -104,11 +167,14 @@ class Bench:
                    "--batch-size", str(self.a.batch_size), *self.a.spot_arg]
         else:
             # python-sorted: the peer sorts what it holds (up to 256 messages) by length before
-            # batching, as spotinfer's batcher does; python-plain batches in arrival order.
-            window = 256 if side == "python-sorted" else self.a.batch_size
+            # batching, as spotinfer's batcher does; python-plain batches in arrival order;
+            # python-sorted-ort: the sorted peer with ONNX Runtime for PyTorch.
+            window = 256 if side.startswith("python-sorted") else self.a.batch_size
             cmd = [sys.executable, os.path.join(ROOT, "bench", "py_worker.py"),
-                   "--subscription", sub, "--database-url", url,
+                   "--subscription", sub, "--database-url", url, "--model", self.a.model,
                    "--batch-size", str(self.a.batch_size), "--window", str(window)]
+            if side.endswith("-ort"):
+                cmd += ["--engine", "ort", "--onnx", self.onnx()]
         logf = open(os.path.join(self.work, f"{side}-worker.log"), "w")
         started = time.perf_counter()
         proc = subprocess.Popen(cmd, env=self.env, stdout=logf, stderr=subprocess.STDOUT)
@@ -126,9 +192,9 @@ class Bench:
                 now = time.perf_counter()
                 peak = max(peak, vm_hwm(proc.pid))
                 if got and first_at is None:
-                    first_at, first_count = now, got
+                    first_at, first_count, cpu_first = now, got, cpu_seconds(proc.pid)
                 if got >= n:
-                    done_at = now
+                    done_at, cpu_done = now, cpu_seconds(proc.pid)
                     break
                 time.sleep(0.02)
         peak = max(peak, vm_hwm(proc.pid))
@@ -146,19 +212,52 @@ class Bench:
             "peak_rss_mib": peak / 1024,
             "exit_code": code,
             "sigterm_exit_s": exit_s,
+            # The worker process's own CPU (user + system) per record, first commit to last.
+            "cpu_us_per_record": (cpu_done - cpu_first) * 1e6 / max(n - first_count, 1),
         }
         log(f"e2e {side}: {result['records_per_s']:.1f} rec/s, first commit "
             f"{result['first_commit_s']:.2f} s, peak RSS {result['peak_rss_mib']:.0f} MiB, "
             f"exit {code} in {exit_s:.2f} s")
         return result
 
+    def pull(self, corpus):
+        """The emulator's own delivery rate: examples/pull_ceiling.rs acks every message of the
+        corpus as it arrives (no parsing, model or database), with the streams the worker picks
+        for a fast model (8) and with one."""
+        out = {"8": [], "1": []}
+        for r in range(self.a.rounds):
+            for streams in (["8", "1"] if r % 2 == 0 else ["1", "8"]):
+                tag = uuid.uuid4().hex[:8]
+                self.spot("setup", "--topic", f"pull-{tag}", "--subscription", f"pull-{tag}",
+                          "--skip-db")
+                self.spot("publish", "--topic", f"pull-{tag}", corpus)
+                res = last_json(subprocess.run(
+                    [self.a.pull_ceiling, "--subscription", f"pull-{tag}", "--streams", streams,
+                     "--messages", str(self.a.records)],
+                    env=self.env, check=True, capture_output=True, text=True,
+                    timeout=self.a.timeout).stdout)
+                log(f"pull round {r + 1}: {streams} stream(s) {res['messages_per_s']:.0f} msg/s")
+                out[streams].append(res)
+        return out
+
     def e2e(self, corpus):
-        sides = ["python-sorted", "spotinfer", "python-plain"]
+        sides = self.a.e2e_sides.split(",")
         out = {s: [] for s in sides}
         for r in range(self.a.rounds):
-            for side in sides if r % 2 == 0 else sides[::-1]:
+            k = r % len(sides)
+            for side in sides[k:] + sides[:k]:
                 out[side].append(self.run_worker(side, corpus))
         return out
+
+
+def cpu_seconds(pid):
+    """User + system CPU seconds of a process so far (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def vm_hwm(pid):
@@ -187,50 +286,117 @@ def main():
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--timeout", type=float, default=600)
-    p.add_argument("--only", default="model,e2e", help="comma-separated: model, e2e")
+    p.add_argument("--only", default="model,accuracy,e2e",
+                   help="comma-separated: model, accuracy, e2e")
     p.add_argument("--with-candle", action="store_true",
                    help="also time `spotinfer bench --backend candle` (the unfused reference)")
     p.add_argument("--spot-arg", action="append", default=[], help="extra `spotinfer work` flag")
+    p.add_argument("--bench-arg", action="append", default=[], help="extra `spotinfer bench` flag")
+    p.add_argument("--embed-arg", action="append", default=[],
+                   help="extra `spotinfer embed` flag (accuracy), e.g. --embed-arg=--precision=f32")
+    p.add_argument("--e2e-sides", default="python-sorted,spotinfer,python-sorted-ort,python-plain",
+                   help="the workers the e2e section runs (spotinfer and python-sorted-ort always)")
+    p.add_argument("--pull-ceiling", default=os.path.join(ROOT, "target", "release", "examples",
+                                                          "pull_ceiling"),
+                   help="examples/pull_ceiling.rs, built (for --only pull)")
     p.add_argument("--out", default=os.path.join(ROOT, ".cache", "bench", "results.json"))
     a = p.parse_args()
+    only = set(a.only.split(","))
+    unknown = only - {"model", "accuracy", "e2e", "pull"}
+    for side in ("spotinfer", "python-sorted-ort"):
+        if side not in a.e2e_sides.split(","):
+            a.e2e_sides += f",{side}"
+    if unknown:
+        p.error(f"--only: unknown {', '.join(sorted(unknown))}")
     b = Bench(a)
     corpus = b.corpus()
-    only = set(a.only.split(","))
     res = {"date": time.strftime("%Y-%m-%d %H:%M"), "corpus": b.corpus_info,
-           "rounds": a.rounds, "batch_size": a.batch_size, "cpus": os.cpu_count()}
-    lines = []
+           "rounds": a.rounds, "batch_size": a.batch_size, "cpus": os.cpu_count(),
+           "model_dir": os.path.abspath(a.model)}
+    b.onnx()  # exported (or found up to date) before anything is timed
+    res["onnx"] = b.onnx_info
+    lines = []  # (figure, spotinfer, peer, ratio, target[, number format])
     if "model" in only:
         m = b.model(corpus)
         res["model"] = m
         s, t = med(m["spotinfer"], "records_per_s"), med(m["pytorch"], "records_per_s")
         lines.append(("1 model records/s (spotinfer bench / PyTorch)", s, t, s / t, 1.25))
+        o = med(m["ort"], "records_per_s")
+        lines.append(("1 model records/s (spotinfer / ONNX Runtime fp32)", s, o, s / o, 1.5))
+        f = med(m["spotinfer-f32"], "records_per_s")
+        lines.append(("  model records/s (spotinfer --precision f32 / ONNX Runtime fp32)",
+                      f, o, f / o, None))
         if m["candle"]:
             c = med(m["candle"], "records_per_s")
             lines.append(("  candle BertModel records/s (/ PyTorch)", c, t, c / t, None))
         lines.append(("  CPU system s (spotinfer / PyTorch)", med(m["spotinfer"], "cpu_sys_s"),
                       med(m["pytorch"], "cpu_sys_s"), None, None))
+        lines.append(("  CPU system s (spotinfer / ONNX Runtime)", med(m["spotinfer"], "cpu_sys_s"),
+                      med(m["ort"], "cpu_sys_s"), None, None))
+    if "accuracy" in only:
+        acc = b.accuracy(corpus)
+        res["accuracy"] = acc
+        s, o = acc["candidates"]["spotinfer"], acc["candidates"]["ort"]
+        lines.append(("6 worst cosine vs PyTorch fp32 (spotinfer / ONNX Runtime), at least",
+                      s["worst_cosine"], o["worst_cosine"], None, 0.999, ".7f"))
+        lines.append(("  mean cosine vs PyTorch fp32 (spotinfer / ONNX Runtime)",
+                      s["mean_cosine"], o["mean_cosine"], None, None, ".7f"))
+        lines.append(("  records below cosine 0.999 (spotinfer / ONNX Runtime)",
+                      s["below_0_999"], o["below_0_999"], None, None, ".0f"))
+        f = acc["candidates"]["spotinfer-f32"]
+        lines.append(("  worst cosine (spotinfer --precision f32 / ONNX Runtime)",
+                      f["worst_cosine"], o["worst_cosine"], None, None, ".7f"))
     if "e2e" in only:
         e = b.e2e(corpus)
         res["e2e"] = e
-        s, t = med(e["spotinfer"], "records_per_s"), med(e["python-sorted"], "records_per_s")
-        lines.append(("2 end-to-end records/s (spotinfer / Python, length-sorted)", s, t, s / t, 2.0))
-        p = med(e["python-plain"], "records_per_s")
-        lines.append(("  end-to-end records/s (spotinfer / Python, arrival order)", s, p, s / p, 2.0))
+        s = med(e["spotinfer"], "records_per_s")
+        if e.get("python-sorted"):
+            t = med(e["python-sorted"], "records_per_s")
+            lines.append(("2 end-to-end records/s (spotinfer / Python, length-sorted)",
+                          s, t, s / t, 2.0))
+        o = med(e["python-sorted-ort"], "records_per_s")
+        lines.append(("2 end-to-end records/s (spotinfer / Python sorted+ONNX Runtime)",
+                      s, o, s / o, 3.0))
+        if e.get("python-plain"):
+            p = med(e["python-plain"], "records_per_s")
+            lines.append(("  end-to-end records/s (spotinfer / Python, arrival order)",
+                          s, p, s / p, 2.0))
         if "model" in only:
             raw = med(res["model"]["spotinfer"], "records_per_s")
-            lines.append(("3 pipeline: end-to-end / raw model records/s", s, raw, s / raw, 0.9))
-        s, t = med(e["spotinfer"], "peak_rss_mib"), med(e["python-sorted"], "peak_rss_mib")
-        lines.append(("4 peak RSS MiB (spotinfer / Python peer), at most", s, t, s / t, 0.5))
-        s, t = med(e["spotinfer"], "first_commit_s"), med(e["python-sorted"], "first_commit_s")
-        lines.append(("5 start to first commit s (spotinfer / Python), at most 3 s", s, t, None, 3.0))
+            lines.append(("3 pipeline: end-to-end / raw model records/s", s, raw, s / raw, 0.95))
+        peer = "python-sorted" if e.get("python-sorted") else "python-sorted-ort"
+        s, t = med(e["spotinfer"], "peak_rss_mib"), med(e[peer], "peak_rss_mib")
+        lines.append((f"4 peak RSS MiB (spotinfer / {peer}), at most", s, t, s / t, 0.5))
+        o = med(e["python-sorted-ort"], "peak_rss_mib")
+        lines.append(("  peak RSS MiB (spotinfer / Python sorted+ONNX Runtime)", s, o, s / o, None))
+        s, t = med(e["spotinfer"], "first_commit_s"), med(e[peer], "first_commit_s")
+        lines.append((f"5 start to first commit s (spotinfer / {peer}), at most 3 s",
+                      s, t, None, 3.0))
+        o = med(e["python-sorted-ort"], "first_commit_s")
+        lines.append(("  start to first commit s (spotinfer / Python+ONNX Runtime)", s, o, None, None))
+        s, o = med(e["spotinfer"], "cpu_us_per_record"), med(e["python-sorted-ort"], "cpu_us_per_record")
+        lines.append(("  worker CPU us/record (spotinfer / Python sorted+ONNX Runtime)",
+                      s, o, s / o, None, ".0f"))
+    if "pull" in only:
+        pl = b.pull(corpus)
+        res["pull"] = pl
+        c8, c1 = med(pl["8"], "messages_per_s"), med(pl["1"], "messages_per_s")
+        lines.append(("7 emulator ceiling msg/s, pull + ack only (8 streams / 1 stream)",
+                      c8, c1, c8 / c1, None, ".0f"))
+        if "e2e" in only:
+            s = med(res["e2e"]["spotinfer"], "records_per_s")
+            lines.append(("  spotinfer end-to-end / emulator ceiling (8 streams)",
+                          s, c8, s / c8, None, ".0f"))
     res["summary"] = [dict(zip(("figure", "spotinfer", "peer", "ratio", "target"), l)) for l in lines]
     with open(a.out, "w") as f:
         json.dump(res, f, indent=2)
     print(f"\ncorpus: {b.corpus_info}; medians of {a.rounds} rounds; batch size {a.batch_size}")
-    for name, s, t, ratio, target in lines:
+    print(f"model: {a.model}")
+    for name, s, t, ratio, target, *fmt in lines:
+        fmt = fmt[0] if fmt else ".2f"
         r = f"{ratio:6.2f}x" if ratio is not None else "       "
         tg = f"(target {target})" if target is not None else ""
-        print(f"{name:58} {s:9.2f} {t:9.2f} {r} {tg}")
+        print(f"{name:68} {s:10{fmt}} {t:10{fmt}} {r} {tg}")
     print(f"written to {a.out}")
 
 

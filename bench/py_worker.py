@@ -2,12 +2,16 @@
 """The Python peer `bench/compare.py` measures `spotinfer work` against: the same job, done well.
 
     python bench/py_worker.py --subscription S --database-url postgres://... [--model DIR]
+        [--engine torch|ort]
 
 - google-cloud-pubsub streaming pull with flow control (at most --max-outstanding messages
   leased; the client extends their leases);
 - up to --window messages (what arrived within --max-wait) sorted by length and cut into
   batches of --batch-size, so each batch pads little, embedded by sentence-transformers
-  (PyTorch, CPU; mean pooling + L2 norm, the same vectors as spotinfer);
+  (PyTorch, CPU; mean pooling + L2 norm, the same vectors as spotinfer), or with --engine ort
+  by the model exported to ONNX and run by ONNX Runtime (bench/ort_encode.py's encoder: the same
+  tokenizer, pooling and normalisation, so the same vectors; exported first by
+  bench/ort_export.py when .cache/bench/onnx has no up-to-date copy, before pulling starts);
 - one transaction per batch: a psycopg UPSERT keyed by record id, newest publish wins;
 - ack only after the commit; a failed commit NACKs the batch;
 - SIGTERM/SIGINT: stop pulling, NACK every message not committed, exit 0.
@@ -27,7 +31,7 @@ import time
 
 import psycopg
 from google.cloud import pubsub_v1
-from st_model import default_model, load_model
+from st_model import default_model
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS embeddings (
@@ -89,6 +93,9 @@ def main():
     p.add_argument("--max-outstanding", type=int, default=1000)
     p.add_argument("--window", type=int, default=256,
                    help="most messages sorted by length together before batching")
+    p.add_argument("--engine", choices=["torch", "ort"], default="torch",
+                   help="sentence-transformers on PyTorch, or the ONNX export on ONNX Runtime")
+    p.add_argument("--onnx", help="with --engine ort: the exported model (default: made if stale)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s py_worker %(message)s")
 
@@ -96,7 +103,18 @@ def main():
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
 
-    model = load_model(args.model or default_model())
+    model_dir = args.model or default_model()
+    if args.engine == "ort":
+        from ort_encode import OrtEncoder
+
+        encoder = OrtEncoder(model_dir, args.onnx)  # PyTorch is not loaded unless it exports
+        embed = lambda texts: encoder.encode(texts, batch_size=args.batch_size)
+    else:
+        from st_model import load_model
+
+        model = load_model(model_dir)
+        embed = lambda texts: model.encode(texts, batch_size=args.batch_size,
+                                           show_progress_bar=False)
     model_name = "all-MiniLM-L6-v2"
     conn = psycopg.connect(args.database_url)
     conn.execute(SCHEMA)
@@ -110,7 +128,7 @@ def main():
         callback=inbox.put,
         flow_control=pubsub_v1.types.FlowControl(max_messages=args.max_outstanding),
     )
-    logging.info("pulling from %s", path)
+    logging.info("pulling from %s (engine %s)", path, args.engine)
 
     batch = []
     window = []  # pulled, not yet committed: the lease window, processed shortest first
@@ -142,8 +160,7 @@ def main():
         for m in batch:
             rec, err = parse(m)
             (good if rec else bad).append((m, rec or err))
-        vectors = model.encode([r["text"] for _, r in good], batch_size=args.batch_size,
-                               show_progress_bar=False) if good else []
+        vectors = embed([r["text"] for _, r in good]) if good else []
         t_commit = time.monotonic()
         stats["encode_s"] += t_commit - t_encode
         try:

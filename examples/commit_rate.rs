@@ -25,6 +25,10 @@ struct Args {
     /// Concurrent committers.
     #[arg(long, default_value_t = 1)]
     writers: usize,
+    /// Commit a different number of rows each time, 1 to --rows (as the sink's group commits
+    /// do), instead of exactly --rows.
+    #[arg(long)]
+    vary: bool,
     /// Floats per vector.
     #[arg(long, default_value_t = 384)]
     dim: usize,
@@ -53,10 +57,16 @@ async fn main() -> anyhow::Result<()> {
     let mut tasks = Vec::new();
     for w in 0..a.writers {
         let (store, rows, commits) = (store.clone(), rows.clone(), commits.clone());
-        let (n, dim) = (a.rows, a.dim);
+        let (max, dim, vary) = (a.rows, a.dim, a.vary);
         tasks.push(tokio::spawn(async move {
             let mut batch_no = 0u64;
             while Instant::now() < deadline {
+                // Sizes spread over 1..=max by a multiplicative hash of the batch number.
+                let n = if vary {
+                    1 + (batch_no.wrapping_mul(2_654_435_761) % max as u64) as usize
+                } else {
+                    max
+                };
                 let batch: Vec<ResultRow> = (0..n)
                     .map(|i| ResultRow {
                         record_id: format!("w{w}-b{batch_no}-r{i}"),
@@ -92,6 +102,7 @@ async fn main() -> anyhow::Result<()> {
         "{}",
         serde_json::json!({
             "rows_per_commit": a.rows,
+            "vary": a.vary,
             "writers": a.writers,
             "dim": a.dim,
             "seconds": seconds,
