@@ -197,3 +197,51 @@ async fn postgres_migrates_a_first_release_database() {
     )
     .await;
 }
+
+/// Every row's vector comes back bit for bit, whatever its length and wherever it sits in a
+/// commit: PostgreSQL's UPSERT sends all vectors as one flat array and slices it per row, and
+/// splits a commit past 10,000 rows into several statements.
+async fn vectors_of_every_length_come_back_bit_equal(url: &str) {
+    let store = Store::connect(url).await.unwrap();
+    store.migrate().await.unwrap();
+    let rows: Vec<ResultRow> = (0..12_345)
+        .map(|i| ResultRow {
+            record_id: format!("v{i}"),
+            embedding: (0..1 + i % 7)
+                .map(|j| ((i * 7 + j) as f32 * 0.618_034).sin() * 10f32.powi(j as i32 - 3))
+                .collect(),
+            model: "m".into(),
+            model_hash: "00000000000000aa".into(),
+            job: (i % 3 == 0).then(|| "j".to_string()),
+            input_sha256: format!("{i:064x}"),
+            message_id: format!("m{i}"),
+            publish_time_us: i as i64,
+        })
+        .collect();
+    store.commit(&rows, &[]).await.unwrap();
+    let stored = store.embeddings().await.unwrap();
+    assert_eq!(stored.len(), rows.len());
+    for r in &rows {
+        let s = &stored[&r.record_id];
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&s.embedding), bits(&r.embedding), "{}", r.record_id);
+        assert_eq!(
+            (&s.message_id, s.publish_time_us),
+            (&r.message_id, r.publish_time_us)
+        );
+        assert_eq!(s.input_sha256, r.input_sha256);
+    }
+    assert_eq!(store.status(Some("j")).await.unwrap().done, 4_115);
+}
+
+#[tokio::test]
+async fn sqlite_returns_vectors_of_every_length_bit_equal() {
+    let (_dir, url) = fresh_sqlite();
+    vectors_of_every_length_come_back_bit_equal(&url).await;
+}
+
+#[tokio::test]
+async fn postgres_returns_vectors_of_every_length_bit_equal() {
+    let url = fresh_pg_database().await;
+    vectors_of_every_length_come_back_bit_equal(&url).await;
+}
