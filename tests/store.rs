@@ -208,7 +208,7 @@ async fn vectors_of_every_length_come_back_bit_equal(url: &str) {
         .map(|i| ResultRow {
             record_id: format!("v{i}"),
             embedding: (0..1 + i % 7)
-                .map(|j| ((i * 7 + j) as f32 * 0.618_034).sin() * 10f32.powi(j as i32 - 3))
+                .map(|j| ((i * 7 + j) as f32 * 0.618_034).sin() * 10f32.powi(j - 3))
                 .collect(),
             model: "m".into(),
             model_hash: "00000000000000aa".into(),
