@@ -95,7 +95,7 @@ impl Embedder {
         let worst = exact
             .iter()
             .zip(&rounded)
-            .map(|(a, b)| cosine(a, b))
+            .map(|(a, b)| f64::from(super::cosine(a, b)))
             .fold(f64::INFINITY, f64::min);
         if worst >= BF16_MIN_COSINE {
             tracing::info!(
@@ -110,21 +110,5 @@ impl Embedder {
             );
             Ok(false)
         }
-    }
-}
-
-/// The cosine of two vectors, in f64; 1 for two zero vectors (nothing to drift).
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let dot: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| f64::from(*x) * f64::from(*y))
-        .sum();
-    let na: f64 = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
-    let nb: f64 = b.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
-    if na == 0.0 && nb == 0.0 {
-        1.0
-    } else {
-        dot / (na * nb)
     }
 }

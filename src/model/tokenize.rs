@@ -145,8 +145,7 @@ impl TextTokenizer {
     }
 
     fn fast_path(&self, text: &str) -> Option<TokenIds> {
-        let (ids, type_ids) = self.fast.as_ref()?.encode(text)?;
-        Some(TokenIds { ids, type_ids })
+        self.fast.as_ref()?.encode(text)
     }
 
     /// The tokenizer's own result for each text, without the fast path (for tests that compare

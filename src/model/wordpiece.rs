@@ -17,6 +17,7 @@
 //! the crate matches before normalizing. tests/embeddings.rs checks the two agree on the bench
 //! corpus, the fixture texts and random texts built to hit every rule.
 
+use super::TokenIds;
 use rustc_hash::FxHashMap;
 use serde_json::Value;
 use tokenizers::Tokenizer;
@@ -90,9 +91,9 @@ impl FastWordPiece {
         })
     }
 
-    /// `text`'s (ids, type ids), special tokens added and truncated, or `None` when the text
-    /// is not one this path covers.
-    pub(super) fn encode(&self, text: &str) -> Option<(Vec<u32>, Vec<u32>)> {
+    /// `text`'s tokens, special tokens added and truncated, or `None` when the text is not one
+    /// this path covers.
+    pub(super) fn encode(&self, text: &str) -> Option<TokenIds> {
         let plain = |b: &u8| matches!(b, 0x20..=0x7e | b'\t' | b'\n' | b'\r');
         if !text.as_bytes().iter().all(plain) {
             return None;
@@ -118,7 +119,7 @@ impl FastWordPiece {
             ids.push(id);
             type_ids.push(t);
         }
-        Some((ids, type_ids))
+        Some(TokenIds { ids, type_ids })
     }
 
     /// WordPiece on one word: the longest vocabulary entry at each position, or `[UNK]` for the
