@@ -53,7 +53,7 @@ pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
         _ = shutdown.cancelled() => None,
         m = model_and_window(&a) => Some(m?),
     };
-    let Some((model, window, streams)) = model else {
+    let Some((model, window)) = model else {
         println!("worker done: stopped before the model was loaded");
         return Ok(());
     };
@@ -61,14 +61,13 @@ pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
     tracing::info!(
         startup_seconds = started.elapsed().as_secs_f64(),
         window = window.messages,
-        streams,
+        streams = window.streams,
         flow_control_per_stream = window.per_stream,
         model_records_per_s = window.measured_rate,
         "database and model ready"
     );
     let cfg = WorkerConfig {
         pubsub: PubsubConfig::from_args(&a.pubsub),
-        streams,
         window,
         max_outstanding_bytes: a.max_outstanding_bytes,
         lease_extension: a.lease_extension,
@@ -204,7 +203,7 @@ async fn exit_when_job_complete(store: Store, job: String, poll: Duration, shutd
     }
 }
 
-async fn model_and_window(a: &WorkArgs) -> anyhow::Result<(ModelHandle, Window, usize)> {
+async fn model_and_window(a: &WorkArgs) -> anyhow::Result<(ModelHandle, Window)> {
     let model = load_model(&a.model).await?;
     let rate = match (a.max_outstanding, a.streams) {
         (Some(_), Some(_)) => None,
@@ -222,7 +221,7 @@ async fn model_and_window(a: &WorkArgs) -> anyhow::Result<(ModelHandle, Window, 
         // Measured above whenever no limit is given.
         None => Window::from_rate(rate.unwrap_or(0.0), a.batch.batch_size, streams),
     };
-    Ok((model, window, streams))
+    Ok((model, window))
 }
 
 /// Connects and migrates, retrying with backoff while the database is unreachable: a worker that

@@ -38,9 +38,11 @@ pub fn streams_for(rate: f64) -> usize {
     }
 }
 
-/// What a worker holds: the batcher's window and each stream's flow control.
+/// What a worker holds: its streams, the batcher's window and each stream's flow control.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Window {
+    /// Streaming pulls (at least 1).
+    pub streams: usize,
     /// Messages the batcher holds to choose batches from.
     pub messages: usize,
     /// Flow control of each stream: messages delivered and not yet settled.
@@ -52,11 +54,12 @@ pub struct Window {
 impl Window {
     /// `per_stream` messages per stream, as set by the user.
     pub fn fixed(per_stream: i64, streams: usize) -> Self {
-        let per_stream = per_stream.max(1);
+        let (per_stream, streams) = (per_stream.max(1), streams.max(1));
         Self {
+            streams,
             messages: usize::try_from(per_stream)
                 .unwrap_or(usize::MAX)
-                .saturating_mul(streams.max(1)),
+                .saturating_mul(streams),
             per_stream,
             measured_rate: None,
         }
@@ -71,6 +74,7 @@ impl Window {
         let total = wanted.clamp(floor, MAX_WINDOW.max(floor));
         let per_stream = total.div_ceil(streams);
         Self {
+            streams,
             messages: per_stream * streams,
             per_stream: i64::try_from(per_stream).unwrap_or(i64::MAX),
             measured_rate: Some(rate),

@@ -51,9 +51,8 @@ const STREAM_CANCEL_GRACE: Duration = Duration::from_millis(100);
 pub struct WorkerConfig {
     /// Pub/Sub names and endpoint.
     pub pubsub: PubsubConfig,
-    /// Streaming-pull streams to open.
-    pub streams: usize,
-    /// What the worker holds: each stream's flow control (the batcher's window is in `batch`).
+    /// What the worker holds: its streams and each one's flow control (the batcher's window is
+    /// in `batch`).
     pub window: crate::pipeline::window::Window,
     /// Flow control per stream, in bytes.
     pub max_outstanding_bytes: i64,
@@ -302,7 +301,7 @@ async fn start(
     if let Some(idle) = cfg.exit_when_idle {
         tokio::spawn(exit_when_idle(idle, metrics.clone(), shutdown.clone()));
     }
-    tracing::info!(subscription = %cfg.pubsub.subscription, streams = cfg.streams, model = %model.info().name, device = %model.info().device, "worker started");
+    tracing::info!(subscription = %cfg.pubsub.subscription, streams = cfg.window.streams, model = %model.info().name, device = %model.info().device, "worker started");
     Ok(Running {
         sources,
         leases,
@@ -322,7 +321,7 @@ async fn open_streams(
     metrics: &Arc<Metrics>,
     shutdown: &Shutdown,
 ) -> Result<(Vec<Task<source::Stopped>>, Vec<ShutdownToken>), WorkerError> {
-    let subscriber = cfg.pubsub.subscriber(cfg.streams).await?;
+    let subscriber = cfg.pubsub.subscriber(cfg.window.streams).await?;
     let ctx = source::SourceContext {
         max_text_bytes: cfg.max_text_bytes,
         // An object's text is a record's text: --max-text-bytes bounds it as it bounds inline
@@ -338,7 +337,7 @@ async fn open_streams(
     };
     let mut sources = Vec::new();
     let mut leases = Vec::new();
-    for _ in 0..cfg.streams.max(1) {
+    for _ in 0..cfg.window.streams {
         let stream = subscriber
             .subscribe(&cfg.pubsub.subscription)
             .set_max_lease_extension(cfg.lease_extension)

@@ -355,7 +355,6 @@ impl Drop for FakeGcs {
 pub fn worker_config(pubsub: PubsubConfig) -> WorkerConfig {
     WorkerConfig {
         pubsub,
-        streams: 1,
         window: Window::fixed(256, 1),
         max_outstanding_bytes: 32 << 20,
         lease_extension: Duration::from_secs(10),
