@@ -102,8 +102,7 @@ pub(crate) fn linear(x: &[f32], w: &PackedWeights, b: Option<&[f32]>, out: &mut 
     assert_eq!(out.len(), m * n, "linear_bf16: output of {m}x{n}");
     assert!(b.is_none_or(|b| b.len() == n), "linear_bf16: bias of {n}");
     assert!(supported(), "linear_bf16: this CPU has no AVX-512 BF16");
-    let threads = rayon::current_num_threads().max(1);
-    let block = m.div_ceil(threads).max(MR);
+    let block = crate::kernels::block_rows(m, MR, MC);
     out.par_chunks_mut(block * n)
         .zip(x.par_chunks(block * k))
         .for_each(|(out, x)| {
@@ -298,6 +297,7 @@ mod tests {
             (9, 33, 17),
             (70, 64, 49),
             (130, 40, 96),
+            (701, 24, 20),
         ] {
             let x: Vec<f32> = (0..m * k).map(|_| next()).collect();
             let w: Vec<f32> = (0..n * k).map(|_| next()).collect();

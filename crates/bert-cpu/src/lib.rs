@@ -541,6 +541,27 @@ mod tests {
         assert_eq!(ctx, [1.0; 8]);
     }
 
+    /// A product splits into several whole-tile blocks per thread, so a preempted thread's share
+    /// can be taken by the others; never past the cap, never less than a tile.
+    #[test]
+    fn products_split_into_whole_tiles_several_per_thread() {
+        let threads = rayon::current_num_threads().max(1);
+        for m in [1, 5, 6, 7, 100, 1600, 100_000] {
+            let rows = crate::kernels::block_rows(m, 6, 64);
+            assert_eq!(rows % 6, 0, "{m} rows: blocks of {rows}");
+            assert!((6..=60).contains(&rows), "{m} rows: blocks of {rows}");
+            if m >= threads * 4 * 60 {
+                assert_eq!(rows, 60, "{m} rows: blocks of {rows}");
+            } else if m >= 7 * threads * 4 {
+                assert!(
+                    m.div_ceil(rows) >= 2 * threads,
+                    "{m} rows: blocks of {rows}"
+                );
+            }
+        }
+        assert_eq!(crate::kernels::block_rows(1600, 16, 256) % 16, 0);
+    }
+
     /// NaN stays NaN (a silently finite value would hide a broken model), infinities saturate.
     #[test]
     fn exp_of_nan_and_infinities_is_defined() {
