@@ -10,6 +10,14 @@ use spotinfer::external::telemetry;
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     telemetry::init_logging(cli.log_format);
+    // The encoder's compute pool, named so that `top -H` or a profile tells its threads from the
+    // async runtime's: unnamed, they take the name of the thread that first uses the pool.
+    if let Err(e) = rayon::ThreadPoolBuilder::new()
+        .thread_name(|i| format!("compute-{i}"))
+        .build_global()
+    {
+        tracing::debug!(error = %e, "the compute pool was already started");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
