@@ -102,7 +102,7 @@ pub(crate) fn linear(x: &[f32], w: &PackedWeights, b: Option<&[f32]>, out: &mut 
     assert_eq!(out.len(), m * n, "linear_bf16: output of {m}x{n}");
     assert!(b.is_none_or(|b| b.len() == n), "linear_bf16: bias of {n}");
     assert!(supported(), "linear_bf16: this CPU has no AVX-512 BF16");
-    let block = crate::kernels::block_rows(m, MR, MC);
+    let block = crate::kernels::block_rows(m, n * k, MR, MC);
     out.par_chunks_mut(block * n)
         .zip(x.par_chunks(block * k))
         .for_each(|(out, x)| {

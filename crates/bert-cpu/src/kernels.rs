@@ -40,7 +40,7 @@ pub(crate) fn linear(x: &[f32], k: usize, w: &[f32], b: Option<&[f32]>, out: &mu
     let m = x.len() / k;
     assert_eq!(out.len(), m * n, "linear: output of {m}x{n}");
     assert!(b.is_none_or(|b| b.len() == n), "linear: bias of {n}");
-    let block = block_rows(m, 16, F32_BLOCK_ROWS);
+    let block = block_rows(m, n * k, 16, F32_BLOCK_ROWS);
     out.par_chunks_mut(block * n)
         .zip(x.par_chunks(block * k))
         .for_each(|(out, x)| linear_block(x, k, w, b, out));
@@ -57,15 +57,22 @@ const F32_BLOCK_ROWS: usize = 256;
 /// per thread and 2.5% with four).
 const BLOCKS_PER_THREAD: usize = 4;
 
-/// Rows per block for a product over `m` rows: about [`BLOCKS_PER_THREAD`] blocks per pool
-/// thread, a multiple of `step` (the kernel's row tile, so only the last block has a tail), at
-/// least one tile and at most `most` rows rounded down to whole tiles.
-pub(crate) fn block_rows(m: usize, step: usize, most: usize) -> usize {
+/// Least multiply-adds in one block (tens of microseconds on one core): below it, handing the
+/// block to another thread costs more than it saves (a tiny model's products).
+const MIN_BLOCK_MACS: usize = 1 << 20;
+
+/// Rows per block for a product over `m` rows of `row_macs` multiply-adds each: about
+/// [`BLOCKS_PER_THREAD`] blocks per pool thread but not less than [`MIN_BLOCK_MACS`] of work, a
+/// multiple of `step` (the kernel's row tile, so only the last block has a tail), at least one
+/// tile and at most `most` rows rounded down to whole tiles.
+pub(crate) fn block_rows(m: usize, row_macs: usize, step: usize, most: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
     let step = step.max(1);
     let most = (most / step).max(1) * step;
-    let rows = m.div_ceil(threads * BLOCKS_PER_THREAD).div_ceil(step) * step;
-    rows.clamp(step, most)
+    let rows = m
+        .div_ceil(threads * BLOCKS_PER_THREAD)
+        .max(MIN_BLOCK_MACS.div_ceil(row_macs.max(1)));
+    (rows.div_ceil(step) * step).clamp(step, most)
 }
 
 fn linear_block(x: &[f32], k: usize, w: &[f32], b: Option<&[f32]>, out: &mut [f32]) {

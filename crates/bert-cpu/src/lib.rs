@@ -542,13 +542,15 @@ mod tests {
     }
 
     /// A product splits into several whole-tile blocks per thread, so a preempted thread's share
-    /// can be taken by the others; never past the cap, never less than a tile.
+    /// can be taken by the others; never past the cap, never less than a tile, and a cheap
+    /// product (a tiny model's) into few blocks.
     #[test]
     fn products_split_into_whole_tiles_several_per_thread() {
         let threads = rayon::current_num_threads().max(1);
+        let minilm_qkv = 384 * 1152;
         for m in [1, 5, 6, 7, 100, 1600, 100_000] {
-            let rows = crate::kernels::block_rows(m, 6, 64);
-            assert_eq!(rows % 6, 0, "{m} rows: blocks of {rows}");
+            let rows = crate::kernels::block_rows(m, minilm_qkv, 6, 64);
+            assert!(rows.is_multiple_of(6), "{m} rows: blocks of {rows}");
             assert!((6..=60).contains(&rows), "{m} rows: blocks of {rows}");
             if m >= threads * 4 * 60 {
                 assert_eq!(rows, 60, "{m} rows: blocks of {rows}");
@@ -559,7 +561,16 @@ mod tests {
                 );
             }
         }
-        assert_eq!(crate::kernels::block_rows(1600, 16, 256) % 16, 0);
+        assert_eq!(
+            crate::kernels::block_rows(1600, minilm_qkv, 16, 256) % 16,
+            0
+        );
+        // A 32-wide model's 32 × 96 product: a block holds at least 2^20 multiply-adds.
+        let tiny = crate::kernels::block_rows(1600, 32 * 96, 6, 1 << 20);
+        assert!(
+            tiny * 32 * 96 >= 1 << 20 && tiny.is_multiple_of(6),
+            "blocks of {tiny}"
+        );
     }
 
     /// NaN stays NaN (a silently finite value would hide a broken model), infinities saturate.
