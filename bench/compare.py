@@ -232,6 +232,9 @@ class Bench:
         log(f"e2e {side}: {result['records_per_s']:.1f} rec/s, first commit "
             f"{result['first_commit_s']:.2f} s, peak RSS {result['peak_rss_mib']:.0f} MiB, "
             f"exit {code} in {exit_s:.2f} s")
+        # Each run's database goes once measured: a few runs a day would otherwise fill the disk.
+        with psycopg.connect(self.a.pg_url, autocommit=True) as c:
+            c.execute(f"DROP DATABASE IF EXISTS {url.rsplit('/', 1)[1]}")
         return result
 
     def pull(self, corpus):

@@ -23,6 +23,7 @@ import argparse
 import hashlib
 import json
 import logging
+import os
 import queue
 import signal
 import sys
@@ -115,7 +116,8 @@ def main():
         model = load_model(model_dir)
         embed = lambda texts: model.encode(texts, batch_size=args.batch_size,
                                            show_progress_bar=False)
-    model_name = "all-MiniLM-L6-v2"
+    # The folder's name, as spotinfer names the model it loaded.
+    model_name = os.path.basename(os.path.normpath(model_dir))
     conn = psycopg.connect(args.database_url)
     conn.execute(SCHEMA)
     conn.commit()
