@@ -80,7 +80,11 @@ impl Embedder {
             bert_cpu::Precision::F32
         };
         bert.set_precision(chosen)?;
-        bert.release_unused();
+        let freed = bert.release_unused();
+        tracing::debug!(
+            freed_mib = freed / (1 << 20),
+            "freed the weights of the precision not chosen"
+        );
         self.info.device = format!("Cpu (fused, {})", if bf16 { "bf16" } else { "f32" });
         Ok(())
     }
