@@ -46,15 +46,15 @@ pub(crate) fn linear(x: &[f32], k: usize, w: &[f32], b: Option<&[f32]>, out: &mu
         .for_each(|(out, x)| linear_block(x, k, w, b, out));
 }
 
-/// Most rows in one f32 block: the product packs its weights once per block, so blocks stay
-/// large enough for that to be paid back.
+/// Most rows in one f32 block, as `MC` is for bf16: a large batch still cuts into blocks the
+/// pool can share out. Not much smaller, since each block packs the weights once.
 const F32_BLOCK_ROWS: usize = 256;
 
 /// Blocks a thread takes of a product over the whole pool: enough that when another process
 /// preempts one thread, the others take its remaining blocks instead of waiting at the end of
 /// the product for it (with one block per thread, every interruption of one core left the other
-/// idle: with another process taking a tenth of one core, the encoder lost 8% with one block
-/// per thread and 2.5% with four).
+/// idle: with another process taking a tenth of one core, the encoder lost 8% of its speed
+/// alone with one block per thread and 5% with four).
 const BLOCKS_PER_THREAD: usize = 4;
 
 /// Least multiply-adds in one block (tens of microseconds on one core): below it, handing the
