@@ -272,7 +272,7 @@ pub struct BatchArgs {
     #[arg(long, env = "SPOTINFER_BATCH_SIZE", default_value_t = 32, value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_BATCH_SIZE))]
     pub batch_size: usize,
     /// Longest a partial batch waits for more records before it runs.
-    #[arg(long, env = "SPOTINFER_BATCH_WAIT", value_parser = parse_duration, default_value = "50ms")]
+    #[arg(long, env = "SPOTINFER_BATCH_WAIT", value_parser = duration_in(Duration::ZERO, secs(60)), default_value = "50ms")]
     pub batch_wait: Duration,
 }
 
@@ -333,11 +333,11 @@ pub struct SubscriptionPolicyArgs {
     /// Deliveries before a message goes to the dead-letter topic (5 to 100).
     #[arg(long, env = "SPOTINFER_MAX_DELIVERY_ATTEMPTS", default_value_t = 10, value_parser = clap::value_parser!(i32).range(5..=100))]
     pub max_delivery_attempts: i32,
-    /// Retry policy: backoff before redelivering a NACKed message (unset: immediate).
-    #[arg(long, env = "SPOTINFER_MIN_RETRY_BACKOFF", value_parser = parse_duration)]
+    /// Retry policy: backoff before redelivering a NACKed message (unset: immediate; 0s to 600s).
+    #[arg(long, env = "SPOTINFER_MIN_RETRY_BACKOFF", value_parser = duration_in(Duration::ZERO, secs(600)))]
     pub min_retry_backoff: Option<Duration>,
-    /// Retry policy: the longest backoff.
-    #[arg(long, env = "SPOTINFER_MAX_RETRY_BACKOFF", value_parser = parse_duration, default_value = "60s")]
+    /// Retry policy: the longest backoff (0s to 600s).
+    #[arg(long, env = "SPOTINFER_MAX_RETRY_BACKOFF", value_parser = duration_in(Duration::ZERO, secs(600)), default_value = "60s")]
     pub max_retry_backoff: Duration,
 }
 
@@ -399,21 +399,26 @@ pub struct WorkArgs {
     /// SIGKILLed worker stay invisible before redelivery.
     #[arg(long, env = "SPOTINFER_LEASE_EXTENSION", value_parser = lease_seconds, default_value = "10s")]
     pub lease_extension: Duration,
-    /// Longest one commit may take before it counts as failed (its messages are nacked).
-    #[arg(long, env = "SPOTINFER_COMMIT_TIMEOUT", value_parser = positive_duration, default_value = "15s")]
+    /// Longest the worker keeps extending a message's lease (1m to 24h). Past it the client
+    /// lets the lease lapse and Pub/Sub redelivers the message (one more delivery attempt), even
+    /// while its commit is still being retried in place through a database outage.
+    #[arg(long, env = "SPOTINFER_MAX_LEASE", value_parser = duration_in(secs(60), secs(24 * 3600)), default_value = "1h")]
+    pub max_lease: Duration,
+    /// Longest one commit may take before it counts as failed and is retried (1s to 10m).
+    #[arg(long, env = "SPOTINFER_COMMIT_TIMEOUT", value_parser = duration_in(secs(1), secs(600)), default_value = "15s")]
     pub commit_timeout: Duration,
-    /// Budget for the whole graceful shutdown after SIGTERM (Spot allows about 15 s).
-    #[arg(long, env = "SPOTINFER_SHUTDOWN_TIMEOUT", value_parser = positive_duration, default_value = "8s")]
+    /// Budget for the whole graceful shutdown after SIGTERM (1s to 10m; Spot allows about 15 s).
+    #[arg(long, env = "SPOTINFER_SHUTDOWN_TIMEOUT", value_parser = duration_in(secs(1), secs(600)), default_value = "8s")]
     pub shutdown_timeout: Duration,
-    /// Exit 0 once no message has arrived for this long and nothing is in flight.
-    #[arg(long, env = "SPOTINFER_EXIT_WHEN_IDLE", value_parser = parse_duration)]
+    /// Exit 0 once no message has arrived for this long and nothing is in flight (1s to 7d).
+    #[arg(long, env = "SPOTINFER_EXIT_WHEN_IDLE", value_parser = duration_in(secs(1), secs(7 * 86_400)))]
     pub exit_when_idle: Option<Duration>,
     /// Exit 0 once this job is complete (every record it published has a result or a failure
     /// row): how a flex-start Kubernetes Job ends.
     #[arg(long, env = "SPOTINFER_EXIT_WHEN_JOB_COMPLETE")]
     pub exit_when_job_complete: Option<String>,
-    /// How often --exit-when-job-complete reads the job's status.
-    #[arg(long, env = "SPOTINFER_JOB_POLL", value_parser = positive_duration, default_value = "5s")]
+    /// How often --exit-when-job-complete reads the job's status (100ms to 10m).
+    #[arg(long, env = "SPOTINFER_JOB_POLL", value_parser = duration_in(millis(100), secs(600)), default_value = "5s")]
     pub job_poll: Duration,
     /// host:port for /metrics, /healthz and /readyz; unset disables the endpoint.
     #[arg(long, env = "SPOTINFER_METRICS_ADDR")]
@@ -439,8 +444,8 @@ pub struct WorkArgs {
     /// This pod's node (downward API `spec.nodeName`), for the `taint` watch.
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
-    /// How often the `taint` watch reads the node.
-    #[arg(long, env = "SPOTINFER_DRAIN_POLL", value_parser = parse_duration, default_value = "2s")]
+    /// How often the `taint` watch reads the node (100ms to 1m).
+    #[arg(long, env = "SPOTINFER_DRAIN_POLL", value_parser = duration_in(millis(100), secs(60)), default_value = "2s")]
     pub drain_poll: Duration,
     /// Require an exactly-once subscription and confirm every ack (a commit whose ack is not
     /// confirmed is redelivered and redone, which the UPSERT makes harmless).
@@ -498,8 +503,8 @@ pub struct StatusArgs {
     /// Redraw until the job is complete (with --json: one object per line).
     #[arg(long, requires = "job")]
     pub watch: bool,
-    /// How often --watch redraws.
-    #[arg(long, value_parser = positive_duration, default_value = "2s")]
+    /// How often --watch redraws (100ms to 1h).
+    #[arg(long, value_parser = duration_in(millis(100), secs(3600)), default_value = "2s")]
     pub interval: Duration,
 }
 
@@ -554,12 +559,33 @@ fn lease_seconds(s: &str) -> Result<Duration, String> {
     }
 }
 
-/// A duration that is not zero.
-fn positive_duration(s: &str) -> Result<Duration, String> {
-    match parse_duration(s)? {
-        d if d.is_zero() => Err("must be longer than 0s".to_string()),
-        d => Ok(d),
+/// A parser for durations from `min` to `max`, both included. Its error names the range; clap
+/// puts the flag's name before it. Every duration flag has one: a zero poll interval would be a
+/// busy loop, a zero timeout a failure on every try.
+fn duration_in(
+    min: Duration,
+    max: Duration,
+) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync + 'static {
+    move |s| {
+        let d = parse_duration(s)?;
+        if (min..=max).contains(&d) {
+            Ok(d)
+        } else {
+            Err(format!(
+                "{s} is outside the range {} to {}",
+                humantime::format_duration(min),
+                humantime::format_duration(max)
+            ))
+        }
     }
+}
+
+const fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+const fn millis(n: u64) -> Duration {
+    Duration::from_millis(n)
 }
 
 #[cfg(test)]
@@ -594,12 +620,25 @@ mod tests {
             ("--lease-extension", "11m"),
             ("--commit-timeout", "0s"),
             ("--shutdown-timeout", "0s"),
+            ("--drain-poll", "0s"),
+            ("--drain-poll", "2m"),
+            ("--job-poll", "0s"),
+            ("--exit-when-idle", "0s"),
+            ("--batch-wait", "2m"),
+            ("--max-lease", "0s"),
+            ("--max-lease", "30s"),
+            ("--max-lease", "2d"),
             ("--max-text-bytes", "0"),
             ("--max-text-bytes", "20000000"),
         ] {
             let err = parse(&[flag, value]).expect_err(&format!("{flag} {value} accepted"));
             assert!(err.contains(flag), "{flag} {value}: {err}");
         }
+        // A duration's error names its range.
+        let err = parse(&["--drain-poll", "0s"]).unwrap_err();
+        assert!(err.contains("outside the range 100ms to 1m"), "{err}");
+        assert!(parse(&["--drain-poll", "100ms", "--batch-wait", "0s"]).is_ok());
+        assert!(parse(&["--max-lease", "2h"]).is_ok());
         let setup = |extra: &[&str]| {
             let mut argv = vec!["spotinfer", "setup"];
             argv.extend_from_slice(extra);
@@ -610,6 +649,8 @@ mod tests {
         assert!(setup(&["--max-delivery-attempts", "4"]).is_err());
         assert!(setup(&["--max-delivery-attempts", "101"]).is_err());
         assert!(setup(&["--ack-deadline", "1s"]).is_err());
+        assert!(setup(&["--max-retry-backoff", "11m"]).is_err());
+        assert!(setup(&["--min-retry-backoff", "1h"]).is_err());
         assert!(setup(&["--max-delivery-attempts", "20"]).is_ok());
     }
 

@@ -198,6 +198,46 @@ fn worker_with_a_missing_model_fails_at_startup_with_a_clear_error() {
     );
 }
 
+/// Finding 8 of issue 25: `--drain-poll 0s` made the taint watch a busy loop against the
+/// Kubernetes API, and other duration flags took any value. Each has a range now, and a value
+/// outside it (from the flag or its environment variable) stops the worker before it starts,
+/// with exit status 2, the flag's name and the range.
+#[test]
+fn out_of_range_durations_are_refused_with_the_flag_and_its_range() {
+    let (_dir, db) = fresh_sqlite();
+    for (flag, env, value, range) in [
+        ("--drain-poll", "SPOTINFER_DRAIN_POLL", "0s", "100ms to 1m"),
+        ("--job-poll", "SPOTINFER_JOB_POLL", "0s", "100ms to 10m"),
+        ("--max-lease", "SPOTINFER_MAX_LEASE", "10s", "1m to 1day"),
+        (
+            "--exit-when-idle",
+            "SPOTINFER_EXIT_WHEN_IDLE",
+            "0s",
+            "1s to 7days",
+        ),
+        ("--batch-wait", "SPOTINFER_BATCH_WAIT", "5m", "0s to 1m"),
+    ] {
+        for from_env in [false, true] {
+            let mut cmd = spotinfer();
+            cmd.args(["work", "--model", "/nonexistent/model"])
+                .env("DATABASE_URL", &db)
+                .env("PUBSUB_EMULATOR_HOST", emulator());
+            if from_env {
+                cmd.env(env, value);
+            } else {
+                cmd.args([flag, value]);
+            }
+            let out = cmd.output().unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{flag} {value}: {stderr}");
+            assert!(
+                stderr.contains(flag) && stderr.contains(range),
+                "{flag} {value}: {stderr}"
+            );
+        }
+    }
+}
+
 #[test]
 fn json_logs_carry_cloud_logging_severity() {
     // A worker waiting for an unreachable database logs a warning per attempt; SIGTERM ends it.

@@ -71,6 +71,7 @@ pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
         window,
         max_outstanding_bytes: a.max_outstanding_bytes,
         lease_extension: a.lease_extension,
+        max_lease: a.max_lease,
         batch: BatchConfig {
             max_records: a.batch.batch_size,
             max_wait: a.batch.batch_wait,

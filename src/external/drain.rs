@@ -30,6 +30,10 @@ pub const TERMINATION_TAINT: &str = "cloud.google.com/impending-node-termination
 /// The maintenance event that ends the VM (a Spot VM cannot live-migrate).
 pub const TERMINATING_MAINTENANCE: &str = "TERMINATE_ON_HOST_MAINTENANCE";
 
+/// The shortest pause between two reads of the node, whatever [`DrainConfig::poll`] says:
+/// `--drain-poll` refuses less, and a zero period would be a busy loop against the API server.
+pub const MIN_POLL: Duration = Duration::from_millis(100);
+
 /// What to watch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Watch {
@@ -68,7 +72,7 @@ pub struct DrainConfig {
     pub kube_api: String,
     /// This pod's node.
     pub node_name: Option<String>,
-    /// Taint polling period.
+    /// Taint polling period (at least [`MIN_POLL`]).
     pub poll: Duration,
 }
 
@@ -278,7 +282,7 @@ async fn watch_taint(cfg: &DrainConfig, report: impl Fn(Option<String>)) {
                 }
             }
         }
-        tokio::time::sleep(cfg.poll).await;
+        tokio::time::sleep(cfg.poll.max(MIN_POLL)).await;
     }
 }
 
@@ -307,6 +311,42 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
+    }
+
+    /// A zero poll period (possible for a caller that builds the config itself) is not a busy
+    /// loop against the API server: at most one read per [`MIN_POLL`].
+    #[tokio::test]
+    async fn the_taint_watch_never_polls_faster_than_the_floor() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let reads = Arc::new(AtomicUsize::new(0));
+        let counted = reads.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                counted.fetch_add(1, Ordering::Relaxed);
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let body = r#"{"metadata":{"name":"n"},"spec":{}}"#;
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+            }
+        });
+        let cfg = DrainConfig {
+            watches: vec![Watch::Taint],
+            metadata_host: String::new(),
+            kube_api: format!("http://{addr}"),
+            node_name: Some("n".into()),
+            poll: Duration::ZERO,
+        };
+        let _ = tokio::time::timeout(Duration::from_millis(550), watch_taint(&cfg, |_| {})).await;
+        let n = reads.load(Ordering::Relaxed);
+        assert!((1..=7).contains(&n), "{n} reads of the node in 550 ms");
     }
 
     #[test]

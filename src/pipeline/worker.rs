@@ -61,6 +61,8 @@ pub struct WorkerConfig {
     pub max_outstanding_bytes: i64,
     /// Lease extension asked of Pub/Sub.
     pub lease_extension: Duration,
+    /// Longest the client keeps extending a message's lease (`--max-lease`).
+    pub max_lease: Duration,
     /// Batch bounds.
     pub batch: BatchConfig,
     /// Largest text accepted.
@@ -344,6 +346,7 @@ async fn open_streams(
         let stream = subscriber
             .subscribe(&cfg.pubsub.subscription)
             .set_max_lease_extension(cfg.lease_extension)
+            .set_max_lease(cfg.max_lease)
             .set_max_outstanding_messages(cfg.window.per_stream)
             .set_max_outstanding_bytes(cfg.max_outstanding_bytes)
             .set_shutdown_behavior(ShutdownBehavior::WaitForProcessing)

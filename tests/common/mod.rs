@@ -358,6 +358,7 @@ pub fn worker_config(pubsub: PubsubConfig) -> WorkerConfig {
         window: Window::fixed(256, 1),
         max_outstanding_bytes: 32 << 20,
         lease_extension: Duration::from_secs(10),
+        max_lease: Duration::from_secs(3600),
         batch: BatchConfig {
             max_records: 32,
             max_wait: Duration::from_millis(20),
