@@ -410,6 +410,10 @@ pub struct WorkArgs {
     /// Budget for the whole graceful shutdown after SIGTERM (1s to 10m; Spot allows about 15 s).
     #[arg(long, env = "SPOTINFER_SHUTDOWN_TIMEOUT", value_parser = duration_in(secs(1), secs(600)), default_value = "8s")]
     pub shutdown_timeout: Duration,
+    /// Liveness: /healthz fails once messages have been held this long (at least; more when one
+    /// batch can take longer) with no commit, while the database answers (1m to 24h).
+    #[arg(long, env = "SPOTINFER_STALL_TIMEOUT", value_parser = duration_in(secs(60), secs(24 * 3600)), default_value = "5m")]
+    pub stall_timeout: Duration,
     /// Exit 0 once no message has arrived for this long and nothing is in flight (1s to 7d).
     #[arg(long, env = "SPOTINFER_EXIT_WHEN_IDLE", value_parser = duration_in(secs(1), secs(7 * 86_400)))]
     pub exit_when_idle: Option<Duration>,
@@ -628,6 +632,8 @@ mod tests {
             ("--max-lease", "0s"),
             ("--max-lease", "30s"),
             ("--max-lease", "2d"),
+            ("--stall-timeout", "0s"),
+            ("--stall-timeout", "10s"),
             ("--max-text-bytes", "0"),
             ("--max-text-bytes", "20000000"),
         ] {
@@ -638,7 +644,7 @@ mod tests {
         let err = parse(&["--drain-poll", "0s"]).unwrap_err();
         assert!(err.contains("outside the range 100ms to 1m"), "{err}");
         assert!(parse(&["--drain-poll", "100ms", "--batch-wait", "0s"]).is_ok());
-        assert!(parse(&["--max-lease", "2h"]).is_ok());
+        assert!(parse(&["--max-lease", "2h", "--stall-timeout", "10m"]).is_ok());
         let setup = |extra: &[&str]| {
             let mut argv = vec!["spotinfer", "setup"];
             argv.extend_from_slice(extra);

@@ -210,6 +210,12 @@ fn out_of_range_durations_are_refused_with_the_flag_and_its_range() {
         ("--job-poll", "SPOTINFER_JOB_POLL", "0s", "100ms to 10m"),
         ("--max-lease", "SPOTINFER_MAX_LEASE", "10s", "1m to 1day"),
         (
+            "--stall-timeout",
+            "SPOTINFER_STALL_TIMEOUT",
+            "5s",
+            "1m to 1day",
+        ),
+        (
             "--exit-when-idle",
             "SPOTINFER_EXIT_WHEN_IDLE",
             "0s",

@@ -58,12 +58,25 @@ pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
         return Ok(());
     };
     metrics.set_model_loaded(true);
+    let longest_batch = window.measured_rate.map(|rate| {
+        let max_tokens = model.info().max_seq_len;
+        let measured = window::CALIBRATION_WORDS.min(max_tokens);
+        telemetry::longest_batch(a.batch.batch_size, rate, max_tokens, measured)
+    });
+    let stall_threshold = telemetry::stall_threshold(
+        a.stall_timeout,
+        a.batch.batch_wait,
+        a.commit_timeout,
+        longest_batch,
+    );
+    metrics.set_stall_threshold(stall_threshold);
     tracing::info!(
         startup_seconds = started.elapsed().as_secs_f64(),
         window = window.messages,
         streams = window.streams,
         flow_control_per_stream = window.per_stream,
         model_records_per_s = window.measured_rate,
+        stall_threshold_seconds = stall_threshold.as_secs_f64(),
         "database and model ready"
     );
     let cfg = WorkerConfig {

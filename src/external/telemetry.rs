@@ -3,6 +3,12 @@
 //! The metrics live in a `prometheus-client` registry (atomic counters, gauges and histograms,
 //! rendered in the OpenMetrics text format); axum serves them with the health and readiness
 //! probes, only when `SPOTINFER_METRICS_ADDR` is set.
+//!
+//! Liveness is about progress, not only about the process answering: `/healthz` fails once the
+//! worker has held messages continuously for longer than its stall threshold without committing
+//! any (see [`Metrics::liveness`] and [`stall_threshold`]), so Kubernetes restarts a wedged
+//! worker (a hung model thread or device, a deadlocked stage) instead of leaving it to sit on its
+//! leases.
 
 use crate::config::LogFormat;
 use axum::extract::State;
@@ -150,7 +156,10 @@ pub struct Metrics {
     tokens: Counter,
     in_flight: Gauge,
     ready_gauge: Gauge,
+    stalled_gauge: Gauge<f64, std::sync::atomic::AtomicU64>,
     last_received_ms: AtomicU64,
+    progress: Progress,
+    clock: Clock,
     /// Records per model batch.
     pub batch_size: Histogram,
     /// Seconds the model spent on one batch.
@@ -209,6 +218,12 @@ impl Default for Metrics {
             "Whether the worker is ready.",
             ready_gauge.clone(),
         );
+        let stalled_gauge = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "spotinfer_stalled_seconds",
+            "Seconds the worker has held messages without a commit while the database answers (/healthz fails past the stall threshold).",
+            stalled_gauge.clone(),
+        );
         let mut histogram = |name: &str, help: &str, buckets: &[f64]| {
             let h = Histogram::new(buckets.iter().copied());
             registry.register(name, help, h.clone());
@@ -248,7 +263,10 @@ impl Default for Metrics {
             tokens,
             in_flight,
             ready_gauge,
+            stalled_gauge,
             last_received_ms: AtomicU64::new(0),
+            progress: Progress::default(),
+            clock: Clock::Real,
             batch_size,
             inference_seconds,
             commit_seconds,
@@ -299,15 +317,17 @@ impl Metrics {
     /// waiting for the database or loading the model does not count as idle).
     pub fn mark_active(&self) {
         self.last_received_ms
-            .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+            .store(self.now_ms(), Ordering::Relaxed);
     }
     /// Counts acks.
     pub fn acked(&self, n: u64) {
         self.acked.inc_by(n);
     }
-    /// Counts nacks after a failure.
+    /// Counts nacks after a failure. A NACK settles a message: the worker is not stuck (a
+    /// storage outage NACKs `uri` records, and restarting would not help).
     pub fn nacked(&self, n: u64) {
         self.nacked.inc_by(n);
+        self.progress.made(self.now_ms());
     }
     /// Counts messages handed back unprocessed at shutdown.
     pub fn released(&self, n: u64) {
@@ -319,10 +339,11 @@ impl Metrics {
             self.delivery_attempts.observe(f64::from(attempt));
         }
     }
-    /// Counts committed result rows and failure rows.
+    /// Counts committed result rows and failure rows: progress, for liveness.
     pub fn committed(&self, results: u64, failures: u64) {
         self.committed.inc_by(results);
         self.failed.inc_by(failures);
+        self.progress.made(self.now_ms());
     }
     /// Counts a failed commit.
     pub fn commit_error(&self) {
@@ -336,9 +357,13 @@ impl Metrics {
     pub fn tokens(&self, n: u64) {
         self.tokens.inc_by(n);
     }
-    /// Adjusts the number of messages held and not yet settled.
+    /// Adjusts the number of messages held and not yet settled. Going from none to some starts
+    /// the stall clock.
     pub fn in_flight_add(&self, n: i64) {
-        self.in_flight.inc_by(n);
+        let before = self.in_flight.inc_by(n);
+        if before <= 0 && before + n > 0 {
+            self.progress.busy_from(self.now_ms());
+        }
     }
     /// Messages held and not yet settled.
     pub fn in_flight(&self) -> i64 {
@@ -346,16 +371,21 @@ impl Metrics {
     }
     /// Time since the last message arrived (or since start, if none has).
     pub fn idle_for(&self) -> Duration {
-        let last = Duration::from_millis(self.last_received_ms.load(Ordering::Relaxed));
-        self.started.elapsed().saturating_sub(last)
+        let last = self.last_received_ms.load(Ordering::Relaxed);
+        Duration::from_millis(self.now_ms().saturating_sub(last))
     }
     /// Marks a readiness condition.
     pub fn set_model_loaded(&self, v: bool) {
         self.model_loaded.store(v, Ordering::Relaxed);
     }
-    /// Marks a readiness condition.
+    /// Marks a readiness condition. While the database fails, the stall clock stands still:
+    /// a commit retried in place through an outage is not a stalled worker, and a restart would
+    /// not bring the database back (it would only hand every message held back to Pub/Sub, one
+    /// delivery attempt each). Each change restarts the stall clock.
     pub fn set_store_ok(&self, v: bool) {
-        self.store_ok.store(v, Ordering::Relaxed);
+        if self.store_ok.swap(v, Ordering::Relaxed) != v {
+            self.progress.made(self.now_ms());
+        }
     }
     /// Marks a readiness condition.
     pub fn set_stream_open(&self, v: bool) {
@@ -372,6 +402,51 @@ impl Metrics {
             && self.store_ok.load(Ordering::Relaxed)
             && self.stream_open.load(Ordering::Relaxed)
             && !self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Sets the liveness threshold ([`stall_threshold`]); until it is set the worker is never
+    /// counted as stalled.
+    pub fn set_stall_threshold(&self, threshold: Duration) {
+        let ms = u64::try_from(threshold.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        self.progress.threshold_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// How long the worker has held messages without progress: 0 while it holds none or while
+    /// the database fails; otherwise the time since the later of the last progress (a commit, a
+    /// NACK after a failure, a change of the database's state) and the moment it went from
+    /// holding nothing to holding messages.
+    pub fn stalled_for(&self) -> Duration {
+        if self.in_flight.get() <= 0 || !self.store_ok.load(Ordering::Relaxed) {
+            return Duration::ZERO;
+        }
+        Duration::from_millis(self.progress.stalled_ms(self.now_ms()))
+    }
+
+    /// The liveness rule behind `/healthz`: `Err` (with why) once [`Metrics::stalled_for`]
+    /// exceeds the stall threshold.
+    pub fn liveness(&self) -> Result<(), String> {
+        let threshold = self.progress.threshold_ms.load(Ordering::Relaxed);
+        let stalled = self.stalled_for();
+        if threshold == 0 || stalled <= Duration::from_millis(threshold) {
+            return Ok(());
+        }
+        Err(format!(
+            "stalled: {} messages held for {:.0}s without a commit (threshold {:.0}s)",
+            self.in_flight(),
+            stalled.as_secs_f64(),
+            Duration::from_millis(threshold).as_secs_f64()
+        ))
+    }
+
+    /// Milliseconds on this worker's clock.
+    fn now_ms(&self) -> u64 {
+        match &self.clock {
+            Clock::Real => self.started.elapsed().as_millis() as u64,
+            #[cfg(test)]
+            Clock::Fake(ms) => ms.load(Ordering::Relaxed),
+        }
     }
 
     /// A snapshot of the counters.
@@ -392,6 +467,7 @@ impl Metrics {
     /// Every metric in the OpenMetrics text format (which Prometheus scrapes).
     pub fn render(&self) -> String {
         self.ready_gauge.set(i64::from(self.ready()));
+        self.stalled_gauge.set(self.stalled_for().as_secs_f64());
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
@@ -399,17 +475,88 @@ impl Metrics {
     }
 }
 
+/// The clock the liveness and idle rules read.
+#[derive(Debug)]
+enum Clock {
+    /// Time since the metrics were created.
+    Real,
+    /// Milliseconds a test sets.
+    #[cfg(test)]
+    Fake(Arc<AtomicU64>),
+}
+
+/// When the worker last made progress and since when it has held messages, in milliseconds on
+/// its clock.
+#[derive(Debug, Default)]
+struct Progress {
+    last_ms: AtomicU64,
+    busy_since_ms: AtomicU64,
+    /// 0: not set, never stalled.
+    threshold_ms: AtomicU64,
+}
+
+impl Progress {
+    fn made(&self, now_ms: u64) {
+        self.last_ms.fetch_max(now_ms, Ordering::Relaxed);
+    }
+
+    fn busy_from(&self, now_ms: u64) {
+        self.busy_since_ms.fetch_max(now_ms, Ordering::Relaxed);
+    }
+
+    fn stalled_ms(&self, now_ms: u64) -> u64 {
+        let since = self
+            .last_ms
+            .load(Ordering::Relaxed)
+            .max(self.busy_since_ms.load(Ordering::Relaxed));
+        now_ms.saturating_sub(since)
+    }
+}
+
+/// The liveness threshold: `floor` (`--stall-timeout`), or, where that is longer, twice the
+/// longest a working worker can go between two commits while it holds messages: the batcher's
+/// wait, one batch of the longest texts (`longest_batch`, when known) and one commit (a commit
+/// slower than `commit_timeout` fails, and while commits fail the stall clock stands still).
+/// A slow worker that is still working commits at least that often, so it never reaches it.
+pub fn stall_threshold(
+    floor: Duration,
+    batch_wait: Duration,
+    commit_timeout: Duration,
+    longest_batch: Option<Duration>,
+) -> Duration {
+    let between = batch_wait
+        .saturating_add(commit_timeout)
+        .saturating_add(longest_batch.unwrap_or_default());
+    floor.max(between.saturating_mul(2))
+}
+
+/// The longest one batch of `batch_size` texts can take the model: the batch measured at
+/// start-up (`records_per_s` on texts of `measured_tokens` tokens) scaled to texts of the
+/// model's token limit, `max_tokens`, by the square of the ratio (attention grows with the
+/// square of the length and everything else linearly, so this over-estimates). At most a week.
+pub fn longest_batch(
+    batch_size: usize,
+    records_per_s: f64,
+    max_tokens: usize,
+    measured_tokens: usize,
+) -> Duration {
+    let ratio = max_tokens.max(1) as f64 / measured_tokens.max(1) as f64;
+    let seconds = batch_size.max(1) as f64 / records_per_s * ratio.max(1.0).powi(2);
+    let week = Duration::from_secs(7 * 86_400);
+    Duration::try_from_secs_f64(seconds).map_or(week, |d| d.min(week))
+}
+
 /// Requests the endpoint serves at once; more wait their turn.
 const MAX_CONCURRENT_REQUESTS: usize = 32;
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the process ends.
 ///
-/// `/healthz` answers 200 while the process runs; `/readyz` answers 200 only when
-/// [`Metrics::ready`] holds, 503 otherwise.
+/// `/healthz` answers 200 while [`Metrics::liveness`] holds (the worker is not stalled), 503
+/// otherwise; `/readyz` answers 200 only when [`Metrics::ready`] holds, 503 otherwise.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
     let app = Router::new()
         .route("/metrics", get(render_metrics))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(health))
         .route("/readyz", get(readiness))
         .layer(GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT_REQUESTS))
         .with_state(metrics);
@@ -426,6 +573,16 @@ async fn render_metrics(State(metrics): State<Arc<Metrics>>) -> impl IntoRespons
         )],
         metrics.render(),
     )
+}
+
+async fn health(State(metrics): State<Arc<Metrics>>) -> (StatusCode, String) {
+    match metrics.liveness() {
+        Ok(()) => (StatusCode::OK, "ok\n".into()),
+        Err(why) => {
+            tracing::error!(reason = %why, "liveness check failed: the worker makes no progress");
+            (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n"))
+        }
+    }
 }
 
 async fn readiness(State(metrics): State<Arc<Metrics>>) -> (StatusCode, &'static str) {
@@ -504,6 +661,127 @@ mod tests {
         assert_eq!(line["spans"][0]["fields"], "records=32");
         assert_eq!(line["spans"][1]["name"], "commit");
         assert_eq!(line["spans"][1]["fields"], "attempt=2");
+    }
+
+    /// Metrics on a clock the test moves, in seconds.
+    fn on_fake_clock() -> (Metrics, impl Fn(u64)) {
+        let ms = Arc::new(AtomicU64::new(0));
+        let m = Metrics {
+            clock: Clock::Fake(ms.clone()),
+            ..Metrics::default()
+        };
+        m.set_store_ok(true);
+        (m, move |secs: u64| ms.store(secs * 1000, Ordering::Relaxed))
+    }
+
+    /// Finding 6 of issue 25: /healthz said nothing about progress. Held messages with no commit
+    /// for longer than the threshold fail it; a slow worker that commits within it never does.
+    #[test]
+    fn liveness_fails_when_messages_are_held_past_the_threshold_without_a_commit() {
+        let (m, at) = on_fake_clock();
+        m.set_stall_threshold(Duration::from_secs(300));
+        // Holding nothing is never a stall, however long.
+        at(5_000);
+        assert!(m.liveness().is_ok());
+        assert_eq!(m.stalled_for(), Duration::ZERO);
+        // The clock starts when messages arrive, not at the last commit before an idle spell.
+        m.in_flight_add(5);
+        at(5_300);
+        assert!(m.liveness().is_ok(), "exactly the threshold is still alive");
+        at(5_301);
+        let why = m.liveness().unwrap_err();
+        assert!(why.contains("5 messages held for 301s"), "{why}");
+        assert_eq!(m.stalled_for(), Duration::from_secs(301));
+        // A commit is progress: alive again, and a slow worker committing every 299 s stays so.
+        m.committed(3, 0);
+        assert!(m.liveness().is_ok());
+        for t in (5_600..20_000).step_by(299) {
+            at(t);
+            assert!(m.liveness().is_ok(), "at {t}s");
+            m.committed(1, 0);
+        }
+        // Settling everything stops the clock; new work starts it afresh.
+        m.in_flight_add(-5);
+        at(30_000);
+        assert!(m.liveness().is_ok());
+        m.in_flight_add(1);
+        at(30_250);
+        assert!(m.liveness().is_ok());
+        at(30_400);
+        assert!(m.liveness().is_err());
+        // A NACK after a failure settles a message too: not stuck.
+        m.nacked(1);
+        assert!(m.liveness().is_ok());
+    }
+
+    /// A commit retried in place through a database outage is not a stall (a restart would not
+    /// bring the database back); the clock restarts once the database answers again.
+    #[test]
+    fn a_database_outage_does_not_count_as_a_stall() {
+        let (m, at) = on_fake_clock();
+        m.set_stall_threshold(Duration::from_secs(300));
+        m.in_flight_add(32);
+        at(100);
+        m.set_store_ok(false);
+        at(100 + 3_600);
+        assert!(m.liveness().is_ok(), "an hour-long outage");
+        assert_eq!(m.stalled_for(), Duration::ZERO);
+        m.set_store_ok(true);
+        at(100 + 3_600 + 300);
+        assert!(m.liveness().is_ok());
+        at(100 + 3_600 + 301);
+        assert!(m.liveness().is_err());
+        // Without a threshold (not configured yet), never stalled.
+        let (m, at) = on_fake_clock();
+        m.in_flight_add(1);
+        at(1_000_000);
+        assert!(m.liveness().is_ok());
+        assert!(m.render().contains("spotinfer_stalled_seconds 1000000.0"));
+    }
+
+    #[test]
+    fn the_stall_threshold_covers_the_longest_batch_and_commit() {
+        let five_min = Duration::from_secs(300);
+        let wait = Duration::from_millis(50);
+        let commit = Duration::from_secs(15);
+        // all-MiniLM-L6-v2 at 100 records/s: 32 texts of 256 tokens against the 48-word probe.
+        let batch = longest_batch(32, 100.0, 256, 48);
+        assert!((batch.as_secs_f64() - 0.32 * (256.0f64 / 48.0).powi(2)).abs() < 1e-6);
+        assert_eq!(
+            stall_threshold(five_min, wait, commit, Some(batch)),
+            five_min
+        );
+        // A model whose longest batch takes 10 minutes gets twice (wait + batch + commit).
+        let slow = Duration::from_secs(600);
+        assert_eq!(
+            stall_threshold(five_min, wait, commit, Some(slow)),
+            (wait + commit + slow) * 2
+        );
+        assert_eq!(stall_threshold(five_min, wait, commit, None), five_min);
+        // A rate of 0 or NaN (nothing measured) cannot overflow: a week at most.
+        assert_eq!(
+            longest_batch(32, 0.0, 512, 48),
+            Duration::from_secs(7 * 86_400)
+        );
+        assert_eq!(
+            longest_batch(32, f64::NAN, 512, 48),
+            Duration::from_secs(7 * 86_400)
+        );
+    }
+
+    /// The probe itself: 200 while alive, 503 with the reason once stalled.
+    #[tokio::test]
+    async fn healthz_answers_503_when_stalled() {
+        let (m, at) = on_fake_clock();
+        let m = Arc::new(m);
+        m.set_stall_threshold(Duration::from_secs(60));
+        m.in_flight_add(1);
+        at(60);
+        assert_eq!(health(State(m.clone())).await.0, StatusCode::OK);
+        at(61);
+        let (code, body) = health(State(m.clone())).await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("without a commit"), "{body}");
     }
 
     #[test]
