@@ -7,7 +7,9 @@
   and stays within Spot's ~15 s for non-system pods;
 - containers run as non-root with a read-only root filesystem, request a priority class, and
   (Deployments) have liveness and readiness probes;
-- no literal secret values: DATABASE_URL comes from a Secret.
+- no literal secret values: DATABASE_URL comes from a Secret;
+- a Job in job mode (SPOTINFER_EXIT_WHEN_JOB_COMPLETE) replaces a worker that exits 75 (stopped
+  before the job was complete) without spending backoffLimit, and fails on 66 (idle before then).
 """
 import re
 import sys
@@ -50,6 +52,21 @@ def main(path):
             problems.append(f"{name}: grace period {grace}s leaves no room over the {budget}s shutdown budget")
         if "cloud.google.com/gke-spot" in pod.get("nodeSelector", {}) and grace > 15:
             problems.append(f"{name}: Spot gives non-system pods about 15 s; grace period is {grace}s")
+        if d["kind"] == "Job" and config.get("SPOTINFER_EXIT_WHEN_JOB_COMPLETE"):
+            rules = d["spec"].get("podFailurePolicy", {}).get("rules", [])
+
+            def first_action(code):
+                for r in rules:
+                    if code in r.get("onExitCodes", {}).get("values", []) and r["onExitCodes"].get("operator") == "In":
+                        return r["action"]
+                return None
+
+            if first_action(75) != "Ignore":
+                problems.append(f"{name}: podFailurePolicy must Ignore exit code 75 (stopped before the job was complete: replace the pod)")
+            if first_action(66) != "FailJob":
+                problems.append(f"{name}: podFailurePolicy must FailJob on exit code 66 (idle before the job was complete)")
+            if pod.get("restartPolicy") != "Never":
+                problems.append(f"{name}: podFailurePolicy needs restartPolicy: Never")
         if not pod.get("priorityClassName"):
             problems.append(f"{name}: no priorityClassName")
         if not pod.get("securityContext", {}).get("runAsNonRoot"):

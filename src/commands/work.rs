@@ -1,5 +1,14 @@
 //! `spotinfer work`: a worker until SIGTERM/SIGINT (or idle): signal handlers, early-drain
 //! watches, the metrics endpoint, the database and the model, then the pipeline.
+//!
+//! Exit status. A worker stopped by SIGTERM or SIGINT exits 0 (a Deployment's contract), a
+//! failure 1, a second signal 130. In job mode (`--exit-when-job-complete J`) only a complete
+//! job exits 0: a Kubernetes work-queue Job counts a pod that exits 0 as done, stops replacing
+//! its pods and reports Complete once they have all ended, so a worker stopped before its job is
+//! complete must say so. It exits [`EXIT_STOPPED_BEFORE_COMPLETE`] (the flex-start Job's
+//! `podFailurePolicy` ignores it: the pod is replaced and `backoffLimit` is not spent), or
+//! [`EXIT_IDLE_BEFORE_COMPLETE`] when it went idle with the job still not complete (the Job
+//! fails: nothing is left on the subscription for that job, and a replacement would idle too).
 
 use super::load_model;
 use anyhow::Context;
@@ -16,7 +25,19 @@ use spotinfer::pipeline::worker::{self, WorkerConfig};
 use spotinfer::shutdown::{self, Shutdown};
 use std::time::{Duration, Instant};
 
-/// Runs one worker to its end and prints what it did.
+/// Job mode: stopped (SIGTERM, SIGINT, an early drain followed by SIGTERM, the liveness probe's
+/// restart) before the job was complete. EX_TEMPFAIL of sysexits.h: try again.
+pub const EXIT_STOPPED_BEFORE_COMPLETE: i32 = 75;
+/// Job mode: `--exit-when-idle` ran out with the job still not complete (a publish that was
+/// interrupted and never re-run, messages moved to a dead-letter topic, an unknown job).
+/// EX_NOINPUT of sysexits.h: the input ran out.
+pub const EXIT_IDLE_BEFORE_COMPLETE: i32 = 66;
+/// Longest the last look at the job's status may take at exit. The manifests' grace period is
+/// at least the shutdown budget plus 2 s (scripts/check-manifests.py).
+const FINAL_JOB_CHECK: Duration = Duration::from_secs(2);
+
+/// Runs one worker to its end, prints what it did and, in job mode, exits with the status that
+/// tells the Job whether the job is complete (see the module documentation).
 pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
     let shutdown = Shutdown::new();
     let signalled = Shutdown::new();
@@ -40,10 +61,75 @@ pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot listen on SPOTINFER_METRICS_ADDR={addr}"))?;
         tokio::spawn(telemetry::serve(listener, metrics.clone()));
     }
-    let started = Instant::now();
-    let Some(store) = connect_until_ready(&a.db.database_url, &shutdown).await else {
-        println!("worker done: stopped before the database was reachable");
+    let job_complete = Shutdown::new();
+    let (said, store) = work(&a, &shutdown, notice, &metrics, &job_complete).await?;
+    println!("worker done: {said}");
+    let Some(job) = &a.exit_when_job_complete else {
         return Ok(());
+    };
+    let (code, why) =
+        job_exit_status(job, store.as_ref(), &job_complete, &signalled, &a, &metrics).await;
+    tracing::info!(job = %job, exit_status = code, why, "job mode: exit status");
+    if code != 0 {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        std::process::exit(code);
+    }
+    Ok(())
+}
+
+/// The exit status in job mode, and why: 0 once `job` is complete (the watch saw it, or one last
+/// look at its status does: the worker's own last commit may have completed it), else
+/// [`EXIT_IDLE_BEFORE_COMPLETE`] after an idle exit, else [`EXIT_STOPPED_BEFORE_COMPLETE`].
+async fn job_exit_status(
+    job: &str,
+    store: Option<&Store>,
+    job_complete: &Shutdown,
+    signalled: &Shutdown,
+    a: &WorkArgs,
+    metrics: &Metrics,
+) -> (i32, &'static str) {
+    if job_complete.is_cancelled() {
+        return (0, "the job is complete");
+    }
+    if let Some(store) = store {
+        match tokio::time::timeout(FINAL_JOB_CHECK, store.job_status(job)).await {
+            Ok(Ok(s)) if s.complete => return (0, "the job is complete (seen at exit)"),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(job, error = %e, "cannot read the job's status at exit"),
+            Err(_) => {
+                tracing::warn!(job, timeout = ?FINAL_JOB_CHECK, "the job's status did not come in time at exit")
+            }
+        }
+    }
+    let idle = a
+        .exit_when_idle
+        .is_some_and(|idle| metrics.idle_for() >= idle);
+    if idle && !signalled.is_cancelled() {
+        (
+            EXIT_IDLE_BEFORE_COMPLETE,
+            "idle with the job not complete: nothing left to pull for it",
+        )
+    } else {
+        (
+            EXIT_STOPPED_BEFORE_COMPLETE,
+            "stopped before the job was complete: the Job should replace this pod",
+        )
+    }
+}
+
+/// The worker from the database on: returns what to print after `worker done: ` and the store,
+/// once it was reachable.
+async fn work(
+    a: &WorkArgs,
+    shutdown: &Shutdown,
+    notice: Notice,
+    metrics: &std::sync::Arc<Metrics>,
+    job_complete: &Shutdown,
+) -> anyhow::Result<(String, Option<Store>)> {
+    let started = Instant::now();
+    let Some(store) = connect_until_ready(&a.db.database_url, shutdown).await else {
+        return Ok(("stopped before the database was reachable".into(), None));
     };
     metrics.set_store_ok(true);
     // The model download (gs://), load and measurement give way to SIGTERM: the worker holds no
@@ -51,11 +137,10 @@ pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
     let model = tokio::select! {
         biased;
         _ = shutdown.cancelled() => None,
-        m = model_and_window(&a) => Some(m?),
+        m = model_and_window(a) => Some(m?),
     };
     let Some((model, window)) = model else {
-        println!("worker done: stopped before the model was loaded");
-        return Ok(());
+        return Ok(("stopped before the model was loaded".into(), Some(store)));
     };
     metrics.set_model_loaded(true);
     let longest_batch = window.measured_rate.map(|rate| {
@@ -99,23 +184,27 @@ pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
         max_object_bytes: a.model.storage.max_object_bytes,
     };
     if let Some(job) = &a.exit_when_job_complete {
-        let watch =
-            exit_when_job_complete(store.clone(), job.clone(), a.job_poll, shutdown.clone());
+        let watch = exit_when_job_complete(
+            store.clone(),
+            job.clone(),
+            a.job_poll,
+            shutdown.clone(),
+            job_complete.clone(),
+        );
         tokio::spawn(watch);
     }
     let pipeline = Pipeline {
         cfg,
-        store,
+        store: store.clone(),
         model,
         metrics: metrics.clone(),
     };
-    if !pipeline.run_until_stopped(&shutdown, notice).await? {
-        println!("worker done: stopped before it started");
-        return Ok(());
+    if !pipeline.run_until_stopped(shutdown, notice).await? {
+        return Ok(("stopped before it started".into(), Some(store)));
     }
     let c = metrics.counts();
-    println!(
-        "worker done: {} received, {} acked, {} nacked, {} released at shutdown, {} results committed, {} failed payloads recorded, {:.1} records/s",
+    let said = format!(
+        "{} received, {} acked, {} nacked, {} released at shutdown, {} results committed, {} failed payloads recorded, {:.1} records/s",
         c.received,
         c.acked,
         c.nacked,
@@ -124,7 +213,7 @@ pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
         c.failed,
         c.committed as f64 / started.elapsed().as_secs_f64().max(1e-9)
     );
-    Ok(())
+    Ok((said, Some(store)))
 }
 
 /// The pipeline and what it runs with, so it can be run again after an early drain.
@@ -189,10 +278,16 @@ impl Pipeline {
     }
 }
 
-/// The model, and the window sized from its measured speed (or as `--max-outstanding` sets it).
 /// Starts the graceful shutdown once `job` is complete (every record it published has a result
-/// or a failure row, and no publish to it is unfinished): how a flex-start Job's pods end.
-async fn exit_when_job_complete(store: Store, job: String, poll: Duration, shutdown: Shutdown) {
+/// or a failure row, and no publish to it is unfinished), cancelling `complete` first: how a
+/// flex-start Job's pods end.
+async fn exit_when_job_complete(
+    store: Store,
+    job: String,
+    poll: Duration,
+    shutdown: Shutdown,
+    complete: Shutdown,
+) {
     let mut tick = tokio::time::interval(poll);
     let mut warned = false;
     loop {
@@ -203,6 +298,7 @@ async fn exit_when_job_complete(store: Store, job: String, poll: Duration, shutd
         match store.job_status(&job).await {
             Ok(s) if s.complete => {
                 tracing::info!(job = %job, done = s.done, failed = s.failed, "the job is complete: exiting");
+                complete.cancel();
                 shutdown.cancel();
                 return;
             }
@@ -217,6 +313,7 @@ async fn exit_when_job_complete(store: Store, job: String, poll: Duration, shutd
     }
 }
 
+/// The model, and the window sized from its measured speed (or as `--max-outstanding` sets it).
 async fn model_and_window(a: &WorkArgs) -> anyhow::Result<(ModelHandle, Window)> {
     let model = load_model(&a.model).await?;
     let rate = match (a.max_outstanding, a.streams) {
