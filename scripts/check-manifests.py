@@ -9,7 +9,9 @@
   (Deployments) have liveness and readiness probes;
 - no literal secret values: DATABASE_URL comes from a Secret;
 - a Job in job mode (SPOTINFER_EXIT_WHEN_JOB_COMPLETE) replaces a worker that exits 75 (stopped
-  before the job was complete) without spending backoffLimit, and fails on 66 (idle before then).
+  before the job was complete) without spending backoffLimit, and fails on 66 (idle before then);
+- the taint watch (SPOTINFER_EARLY_DRAIN=taint) has its API token and NODE_NAME;
+- a NetworkPolicy limits who can reach the workers' metrics port.
 """
 import re
 import sys
@@ -37,6 +39,9 @@ def main(path):
         if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("spotinfer"):
             config.update(d.get("data", {}))
     problems = []
+    if not any(d["kind"] == "NetworkPolicy" and "Ingress" in d["spec"].get("policyTypes", []) for d in docs):
+        problems.append("no NetworkPolicy restricts ingress to the workers (their /metrics is unauthenticated)")
+    taint_watch = "taint" in [w.strip() for w in str(config.get("SPOTINFER_EARLY_DRAIN", "off")).split(",")]
     for d in docs:
         if d["kind"] not in ("Deployment", "Job"):
             continue
@@ -52,6 +57,11 @@ def main(path):
             problems.append(f"{name}: grace period {grace}s leaves no room over the {budget}s shutdown budget")
         if "cloud.google.com/gke-spot" in pod.get("nodeSelector", {}) and grace > 15:
             problems.append(f"{name}: Spot gives non-system pods about 15 s; grace period is {grace}s")
+        if taint_watch:
+            if pod.get("automountServiceAccountToken") is False:
+                problems.append(f"{name}: the taint watch (SPOTINFER_EARLY_DRAIN) needs the service-account token")
+            if not any(e["name"] == "NODE_NAME" for c in pod["containers"] for e in c.get("env", [])):
+                problems.append(f"{name}: the taint watch (SPOTINFER_EARLY_DRAIN) needs NODE_NAME")
         if d["kind"] == "Job" and config.get("SPOTINFER_EXIT_WHEN_JOB_COMPLETE"):
             rules = d["spec"].get("podFailurePolicy", {}).get("rules", [])
 

@@ -1,7 +1,6 @@
 //! `spotinfer publish`: one message per JSONL line, from a file or gs://, read as it is
 //! published (constant memory), with a progress bar over the input's bytes; with `--job`, the
-//! job and every record id are registered in the database before the messages go out, and
-//! every line refused is recorded in the job.
+//! job and every record id are registered in the database before the messages go out.
 
 use anyhow::Context;
 use spotinfer::config::PublishArgs;
@@ -34,7 +33,6 @@ pub async fn run(a: PublishArgs) -> anyhow::Result<()> {
         .map(|(store, job)| JobTarget {
             store,
             job,
-            input: &input,
             model: &model,
             skip_done: a.skip_done,
         });
@@ -70,8 +68,8 @@ pub async fn run(a: PublishArgs) -> anyhow::Result<()> {
         t.store.finish_input(t.job, &input, records).await?;
         let status = t.store.job_status(t.job).await?;
         println!(
-            "job {}: {} records in all, {} lines refused (`export --failed` lists them), model {}",
-            t.job, status.published, status.refused, status.model
+            "job {}: {} records in all, model {}",
+            t.job, status.published, status.model
         );
     }
     Ok(())
