@@ -1,6 +1,7 @@
 //! `spotinfer publish`: one message per JSONL line, from a file or gs://, read as it is
 //! published (constant memory), with a progress bar over the input's bytes; with `--job`, the
-//! job and every record id are registered in the database before the messages go out.
+//! job and every record id are registered in the database before the messages go out, and
+//! every line refused is recorded in the job.
 
 use anyhow::Context;
 use spotinfer::config::PublishArgs;
@@ -33,6 +34,7 @@ pub async fn run(a: PublishArgs) -> anyhow::Result<()> {
         .map(|(store, job)| JobTarget {
             store,
             job,
+            input: &input,
             model: &model,
             skip_done: a.skip_done,
         });
@@ -68,8 +70,8 @@ pub async fn run(a: PublishArgs) -> anyhow::Result<()> {
         t.store.finish_input(t.job, &input, records).await?;
         let status = t.store.job_status(t.job).await?;
         println!(
-            "job {}: {} records in all, model {}",
-            t.job, status.published, status.model
+            "job {}: {} records in all, {} lines refused (`export --failed` lists them), model {}",
+            t.job, status.published, status.refused, status.model
         );
     }
     Ok(())

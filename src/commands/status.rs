@@ -1,5 +1,6 @@
-//! `spotinfer status`: done and failed counts, or one job's progress: N of M, the last
-//! minute's rate, the ETA and whether it is complete (once, as JSON, or redrawn until complete).
+//! `spotinfer status`: done and failed counts, or one job's progress: N of M, the input lines
+//! its publishes refused, the last minute's rate, the ETA and whether it is complete (once, as
+//! JSON, or redrawn until complete).
 
 use spotinfer::config::StatusArgs;
 use spotinfer::external::store::{JobStatus, Store, StoreError};
@@ -86,7 +87,7 @@ pub fn summary(s: &JobStatus) -> String {
         "in progress"
     };
     format!(
-        "job {} (model {}): {state}\n  published  {}\n  done       {}{}\n  failed     {}{}\n  remaining  {}\n  {}",
+        "job {} (model {}): {state}\n  published  {}\n  done       {}{}\n  failed     {}{}\n  remaining  {}\n  refused    {} input lines (never published; `export --failed` lists them)\n  {}",
         s.job,
         s.model,
         s.published,
@@ -95,6 +96,7 @@ pub fn summary(s: &JobStatus) -> String {
         s.failed,
         pct(s.failed),
         s.remaining,
+        s.refused,
         rate_and_eta(s),
     )
 }

@@ -1,17 +1,19 @@
 //! `spotinfer publish`: JSONL in, one Pub/Sub message per valid line out.
 //!
 //! Lines are validated against the same contract the worker enforces; a bad line is reported on
-//! stderr with its line number and skipped, never silently. Publishes are pipelined (many in
-//! flight, batched by the client) and each one is awaited, so the final count is what Pub/Sub
-//! confirmed.
+//! stderr with its line number and skipped, never silently, and with `--job` it is recorded in
+//! the job (line number, reason, its bytes): a batch user accounts for every line of the input.
+//! Publishes are pipelined (many in flight, batched by the client) and each one is awaited, so
+//! the final count is what Pub/Sub confirmed.
 
 use crate::external::pubsub::QueueError;
-use crate::external::store::{Store, StoreError};
+use crate::external::store::{RefusedLine, Store, StoreError, REFUSED_RAW_BYTES};
 use crate::record;
 use futures::stream::{FuturesUnordered, StreamExt};
 use google_cloud_pubsub::client::Publisher;
 use google_cloud_pubsub::model::Message;
 use google_cloud_pubsub::publisher::PublishFuture;
+use sha2::{Digest, Sha256};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 
 /// Errors publishing a file.
@@ -39,7 +41,7 @@ pub enum PublishError {
 pub struct PublishSummary {
     /// Messages Pub/Sub confirmed.
     pub published: u64,
-    /// Lines skipped as invalid.
+    /// Lines skipped as invalid (with a job: recorded in it as refused).
     pub skipped: u64,
     /// Publishes that failed.
     pub failed: u64,
@@ -55,6 +57,8 @@ pub struct JobTarget<'a> {
     pub store: &'a Store,
     /// The job.
     pub job: &'a str,
+    /// The input's name in the job (its refused lines are kept under it).
+    pub input: &'a str,
     /// Its model (what "done" means for `skip_done`).
     pub model: &'a str,
     /// Publish only records with no result from `model` yet.
@@ -67,6 +71,10 @@ const IN_FLIGHT: usize = 2000;
 /// Records registered (and looked up for `--skip-done`) per database round trip.
 const CHUNK: usize = 1000;
 
+/// Refused lines gathered before they are written to the job (or this many kept bytes).
+const REFUSED_CHUNK: usize = 1000;
+const REFUSED_CHUNK_BYTES: usize = 8 << 20;
+
 /// The longest line read: Pub/Sub's 10 MB message limit. A longer line is reported and skipped
 /// without being held in memory.
 pub const MAX_LINE_BYTES: usize = 10_000_000;
@@ -74,7 +82,7 @@ pub const MAX_LINE_BYTES: usize = 10_000_000;
 /// Publishes every valid line of `input`, stamping `job` on records that carry none. Reads as it
 /// publishes: memory holds a chunk of lines and the publishes in flight, whatever the input's
 /// size. With a `target`, each chunk's ids are registered with the job before its messages go
-/// out. `progress` advances by the bytes read.
+/// out, and every refused line is recorded in the job. `progress` advances by the bytes read.
 pub async fn publish_lines(
     publisher: &Publisher,
     mut input: impl AsyncBufRead + Unpin,
@@ -87,6 +95,8 @@ pub async fn publish_lines(
         target,
         pending: FuturesUnordered::new(),
         chunk: Vec::with_capacity(CHUNK),
+        refused: Vec::new(),
+        refused_bytes: 0,
         summary: PublishSummary::default(),
     };
     let mut line = Vec::new();
@@ -101,16 +111,23 @@ pub async fn publish_lines(
         let Some(read) = read else { break };
         n += 1;
         progress.inc(read.bytes as u64);
-        if read.too_long {
-            progress.suspend(|| {
-                eprintln!("line {n}: longer than {MAX_LINE_BYTES} bytes (Pub/Sub's message limit); skipped")
-            });
-            out.summary.skipped += 1;
+        if let Some(sha256) = read.too_long {
+            let error = format!(
+                "longer than {MAX_LINE_BYTES} bytes (Pub/Sub's message limit): {} bytes",
+                read.len
+            );
+            progress.suspend(|| eprintln!("line {n}: {error}; skipped"));
+            out.refuse(|| RefusedLine::from_prefix(n, &error, &line, read.len, sha256))
+                .await?;
             continue;
         }
-        match message_data(&line, n, job, progress) {
-            Some(message) => out.add(message).await?,
-            None => out.summary.skipped += u64::from(!line.iter().all(u8::is_ascii_whitespace)),
+        match message_data(&line, job) {
+            Ok(Some(message)) => out.add(message).await?,
+            Ok(None) => {}
+            Err(error) => {
+                progress.suspend(|| eprintln!("line {n}: {error}; skipped"));
+                out.refuse(|| RefusedLine::new(n, &error, &line)).await?;
+            }
         }
     }
     out.finish().await
@@ -122,10 +139,41 @@ struct Outbox<'a> {
     target: Option<JobTarget<'a>>,
     pending: FuturesUnordered<PublishFuture>,
     chunk: Vec<(String, String)>,
+    /// Refused lines not yet written to the job, and the bytes they keep.
+    refused: Vec<RefusedLine>,
+    refused_bytes: usize,
     summary: PublishSummary,
 }
 
 impl Outbox<'_> {
+    /// Counts a refused line and, with a job, queues it (`line` builds it: without a job its
+    /// hash is not computed); a full queue is written.
+    async fn refuse(&mut self, line: impl FnOnce() -> RefusedLine) -> Result<(), PublishError> {
+        self.summary.skipped += 1;
+        if self.target.is_none() {
+            return Ok(());
+        }
+        let line = line();
+        self.refused_bytes += line.raw.len();
+        self.refused.push(line);
+        if self.refused.len() >= REFUSED_CHUNK || self.refused_bytes >= REFUSED_CHUNK_BYTES {
+            self.write_refused().await?;
+        }
+        Ok(())
+    }
+
+    /// Writes the queued refused lines to the job.
+    async fn write_refused(&mut self) -> Result<(), PublishError> {
+        if let Some(t) = self.target {
+            if !self.refused.is_empty() {
+                t.store.refuse_lines(t.job, t.input, &self.refused).await?;
+            }
+        }
+        self.refused.clear();
+        self.refused_bytes = 0;
+        Ok(())
+    }
+
     /// Queues one (id, data) message; a full chunk is sent.
     async fn add(&mut self, message: (String, String)) -> Result<(), PublishError> {
         self.chunk.push(message);
@@ -159,9 +207,10 @@ impl Outbox<'_> {
         Ok(())
     }
 
-    /// Sends the last chunk and waits for every publish.
+    /// Sends the last chunk, writes the last refused lines and waits for every publish.
     async fn finish(mut self) -> Result<PublishSummary, PublishError> {
         self.send_chunk().await?;
+        self.write_refused().await?;
         self.publisher.flush().await;
         while let Some(r) = self.pending.next().await {
             settle(Some(r), &mut self.summary);
@@ -170,37 +219,31 @@ impl Outbox<'_> {
     }
 }
 
-/// The record id and message data for line `n`, or `None` for a blank line or a bad one
-/// (reported on stderr). With a `job`, a record that names another job is a bad line: a job's
-/// count must hold exactly what was published to it.
-fn message_data(
-    line: &[u8],
-    n: usize,
-    job: Option<&str>,
-    progress: &indicatif::ProgressBar,
-) -> Option<(String, String)> {
+/// The record id and message data for a line, `None` for a blank line, or why the line is
+/// refused. With a `job`, a record that names another job is refused: a job's count must hold
+/// exactly what was published to it.
+fn message_data(line: &[u8], job: Option<&str>) -> Result<Option<(String, String)>, String> {
     if line.iter().all(u8::is_ascii_whitespace) {
-        return None;
+        return Ok(None);
     }
-    // Lines are bytes: an invalid UTF-8 line is reported and skipped like any other bad line.
-    let mut rec = match record::parse(line, usize::MAX) {
-        Ok(r) => r,
-        Err(e) => {
-            progress.suspend(|| eprintln!("line {n}: {e}; skipped"));
-            return None;
-        }
-    };
+    // Lines are bytes: an invalid UTF-8 line is refused like any other bad line.
+    let mut rec = record::parse(line, usize::MAX).map_err(|e| e.to_string())?;
     match (&rec.job, job) {
         (Some(own), Some(j)) if own != j => {
-            progress.suspend(|| {
-                eprintln!("line {n}: the record names job {own:?}, not {j:?}; skipped")
-            });
-            return None;
+            return Err(format!("the record names job {own:?}, not {j:?}"));
         }
         (None, _) => rec.job = job.map(str::to_string),
         _ => {}
     }
-    Some((rec.id.clone(), record_json(&rec).to_string()))
+    let data = record_json(&rec).to_string();
+    // The message is the record re-written (with the job added): it can outgrow the line.
+    if data.len() > MAX_LINE_BYTES {
+        return Err(format!(
+            "the message would be {} bytes, more than {MAX_LINE_BYTES} (Pub/Sub's message limit)",
+            data.len()
+        ));
+    }
+    Ok(Some((rec.id, data)))
 }
 
 /// The message data for a parsed record: what the worker's contract reads, nothing else.
@@ -219,12 +262,16 @@ fn record_json(rec: &record::Record) -> serde_json::Value {
 struct LineRead {
     /// Bytes consumed, newline included.
     bytes: usize,
-    /// The line was longer than the limit: `line` holds only its start.
-    too_long: bool,
+    /// The line's length, newline excluded.
+    len: usize,
+    /// The line was longer than the limit: `line` holds only its start, and this is the hex
+    /// SHA-256 of the whole line (measured as it streamed past).
+    too_long: Option<String>,
 }
 
 /// Reads the next line (without its newline) into `line`, keeping at most `max` bytes of it;
-/// `None` at the end of the input.
+/// `None` at the end of the input. Once a line is past `max`, only its first
+/// [`REFUSED_RAW_BYTES`] are kept (all a refusal stores).
 async fn next_line(
     input: &mut (impl AsyncBufRead + Unpin),
     line: &mut Vec<u8>,
@@ -233,11 +280,14 @@ async fn next_line(
     line.clear();
     let mut read = LineRead {
         bytes: 0,
-        too_long: false,
+        len: 0,
+        too_long: None,
     };
+    let mut hasher: Option<Sha256> = None;
     loop {
         let buf = input.fill_buf().await?;
         if buf.is_empty() {
+            read.too_long = hasher.map(|h| hex::encode(h.finalize()));
             return Ok((read.bytes > 0).then_some(read));
         }
         let (chunk, done) = match buf.iter().position(|&b| b == b'\n') {
@@ -245,15 +295,26 @@ async fn next_line(
             None => (buf, false),
         };
         let content = chunk.strip_suffix(b"\n").unwrap_or(chunk);
-        if line.len() + content.len() > max {
-            read.too_long = true;
-        } else {
-            line.extend_from_slice(content);
+        if hasher.is_none() && line.len() + content.len() > max {
+            let mut h = Sha256::new();
+            h.update(&line);
+            line.truncate(REFUSED_RAW_BYTES);
+            hasher = Some(h);
         }
+        match &mut hasher {
+            Some(h) => {
+                h.update(content);
+                let room = REFUSED_RAW_BYTES.saturating_sub(line.len());
+                line.extend_from_slice(&content[..content.len().min(room)]);
+            }
+            None => line.extend_from_slice(content),
+        }
+        read.len += content.len();
         let used = chunk.len();
         input.consume(used);
         read.bytes += used;
         if done {
+            read.too_long = hasher.map(|h| hex::encode(h.finalize()));
             return Ok(Some(read));
         }
     }
@@ -279,9 +340,10 @@ mod tests {
 
     #[test]
     fn a_published_record_keeps_its_prompt_name_and_gains_the_job() {
-        let bar = indicatif::ProgressBar::hidden();
         let line = br#"{"id":"q1","text":"how far","prompt_name":"query"}"#;
-        let (id, data) = message_data(line, 1, Some("j"), &bar).expect("a valid line");
+        let (id, data) = message_data(line, Some("j"))
+            .expect("a valid line")
+            .expect("not blank");
         assert_eq!(id, "q1");
         let back = record::parse(data.as_bytes(), usize::MAX).expect("the worker reads it");
         assert_eq!(back.prompt_name.as_deref(), Some("query"));
@@ -291,10 +353,44 @@ mod tests {
 
     #[test]
     fn a_record_naming_another_job_is_not_counted_in_this_one() {
-        let bar = indicatif::ProgressBar::hidden();
         let line = br#"{"id":"a","text":"t","job":"other"}"#;
-        assert_eq!(message_data(line, 1, Some("j"), &bar), None);
-        assert!(message_data(line, 1, None, &bar).is_some());
-        assert!(message_data(line, 1, Some("other"), &bar).is_some());
+        let refused = message_data(line, Some("j")).expect_err("another job's record");
+        assert!(refused.contains("names job \"other\""), "{refused}");
+        assert!(matches!(message_data(line, None), Ok(Some(_))));
+        assert!(matches!(message_data(line, Some("other")), Ok(Some(_))));
+        assert_eq!(
+            message_data(b"  \t", Some("j")),
+            Ok(None),
+            "blank: not refused"
+        );
+    }
+
+    /// A line past the limit is read to its end without being held: its first 64 KiB, its
+    /// length and the SHA-256 of all of it; the next line reads normally.
+    #[tokio::test]
+    async fn an_over_long_line_keeps_its_start_size_and_hash() {
+        let long: Vec<u8> = (0..300_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        let mut input = long.clone();
+        input.extend_from_slice(b"\nnext\n");
+        // A small buffer, so the line arrives in many pieces.
+        let mut reader = tokio::io::BufReader::with_capacity(4096, input.as_slice());
+        let mut line = Vec::new();
+        let read = next_line(&mut reader, &mut line, 100_000)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(read.len, long.len());
+        assert_eq!(read.bytes, long.len() + 1);
+        assert_eq!(read.too_long, Some(hex::encode(Sha256::digest(&long))));
+        assert_eq!(line, &long[..REFUSED_RAW_BYTES]);
+        let read = next_line(&mut reader, &mut line, 100_000)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((read.too_long, line.as_slice()), (None, &b"next"[..]));
+        assert!(next_line(&mut reader, &mut line, 100_000)
+            .await
+            .unwrap()
+            .is_none());
     }
 }

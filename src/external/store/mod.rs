@@ -21,7 +21,7 @@ mod jobs;
 mod rows;
 mod vector;
 
-pub use jobs::{JobCounts, JobStatus};
+pub use jobs::{ExportedRefusal, JobCounts, JobStatus, RefusedLine, REFUSED_RAW_BYTES};
 pub use rows::{ExportedFailure, ExportedResult};
 pub use vector::VectorColumn;
 
