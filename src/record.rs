@@ -75,6 +75,17 @@ pub enum RecordError {
     /// The `uri` is not a gs:// object (the value quoted is cut to 80 characters).
     #[error("field \"uri\" must be gs://BUCKET/OBJECT, got {0:?}")]
     BadUri(String),
+    /// The `uri`'s bucket is not a valid Cloud Storage bucket name (quoted in part).
+    #[error("field \"uri\": {0:?} is not a Cloud Storage bucket name (3-63 characters of a-z, 0-9, -, _ and ., beginning and ending with a letter or digit; up to 222 with dots)")]
+    BadBucket(String),
+    /// A key field holds U+0000, which PostgreSQL text cannot store: refused here so that
+    /// PostgreSQL and SQLite treat the record alike.
+    #[error("field \"{0}\" contains U+0000 (NUL), which the database cannot store in a key")]
+    Nul(&'static str),
+    /// The database refused this record's rows for a data reason (the commit of the rest went
+    /// through without it).
+    #[error("the database refused this record: {0}")]
+    Unstorable(String),
     /// The object a `uri` names cannot be used (missing, too large, not UTF-8, empty).
     #[error("input object: {0}")]
     Object(String),
@@ -105,7 +116,7 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
     let Value::Object(map) = value else {
         return Err(RecordError::NotObject);
     };
-    let id = required_string(&map, "id")?;
+    let id = no_nul("id", required_string(&map, "id")?)?;
     if id.len() > MAX_ID_BYTES {
         return Err(RecordError::IdTooLong(id.len()));
     }
@@ -114,8 +125,13 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
     let has_text = !matches!(map.get("text"), None | Some(Value::Null));
     if !has_text && !matches!(map.get("uri"), None | Some(Value::Null)) {
         let uri = within("uri", required_string(&map, "uri")?, MAX_URI_BYTES)?;
-        if split_gs_uri(uri).is_none() {
+        let Some((bucket, _)) = split_gs_uri(uri) else {
             return Err(RecordError::BadUri(uri.chars().take(QUOTE_CHARS).collect()));
+        };
+        if !is_bucket_name(bucket) {
+            return Err(RecordError::BadBucket(
+                bucket.chars().take(QUOTE_CHARS).collect(),
+            ));
         }
         return Ok(Record {
             id: id.to_owned(),
@@ -152,9 +168,40 @@ fn optional_string(
 ) -> Result<Option<String>, RecordError> {
     match map.get(field) {
         None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(within(field, s, max)?.to_owned())),
+        Some(Value::String(s)) => Ok(Some(no_nul(field, within(field, s, max)?)?.to_owned())),
         Some(_) => Err(RecordError::NotString(field)),
     }
+}
+
+/// `value`, refused when it holds U+0000: ids, jobs and prompt names are stored as text, which
+/// PostgreSQL cannot hold NUL in (SQLite can, so without this the two databases would disagree).
+/// A text may hold NUL: it is tokenized, never stored.
+fn no_nul<'a>(field: &'static str, value: &'a str) -> Result<&'a str, RecordError> {
+    if value.contains('\0') {
+        return Err(RecordError::Nul(field));
+    }
+    Ok(value)
+}
+
+/// Whether `name` follows Cloud Storage's bucket naming rules: refused at parse, a name such as
+/// `..` would otherwise reach the storage API as a path and come back as a 400 on every delivery.
+pub fn is_bucket_name(name: &str) -> bool {
+    let max = if name.contains('.') { 222 } else { 63 };
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    (3..=max).contains(&name.len())
+        && edge(name.chars().next())
+        && edge(name.chars().last())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
+        && !name.contains("..")
+        && name.split('.').all(|part| part.len() <= 63)
+}
+
+/// `s` with what a database text column cannot hold (U+0000) escaped as the six characters
+/// `\u0000`, for the failure row of a payload that was refused for holding it.
+pub fn storable(s: &str) -> String {
+    s.replace('\0', "\\u0000")
 }
 
 /// `value`, refused when longer than `max` bytes.
@@ -182,7 +229,9 @@ pub fn salvage_keys(data: &[u8]) -> (Option<String>, Option<String>) {
         return (None, None);
     };
     let get = |k: &str| match map.get(k) {
-        Some(Value::String(s)) if !s.is_empty() => Some(s.chars().take(MAX_ID_BYTES).collect()),
+        Some(Value::String(s)) if !s.is_empty() => {
+            Some(storable(&s.chars().take(MAX_ID_BYTES).collect::<String>()))
+        }
         _ => None,
     };
     (get("id"), get("job"))
@@ -252,8 +301,8 @@ mod tests {
 
     #[test]
     fn accepts_a_gs_uri_instead_of_text() {
-        let r = parse(br#"{"id":"a","uri":"gs://b/in/a.txt"}"#, MAX).unwrap();
-        assert_eq!(r.uri.as_deref(), Some("gs://b/in/a.txt"));
+        let r = parse(br#"{"id":"a","uri":"gs://bkt/in/a.txt"}"#, MAX).unwrap();
+        assert_eq!(r.uri.as_deref(), Some("gs://bkt/in/a.txt"));
         assert!(r.text.is_empty());
         assert_eq!(
             parse(br#"{"id":"a","text":"t","uri":"gs://b/o"}"#, MAX).unwrap_err(),
@@ -308,6 +357,47 @@ mod tests {
             err.starts_with("field \"uri\" must be gs://BUCKET/OBJECT"),
             "{err}"
         );
+    }
+
+    /// Issue 25, finding 1: PostgreSQL text cannot hold NUL, so a key holding one is refused
+    /// here (SQLite would have stored it: the databases now agree); a text may hold it.
+    #[test]
+    fn refuses_nul_in_keys_but_not_in_text() {
+        for (data, field) in [
+            (r#"{"id":"a\u0000b","text":"x"}"#, "id"),
+            (r#"{"id":"a","text":"x","job":"\u0000"}"#, "job"),
+            (
+                r#"{"id":"a","text":"x","prompt_name":"q\u0000"}"#,
+                "prompt_name",
+            ),
+        ] {
+            assert_eq!(
+                parse(data.as_bytes(), MAX).unwrap_err(),
+                RecordError::Nul(field)
+            );
+        }
+        let r = parse(br#"{"id":"a","text":"x\u0000y"}"#, MAX).unwrap();
+        assert_eq!(r.text, "x\0y");
+        assert_eq!(
+            salvage_keys(br#"{"id":"a\u0000b","job":"j"}"#),
+            (Some("a\\u0000b".into()), Some("j".into()))
+        );
+    }
+
+    /// Issue 25, finding 2: a bucket Cloud Storage cannot have is refused at parse, not sent to
+    /// the storage API on every delivery.
+    #[test]
+    fn refuses_uris_whose_bucket_cannot_exist() {
+        for bucket in ["..", "ab", "Inputs", "-x-", "a..b", "a b", &"b".repeat(64)] {
+            let data = format!(r#"{{"id":"a","uri":"gs://{bucket}/o"}}"#);
+            assert!(
+                matches!(parse(data.as_bytes(), MAX), Err(RecordError::BadBucket(_))),
+                "{bucket}"
+            );
+        }
+        for bucket in ["inputs", "my-bucket_1", "a.b.c", "123"] {
+            assert!(is_bucket_name(bucket), "{bucket}");
+        }
     }
 
     #[test]

@@ -28,6 +28,9 @@ fn oversized_batch() -> (Vec<ResultRow>, Vec<FailureRow>) {
             job: Some("big".into()),
             error: "bad".into(),
             payload: b"x".to_vec(),
+            payload_bytes: 1,
+            payload_sha256: "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"
+                .into(),
             publish_time_us: i,
         })
         .collect();

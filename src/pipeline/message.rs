@@ -49,6 +49,10 @@ impl Delivery {
     }
 }
 
+/// The most bytes of a refused payload a failure row keeps (with the whole payload's size and
+/// SHA-256): enough to see what was wrong, without a 10 MB row per bad message.
+pub const MAX_FAILURE_PAYLOAD: usize = 64 * 1024;
+
 /// A valid record waiting for its embedding.
 #[derive(Debug)]
 pub struct Pending {
@@ -151,6 +155,22 @@ impl Outcome {
         self.rejected.extend(other.rejected);
     }
 
+    /// Splits off the messages from `at` on (results first, then rejected payloads) into a
+    /// second outcome: the sink's halving of a commit the database refused.
+    pub fn split_off(&mut self, at: usize) -> Outcome {
+        if at <= self.done.len() {
+            let done = self.done.split_off(at);
+            let rejected = std::mem::take(&mut self.rejected);
+            Outcome { done, rejected }
+        } else {
+            let rejected = self.rejected.split_off(at - self.done.len());
+            Outcome {
+                done: Vec::new(),
+                rejected,
+            }
+        }
+    }
+
     /// The rows to write.
     pub fn rows(&self, model: &str, model_hash: &str) -> (Vec<ResultRow>, Vec<FailureRow>) {
         let results = self
@@ -171,13 +191,20 @@ impl Outcome {
             .rejected
             .iter()
             .map(|r| {
-                let (record_id, job) = crate::record::salvage_keys(&r.data);
+                // A record the database itself refused keeps no keys: they may be what it
+                // refused, and the failure row must commit.
+                let (record_id, job) = match r.error {
+                    RecordError::Unstorable(_) => (None, None),
+                    _ => crate::record::salvage_keys(&r.data),
+                };
                 FailureRow {
                     message_id: r.meta.message_id.clone(),
                     record_id,
                     job,
-                    error: r.error.to_string(),
-                    payload: r.data.to_vec(),
+                    error: crate::record::storable(&r.error.to_string()),
+                    payload: r.data[..r.data.len().min(MAX_FAILURE_PAYLOAD)].to_vec(),
+                    payload_bytes: i64::try_from(r.data.len()).unwrap_or(i64::MAX),
+                    payload_sha256: hex::encode(Sha256::digest(&r.data)),
                     publish_time_us: r.meta.publish_time_us,
                 }
             })

@@ -12,7 +12,8 @@
 
 use crate::external::store::{self, Store};
 use crate::external::telemetry::Metrics;
-use crate::pipeline::message::{HandBack, Outcome};
+use crate::pipeline::message::{HandBack, Outcome, Rejected};
+use crate::record::RecordError;
 use crate::shutdown::Shutdown;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -79,11 +80,15 @@ async fn commit_until_stopped(
     }
 }
 
-/// Commits `outcome` and acks it, retrying a failed commit in place (with backoff, the messages'
-/// leases kept) rather than NACKing: a NACK would cost every message a delivery attempt, and a
-/// database outage of a few seconds would walk whole batches towards the dead-letter limit. A
-/// commit already started is not raced against the shutdown (it finishes and is acked); a
-/// shutdown during the backoff gives the outcome back.
+/// Commits `outcome` and acks it. A commit the database refuses for a data reason
+/// ([`store::StoreError::is_data_error`]: a value it cannot store, a constraint) is split in
+/// halves until each refused record stands alone, so the rest commits and each culprit becomes a
+/// failure row quoting the database; retrying the same rows would refuse them for ever and stall
+/// the worker. Any other failure is retried in place (with backoff, the messages' leases kept)
+/// rather than NACKed: a NACK would cost every message a delivery attempt, and a database outage
+/// of a few seconds would walk whole batches towards the dead-letter limit. A commit already
+/// started is not raced against the shutdown (it finishes and is acked); a shutdown during the
+/// backoff gives back what is not committed yet.
 async fn commit_until_done(
     outcome: Outcome,
     store: &Store,
@@ -91,6 +96,41 @@ async fn commit_until_done(
     metrics: &Metrics,
     shutdown: &Shutdown,
 ) -> Result<(), Outcome> {
+    let mut todo = vec![outcome];
+    while let Some(outcome) = todo.pop() {
+        match commit_one(outcome, store, cfg, metrics, shutdown).await {
+            Committed::Done => {}
+            Committed::Refused(parts) => todo.extend(parts),
+            Committed::Stopped(mut outcome) => {
+                for rest in todo {
+                    outcome.absorb(rest);
+                }
+                return Err(outcome);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What became of one commit attempt sequence.
+enum Committed {
+    /// Committed and acked.
+    Done,
+    /// The database refused its data: the parts to commit instead (two halves, or the lone
+    /// culprit as a failure row; none when even that was refused, see [`refused_alone`]).
+    Refused(Vec<Outcome>),
+    /// Shutdown came while a retry waited.
+    Stopped(Outcome),
+}
+
+/// Commits `outcome`, retrying failures that are not the data's fault, and acks it.
+async fn commit_one(
+    outcome: Outcome,
+    store: &Store,
+    cfg: &SinkConfig,
+    metrics: &Metrics,
+    shutdown: &Shutdown,
+) -> Committed {
     let mut backoff = store::retry_schedule(BACKOFF_START);
     let (results, failures) = outcome.rows(&cfg.model, &cfg.model_hash);
     loop {
@@ -104,6 +144,10 @@ async fn commit_until_done(
                     .observe(started.elapsed().as_secs_f64());
                 break;
             }
+            Ok(Err(e)) if e.is_data_error() => {
+                metrics.commit_error();
+                return Committed::Refused(split_refused(outcome, &e));
+            }
             Ok(Err(e)) => e.to_string(),
             Err(_) => format!("commit took longer than {:?}", cfg.commit_timeout),
         };
@@ -113,7 +157,7 @@ async fn commit_until_done(
         tracing::error!(%error, messages = results.len() + failures.len(), retry_in = ?pause, "commit failed; retrying it (the messages stay leased)");
         tokio::select! {
             biased;
-            _ = shutdown.cancelled() => return Err(outcome),
+            _ = shutdown.cancelled() => return Committed::Stopped(outcome),
             _ = tokio::time::sleep(pause) => {},
         }
     }
@@ -126,5 +170,42 @@ async fn commit_until_done(
     if unconfirmed > 0 {
         tracing::warn!(unconfirmed, "acks not confirmed; those messages may be redelivered and their idempotent commit redone");
     }
-    Ok(())
+    Committed::Done
+}
+
+/// What to commit instead of `outcome`, which the database refused with `error`: its two
+/// halves, or, for one message, that message as a failure row quoting the database.
+fn split_refused(mut outcome: Outcome, error: &store::StoreError) -> Vec<Outcome> {
+    if outcome.len() > 1 {
+        tracing::warn!(messages = outcome.len(), %error, "the database refused a commit's data; committing it in halves to find the records it refuses");
+        let second = outcome.split_off(outcome.len() / 2);
+        return vec![outcome, second];
+    }
+    refused_alone(outcome, error).into_iter().collect()
+}
+
+/// One message the database refused: its result becomes a failure row quoting the database's
+/// reason, stored without the keys it may have refused. Should even that row be refused (a
+/// constraint of the operator's own on `failed_records`), the message is dropped, so NACKed, and
+/// logged: there is nothing left that could be stored for it.
+fn refused_alone(outcome: Outcome, error: &store::StoreError) -> Option<Outcome> {
+    let reason = error.to_string();
+    let Outcome {
+        mut done,
+        mut rejected,
+    } = outcome;
+    if let Some((p, _)) = done.pop() {
+        tracing::warn!(record_id = %crate::record::storable(&p.record.id), %reason, "the database refuses this record; recording it in failed_records");
+        rejected.push(p.into_rejected(RecordError::Unstorable(reason)));
+    } else if let Some(r) = rejected.pop() {
+        if matches!(r.error, RecordError::Unstorable(_)) {
+            tracing::error!(message_id = %r.meta.message_id, %reason, "the database refuses even this message's failure row; nacking it");
+            return None;
+        }
+        rejected.push(Rejected {
+            error: RecordError::Unstorable(format!("{reason} (while recording: {})", r.error)),
+            ..r
+        });
+    }
+    Some(Outcome { done, rejected })
 }

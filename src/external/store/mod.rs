@@ -74,6 +74,36 @@ pub enum StoreError {
     NoPgvector(String),
 }
 
+impl StoreError {
+    /// Whether the database refused the data itself rather than failed to take it: PostgreSQL's
+    /// SQLSTATE classes 22 (data exception: a NUL in text, a value out of range) and 23 (integrity
+    /// constraint: a CHECK, a NOT NULL, a trigger's refusal), and SQLite's constraint, mismatch
+    /// and too-big codes. Retrying the same rows cannot help; committing them without the
+    /// culprit can.
+    pub fn is_data_error(&self) -> bool {
+        let Self::Sql(sqlx::Error::Database(db)) = self else {
+            return false;
+        };
+        let Some(code) = db.code() else { return false };
+        if db
+            .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+            .is_some()
+        {
+            return code.starts_with("22") || code.starts_with("23");
+        }
+        // SQLite reports the extended result code; the primary code is its low byte.
+        const SQLITE_TOOBIG: i64 = 18;
+        const SQLITE_CONSTRAINT: i64 = 19;
+        const SQLITE_MISMATCH: i64 = 20;
+        code.parse::<i64>().is_ok_and(|c| {
+            matches!(
+                c & 0xff,
+                SQLITE_TOOBIG | SQLITE_CONSTRAINT | SQLITE_MISMATCH
+            )
+        })
+    }
+}
+
 /// One embedding to store.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResultRow {
@@ -106,8 +136,13 @@ pub struct FailureRow {
     pub job: Option<String>,
     /// Why it failed.
     pub error: String,
-    /// The raw message data.
+    /// The raw message data, its first `MAX_FAILURE_PAYLOAD` bytes (see the pipeline's message
+    /// module).
     pub payload: Vec<u8>,
+    /// The whole payload's size in bytes.
+    pub payload_bytes: i64,
+    /// Hex SHA-256 of the whole payload.
+    pub payload_sha256: String,
     /// Publish time, microseconds since the epoch.
     pub publish_time_us: i64,
 }
@@ -155,12 +190,13 @@ fn upsert_tail(now: &str) -> String {
 }
 
 const FAILURE_COLUMNS: &str =
-    "INSERT INTO failed_records (message_id, record_id, job, error, payload, publish_time_us) ";
+    "INSERT INTO failed_records (message_id, record_id, job, error, payload, payload_bytes, \
+     payload_sha256, publish_time_us) ";
 const FAILURE_TAIL: &str = " ON CONFLICT (message_id) DO NOTHING";
 
 /// Bind parameters per row of the result UPSERT and of the failure INSERT.
 const RESULT_COLUMNS: usize = 9;
-const FAILURE_COLUMNS_N: usize = 6;
+const FAILURE_COLUMNS_N: usize = 8;
 /// Bind parameters one statement may carry: PostgreSQL's protocol limit, and SQLite's
 /// `SQLITE_MAX_VARIABLE_NUMBER` as sqlx's bundled SQLite is built (32,766). A batch with more
 /// rows is written as several statements in the same transaction.
@@ -518,6 +554,8 @@ where
             .push_bind(f.job.clone())
             .push_bind(f.error.clone())
             .push_bind(f.payload.clone())
+            .push_bind(f.payload_bytes)
+            .push_bind(f.payload_sha256.clone())
             .push_bind(f.publish_time_us);
     });
     q.push(FAILURE_TAIL);
@@ -578,7 +616,11 @@ fn redact_userinfo(url: &str) -> String {
         return url.to_string();
     };
     let rest = &url[scheme_end + 3..];
-    let Some(at) = rest.find('@') else {
+    // The userinfo ends at the last `@` before the query, as URL parsers read it: a password
+    // may hold `@` itself, and cutting at the first one would print the rest of it. Should a
+    // path hold an `@`, more is hidden than needed, never less.
+    let before_query = rest.find(['?', '#']).unwrap_or(rest.len());
+    let Some(at) = rest[..before_query].rfind('@') else {
         return url.to_string();
     };
     let userinfo = &rest[..at];
@@ -650,6 +692,13 @@ mod tests {
             "postgres://u:***@h:5432/db"
         );
         assert_eq!(redact_url("sqlite://x.db"), "sqlite://x.db");
+    }
+
+    #[test]
+    fn a_password_holding_at_signs_is_hidden_whole() {
+        let r = redact_url("postgres://u:p@ss@w0rd@h:5432/db");
+        assert_eq!(r, "postgres://u:***@h:5432/db");
+        assert!(!r.contains("ss") && !r.contains("w0rd"), "{r}");
     }
 
     #[test]

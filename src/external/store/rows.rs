@@ -48,12 +48,12 @@ const RESULTS_SQLITE: &str = "SELECT e.record_id, e.embedding, e.model, e.model_
      FROM job_records r JOIN embeddings e ON e.record_id = r.record_id AND e.model = $2 \
      WHERE r.job = $1 ORDER BY r.record_id";
 const FAILURES_PG: &str = "SELECT f.message_id, f.record_id, f.job, f.error, f.payload, \
-     f.publish_time_us, (EXTRACT(EPOCH FROM f.failed_at) * 1000000)::BIGINT AS failed_at_us \
+     f.payload_bytes, f.payload_sha256, f.publish_time_us, (EXTRACT(EPOCH FROM f.failed_at) * 1000000)::BIGINT AS failed_at_us \
      FROM failed_records f WHERE f.job = $1 AND NOT EXISTS \
      (SELECT 1 FROM embeddings e WHERE e.record_id = f.record_id AND e.model = $2) \
      ORDER BY f.message_id";
 const FAILURES_SQLITE: &str = "SELECT f.message_id, f.record_id, f.job, f.error, f.payload, \
-     f.publish_time_us, \
+     f.payload_bytes, f.payload_sha256, f.publish_time_us, \
      CAST(ROUND((julianday(f.failed_at) - 2440587.5) * 86400000000.0) AS INTEGER) AS failed_at_us \
      FROM failed_records f WHERE f.job = $1 AND NOT EXISTS \
      (SELECT 1 FROM embeddings e WHERE e.record_id = f.record_id AND e.model = $2) \
@@ -173,6 +173,8 @@ where
             job: row.try_get("job")?,
             error: row.try_get("error")?,
             payload: row.try_get("payload")?,
+            payload_bytes: row.try_get("payload_bytes")?,
+            payload_sha256: row.try_get("payload_sha256")?,
             publish_time_us: row.try_get("publish_time_us")?,
         },
         failed_at_us: row.try_get("failed_at_us")?,
