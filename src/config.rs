@@ -117,6 +117,21 @@ pub struct StorageArgs {
     /// are recorded as failed without being read.
     #[arg(long, env = "SPOTINFER_MAX_OBJECT_BYTES", default_value_t = 10 << 20, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_object_bytes: u64,
+    /// Buckets a record's `uri` may name, comma-separated (empty: any). A `uri` in another
+    /// bucket is recorded as failed without being read: set it so that publishers cannot make
+    /// the workers read, with their service account, objects they were never meant to read.
+    #[arg(long, env = "SPOTINFER_ALLOWED_BUCKETS", value_delimiter = ',', value_parser = parse_bucket)]
+    pub allowed_buckets: Vec<String>,
+}
+
+/// A bucket name for `--allowed-buckets`, checked as Cloud Storage names buckets.
+fn parse_bucket(s: &str) -> Result<String, String> {
+    let name = s.trim();
+    if crate::record::is_bucket_name(name) {
+        Ok(name.to_string())
+    } else {
+        Err(format!("{name:?} is not a Cloud Storage bucket name"))
+    }
 }
 
 /// Which model: where its files are and the name its results carry (with the record id, a

@@ -379,3 +379,102 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// A server that answers every request with `403 Forbidden`, as Cloud Storage does for a bucket
+/// the service account may not read (fake-gcs-server has no permissions to refuse with).
+fn forbidding_server() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { return };
+            std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                let mut buf = [0u8; 8192];
+                let _ = s.read(&mut buf);
+                let body = r#"{"error":{"code":403,"message":"caller does not have storage.objects.get access","errors":[{"reason":"forbidden"}]}}"#;
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    addr
+}
+
+/// Issue 25, finding 2: a `uri` the worker may not read is a failure row quoting the reason,
+/// never a NACK loop. Before, a 403 was NACKed on every delivery (the worker never went idle),
+/// and nothing kept a publisher from naming any bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_and_disallowed_uris_become_failure_rows_not_redeliveries() {
+    let data = tempfile::tempdir().unwrap();
+    put(data.path(), "inputs", "ok.txt", b"a readable object");
+    put(data.path(), "secret", "x.txt", b"not for this worker");
+    let gcs_server = FakeGcs::start(data.path());
+    let forbidden = forbidding_server();
+    for (host, allowed, lines, want) in [
+        (
+            gcs_server.host.clone(),
+            vec!["inputs".to_string()],
+            vec![
+                ("ok", "gs://inputs/ok.txt"),
+                ("other-bucket", "gs://secret/x.txt"),
+                ("dots", "gs://../x"),
+                ("upper", "gs://Inputs/ok.txt"),
+            ],
+            vec![
+                ("other-bucket", "not in --allowed-buckets"),
+                ("dots", "not a Cloud Storage bucket name"),
+                ("upper", "not a Cloud Storage bucket name"),
+            ],
+        ),
+        (
+            forbidden,
+            vec![],
+            vec![("f1", "gs://inputs/a.txt"), ("f2", "gs://inputs/b.txt")],
+            vec![("f1", "HTTP 403"), ("f2", "HTTP 403")],
+        ),
+    ] {
+        let name = unique("gcs-refused");
+        let (args, cfg) = fresh_pubsub(&name).await;
+        let payloads: Vec<String> = lines
+            .iter()
+            .map(|(id, uri)| serde_json::json!({"id": id, "uri": uri}).to_string())
+            .collect();
+        publish_lines(&cfg, &payloads).await;
+        let (_dir, db) = fresh_sqlite();
+        let store = Store::connect(&db).await.unwrap();
+        store.migrate().await.unwrap();
+        let run = worker::run(
+            WorkerConfig {
+                allowed_buckets: allowed,
+                ..uri_worker_config(&args, &host, Some(Duration::from_secs(3)))
+            },
+            store.clone(),
+            model(),
+            Metrics::new(),
+            Shutdown::new(),
+        );
+        let report = tokio::time::timeout(Duration::from_secs(90), run)
+            .await
+            .expect("the worker went idle: no record is redelivered for ever")
+            .unwrap();
+        assert_eq!(report.counts.nacked, 0, "{report:?}");
+        let failures = store.failures().await.unwrap();
+        assert_eq!(failures.len(), want.len(), "{failures:?}");
+        for (id, reason) in want {
+            let (_, _, error) = failures
+                .iter()
+                .find(|(_, r, _)| r.as_deref() == Some(id))
+                .unwrap_or_else(|| panic!("no failure row for {id}: {failures:?}"));
+            assert!(error.contains(reason), "{id}: {error}");
+        }
+        assert_eq!(
+            store.embeddings().await.unwrap().len(),
+            lines.len() - failures.len()
+        );
+        assert_subscription_empty(&cfg, Duration::from_secs(2)).await;
+    }
+}

@@ -12,7 +12,7 @@ pub mod work;
 use anyhow::Context;
 use spotinfer::config::ModelArgs;
 use spotinfer::external::gcs::Gcs;
-use spotinfer::model::{Embedder, LoadOptions, ModelHandle, PromptChoice};
+use spotinfer::model::{Embedder, LoadOptions, ModelHandle, PromptChoice, Reload};
 use std::path::Path;
 use std::time::Instant;
 
@@ -63,6 +63,8 @@ pub fn load_embedder(dir: &Path, m: &ModelArgs) -> anyhow::Result<Embedder> {
 pub async fn load_model(m: &ModelArgs) -> anyhow::Result<ModelHandle> {
     let dir = model_dir(m).await?;
     let m = m.clone();
-    let embedder = tokio::task::spawn_blocking(move || load_embedder(&dir, &m)).await??;
-    ModelHandle::spawn(embedder).context("cannot start the model thread")
+    let (d, a) = (dir.clone(), m.clone());
+    let embedder = tokio::task::spawn_blocking(move || load_embedder(&d, &a)).await??;
+    let reload: Reload = Box::new(move || load_embedder(&dir, &m).map_err(|e| format!("{e:#}")));
+    ModelHandle::spawn_with_reload(embedder, Some(reload)).context("cannot start the model thread")
 }

@@ -38,6 +38,25 @@ pub enum StorageError {
         /// The limit.
         max: u64,
     },
+    /// Cloud Storage refused the request for a reason a retry cannot change (400 bad request,
+    /// 401/403 no permission, 412 a precondition such as requester-pays).
+    #[error("reading {uri} was refused: {status} ({detail})")]
+    Refused {
+        /// The object.
+        uri: String,
+        /// The HTTP status or gRPC code, as Cloud Storage gave it.
+        status: String,
+        /// The service's message.
+        detail: String,
+    },
+    /// The bucket is not one this worker may read (`--allowed-buckets`).
+    #[error("{uri}: bucket {bucket:?} is not in --allowed-buckets")]
+    NotAllowed {
+        /// The object.
+        uri: String,
+        /// Its bucket.
+        bucket: String,
+    },
     /// The object is not UTF-8 text.
     #[error("{0} is not UTF-8 text")]
     NotUtf8(String),
@@ -91,7 +110,12 @@ impl StorageError {
     pub fn is_permanent(&self) -> bool {
         matches!(
             self,
-            Self::BadUri(_) | Self::NotFound(_) | Self::TooLarge { .. } | Self::NotUtf8(_)
+            Self::BadUri(_)
+                | Self::NotFound(_)
+                | Self::Refused { .. }
+                | Self::NotAllowed { .. }
+                | Self::TooLarge { .. }
+                | Self::NotUtf8(_)
         )
     }
 }
@@ -352,17 +376,38 @@ const INPUT_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct InputReader {
     emulator_host: Option<String>,
     max_bytes: u64,
+    allowed_buckets: Vec<String>,
     client: tokio::sync::OnceCell<Gcs>,
 }
 
 impl InputReader {
-    /// A reader for objects of at most `max_bytes`.
-    pub fn new(emulator_host: Option<String>, max_bytes: u64) -> Self {
+    /// A reader for objects of at most `max_bytes` in `allowed_buckets` (empty: any bucket).
+    /// The list is what keeps a publisher from making the workers read, with their service
+    /// account, objects they were never meant to read.
+    pub fn new(
+        emulator_host: Option<String>,
+        max_bytes: u64,
+        allowed_buckets: Vec<String>,
+    ) -> Self {
         Self {
             emulator_host,
             max_bytes,
+            allowed_buckets,
             client: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// Refuses a `uri` whose bucket is not in the allowed list.
+    fn check_allowed(&self, uri: &str) -> Result<(), StorageError> {
+        let (bucket, _) = crate::record::split_gs_uri(uri)
+            .ok_or_else(|| StorageError::BadUri(uri.to_string()))?;
+        if self.allowed_buckets.is_empty() || self.allowed_buckets.iter().any(|b| b == bucket) {
+            return Ok(());
+        }
+        Err(StorageError::NotAllowed {
+            uri: uri.to_string(),
+            bucket: bucket.to_string(),
+        })
     }
 
     /// The object's text. Permanent errors ([`StorageError::is_permanent`]) mean the record can
@@ -371,6 +416,7 @@ impl InputReader {
         // The client retries transient errors with backoff for a long time; a record should go
         // back to Pub/Sub (NACK) well before its lease matters. The first call builds the
         // client, inside the same limit.
+        self.check_allowed(uri)?;
         let read = async {
             let client = self
                 .client
@@ -431,16 +477,41 @@ impl Expected {
 }
 
 fn request_error(uri: &str, e: google_cloud_storage::Error) -> StorageError {
-    if e.http_status_code() == Some(404)
-        || e.status()
-            .is_some_and(|s| s.code == google_cloud_gax::error::rpc::Code::NotFound)
-    {
-        StorageError::NotFound(uri.to_string())
-    } else {
-        StorageError::Request {
+    use google_cloud_gax::error::rpc::Code;
+    let http = e.http_status_code();
+    let code = e.status().map(|s| s.code);
+    if http == Some(404) || code == Some(Code::NotFound) {
+        return StorageError::NotFound(uri.to_string());
+    }
+    // What the service refuses for this request whatever the moment: an invalid name, no
+    // permission on the bucket, a failed precondition (requester-pays). Retried, such a record
+    // would come back on every delivery until it was dead-lettered.
+    let permanent_http = matches!(http, Some(400 | 401 | 403 | 405 | 412 | 416));
+    let permanent_code = matches!(
+        code,
+        Some(
+            Code::InvalidArgument
+                | Code::PermissionDenied
+                | Code::Unauthenticated
+                | Code::FailedPrecondition
+                | Code::OutOfRange
+        )
+    );
+    if permanent_http || permanent_code {
+        let status = match (http, code) {
+            (Some(h), _) => format!("HTTP {h}"),
+            (None, Some(c)) => format!("{c:?}"),
+            (None, None) => "refused".to_string(),
+        };
+        return StorageError::Refused {
             uri: uri.to_string(),
-            source: e,
-        }
+            status,
+            detail: e.to_string(),
+        };
+    }
+    StorageError::Request {
+        uri: uri.to_string(),
+        source: e,
     }
 }
 

@@ -28,7 +28,7 @@ mod wordpiece;
 
 pub use prompt::PromptChoice;
 pub use spec::ModelSpec;
-pub use thread::{ModelHandle, Reply, Text};
+pub use thread::{ModelHandle, Reload, Reply, Text};
 
 use crate::config::{Backend, DeviceChoice, Precision};
 use candle_bert::CandleBert;
@@ -96,6 +96,10 @@ pub enum ModelError {
     /// The model panicked on a batch.
     #[error("the model panicked: {0}")]
     Panic(String),
+    /// The device failed in a way candle does not report as its own error (a fault injected in
+    /// debug builds stands for an out-of-memory or a sticky CUDA error).
+    #[error("the device failed: {0}")]
+    Device(String),
     /// The model computed a vector with NaN or infinite values: refused, never written.
     #[error(
         "the model computed a non-finite vector (NaN or infinity) for input {index} of the batch"
@@ -104,6 +108,20 @@ pub enum ModelError {
         /// Which input of the batch.
         index: usize,
     },
+}
+
+impl ModelError {
+    /// Whether the input is to blame: a text the tokenizer refuses, a batch the model cannot
+    /// take, a prompt it lacks, a vector that came out NaN or infinite. Such a record fails for
+    /// ever and is recorded. Anything else (an allocation, the driver, a panic, a thread that is
+    /// gone) is the device's or the code's fault: it would fail every record alike, so it is
+    /// retried and, if it persists, ends the worker, never recorded against a record.
+    pub fn blames_input(&self) -> bool {
+        matches!(
+            self,
+            Self::Tokenizer(_) | Self::Input(_) | Self::Prompt(_) | Self::NonFinite { .. }
+        )
+    }
 }
 
 /// What the loaded model is, for result rows and logs.

@@ -28,6 +28,10 @@ struct Job {
     reply: oneshot::Sender<Result<Embedded, ModelError>>,
 }
 
+/// Reloads the model from its files: how the model thread rebuilds itself after a device
+/// fault. Its error is only logged (the thread then keeps the model it has).
+pub type Reload = Box<dyn Fn() -> Result<Embedder, String> + Send>;
+
 /// A handle to the model thread. Cheap to clone; the thread stops when every handle is dropped.
 #[derive(Clone)]
 pub struct ModelHandle {
@@ -38,39 +42,23 @@ pub struct ModelHandle {
 impl ModelHandle {
     /// Moves `embedder` onto a new thread named `model` and returns a handle to it.
     pub fn spawn(embedder: Embedder) -> std::io::Result<Self> {
+        Self::spawn_with_reload(embedder, None)
+    }
+
+    /// [`ModelHandle::spawn`], and after a batch fails for a reason that is not its input's
+    /// ([`ModelError::blames_input`]: a panic that may have left the encoder's buffers half
+    /// written, a device error), the thread replaces its model by `reload`'s before the next
+    /// batch, so a retry does not run on the state that just failed.
+    pub fn spawn_with_reload(embedder: Embedder, reload: Option<Reload>) -> std::io::Result<Self> {
         let info = embedder.info().clone();
         // One job queued while one computes: enough to keep the model busy, little to discard
         // on shutdown.
-        let (tx, mut rx) = mpsc::channel::<Job>(1);
+        let (tx, rx) = mpsc::channel::<Job>(1);
         std::thread::Builder::new()
             .name("model".into())
-            .spawn(move || {
-                while let Some(job) = rx.blocking_recv() {
-                    if job.reply.is_closed() {
-                        continue; // the caller gave up (shutdown): skip the work
-                    }
-                    let inputs: Vec<Input<'_>> = job
-                        .texts
-                        .iter()
-                        .map(|t| Input {
-                            text: &t.text,
-                            prompt_name: t.prompt_name.as_deref(),
-                        })
-                        .collect();
-                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        embedder.embed_inputs(&inputs)
-                    }))
-                    .unwrap_or_else(|p| {
-                        Err(ModelError::Panic(crate::shutdown::panic_message(
-                            p.as_ref(),
-                        )))
-                    });
-                    let _ = job.reply.send(result);
-                }
-            })?;
+            .spawn(move || serve(embedder, reload, rx))?;
         Ok(Self { tx, info })
     }
-
     /// What the model is.
     pub fn info(&self) -> &ModelInfo {
         &self.info
@@ -103,5 +91,86 @@ impl Reply {
     /// Waits for the vectors.
     pub async fn wait(self) -> Result<Embedded, ModelError> {
         self.0.await.map_err(|_| ModelError::Stopped)?
+    }
+}
+
+/// The model thread's loop: one job at a time until every handle is gone.
+fn serve(mut embedder: Embedder, reload: Option<Reload>, mut rx: mpsc::Receiver<Job>) {
+    let mut faults = fault::Injected::from_env();
+    while let Some(job) = rx.blocking_recv() {
+        if job.reply.is_closed() {
+            continue; // the caller gave up (shutdown): skip the work
+        }
+        let result = faults
+            .next()
+            .map_or_else(|| run(&embedder, &job.texts), Err);
+        if let (Err(e), Some(reload)) = (&result, &reload) {
+            if !e.blames_input() {
+                tracing::warn!(error = %e, "rebuilding the model after a fault that is not the input's");
+                match reload() {
+                    Ok(fresh) => embedder = fresh,
+                    Err(r) => {
+                        tracing::error!(error = %r, "cannot rebuild the model; keeping the one that failed")
+                    }
+                }
+            }
+        }
+        let _ = job.reply.send(result);
+    }
+}
+
+/// Embeds one job's texts, a panic caught as [`ModelError::Panic`].
+fn run(embedder: &Embedder, texts: &[Text]) -> Result<Embedded, ModelError> {
+    let inputs: Vec<Input<'_>> = texts
+        .iter()
+        .map(|t| Input {
+            text: &t.text,
+            prompt_name: t.prompt_name.as_deref(),
+        })
+        .collect();
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        embedder.embed_inputs(&inputs)
+    }))
+    .unwrap_or_else(|p| {
+        Err(ModelError::Panic(crate::shutdown::panic_message(
+            p.as_ref(),
+        )))
+    })
+}
+
+/// Device faults injected for the tests that prove a failing device is never blamed on the
+/// records: in debug builds `SPOTINFER_TEST_DEVICE_FAULT=N` fails the first N batches the
+/// thread computes (`always`: every one) with [`ModelError::Device`]. Release builds never read
+/// the variable.
+mod fault {
+    use super::ModelError;
+
+    /// The faults still to inject.
+    pub(super) struct Injected(u64);
+
+    impl Injected {
+        pub(super) fn from_env() -> Self {
+            #[cfg(debug_assertions)]
+            {
+                let v = std::env::var("SPOTINFER_TEST_DEVICE_FAULT").unwrap_or_default();
+                Self(match v.as_str() {
+                    "always" => u64::MAX,
+                    n => n.parse().unwrap_or(0),
+                })
+            }
+            #[cfg(not(debug_assertions))]
+            Self(0)
+        }
+
+        /// The next batch's injected fault, if any.
+        pub(super) fn next(&mut self) -> Option<ModelError> {
+            if self.0 == 0 {
+                return None;
+            }
+            self.0 = self.0.saturating_sub(u64::from(self.0 != u64::MAX));
+            Some(ModelError::Device(
+                "SPOTINFER_TEST_DEVICE_FAULT: injected device fault".into(),
+            ))
+        }
     }
 }

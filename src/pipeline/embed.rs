@@ -4,17 +4,22 @@
 //! as soon as it has room (one batch computing, one queued), the other collects the results in
 //! order and hands them to the sink. So batch n+1 computes while batch n commits.
 //!
-//! When the model fails on a batch, the stage embeds its records one by one: those that succeed
-//! go on to the sink, and a record the model fails on alone is rejected with the model's error
-//! (a failure row, then an ack), so one bad input neither blocks its neighbours nor comes back
-//! forever. Only when the model thread itself is gone is the batch NACKed.
+//! When the model fails on a batch because of its input ([`ModelError::blames_input`]), the stage
+//! embeds its records one by one: those that succeed go on to the sink, and a record the model
+//! fails on alone is rejected with the model's error (a failure row, then an ack), so one bad
+//! input neither blocks its neighbours nor comes back forever. A failure that is not the input's
+//! (the device, a panic, a model thread that is gone) is never recorded against a record: the
+//! batch is retried with backoff while the model thread rebuilds its model, and if it persists
+//! the stage hands its messages back and ends the worker with an error, so the process exits
+//! non-zero and Kubernetes reschedules the pod.
 
 use crate::external::telemetry::Metrics;
-use crate::model::{ModelError, ModelHandle, Reply, Text};
+use crate::model::{Embedded, ModelError, ModelHandle, Reply, Text};
 use crate::pipeline::message::{Batch, Delivery, HandBack, Outcome, Pending, Rejected};
 use crate::record::RecordError;
 use crate::shutdown::{self, Shutdown};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// A batch whose texts are at the model, waiting for their vectors.
@@ -44,7 +49,7 @@ pub async fn run(
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
     handback: HandBack,
-) {
+) -> Result<(), ModelError> {
     let (qtx, mut qrx) = mpsc::channel(1);
     let (m, h) = (model.clone(), metrics.clone());
     let submit = async {
@@ -52,10 +57,11 @@ pub async fn run(
         handback.put_queued(&mut rx, Batch::into_deliveries);
     };
     let collect = async {
-        collect_results(&mut qrx, tx, model, metrics, &shutdown, &handback).await;
+        let result = collect_results(&mut qrx, tx, model, metrics, &shutdown, &handback).await;
         handback.put_queued(&mut qrx, AtModel::into_deliveries);
+        result
     };
-    tokio::join!(submit, collect);
+    tokio::join!(submit, collect).1
 }
 
 async fn submit_batches(
@@ -150,10 +156,10 @@ async fn collect_results(
     metrics: Arc<Metrics>,
     shutdown: &Shutdown,
     handback: &HandBack,
-) {
+) -> Result<(), ModelError> {
     loop {
         let Some(at) = shutdown::recv(rx, shutdown).await else {
-            return;
+            return Ok(());
         };
         let AtModel {
             records,
@@ -166,39 +172,39 @@ async fn collect_results(
         };
         crate::pipeline::fault::point(crate::pipeline::fault::Stage::Embed);
         if let Some(reply) = reply {
-            let result = match reply {
+            let first = match reply {
                 Ok(reply) => tokio::select! {
                     biased;
                     // The model thread skips or finishes the work; the records go back.
-                    _ = shutdown.cancelled() => {
-                        handback.put(records.into_iter().map(Delivery::from));
-                        handback.put(outcome.into_deliveries());
-                        return;
-                    }
+                    _ = shutdown.cancelled() => Err(ModelError::Stopped),
                     r = reply.wait() => r,
                 },
                 Err(e) => Err(e),
             };
+            let result =
+                match retry_device_faults(first, &records, &model, &metrics, shutdown).await {
+                    Ok(r) => r,
+                    Err(halt) => {
+                        handback.put(records.into_iter().map(Delivery::from));
+                        handback.put(outcome.into_deliveries());
+                        return halt.into_result(shutdown);
+                    }
+                };
             match result {
                 Ok(embedded) => {
                     metrics.inference_seconds.observe(embedded.seconds);
                     metrics.tokens(embedded.tokens as u64);
                     outcome.done = records.into_iter().zip(embedded.vectors).collect();
                 }
-                Err(ModelError::Stopped) => {
-                    metrics.model_error();
-                    tracing::error!(
-                        records = records.len(),
-                        "the model thread is gone; nacking the batch for redelivery"
-                    );
-                    drop(records);
-                }
                 Err(e) => {
                     metrics.model_error();
                     tracing::warn!(error = %e, records = records.len(), "model failed on a batch; embedding its records one by one");
-                    let Some(()) = isolate(records, e, &model, &mut outcome, shutdown).await else {
-                        return;
-                    };
+                    if let Err(halt) =
+                        isolate(records, e, &model, &metrics, &mut outcome, shutdown).await
+                    {
+                        handback.put(outcome.into_deliveries());
+                        return halt.into_result(shutdown);
+                    }
                 }
             }
         }
@@ -207,42 +213,119 @@ async fn collect_results(
         }
         if let Err(outcome) = shutdown::send(&tx, outcome, shutdown).await {
             handback.put(outcome.into_deliveries());
-            return;
+            return Ok(());
         }
     }
 }
 
-/// Embeds `records` one at a time after the model failed on them together with `error`: each
-/// success joins `outcome.done`, each record the model fails on alone joins `outcome.rejected`
-/// with that failure. `None` once shutdown begins (the records left are dropped, so NACKed).
+/// Pauses before each retry of a batch after a device fault: about 7 s in all, long enough for
+/// a GPU another process briefly filled to free its memory, short enough that a broken device
+/// gives its messages back to a healthy worker within a lease extension or two.
+const DEVICE_RETRY_PAUSES: [Duration; 3] = [
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+];
+
+/// Why the model stage stops before its input ends.
+enum Halt {
+    /// The shutdown began.
+    Shutdown,
+    /// The device or the code keeps failing: the worker must end so the pod is rescheduled.
+    Device(ModelError),
+}
+
+impl Halt {
+    /// What the stage returns: an error that ends the worker non-zero for a device that keeps
+    /// failing (the shutdown is started here, so every held message is handed back).
+    fn into_result(self, shutdown: &Shutdown) -> Result<(), ModelError> {
+        match self {
+            Halt::Shutdown => Ok(()),
+            Halt::Device(e) => {
+                shutdown.cancel();
+                Err(e)
+            }
+        }
+    }
+}
+
+/// `first`, or, when it is a fault that is not the input's ([`ModelError::blames_input`]), the
+/// same texts computed again after each of [`DEVICE_RETRY_PAUSES`] (the model thread rebuilds
+/// its model after such a fault). The messages stay leased meanwhile and the worker reports
+/// itself not ready. `Ok` holds a result the records can be judged by: vectors, or an error the
+/// input is to blame for.
+async fn retry_device_faults(
+    first: Result<Embedded, ModelError>,
+    records: &[Pending],
+    model: &ModelHandle,
+    metrics: &Metrics,
+    shutdown: &Shutdown,
+) -> Result<Result<Embedded, ModelError>, Halt> {
+    let mut result = first;
+    let mut pauses = DEVICE_RETRY_PAUSES.iter();
+    loop {
+        let error = match result {
+            Err(e) if !e.blames_input() => e,
+            judged => {
+                metrics.set_model_loaded(true);
+                return Ok(judged);
+            }
+        };
+        if shutdown.is_cancelled() {
+            return Err(Halt::Shutdown);
+        }
+        metrics.model_error();
+        metrics.set_model_loaded(false);
+        let Some(pause) = pauses.next() else {
+            tracing::error!(%error, records = records.len(), "the model keeps failing for a reason that is not the input's: handing the messages back and exiting");
+            return Err(Halt::Device(error));
+        };
+        tracing::warn!(%error, records = records.len(), retry_in = ?pause, "the model failed for a reason that is not the input's; retrying the batch (the messages stay leased, not ready meanwhile)");
+        result = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return Err(Halt::Shutdown),
+            r = async {
+                tokio::time::sleep(*pause).await;
+                model.embed(records.iter().map(model_text).collect()).await
+            } => r,
+        };
+    }
+}
+
+/// Embeds `records` one at a time after the model failed on them together with `error`, an
+/// error their input is to blame for: each success joins `outcome.done`, each record the model
+/// fails on alone joins `outcome.rejected` with that failure. A fault that is not the input's
+/// is retried as for a batch; the records not done when the stage halts are dropped (NACKed).
 async fn isolate(
     records: Vec<Pending>,
     error: ModelError,
     model: &ModelHandle,
+    metrics: &Metrics,
     outcome: &mut Outcome,
     shutdown: &Shutdown,
-) -> Option<()> {
+) -> Result<(), Halt> {
     if records.len() == 1 {
         outcome.rejected.extend(
             records
                 .into_iter()
                 .map(|p| p.into_rejected(RecordError::Model(error.to_string()))),
         );
-        return Some(());
+        return Ok(());
     }
     for p in records {
         let alone = tokio::select! {
             biased;
-            _ = shutdown.cancelled() => return None,
+            _ = shutdown.cancelled() => return Err(Halt::Shutdown),
             r = model.embed(vec![model_text(&p)]) => r,
         };
+        let one = std::slice::from_ref(&p);
+        let alone = retry_device_faults(alone, one, model, metrics, shutdown).await?;
         let alone = alone.and_then(|mut e| match (e.vectors.pop(), e.vectors.is_empty()) {
             (Some(v), true) => Ok(v),
             _ => Err(ModelError::Input("not one vector for one input".into())),
         });
         match alone {
             Ok(v) => outcome.done.push((p, v)),
-            Err(ModelError::Stopped) => return None,
             Err(e) => {
                 tracing::warn!(record_id = %p.record.id, error = %e, "the model fails on this record alone; recording it in failed_records");
                 outcome
@@ -251,5 +334,5 @@ async fn isolate(
             }
         }
     }
-    Some(())
+    Ok(())
 }

@@ -48,6 +48,9 @@ pub struct SourceContext {
     pub subscription: String,
     /// Where dropped acks park their NACKs while the worker closes its streams.
     pub nack_hold: crate::pipeline::ack::NackHold,
+    /// The subscription's dead-letter limit, if it has one: a message on that delivery attempt
+    /// is recorded as failed rather than NACKed into the dead-letter topic.
+    pub dead_letter_limit: Option<u32>,
 }
 
 /// Pulls from `stream` into `tx` until shutdown, the stream ends, or the receiver goes away.
@@ -63,6 +66,7 @@ pub async fn run(
         metrics,
         subscription,
         nack_hold,
+        dead_letter_limit,
     } = ctx;
     metrics.set_stream_open(true);
     // A delivery in hand when the shutdown came: handed back with the drained ones.
@@ -86,17 +90,27 @@ pub async fn run(
         let (meta, ack) = received(&message, handler, &metrics, &nack_hold);
         crate::pipeline::fault::point(crate::pipeline::fault::Stage::Source);
         let payload = match record::parse(&message.data, max_text_bytes) {
-            Ok(rec) if rec.uri.is_some() => match resolve_uri(rec, &inputs, &shutdown).await {
-                Ok(Some(p)) => p,
-                // Shutdown: the read is abandoned and the message NACKed with the rest.
-                Ok(None) => break Ok(()),
-                Err(e) => {
-                    // Transient (storage unreachable): NACK, Pub/Sub redelivers.
-                    tracing::warn!(message_id = %message.message_id, error = %e, "cannot read the record's input object; nacking");
-                    drop(ack);
-                    continue;
+            Ok(rec) if rec.uri.is_some() => {
+                let last = dead_letter_limit.is_some_and(|l| meta.delivery_attempt >= l);
+                match resolve_uri(rec, &inputs, &shutdown).await {
+                    Ok(Some(p)) => p,
+                    // Shutdown: the read is abandoned and the message NACKed with the rest.
+                    Ok(None) => break Ok(()),
+                    // Transient, on its last delivery attempt: a NACK would dead-letter it
+                    // unrecorded, so it becomes a failure row saying why.
+                    Err(e) if last => Err(RecordError::Object(format!(
+                        "{e} (still failing on delivery attempt {}, the subscription's last)",
+                        meta.delivery_attempt
+                    ))),
+                    Err(e) => {
+                        // Transient, retried in place long enough: NACK, Pub/Sub redelivers
+                        // after its retry backoff.
+                        tracing::warn!(message_id = %message.message_id, error = %e, "cannot read the record's input object; nacking");
+                        drop(ack);
+                        continue;
+                    }
                 }
-            },
+            }
             other => other,
         };
         let delivery = Delivery {
@@ -156,10 +170,8 @@ async fn resolve_uri(
     shutdown: &Shutdown,
 ) -> Result<Option<Result<Record, RecordError>>, StorageError> {
     let uri = rec.uri.clone().unwrap_or_default();
-    let read = tokio::select! {
-        biased;
-        _ = shutdown.cancelled() => return Ok(None),
-        r = inputs.text(&uri) => r,
+    let Some(read) = read_with_retries(&uri, inputs, shutdown).await else {
+        return Ok(None);
     };
     match read {
         Ok(text) if text.is_empty() => {
@@ -171,6 +183,45 @@ async fn resolve_uri(
         }
         Err(e) if e.is_permanent() => Ok(Some(Err(RecordError::Object(e.to_string())))),
         Err(e) => Err(e),
+    }
+}
+
+/// Transient read failures retried in place before a message is NACKed: a storage hiccup costs
+/// a few seconds with the message still leased, not a delivery attempt (and not a hot loop of
+/// redeliveries, each one a step towards the dead-letter topic).
+const READ_RETRIES: usize = 3;
+/// The first pause between read retries; it doubles, with jitter, up to 5 s.
+const READ_RETRY_START: Duration = Duration::from_millis(250);
+
+/// Reads `uri`'s text, retrying transient failures [`READ_RETRIES`] times with backoff; `None`
+/// once shutdown begins.
+async fn read_with_retries(
+    uri: &str,
+    inputs: &InputReader,
+    shutdown: &Shutdown,
+) -> Option<Result<String, StorageError>> {
+    let mut pauses = crate::external::store::retry_schedule(READ_RETRY_START).take(READ_RETRIES);
+    loop {
+        let read = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return None,
+            r = inputs.text(uri) => r,
+        };
+        let pause = match &read {
+            Err(e) if !e.is_permanent() => pauses.next(),
+            _ => None,
+        };
+        let Some(pause) = pause else {
+            return Some(read);
+        };
+        if let Err(e) = &read {
+            tracing::info!(%uri, error = %e, retry_in = ?pause, "input object read failed; retrying it (the message stays leased)");
+        }
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return None,
+            _ = tokio::time::sleep(pause) => {},
+        }
     }
 }
 

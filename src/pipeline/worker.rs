@@ -79,6 +79,8 @@ pub struct WorkerConfig {
     pub storage_emulator_host: Option<String>,
     /// Largest object a `uri` record may name.
     pub max_object_bytes: u64,
+    /// Buckets `uri` records may name (empty: any).
+    pub allowed_buckets: Vec<String>,
 }
 
 /// What a finished worker did.
@@ -107,6 +109,10 @@ pub enum WorkerError {
     /// A pipeline stage panicked; the worker NACKed what it held and stopped.
     #[error(transparent)]
     Panicked(#[from] TaskPanicked),
+    /// The model kept failing for a reason that is not its input's (the device, the code): the
+    /// worker handed its messages back and stopped, so that the pod is rescheduled.
+    #[error("the model keeps failing, not because of its input: {0}")]
+    Model(crate::model::ModelError),
 }
 
 /// Runs the worker until `shutdown` is cancelled (or it goes idle, or a stream fails).
@@ -161,7 +167,7 @@ struct Running {
     /// One per stream: its lease loop flushes acks and NACKs the rest when shut down.
     leases: Vec<ShutdownToken>,
     batcher: Task<Vec<Delivery>>,
-    stage: Task<()>,
+    stage: Task<Result<(), crate::model::ModelError>>,
     sink: Task<()>,
     /// Releases the NACKs held back since the shutdown began, on every way out of `run`.
     held_nacks: NackRelease,
@@ -233,7 +239,10 @@ impl LastChance {
             }
         };
         let done = tokio::time::timeout_at(deadline, async {
-            tokio::join!(feed, stage, sink);
+            let (_, stage, _) = tokio::join!(feed, stage, sink);
+            if let Err(e) = stage {
+                tracing::error!(error = %e, "the model failed on the messages on their last delivery attempt; they go back to Pub/Sub");
+            }
         })
         .await;
         match done {
@@ -262,7 +271,7 @@ async fn start(
     let (dtx, drx) = mpsc::channel(max * 2);
     let nack_hold = NackHold::new(shutdown.clone());
     let held_nacks = nack_hold.release_on_drop();
-    let (sources, leases) = open_streams(cfg, dtx, nack_hold, metrics, shutdown).await?;
+    let (sources, leases) = open_streams(cfg, dtx, nack_hold, limit, metrics, shutdown).await?;
     let (btx, brx) = mpsc::channel(1);
     let batcher = batcher::run(drx, btx, cfg.batch, shutdown.clone());
     let batcher = shutdown::spawn_supervised("batcher", batcher, shutdown);
@@ -323,6 +332,7 @@ async fn open_streams(
     cfg: &WorkerConfig,
     tx: mpsc::Sender<Delivery>,
     nack_hold: NackHold,
+    dead_letter_limit: Option<u32>,
     metrics: &Arc<Metrics>,
     shutdown: &Shutdown,
 ) -> Result<(Vec<Task<source::Stopped>>, Vec<ShutdownToken>), WorkerError> {
@@ -335,10 +345,12 @@ async fn open_streams(
             cfg.storage_emulator_host.clone(),
             cfg.max_object_bytes
                 .min(u64::try_from(cfg.max_text_bytes).unwrap_or(u64::MAX)),
+            cfg.allowed_buckets.clone(),
         )),
         metrics: metrics.clone(),
         subscription: cfg.pubsub.subscription.clone(),
         nack_hold,
+        dead_letter_limit,
     };
     let mut sources = Vec::new();
     let mut leases = Vec::new();
@@ -399,7 +411,11 @@ async fn stop(
         }),
         None => shutdown::join("sink", sink, deadline).await.map(|_| ()),
     };
-    failures.extend(stage.err().map(Into::into));
+    match stage {
+        Ok(Some(Err(e))) => failures.push(WorkerError::Model(e)),
+        Ok(_) => {}
+        Err(p) => failures.push(p.into()),
+    }
     failures.extend(sink.err().map(Into::into));
     let (last, rest): (Vec<Delivery>, Vec<Delivery>) = drained
         .into_iter()
@@ -425,7 +441,7 @@ async fn stop(
         }
     }
     // A panic is the more telling failure: a stream error can be its consequence.
-    failures.sort_by_key(|f| !matches!(f, WorkerError::Panicked(_)));
+    failures.sort_by_key(|f| !matches!(f, WorkerError::Panicked(_) | WorkerError::Model(_)));
     failures.into_iter().next()
 }
 

@@ -371,6 +371,7 @@ pub fn worker_config(pubsub: PubsubConfig) -> WorkerConfig {
         exactly_once: false,
         storage_emulator_host: None,
         max_object_bytes: 1 << 20,
+        allowed_buckets: Vec::new(),
     }
 }
 
