@@ -3,7 +3,8 @@
 //! SIGTERM to `complete`, `export` writes exactly the table's vectors (Parquet read back by a
 //! real reader, JSON lines, failure rows), and on PostgreSQL with pgvector each record is its
 //! own nearest neighbour. Around it: crash-safe publish totals, `--skip-done`, unknown jobs,
-//! unwritable outputs and gs:// exports.
+//! unwritable outputs, gs:// exports, and the input lines a publish refuses, each one counted in
+//! its job and exported with its line number and reason.
 
 mod common;
 
@@ -23,7 +24,8 @@ use std::time::{Duration, Instant};
 const GOOD: usize = 10_000;
 /// Valid lines the worker must refuse (a prompt the model does not have): failure rows.
 const POISON: usize = 25;
-/// Lines `publish` itself refuses (not JSON, no id): never published, never counted.
+/// Lines `publish` itself refuses (not JSON): never published, counted as `refused`, and listed
+/// by `export --failed` with their line numbers.
 const BAD_LINES: usize = 10;
 
 /// A 1-layer, 32-wide BERT with random weights in all-MiniLM-L6-v2's layout and vocabulary
@@ -114,10 +116,12 @@ impl Env {
 }
 
 /// The job's input file: GOOD records, POISON records naming an unknown prompt, BAD_LINES lines
-/// that are not records, shuffled together. Returns the path and the poison ids.
-fn write_input(dir: &Path, prefix: &str) -> (PathBuf, HashSet<String>) {
+/// that are not records, shuffled together. Returns the path, the poison ids and the bad lines'
+/// numbers.
+fn write_input(dir: &Path, prefix: &str) -> (PathBuf, HashSet<String>, HashSet<i64>) {
     let mut lines = Vec::new();
     let mut poison = HashSet::new();
+    let mut bad = HashSet::new();
     for i in 0..GOOD {
         let text = format!(
             "record {i} of the {prefix} job: {}",
@@ -133,12 +137,14 @@ fn write_input(dir: &Path, prefix: &str) -> (PathBuf, HashSet<String>) {
         }
         if i % (GOOD / BAD_LINES) == 7 {
             lines.push(format!("{{not json {i}"));
+            bad.insert(lines.len() as i64);
         }
     }
     assert_eq!(poison.len(), POISON);
+    assert_eq!(bad.len(), BAD_LINES);
     let path = dir.join(format!("{prefix}.jsonl"));
     std::fs::write(&path, lines.join("\n") + "\n").expect("write input");
-    (path, poison)
+    (path, poison, bad)
 }
 
 fn int(v: &Value, key: &str) -> i64 {
@@ -164,7 +170,7 @@ async fn a_job_runs_to_complete_and_exports(db: String, pgvector: bool) {
     assert_eq!(said.contains("pgvector vector"), pgvector, "{said}");
 
     let dir = tempfile::tempdir().unwrap();
-    let (input, poison) = write_input(dir.path(), &name);
+    let (input, poison, bad) = write_input(dir.path(), &name);
     let total = (GOOD + POISON) as i64;
     let input_s = input.display().to_string();
     let out = env.ok("publish", &[&input_s, "--job", &name]);
@@ -177,6 +183,7 @@ async fn a_job_runs_to_complete_and_exports(db: String, pgvector: bool) {
         (total, 0, 0)
     );
     assert_eq!(int(&s, "remaining"), total);
+    assert_eq!(int(&s, "refused"), BAD_LINES as i64, "{s}");
     assert_eq!(s["complete"], false);
     assert_eq!(s["eta_seconds"], Value::Null, "nothing moving, no ETA: {s}");
 
@@ -209,11 +216,12 @@ async fn a_job_runs_to_complete_and_exports(db: String, pgvector: bool) {
     assert_eq!(int(&end, "done"), GOOD as i64, "{end}");
     assert_eq!(int(&end, "failed"), POISON as i64, "{end}");
     assert_eq!(int(&end, "remaining"), 0);
+    assert_eq!(int(&end, "refused"), BAD_LINES as i64, "{end}");
     assert_eq!(end["complete"], true);
     assert_eq!(end["eta_seconds"].as_f64(), Some(0.0));
 
     let table = table(&env.db).await;
-    check_exports(&env, &name, dir.path(), &table, &poison);
+    check_exports(&env, &name, dir.path(), &table, &poison, &bad);
     if pgvector {
         each_record_is_its_own_nearest_neighbour(&env.db).await;
     }
@@ -226,6 +234,7 @@ fn check_exports(
     dir: &Path,
     table: &HashMap<String, spotinfer::external::store::StoredEmbedding>,
     poison: &HashSet<String>,
+    bad: &HashSet<i64>,
 ) {
     let parquet = dir.join("out.parquet");
     let said = env.ok(
@@ -267,11 +276,21 @@ fn check_exports(
             &failed.display().to_string(),
         ],
     );
-    let failures: Vec<Value> = std::fs::read_to_string(&failed)
+    let (refused, failures): (Vec<Value>, Vec<Value>) = std::fs::read_to_string(&failed)
         .unwrap()
         .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .partition(|f| !f["line"].is_null());
+    let lines: HashSet<i64> = refused.iter().map(|f| int(f, "line")).collect();
+    assert_eq!(&lines, bad, "the failure export holds every refused line");
+    for f in &refused {
+        assert!(f["error"].as_str().unwrap().contains("not JSON"), "{f}");
+        assert!(
+            f["payload"].as_str().unwrap().starts_with("{not json"),
+            "{f}"
+        );
+        assert_eq!(f["message_id"], Value::Null, "{f}");
+    }
     let ids: HashSet<String> = failures
         .iter()
         .map(|f| f["record_id"].as_str().unwrap().to_string())
@@ -707,4 +726,229 @@ async fn an_existing_table_converts_to_pgvector_and_keeps_its_vectors() {
     assert_eq!(store.convert_to_pgvector().await.unwrap(), column);
     let index = store.create_vector_index("m", 3).await.unwrap();
     assert_eq!(store.create_vector_index("m", 3).await.unwrap(), index);
+}
+
+/// What a refused line of [`refused_input`] is, and what its refusal must say.
+struct Refused {
+    line: i64,
+    bytes: Vec<u8>,
+    says: &'static str,
+}
+
+/// Twenty good records with, between them, every kind of line `publish --job` refuses: not
+/// JSON, a NUL in the id (JSON's `\u0000`: PostgreSQL text cannot hold it), an id over its
+/// limit, not UTF-8, a raw NUL byte, a record naming another job, and a line over Pub/Sub's
+/// 10 MB message limit. A blank line is neither published nor refused.
+fn refused_input(dir: &Path) -> (String, Vec<Refused>) {
+    let huge = format!(r#"{{"id":"huge","text":"{}"}}"#, "spot ".repeat(2_100_000));
+    let long_id = format!(r#"{{"id":"{}","text":"t"}}"#, "i".repeat(300));
+    let bad: [(&[u8], &str); 7] = [
+        (b"{not json", "payload is not JSON"),
+        (br#"{"id":"a\u0000b","text":"a NUL in the id"}"#, "NUL"),
+        (long_id.as_bytes(), "field \"id\" is 300 bytes"),
+        (b"{\"id\":\"u\",\"text\":\"\xff\xfe\"}", "not valid UTF-8"),
+        (b"\x00\x01 binary", "payload is not JSON"),
+        (
+            br#"{"id":"o","text":"t","job":"another-job"}"#,
+            "names job \"another-job\"",
+        ),
+        (huge.as_bytes(), "longer than 10000000 bytes"),
+    ];
+    let mut lines: Vec<Vec<u8>> = Vec::new();
+    let mut refused = Vec::new();
+    for i in 0..20 {
+        lines.push(format!(r#"{{"id":"g{i:02}","text":"good line {i}"}}"#).into_bytes());
+        if let Some((bytes, says)) = bad.get(i / 2).filter(|_| i % 2 == 1) {
+            lines.push(bytes.to_vec());
+            refused.push(Refused {
+                line: lines.len() as i64,
+                bytes: bytes.to_vec(),
+                says,
+            });
+        }
+        if i == 4 {
+            lines.push(b"   ".to_vec());
+        }
+    }
+    assert_eq!(refused.len(), bad.len());
+    let path = dir.join("refused.jsonl");
+    let mut data = lines.join(&b'\n');
+    data.push(b'\n');
+    std::fs::write(&path, data).unwrap();
+    let path = std::fs::canonicalize(path).unwrap();
+    (path.display().to_string(), refused)
+}
+
+/// Finding 7 of issue 25: every input line belongs to its job. `publish --job` records each
+/// line it refuses (and carries on, a NUL id included), `status` counts them as `refused`
+/// without holding the job back, re-running the publish does not count them twice, and
+/// `export --failed` lists each with its input, line number, reason and bytes, in JSON lines
+/// and Parquet alike.
+async fn refused_lines_are_counted_and_exported(db: String) {
+    use sha2::{Digest, Sha256};
+    let name = unique("refused");
+    let (args, _) = fresh_pubsub(&name).await;
+    let env = Env {
+        args,
+        db,
+        model: tiny_model(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (input, refused) = refused_input(dir.path());
+    let n = refused.len() as i64;
+    let out = env.run("publish", &[&input, "--job", &name]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("published 20 records"), "{stdout}");
+    assert!(stdout.contains(&format!("{n} lines skipped")), "{stdout}");
+    assert!(stdout.contains(&format!("{n} lines refused")), "{stdout}");
+    for r in &refused {
+        assert!(stderr.contains(&format!("line {}: ", r.line)), "{stderr}");
+    }
+    let s = env.status(&name);
+    assert_eq!(
+        (
+            int(&s, "published"),
+            int(&s, "refused"),
+            int(&s, "remaining")
+        ),
+        (20, n, 20),
+        "{s}"
+    );
+    assert_eq!(
+        (&s["publishing"], &s["complete"]),
+        (&Value::Bool(false), &Value::Bool(false))
+    );
+    env.ok("publish", &[&input, "--job", &name]);
+    assert_eq!(
+        int(&env.status(&name), "refused"),
+        n,
+        "a re-run counts them once"
+    );
+    let human = env.ok("status", &["--job", &name]);
+    assert!(
+        human.contains(&format!("refused    {n} input lines")),
+        "{human}"
+    );
+
+    let mut w = env.worker(&["--exit-when-job-complete", &name, "--job-poll", "1s"]);
+    assert!(
+        w.wait(Duration::from_secs(120)).0.success(),
+        "refused lines do not hold a job back"
+    );
+    let s = env.status(&name);
+    assert_eq!(
+        (int(&s, "done"), int(&s, "failed"), int(&s, "refused")),
+        (20, 0, n),
+        "{s}"
+    );
+    assert_eq!(s["complete"], true, "{s}");
+
+    let jsonl = dir.path().join("failed.jsonl");
+    let said = env.ok(
+        "export",
+        &[
+            "--job",
+            &name,
+            "--failed",
+            "--output",
+            &jsonl.display().to_string(),
+        ],
+    );
+    assert!(
+        said.contains(&format!("exported {n} failure rows")),
+        "{said}"
+    );
+    let rows: Vec<Value> = std::fs::read_to_string(&jsonl)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), refused.len());
+    for (row, r) in rows.iter().zip(&refused) {
+        assert_eq!(int(row, "line"), r.line, "{row}");
+        assert_eq!(row["input"], input.as_str());
+        assert_eq!(row["job"], name.as_str());
+        assert_eq!(
+            (&row["message_id"], &row["publish_time_us"]),
+            (&Value::Null, &Value::Null)
+        );
+        let error = row["error"].as_str().unwrap();
+        assert!(error.contains(r.says), "line {}: {error}", r.line);
+        assert!(!error.contains('\0'), "{error:?}");
+        assert_eq!(int(row, "payload_bytes"), r.bytes.len() as i64);
+        assert_eq!(row["payload_sha256"], hex::encode(Sha256::digest(&r.bytes)));
+        let kept = &r.bytes[..r.bytes.len().min(64 * 1024)];
+        let payload = match (row["payload"].as_str(), row["payload_base64"].as_str()) {
+            (Some(text), None) => text.as_bytes().to_vec(),
+            (None, Some(b64)) => {
+                use base64::Engine;
+                base64::engine::general_purpose::STANDARD
+                    .decode(b64)
+                    .unwrap()
+            }
+            _ => panic!("one of payload, payload_base64: {row}"),
+        };
+        assert_eq!(payload, kept, "line {}: the bytes as read", r.line);
+    }
+
+    let parquet = dir.path().join("failed.parquet");
+    env.ok(
+        "export",
+        &[
+            "--job",
+            &name,
+            "--failed",
+            "--output",
+            &parquet.display().to_string(),
+        ],
+    );
+    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::from(
+        std::fs::read(&parquet).unwrap(),
+    ))
+    .unwrap()
+    .build()
+    .unwrap();
+    let mut got = Vec::new();
+    for batch in reader {
+        let batch = batch.unwrap();
+        let col = |name: &str| batch.column_by_name(name).unwrap().clone();
+        let lines = col("line");
+        let lines = lines
+            .as_any()
+            .downcast_ref::<arrow_array::Int64Array>()
+            .unwrap();
+        let payloads = col("payload");
+        let payloads = payloads
+            .as_any()
+            .downcast_ref::<arrow_array::BinaryArray>()
+            .unwrap();
+        let inputs = col("input");
+        let inputs = inputs.as_any().downcast_ref::<StringArray>().unwrap();
+        let messages = col("message_id");
+        for i in 0..batch.num_rows() {
+            assert!(messages.is_null(i));
+            assert_eq!(inputs.value(i), input);
+            got.push((lines.value(i), payloads.value(i).to_vec()));
+        }
+    }
+    let want: Vec<(i64, Vec<u8>)> = refused
+        .iter()
+        .map(|r| (r.line, r.bytes[..r.bytes.len().min(64 * 1024)].to_vec()))
+        .collect();
+    assert_eq!(got, want, "Parquet holds the same lines and bytes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_lines_belong_to_the_job_on_sqlite() {
+    let (_dir, db) = fresh_sqlite();
+    refused_lines_are_counted_and_exported(db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_lines_belong_to_the_job_on_postgres() {
+    refused_lines_are_counted_and_exported(fresh_pg_database().await).await;
 }

@@ -17,7 +17,7 @@ use destination::Destination;
 use encode::{Encoder, Format};
 use futures::stream::{BoxStream, StreamExt};
 use std::path::PathBuf;
-use table::Table;
+use table::{FailedRow, Table};
 
 /// Why an export failed (nothing is left under the final name).
 #[derive(Debug, thiserror::Error)]
@@ -65,7 +65,8 @@ impl From<arrow_schema::ArrowError> for ExportError {
 pub enum What {
     /// The job's results from its model.
     Results,
-    /// The job's failure rows whose record has no result.
+    /// The job's failure rows whose record has no result, and the input lines its publishes
+    /// refused.
     Failures,
 }
 
@@ -99,8 +100,19 @@ pub async fn export(
             write_all(rows, format, destination, progress).await
         }
         What::Failures => {
-            let rows = store.job_failures(job, &model);
-            write_all(rows, format, destination, progress).await
+            // The workers' failure rows, then the lines the publishes refused: every line of
+            // the job's input that has no result is in the one file.
+            let failures = store
+                .job_failures(job, &model)
+                .map(|r| r.map(FailedRow::from));
+            let refused = store.job_refused_lines(job).map(|r| r.map(FailedRow::from));
+            write_all(
+                failures.chain(refused).boxed(),
+                format,
+                destination,
+                progress,
+            )
+            .await
         }
     }
 }

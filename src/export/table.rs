@@ -1,6 +1,7 @@
-//! The two kinds of row an export writes, each as a Parquet schema and a JSON line.
+//! The two kinds of row an export writes (results; failure rows and refused lines), each as a
+//! Parquet schema and a JSON line.
 
-use crate::external::store::{ExportedFailure, ExportedResult};
+use crate::external::store::{ExportedFailure, ExportedRefusal, ExportedResult};
 use arrow_array::builder::{
     BinaryBuilder, Float32Builder, Int64Builder, ListBuilder, StringBuilder,
     TimestampMicrosecondBuilder,
@@ -110,52 +111,154 @@ impl Table for ExportedResult {
     }
 }
 
-impl Table for ExportedFailure {
+/// One row of `export --failed`: a message the workers could not embed, or an input line the
+/// publish refused. Both are in one file because a batch user needs every line of the job's
+/// input accounted for in one place: done (the results) or here, with the reason.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FailedRow {
+    /// A failure row a worker wrote for a published message.
+    Message(ExportedFailure),
+    /// A line `publish --job` refused: never published, so no message id nor publish time.
+    Line(ExportedRefusal),
+}
+
+impl From<ExportedFailure> for FailedRow {
+    fn from(f: ExportedFailure) -> Self {
+        Self::Message(f)
+    }
+}
+
+impl From<ExportedRefusal> for FailedRow {
+    fn from(r: ExportedRefusal) -> Self {
+        Self::Line(r)
+    }
+}
+
+/// The columns of one [`FailedRow`], borrowed, whichever kind it is.
+struct FailedColumns<'a> {
+    message_id: Option<&'a str>,
+    record_id: Option<String>,
+    job: Option<&'a str>,
+    error: &'a str,
+    payload: &'a [u8],
+    publish_time_us: Option<i64>,
+    failed_at_us: i64,
+    input: Option<&'a str>,
+    line: Option<i64>,
+    payload_bytes: i64,
+    payload_sha256: &'a str,
+}
+
+impl FailedRow {
+    fn columns(&self) -> FailedColumns<'_> {
+        match self {
+            Self::Message(m) => {
+                let f = &m.failure;
+                FailedColumns {
+                    message_id: Some(&f.message_id),
+                    record_id: f.record_id.clone(),
+                    job: f.job.as_deref(),
+                    error: &f.error,
+                    payload: &f.payload,
+                    publish_time_us: Some(f.publish_time_us),
+                    failed_at_us: m.failed_at_us,
+                    input: None,
+                    line: None,
+                    payload_bytes: f.payload_bytes,
+                    payload_sha256: &f.payload_sha256,
+                }
+            }
+            Self::Line(l) => {
+                let r = &l.refused;
+                FailedColumns {
+                    message_id: None,
+                    // What the line says its id is, when it says it readably.
+                    record_id: crate::record::salvage_keys(&r.raw).0,
+                    job: Some(&l.job),
+                    error: &r.error,
+                    payload: &r.raw,
+                    publish_time_us: None,
+                    failed_at_us: l.refused_at_us,
+                    input: Some(&l.input),
+                    line: Some(r.line),
+                    payload_bytes: r.raw_bytes,
+                    payload_sha256: &r.raw_sha256,
+                }
+            }
+        }
+    }
+}
+
+fn optional_int64s(values: impl Iterator<Item = Option<i64>>) -> ArrayRef {
+    let mut b = Int64Builder::new();
+    for v in values {
+        b.append_option(v);
+    }
+    Arc::new(b.finish())
+}
+
+impl Table for FailedRow {
+    /// The failure rows' columns as before (`message_id` and `publish_time_us` now null for a
+    /// refused line), then `input` and `line` (null for a failure row) and the whole payload's
+    /// size and SHA-256 (`payload` holds at most its first 64 KiB).
     fn schema() -> SchemaRef {
         Arc::new(Schema::new(vec![
-            Field::new("message_id", DataType::Utf8, false),
+            Field::new("message_id", DataType::Utf8, true),
             Field::new("record_id", DataType::Utf8, true),
             Field::new("job", DataType::Utf8, true),
             Field::new("error", DataType::Utf8, false),
             Field::new("payload", DataType::Binary, false),
-            Field::new("publish_time_us", DataType::Int64, false),
+            Field::new("publish_time_us", DataType::Int64, true),
             Field::new("failed_at", utc_micros(), false),
+            Field::new("input", DataType::Utf8, true),
+            Field::new("line", DataType::Int64, true),
+            Field::new("payload_bytes", DataType::Int64, false),
+            Field::new("payload_sha256", DataType::Utf8, false),
         ]))
     }
 
     fn batch(rows: &[Self]) -> Result<RecordBatch, ArrowError> {
+        let cols: Vec<FailedColumns<'_>> = rows.iter().map(FailedRow::columns).collect();
         let mut payloads = BinaryBuilder::new();
-        for r in rows {
-            payloads.append_value(&r.failure.payload);
+        for c in &cols {
+            payloads.append_value(c.payload);
         }
-        let f = || rows.iter().map(|r| &r.failure);
         let columns: Vec<ArrayRef> = vec![
-            strings(f().map(|r| Some(r.message_id.as_str()))),
-            strings(f().map(|r| r.record_id.as_deref())),
-            strings(f().map(|r| r.job.as_deref())),
-            strings(f().map(|r| Some(r.error.as_str()))),
+            strings(cols.iter().map(|c| c.message_id)),
+            strings(cols.iter().map(|c| c.record_id.as_deref())),
+            strings(cols.iter().map(|c| c.job)),
+            strings(cols.iter().map(|c| Some(c.error))),
             Arc::new(payloads.finish()),
-            int64s(f().map(|r| r.publish_time_us)),
-            timestamps(rows.iter().map(|r| r.failed_at_us)),
+            optional_int64s(cols.iter().map(|c| c.publish_time_us)),
+            timestamps(cols.iter().map(|c| c.failed_at_us)),
+            strings(cols.iter().map(|c| c.input)),
+            optional_int64s(cols.iter().map(|c| c.line)),
+            int64s(cols.iter().map(|c| c.payload_bytes)),
+            strings(cols.iter().map(|c| Some(c.payload_sha256))),
         ];
         RecordBatch::try_new(Self::schema(), columns)
     }
 
-    /// The payload as text when it is UTF-8 (as good as always), else base64 under
+    /// The same keys as the Parquet columns, nulls included, so every line has one shape. The
+    /// payload as text when it is UTF-8 (as good as always), else base64 under
     /// `payload_base64`, so no byte of a bad payload is lost.
     fn json(&self) -> serde_json::Value {
-        let f = &self.failure;
+        let c = self.columns();
         let mut v = serde_json::json!({
-            "message_id": f.message_id,
-            "record_id": f.record_id,
-            "job": f.job,
-            "error": f.error,
-            "publish_time_us": f.publish_time_us,
-            "failed_at": rfc3339(self.failed_at_us),
+            "message_id": c.message_id,
+            "record_id": c.record_id,
+            "job": c.job,
+            "error": c.error,
+            "publish_time_us": c.publish_time_us,
+            "failed_at": rfc3339(c.failed_at_us),
+            "input": c.input,
+            "line": c.line,
+            "payload_bytes": c.payload_bytes,
+            "payload_sha256": c.payload_sha256,
         });
-        match std::str::from_utf8(&f.payload) {
+        match std::str::from_utf8(c.payload) {
             Ok(text) => v["payload"] = text.into(),
-            Err(_) => v["payload_base64"] = STANDARD.encode(&f.payload).into(),
+            Err(_) => v["payload_base64"] = STANDARD.encode(c.payload).into(),
         }
         v
     }
