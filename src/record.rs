@@ -198,12 +198,6 @@ pub fn is_bucket_name(name: &str) -> bool {
         && name.split('.').all(|part| part.len() <= 63)
 }
 
-/// `s` with what a database text column cannot hold (U+0000) escaped as the six characters
-/// `\u0000`, for the failure row of a payload that was refused for holding it.
-pub fn storable(s: &str) -> String {
-    s.replace('\0', "\\u0000")
-}
-
 /// `value`, refused when longer than `max` bytes.
 fn within<'a>(field: &'static str, value: &'a str, max: usize) -> Result<&'a str, RecordError> {
     if value.len() > max {
@@ -229,9 +223,7 @@ pub fn salvage_keys(data: &[u8]) -> (Option<String>, Option<String>) {
         return (None, None);
     };
     let get = |k: &str| match map.get(k) {
-        Some(Value::String(s)) if !s.is_empty() => {
-            Some(storable(&s.chars().take(MAX_ID_BYTES).collect::<String>()))
-        }
+        Some(Value::String(s)) if !s.is_empty() => Some(s.chars().take(MAX_ID_BYTES).collect()),
         _ => None,
     };
     (get("id"), get("job"))
@@ -378,10 +370,6 @@ mod tests {
         }
         let r = parse(br#"{"id":"a","text":"x\u0000y"}"#, MAX).unwrap();
         assert_eq!(r.text, "x\0y");
-        assert_eq!(
-            salvage_keys(br#"{"id":"a\u0000b","job":"j"}"#),
-            (Some("a\\u0000b".into()), Some("j".into()))
-        );
     }
 
     /// Issue 25, finding 2: a bucket Cloud Storage cannot have is refused at parse, not sent to

@@ -8,7 +8,7 @@
 //! Dropping any of them drops its acks, which NACKs the messages for redelivery; only the sink,
 //! after its commit, acks.
 
-use crate::external::store::{FailureRow, ResultRow};
+use crate::external::store::{self, FailureRow, ResultRow};
 use crate::pipeline::ack::Ack;
 use crate::record::{Record, RecordError};
 use bytes::Bytes;
@@ -199,9 +199,9 @@ impl Outcome {
                 };
                 FailureRow {
                     message_id: r.meta.message_id.clone(),
-                    record_id,
-                    job,
-                    error: crate::record::storable(&r.error.to_string()),
+                    record_id: record_id.as_deref().map(store::storable),
+                    job: job.as_deref().map(store::storable),
+                    error: store::storable(&r.error.to_string()),
                     payload: r.data[..r.data.len().min(MAX_FAILURE_PAYLOAD)].to_vec(),
                     payload_bytes: i64::try_from(r.data.len()).unwrap_or(i64::MAX),
                     payload_sha256: hex::encode(Sha256::digest(&r.data)),

@@ -195,7 +195,7 @@ fn refused_alone(outcome: Outcome, error: &store::StoreError) -> Option<Outcome>
         mut rejected,
     } = outcome;
     if let Some((p, _)) = done.pop() {
-        tracing::warn!(record_id = %crate::record::storable(&p.record.id), %reason, "the database refuses this record; recording it in failed_records");
+        tracing::warn!(record_id = %store::storable(&p.record.id), %reason, "the database refuses this record; recording it in failed_records");
         rejected.push(p.into_rejected(RecordError::Unstorable(reason)));
     } else if let Some(r) = rejected.pop() {
         if matches!(r.error, RecordError::Unstorable(_)) {

@@ -64,7 +64,7 @@ impl RefusedLine {
     ) -> Self {
         Self {
             line: i64::try_from(line).unwrap_or(i64::MAX),
-            error: without_nul(error),
+            error: super::storable(error),
             raw: prefix[..prefix.len().min(REFUSED_RAW_BYTES)].to_vec(),
             raw_bytes: i64::try_from(raw_bytes).unwrap_or(i64::MAX),
             raw_sha256,
@@ -83,12 +83,6 @@ pub struct ExportedRefusal {
     pub refused: RefusedLine,
     /// When it was recorded, microseconds since the epoch.
     pub refused_at_us: i64,
-}
-
-/// `text` with every NUL written as the six characters `\u0000` (JSON's spelling): PostgreSQL
-/// `text` cannot hold NUL, and a refusal must be storable whatever the line held.
-fn without_nul(text: &str) -> String {
-    text.replace('\0', "\\u0000")
 }
 
 /// Where a job stands.
@@ -289,8 +283,8 @@ impl Store {
         lines: &[RefusedLine],
     ) -> Result<(), StoreError> {
         let tail = REFUSED_TAIL.replace("{now}", self.now_sql());
-        let job = without_nul(job);
-        let input = without_nul(input);
+        let job = super::storable(job);
+        let input = super::storable(input);
         for chunk in lines.chunks(REFUSED_PER_STATEMENT) {
             on_pool!(self, p => {
                 let mut q = sqlx::QueryBuilder::new(REFUSED_COLUMNS);
@@ -298,7 +292,7 @@ impl Store {
                     b.push_bind(job.as_str())
                         .push_bind(input.as_str())
                         .push_bind(r.line)
-                        .push_bind(without_nul(&r.error))
+                        .push_bind(super::storable(&r.error))
                         .push_bind(r.raw.as_slice())
                         .push_bind(r.raw_bytes)
                         .push_bind(r.raw_sha256.as_str());

@@ -104,6 +104,13 @@ impl StoreError {
     }
 }
 
+/// `text` with what a text column cannot hold (U+0000: PostgreSQL refuses it) written as the six
+/// characters `\u0000` (JSON's spelling): a failure row or a refused line must be storable
+/// whatever the payload held.
+pub fn storable(text: &str) -> String {
+    text.replace('\0', "\\u0000")
+}
+
 /// One embedding to store.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResultRow {
