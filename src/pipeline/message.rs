@@ -8,11 +8,9 @@
 //! Dropping any of them drops its acks, which NACKs the messages for redelivery; only the sink,
 //! after its commit, acks.
 
-use crate::external::store::{self, FailureRow, ResultRow};
 use crate::pipeline::ack::Ack;
 use crate::record::{Record, RecordError};
 use bytes::Bytes;
-use sha2::{Digest, Sha256};
 
 /// Where a record came from: enough to order publishes and to key failure rows.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,10 +46,6 @@ impl Delivery {
             .map_or(true, |r| r.uri.is_none() || !r.text.is_empty())
     }
 }
-
-/// The most bytes of a refused payload a failure row keeps (with the whole payload's size and
-/// SHA-256): enough to see what was wrong, without a 10 MB row per bad message.
-pub const MAX_FAILURE_PAYLOAD: usize = 64 * 1024;
 
 /// A valid record waiting for its embedding.
 #[derive(Debug)]
@@ -169,47 +163,6 @@ impl Outcome {
                 rejected,
             }
         }
-    }
-
-    /// The rows to write.
-    pub fn rows(&self, model: &str, model_hash: &str) -> (Vec<ResultRow>, Vec<FailureRow>) {
-        let results = self
-            .done
-            .iter()
-            .map(|(p, v)| ResultRow {
-                record_id: p.record.id.clone(),
-                embedding: v.clone(),
-                model: model.to_string(),
-                model_hash: model_hash.to_string(),
-                job: p.record.job.clone(),
-                input_sha256: hex::encode(Sha256::digest(p.record.text.as_bytes())),
-                message_id: p.meta.message_id.clone(),
-                publish_time_us: p.meta.publish_time_us,
-            })
-            .collect();
-        let failures = self
-            .rejected
-            .iter()
-            .map(|r| {
-                // A record the database itself refused keeps no keys: they may be what it
-                // refused, and the failure row must commit.
-                let (record_id, job) = match r.error {
-                    RecordError::Unstorable(_) => (None, None),
-                    _ => crate::record::salvage_keys(&r.data),
-                };
-                FailureRow {
-                    message_id: r.meta.message_id.clone(),
-                    record_id: record_id.as_deref().map(store::storable),
-                    job: job.as_deref().map(store::storable),
-                    error: store::storable(&r.error.to_string()),
-                    payload: r.data[..r.data.len().min(MAX_FAILURE_PAYLOAD)].to_vec(),
-                    payload_bytes: i64::try_from(r.data.len()).unwrap_or(i64::MAX),
-                    payload_sha256: hex::encode(Sha256::digest(&r.data)),
-                    publish_time_us: r.meta.publish_time_us,
-                }
-            })
-            .collect();
-        (results, failures)
     }
 
     /// Acks every message: call only after the commit. With `confirm`, waits for exactly-once

@@ -10,11 +10,12 @@
 //! already in flight is finished and acked; an outcome waiting to retry, and those still queued,
 //! are handed back to the worker.
 
-use crate::external::store::{self, Store};
+use crate::external::store::{self, FailureRow, ResultRow, Store};
 use crate::external::telemetry::Metrics;
 use crate::pipeline::message::{HandBack, Outcome, Rejected};
 use crate::record::RecordError;
 use crate::shutdown::Shutdown;
+use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -132,7 +133,7 @@ async fn commit_one(
     shutdown: &Shutdown,
 ) -> Committed {
     let mut backoff = store::retry_schedule(BACKOFF_START);
-    let (results, failures) = outcome.rows(&cfg.model, &cfg.model_hash);
+    let (results, failures) = rows(&outcome, &cfg.model, &cfg.model_hash);
     loop {
         let started = Instant::now();
         let committed =
@@ -208,4 +209,50 @@ fn refused_alone(outcome: Outcome, error: &store::StoreError) -> Option<Outcome>
         });
     }
     Some(Outcome { done, rejected })
+}
+
+/// The most bytes of a refused payload a failure row keeps (with the whole payload's size and
+/// SHA-256): enough to see what was wrong, without a 10 MB row per bad message.
+pub const MAX_FAILURE_PAYLOAD: usize = 64 * 1024;
+
+/// The rows that record `outcome`: a result row per embedded record, a failure row per rejected
+/// payload (its keys salvaged from the payload where they can be, made storable).
+fn rows(outcome: &Outcome, model: &str, model_hash: &str) -> (Vec<ResultRow>, Vec<FailureRow>) {
+    let results = outcome
+        .done
+        .iter()
+        .map(|(p, v)| ResultRow {
+            record_id: p.record.id.clone(),
+            embedding: v.clone(),
+            model: model.to_string(),
+            model_hash: model_hash.to_string(),
+            job: p.record.job.clone(),
+            input_sha256: hex::encode(Sha256::digest(p.record.text.as_bytes())),
+            message_id: p.meta.message_id.clone(),
+            publish_time_us: p.meta.publish_time_us,
+        })
+        .collect();
+    let failures = outcome
+        .rejected
+        .iter()
+        .map(|r| {
+            // A record the database itself refused keeps no keys: they may be what it
+            // refused, and the failure row must commit.
+            let (record_id, job) = match r.error {
+                RecordError::Unstorable(_) => (None, None),
+                _ => crate::record::salvage_keys(&r.data),
+            };
+            FailureRow {
+                message_id: r.meta.message_id.clone(),
+                record_id: record_id.as_deref().map(store::storable),
+                job: job.as_deref().map(store::storable),
+                error: store::storable(&r.error.to_string()),
+                payload: r.data[..r.data.len().min(MAX_FAILURE_PAYLOAD)].to_vec(),
+                payload_bytes: i64::try_from(r.data.len()).unwrap_or(i64::MAX),
+                payload_sha256: hex::encode(Sha256::digest(&r.data)),
+                publish_time_us: r.meta.publish_time_us,
+            }
+        })
+        .collect();
+    (results, failures)
 }

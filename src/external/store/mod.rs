@@ -143,8 +143,7 @@ pub struct FailureRow {
     pub job: Option<String>,
     /// Why it failed.
     pub error: String,
-    /// The raw message data, its first `MAX_FAILURE_PAYLOAD` bytes (see the pipeline's message
-    /// module).
+    /// The raw message data, its first `MAX_FAILURE_PAYLOAD` bytes (see the pipeline's sink).
     pub payload: Vec<u8>,
     /// The whole payload's size in bytes.
     pub payload_bytes: i64,
