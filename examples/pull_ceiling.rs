@@ -7,7 +7,6 @@
 
 use clap::Parser;
 use spotinfer::config::PubsubArgs;
-use spotinfer::external::pubsub::PubsubConfig;
 use std::time::Instant;
 
 /// Pull and ack only, and print messages/s.
@@ -29,7 +28,7 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let a = Args::parse();
-    let cfg = PubsubConfig::from_args(&a.pubsub);
+    let cfg = a.pubsub.config();
     let subscriber = cfg.subscriber(a.streams).await?;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Instant>();
     for _ in 0..a.streams {

@@ -4,19 +4,14 @@
 //! their lower-case, dashed twins. Defaults run the local Quick start: the Pub/Sub emulator when
 //! `PUBSUB_EMULATOR_HOST` is set, and a SQLite file in the working directory.
 
-use clap::builder::RangedU64ValueParser;
+use crate::choice::Choice;
+use crate::external::pubsub::{PubsubConfig, SubscriptionPolicy};
+use crate::external::telemetry::LogFormat;
+use crate::model::{default_model_name, Backend, DeviceChoice, Precision};
+use clap::builder::{PossibleValuesParser, RangedU64ValueParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
-
-/// Log output format (`SPOTINFER_LOG_FORMAT`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line, with Cloud Logging's `severity` field.
-    Json,
-}
 
 /// spotinfer: batch inference on preemptible capacity without losing or duplicating a result.
 #[derive(Debug, Parser)]
@@ -26,7 +21,7 @@ pub struct Cli {
     #[arg(
         long,
         env = "SPOTINFER_LOG_FORMAT",
-        value_enum,
+        value_parser = choice::<LogFormat>(),
         default_value = "text",
         global = true
     )]
@@ -87,6 +82,18 @@ pub struct PubsubArgs {
         default_value = "spotinfer-workers"
     )]
     pub subscription: String,
+}
+
+impl PubsubArgs {
+    /// The Pub/Sub layer's settings these flags name.
+    pub fn config(&self) -> PubsubConfig {
+        PubsubConfig::new(
+            &self.project,
+            &self.topic,
+            &self.subscription,
+            self.emulator_host.as_deref(),
+        )
+    }
 }
 
 /// Which database holds the results.
@@ -161,15 +168,6 @@ impl ModelRef {
     }
 }
 
-/// The name a model's results carry unless `--model-name` says otherwise: the last segment of
-/// its folder (or of its gs:// prefix, which is also its cache folder's name).
-pub fn default_model_name(dir: &Path) -> String {
-    let name = |d: &Path| d.file_name().map(|n| n.to_string_lossy().into_owned());
-    name(dir)
-        .or_else(|| dir.canonicalize().ok().as_deref().and_then(name))
-        .unwrap_or_else(|| "model".into())
-}
-
 /// Where the model comes from and where it runs.
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
@@ -180,17 +178,17 @@ pub struct ModelArgs {
     #[allow(missing_docs)]
     pub storage: StorageArgs,
     /// Device: auto picks CUDA when built with the `cuda` feature and a GPU is present.
-    #[arg(long, env = "SPOTINFER_DEVICE", value_enum, default_value = "auto")]
+    #[arg(long, env = "SPOTINFER_DEVICE", value_parser = choice::<DeviceChoice>(), default_value = "auto")]
     pub device: DeviceChoice,
     /// Code that runs the model: `fused` (the CPU encoder tuned for throughput), `candle`
     /// (the candle encoder, the reference; any device), `auto` (fused on CPU, candle on CUDA).
-    #[arg(long, env = "SPOTINFER_BACKEND", value_enum, default_value = "auto")]
+    #[arg(long, env = "SPOTINFER_BACKEND", value_parser = choice::<Backend>(), default_value = "auto")]
     pub backend: Backend,
     /// Precision of the encoder's matrix products: `auto` (f16 on CUDA; on the CPU bf16 where
     /// the CPU has AVX-512 BF16 and the model's bf16 vectors stay within cosine 0.9995 of f32's
     /// on probe texts at load, else f32), `f32`, `bf16` (fused CPU encoder) or `f16` (candle).
     /// Softmax, layer norm, pooling and normalisation are f32 whatever this says.
-    #[arg(long, env = "SPOTINFER_PRECISION", value_enum, default_value = "auto")]
+    #[arg(long, env = "SPOTINFER_PRECISION", value_parser = choice::<Precision>(), default_value = "auto")]
     pub precision: Precision,
     /// Most padded token positions (texts × longest) in one encoder batch: the model splits a
     /// larger batch, shortest texts first, so long texts cannot blow up GPU memory and short
@@ -241,43 +239,8 @@ pub struct ModelCheckArgs {
     #[allow(missing_docs)]
     pub storage: StorageArgs,
     /// Also load it with this encoder.
-    #[arg(long, env = "SPOTINFER_BACKEND", value_enum, default_value = "auto")]
+    #[arg(long, env = "SPOTINFER_BACKEND", value_parser = choice::<Backend>(), default_value = "auto")]
     pub backend: Backend,
-}
-
-/// The compute device requested.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum DeviceChoice {
-    /// CUDA if available, else CPU.
-    Auto,
-    /// Always the CPU.
-    Cpu,
-    /// CUDA device 0; an error when unavailable.
-    Cuda,
-}
-
-/// The code that runs the model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Backend {
-    /// Fused on the CPU, candle on CUDA.
-    Auto,
-    /// The fused CPU encoder (`crates/bert-cpu`).
-    Fused,
-    /// The candle encoder (`src/model/candle_bert.rs`).
-    Candle,
-}
-
-/// The precision of the encoder's matrix products (pooling and normalisation are always f32).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Precision {
-    /// f16 on CUDA (tensor cores); on the CPU bf16 where it is supported and checked, else f32.
-    Auto,
-    /// f32 everywhere.
-    F32,
-    /// bf16 products with f32 sums (the fused CPU encoder on AVX-512 BF16 CPUs only).
-    Bf16,
-    /// f16 (candle backend only).
-    F16,
 }
 
 /// Model batching settings, shared by `work`, `embed` and `bench`.
@@ -337,7 +300,7 @@ pub enum PgvectorChoice {
 }
 
 /// Delivery policy of a subscription `setup` creates (an existing one is left as it is).
-#[derive(Debug, Clone, Default, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct SubscriptionPolicyArgs {
     /// Create the subscription with exactly-once delivery (pair with `work --exactly-once`).
     #[arg(long, env = "SPOTINFER_EXACTLY_ONCE")]
@@ -354,6 +317,19 @@ pub struct SubscriptionPolicyArgs {
     /// Retry policy: the longest backoff (0s to 600s).
     #[arg(long, env = "SPOTINFER_MAX_RETRY_BACKOFF", value_parser = duration_in(Duration::ZERO, secs(600)), default_value = "60s")]
     pub max_retry_backoff: Duration,
+}
+
+impl SubscriptionPolicyArgs {
+    /// The subscription policy these flags name.
+    pub fn policy(&self) -> SubscriptionPolicy {
+        SubscriptionPolicy {
+            exactly_once: self.exactly_once,
+            dead_letter_topic: self.dead_letter_topic.clone(),
+            max_delivery_attempts: self.max_delivery_attempts,
+            min_retry_backoff: self.min_retry_backoff,
+            max_retry_backoff: self.max_retry_backoff,
+        }
+    }
 }
 
 /// `spotinfer publish`.
@@ -682,4 +658,11 @@ mod tests {
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
         assert!(parse_duration("soon").unwrap_err().contains("500ms"));
     }
+}
+
+/// The parser of a [`Choice`]: its names listed in `--help`, any other refused by clap.
+fn choice<T: Choice>() -> impl TypedValueParser<Value = T> {
+    let names: Vec<&'static str> = T::NAMES.iter().map(|(n, _)| *n).collect();
+    PossibleValuesParser::new(names)
+        .try_map(|name: String| T::from_name(&name).ok_or(format!("no such choice: {name}")))
 }

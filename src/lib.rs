@@ -25,6 +25,7 @@
 //! load test is a crate of its own (`crates/loadtest`), so the worker a user deploys carries no
 //! chaos tooling.
 
+pub mod choice;
 pub mod config;
 pub mod export;
 pub mod external;

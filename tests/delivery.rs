@@ -3,10 +3,12 @@
 mod common;
 
 use common::*;
-use spotinfer::config::{DeviceChoice, PubsubArgs, SubscriptionPolicyArgs};
+use spotinfer::config::PubsubArgs;
 use spotinfer::external::pubsub::PubsubConfig;
+use spotinfer::external::pubsub::SubscriptionPolicy;
 use spotinfer::external::store::Store;
 use spotinfer::external::telemetry::Metrics;
+use spotinfer::model::DeviceChoice;
 use spotinfer::model::{Embedder, ModelHandle};
 use spotinfer::pipeline::batcher::BatchConfig;
 use spotinfer::pipeline::window::Window;
@@ -31,8 +33,8 @@ fn config(cfg: PubsubConfig, exactly_once: bool) -> WorkerConfig {
 /// what the policy moves.
 async fn dead_letter_subscription(name: &str) -> (PubsubConfig, PubsubConfig) {
     let args = pubsub_args(name);
-    let cfg = PubsubConfig::from_args(&args);
-    let policy = SubscriptionPolicyArgs {
+    let cfg = args.config();
+    let policy = SubscriptionPolicy {
         dead_letter_topic: Some(format!("dlq-{name}")),
         max_delivery_attempts: 5,
         max_retry_backoff: Duration::from_secs(60),
@@ -41,10 +43,11 @@ async fn dead_letter_subscription(name: &str) -> (PubsubConfig, PubsubConfig) {
     cfg.setup_with(Duration::from_secs(10), &policy)
         .await
         .unwrap();
-    let dlq = PubsubConfig::from_args(&PubsubArgs {
+    let dlq = PubsubArgs {
         subscription: format!("dlq-{name}-sub"),
         ..args
-    });
+    }
+    .config();
     (cfg, dlq)
 }
 
@@ -52,8 +55,8 @@ async fn dead_letter_subscription(name: &str) -> (PubsubConfig, PubsubConfig) {
 async fn exactly_once_subscription_with_confirmed_acks() {
     let name = unique("eo");
     let args = pubsub_args(&name);
-    let cfg = PubsubConfig::from_args(&args);
-    let policy = SubscriptionPolicyArgs {
+    let cfg = args.config();
+    let policy = SubscriptionPolicy {
         exactly_once: true,
         max_delivery_attempts: 10,
         max_retry_backoff: Duration::from_secs(60),

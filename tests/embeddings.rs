@@ -3,7 +3,7 @@
 
 mod common;
 
-use spotinfer::config::{Backend, DeviceChoice, Precision};
+use spotinfer::model::{Backend, DeviceChoice, Precision};
 use spotinfer::model::{cosine, Embedder};
 
 struct Reference {

@@ -4,11 +4,10 @@
 mod common;
 
 use common::*;
-use spotinfer::config::DeviceChoice;
 use spotinfer::external::gcs::{Gcs, StorageError};
-use spotinfer::external::pubsub::PubsubConfig;
 use spotinfer::external::store::Store;
 use spotinfer::external::telemetry::Metrics;
+use spotinfer::model::DeviceChoice;
 use spotinfer::model::{cosine, Embedder, ModelHandle};
 use spotinfer::pipeline::batcher::BatchConfig;
 use spotinfer::pipeline::worker::{self, WorkerConfig};
@@ -118,7 +117,7 @@ fn uri_worker_config(
         // 5,000-byte object limit was read and embedded).
         max_object_bytes: 5000,
         max_text_bytes: 1000,
-        ..worker_config(PubsubConfig::from_args(args))
+        ..worker_config(args.config())
     }
 }
 

@@ -5,7 +5,7 @@
 
 mod common;
 
-use spotinfer::config::{Backend, DeviceChoice, Precision};
+use spotinfer::model::{Backend, DeviceChoice, Precision};
 use spotinfer::model::{cosine, Embedder, Input, LoadOptions, ModelSpec, PromptChoice};
 use std::path::{Path, PathBuf};
 

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use spotinfer::config::SubscriptionPolicyArgs;
+use spotinfer::external::pubsub::SubscriptionPolicy;
 use spotinfer::external::store::Store;
 use std::time::Duration;
 
@@ -47,8 +47,8 @@ async fn writes(db: &str) -> (i64, i64) {
 async fn a_commit_in_flight_at_sigterm_is_acked_not_redone() {
     let name = unique("inflight");
     let args = pubsub_args(&name);
-    let cfg = spotinfer::external::pubsub::PubsubConfig::from_args(&args);
-    let policy = SubscriptionPolicyArgs {
+    let cfg = args.config();
+    let policy = SubscriptionPolicy {
         exactly_once: true,
         ..Default::default()
     };

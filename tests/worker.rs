@@ -4,10 +4,10 @@ mod common;
 
 use common::*;
 use sha2::{Digest, Sha256};
-use spotinfer::config::{DeviceChoice, PubsubArgs};
-use spotinfer::external::pubsub::PubsubConfig;
+use spotinfer::config::PubsubArgs;
 use spotinfer::external::store::{ResultRow, Store};
 use spotinfer::external::telemetry::Metrics;
+use spotinfer::model::DeviceChoice;
 use spotinfer::model::{cosine, Embedder, ModelHandle};
 use spotinfer::pipeline::worker::{self, Report, WorkerConfig};
 use spotinfer::shutdown::Shutdown;
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 fn config_for(args: &PubsubArgs, idle: Option<Duration>) -> WorkerConfig {
     WorkerConfig {
         exit_when_idle: idle,
-        ..worker_config(PubsubConfig::from_args(args))
+        ..worker_config(args.config())
     }
 }
 

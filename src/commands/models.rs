@@ -1,7 +1,8 @@
 //! `spotinfer models check`: what spotinfer understands of a model folder, proven by loading it
 //! and embedding one text, or the exact reason it is refused.
 
-use spotinfer::config::{DeviceChoice, ModelsArgs, ModelsCommand};
+use spotinfer::config::{ModelsArgs, ModelsCommand};
+use spotinfer::model::DeviceChoice;
 use spotinfer::model::{Embedder, LoadOptions, ModelSpec};
 
 /// Runs a `models` subcommand.

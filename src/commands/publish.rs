@@ -7,13 +7,12 @@ use anyhow::Context;
 use spotinfer::config::PublishArgs;
 use spotinfer::external::gcs::Gcs;
 use spotinfer::external::publish::{self, JobTarget};
-use spotinfer::external::pubsub::PubsubConfig;
 use spotinfer::external::store::Store;
 use tokio::io::AsyncBufRead;
 
 /// Publishes every valid line; fails when any publish failed.
 pub async fn run(a: PublishArgs) -> anyhow::Result<()> {
-    let ps = PubsubConfig::from_args(&a.pubsub);
+    let ps = a.pubsub.config();
     let publisher = ps.publisher().await?;
     let (size, input_reader) = open_input(&a).await?;
     let progress = indicatif::ProgressBar::new(size).with_style(

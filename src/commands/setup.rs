@@ -2,14 +2,13 @@
 //! PostgreSQL with pgvector, the vector column and (on request) the model's HNSW index.
 
 use spotinfer::config::{PgvectorChoice, SetupArgs};
-use spotinfer::external::pubsub::PubsubConfig;
 use spotinfer::external::store::{Store, VectorColumn};
 use spotinfer::model::spec::ModelSpec;
 
 /// Creates what is missing and says what already existed.
 pub async fn run(a: SetupArgs) -> anyhow::Result<()> {
-    let ps = PubsubConfig::from_args(&a.pubsub);
-    let outcome = ps.setup_with(a.ack_deadline, &a.policy).await?;
+    let ps = a.pubsub.config();
+    let outcome = ps.setup_with(a.ack_deadline, &a.policy.policy()).await?;
     let said = |created: bool| if created { "created" } else { "exists" };
     println!("topic {} {}", ps.topic, said(outcome.topic_created));
     println!(

@@ -15,7 +15,6 @@ use anyhow::Context;
 use backon::Retryable;
 use spotinfer::config::WorkArgs;
 use spotinfer::external::drain::{self, DrainConfig, Notice};
-use spotinfer::external::pubsub::PubsubConfig;
 use spotinfer::external::store::{self, Store, StoreError};
 use spotinfer::external::telemetry::{self, Metrics};
 use spotinfer::model::ModelHandle;
@@ -165,7 +164,7 @@ async fn work(
         "database and model ready"
     );
     let cfg = WorkerConfig {
-        pubsub: PubsubConfig::from_args(&a.pubsub),
+        pubsub: a.pubsub.config(),
         window,
         max_outstanding_bytes: a.max_outstanding_bytes,
         lease_extension: a.lease_extension,

@@ -5,7 +5,6 @@
 //! other client libraries do: every client (admin REST, publisher and subscriber gRPC) talks
 //! plaintext to `http://HOST:PORT` with anonymous credentials.
 
-use crate::config::{PubsubArgs, SubscriptionPolicyArgs};
 use google_cloud_auth::credentials::{anonymous, Credentials};
 use google_cloud_gax::error::rpc::Code;
 use google_cloud_pubsub::client::{Publisher, Subscriber, SubscriptionAdmin, TopicAdmin};
@@ -49,6 +48,22 @@ pub enum QueueError {
     },
 }
 
+/// The delivery policy of a subscription `setup` creates (an existing one is left as it is).
+#[derive(Debug, Clone, Default)]
+pub struct SubscriptionPolicy {
+    /// Exactly-once delivery.
+    pub exactly_once: bool,
+    /// Dead-letter topic (short name or full); created with a `-sub` subscription that keeps
+    /// what it gets.
+    pub dead_letter_topic: Option<String>,
+    /// Deliveries before a message goes to the dead-letter topic (clamped to 5 to 100).
+    pub max_delivery_attempts: i32,
+    /// Backoff before redelivering a NACKed message (none: immediate).
+    pub min_retry_backoff: Option<Duration>,
+    /// The longest backoff.
+    pub max_retry_backoff: Duration,
+}
+
 /// Resolved Pub/Sub settings: full resource names and the endpoint to use.
 #[derive(Debug, Clone)]
 pub struct PubsubConfig {
@@ -61,14 +76,18 @@ pub struct PubsubConfig {
 }
 
 impl PubsubConfig {
-    /// Resolves short names against the project and the emulator host into an endpoint.
-    pub fn from_args(args: &PubsubArgs) -> Self {
+    /// Resolves `topic` and `subscription` (short names or full resource names) against
+    /// `project`, and an emulator's `host:port` (blank: none) into its endpoint.
+    pub fn new(
+        project: &str,
+        topic: &str,
+        subscription: &str,
+        emulator_host: Option<&str>,
+    ) -> Self {
         Self {
-            topic: resource_name(&args.project, "topics", &args.topic),
-            subscription: resource_name(&args.project, "subscriptions", &args.subscription),
-            emulator_endpoint: args
-                .emulator_host
-                .as_deref()
+            topic: resource_name(project, "topics", topic),
+            subscription: resource_name(project, "subscriptions", subscription),
+            emulator_endpoint: emulator_host
                 .filter(|h| !h.trim().is_empty())
                 .map(emulator_endpoint),
         }
@@ -152,7 +171,7 @@ impl PubsubConfig {
     /// Creates the topic and the subscription unless they exist. Safe to run any number of
     /// times, on the emulator and on the real service.
     pub async fn setup(&self, ack_deadline: Duration) -> Result<SetupOutcome, QueueError> {
-        self.setup_with(ack_deadline, &SubscriptionPolicyArgs::default())
+        self.setup_with(ack_deadline, &SubscriptionPolicy::default())
             .await
     }
 
@@ -162,7 +181,7 @@ impl PubsubConfig {
     pub async fn setup_with(
         &self,
         ack_deadline: Duration,
-        policy: &SubscriptionPolicyArgs,
+        policy: &SubscriptionPolicy,
     ) -> Result<SetupOutcome, QueueError> {
         let topics = self.topic_admin().await?;
         let subs = self.subscription_admin().await?;

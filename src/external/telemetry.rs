@@ -10,7 +10,7 @@
 //! worker (a hung model thread or device, a deadlocked stage) instead of leaving it to sit on its
 //! leases.
 
-use crate::config::LogFormat;
+use crate::choice::Choice;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
@@ -25,6 +25,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tower::limit::GlobalConcurrencyLimitLayer;
+
+/// Log output format (`SPOTINFER_LOG_FORMAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, with Cloud Logging's `severity` field.
+    Json,
+}
+
+impl Choice for LogFormat {
+    const NAMES: &'static [(&'static str, Self)] = &[("text", Self::Text), ("json", Self::Json)];
+}
 
 /// Installs the global tracing subscriber. `RUST_LOG` filters (default `info`, PostgreSQL's
 /// notices at `warn`). Logs go to

@@ -3,7 +3,7 @@
 
 use super::spec::EncoderSpec;
 use super::{Embedder, Engine, ModelError};
-use crate::config::Precision;
+use super::Precision;
 use spotinfer_bert_cpu::{self as bert_cpu, BertError};
 
 impl From<BertError> for ModelError {

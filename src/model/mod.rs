@@ -19,6 +19,7 @@ mod candle_bert;
 mod fused;
 mod head;
 pub mod offline;
+mod options;
 mod prefix;
 mod prompt;
 pub mod spec;
@@ -26,11 +27,11 @@ mod thread;
 mod tokenize;
 mod wordpiece;
 
+pub use options::{default_model_name, Backend, DeviceChoice, LoadOptions, Precision};
 pub use prompt::PromptChoice;
 pub use spec::ModelSpec;
 pub use thread::{ModelHandle, Reload, Reply, Text};
 
-use crate::config::{Backend, DeviceChoice, Precision};
 use candle_bert::CandleBert;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
@@ -142,37 +143,6 @@ pub struct ModelInfo {
     pub prompts: Vec<String>,
 }
 
-/// How to load a model, beyond what its own files say.
-#[derive(Debug, Clone)]
-pub struct LoadOptions {
-    /// Where to run.
-    pub device: DeviceChoice,
-    /// Which encoder.
-    pub backend: Backend,
-    /// Precision of the encoder's matrix products.
-    pub precision: Precision,
-    /// The name in result rows (default: the folder's name).
-    pub name: Option<String>,
-    /// The prompt when a record names none.
-    pub prompt: PromptChoice,
-    /// A lower token limit than the model's `max_seq_length`.
-    pub max_seq_len: Option<usize>,
-}
-
-impl LoadOptions {
-    /// The model as its files describe it, on `device`, with the default encoder.
-    pub fn new(device: DeviceChoice) -> Self {
-        Self {
-            device,
-            backend: Backend::Auto,
-            precision: Precision::Auto,
-            name: None,
-            prompt: PromptChoice::ModelDefault,
-            max_seq_len: None,
-        }
-    }
-}
-
 /// One input: a text and, optionally, the name of the model's prompt to put before it.
 #[derive(Debug, Clone, Copy)]
 pub struct Input<'a> {
@@ -281,7 +251,7 @@ impl Embedder {
         let name = options
             .name
             .clone()
-            .unwrap_or_else(|| crate::config::default_model_name(dir));
+            .unwrap_or_else(|| default_model_name(dir));
         let info = ModelInfo {
             name,
             hash: weights_hash(&spec.weight_files())?,

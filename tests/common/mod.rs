@@ -50,7 +50,7 @@ pub fn pubsub_args(name: &str) -> PubsubArgs {
 /// Creates a fresh topic and subscription on the emulator.
 pub async fn fresh_pubsub(name: &str) -> (PubsubArgs, PubsubConfig) {
     let args = pubsub_args(name);
-    let cfg = PubsubConfig::from_args(&args);
+    let cfg = args.config();
     cfg.setup(Duration::from_secs(10)).await.expect("setup");
     (args, cfg)
 }

@@ -25,7 +25,8 @@ mod writes;
 use anyhow::Context;
 use clap::Parser;
 use rand::SeedableRng;
-use spotinfer::config::{parse_duration, DeviceChoice};
+use spotinfer::config::parse_duration;
+use spotinfer::model::DeviceChoice;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -153,7 +154,7 @@ fn delivery_attempts(s: &str) -> Result<i32, String> {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    spotinfer::external::telemetry::init_logging(spotinfer::config::LogFormat::Text);
+    spotinfer::external::telemetry::init_logging(spotinfer::external::telemetry::LogFormat::Text);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -4,8 +4,9 @@
 
 use crate::emulator::{self, Emulator};
 use crate::{Args, LoadtestError};
-use spotinfer::config::{PubsubArgs, SubscriptionPolicyArgs};
+use spotinfer::config::PubsubArgs;
 use spotinfer::external::pubsub::PubsubConfig;
+use spotinfer::external::pubsub::SubscriptionPolicy;
 use spotinfer::external::store::{self, Store};
 use spotinfer_chaos::Proxy;
 use std::path::Path;
@@ -57,13 +58,12 @@ impl Stage {
             topic,
             subscription,
         };
-        let pubsub =
-            PubsubConfig::from_args(&pubsub_args(format!("{name}-topic"), format!("{name}-sub")));
+        let pubsub = pubsub_args(format!("{name}-topic"), format!("{name}-sub")).config();
         let dead_letters = (args.max_delivery_attempts > 0).then(|| {
             let dlq = format!("{name}-dlq");
-            PubsubConfig::from_args(&pubsub_args(dlq.clone(), format!("{dlq}-sub")))
+            pubsub_args(dlq.clone(), format!("{dlq}-sub")).config()
         });
-        let policy = SubscriptionPolicyArgs {
+        let policy = SubscriptionPolicy {
             dead_letter_topic: dead_letters.as_ref().map(|_| format!("{name}-dlq")),
             max_delivery_attempts: args.max_delivery_attempts,
             max_retry_backoff: Duration::from_secs(60),

@@ -1,0 +1,118 @@
+//! How a model is loaded beyond what its own files say: the device, the encoder, the precision
+//! of its products, the name its results carry, its prompt and token limit. The enums are the
+//! model layer's vocabulary; the command line picks them by name ([`crate::choice::Choice`]).
+
+use super::PromptChoice;
+use crate::choice::Choice;
+use std::path::Path;
+
+/// The compute device requested.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// CUDA if available, else CPU.
+    Auto,
+    /// Always the CPU.
+    Cpu,
+    /// CUDA device 0; an error when unavailable.
+    Cuda,
+}
+
+impl Choice for DeviceChoice {
+    const NAMES: &'static [(&'static str, Self)] = &[
+        ("auto", Self::Auto),
+        ("cpu", Self::Cpu),
+        ("cuda", Self::Cuda),
+    ];
+}
+
+/// The code that runs the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// Fused on the CPU, candle on CUDA.
+    Auto,
+    /// The fused CPU encoder (`crates/bert-cpu`).
+    Fused,
+    /// The candle encoder (`src/model/candle_bert.rs`).
+    Candle,
+}
+
+impl Choice for Backend {
+    const NAMES: &'static [(&'static str, Self)] = &[
+        ("auto", Self::Auto),
+        ("fused", Self::Fused),
+        ("candle", Self::Candle),
+    ];
+}
+
+/// The precision of the encoder's matrix products (pooling and normalisation are always f32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    /// f16 on CUDA (tensor cores); on the CPU bf16 where it is supported and checked, else f32.
+    Auto,
+    /// f32 everywhere.
+    F32,
+    /// bf16 products with f32 sums (the fused CPU encoder on AVX-512 BF16 CPUs only).
+    Bf16,
+    /// f16 (candle backend only).
+    F16,
+}
+
+impl Choice for Precision {
+    const NAMES: &'static [(&'static str, Self)] = &[
+        ("auto", Self::Auto),
+        ("f32", Self::F32),
+        ("bf16", Self::Bf16),
+        ("f16", Self::F16),
+    ];
+}
+
+/// How to load a model, beyond what its own files say.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Where to run.
+    pub device: DeviceChoice,
+    /// Which encoder.
+    pub backend: Backend,
+    /// Precision of the encoder's matrix products.
+    pub precision: Precision,
+    /// The name in result rows (default: the folder's name).
+    pub name: Option<String>,
+    /// The prompt when a record names none.
+    pub prompt: PromptChoice,
+    /// A lower token limit than the model's `max_seq_length`.
+    pub max_seq_len: Option<usize>,
+}
+
+impl LoadOptions {
+    /// The model as its files describe it, on `device`, with the default encoder.
+    pub fn new(device: DeviceChoice) -> Self {
+        Self {
+            device,
+            backend: Backend::Auto,
+            precision: Precision::Auto,
+            name: None,
+            prompt: PromptChoice::ModelDefault,
+            max_seq_len: None,
+        }
+    }
+
+    /// The same options with `backend` (`auto`: the fused encoder on the CPU, candle on CUDA).
+    pub fn backend(self, backend: Backend) -> Self {
+        Self { backend, ..self }
+    }
+
+    /// The same options with `precision`: `auto` is f16 on CUDA and, on the CPU, bf16 where the
+    /// CPU has AVX-512 BF16 and the model passes the load-time check (see `fused`), else f32.
+    pub fn precision(self, precision: Precision) -> Self {
+        Self { precision, ..self }
+    }
+}
+
+/// The name a model's results carry unless `--model-name` says otherwise: the last segment of
+/// its folder (or of its gs:// prefix, which is also its cache folder's name).
+pub fn default_model_name(dir: &Path) -> String {
+    let name = |d: &Path| d.file_name().map(|n| n.to_string_lossy().into_owned());
+    name(dir)
+        .or_else(|| dir.canonicalize().ok().as_deref().and_then(name))
+        .unwrap_or_else(|| "model".into())
+}
