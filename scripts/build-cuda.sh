@@ -65,7 +65,8 @@ export RUSTFLAGS="${RUSTFLAGS:-} -L native=$link"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target/cuda}
 cargo build --release --features cuda --bin spotinfer
 # The stub also runs: beside the binary as libcuda.so.1, for machines without a driver (see
-# README: the binary then starts, refuses --device cuda and falls back with --device auto).
+# docs/deploy.md, "The GPU build": the binary then starts, refuses --device cuda and falls back
+# with --device auto).
 mkdir -p "$CARGO_TARGET_DIR/release/cuda-fallback"
 cp "$link/libcuda.so" "$CARGO_TARGET_DIR/release/cuda-fallback/libcuda.so.1"
 echo "$CARGO_TARGET_DIR/release/spotinfer"

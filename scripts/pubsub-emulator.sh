@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Starts the Cloud Pub/Sub emulator (gcloud's pubsub-emulator component) with two fixes: its
 # stream-cancel bug (emulator-fix/io/grpc/InternalStatus.java) and its missing streaming-pull flow
-# control (emulator-fix/com/google/cloud/pubsub/testing/v1/); see the README.
+# control (emulator-fix/com/google/cloud/pubsub/testing/v1/); see docs/emulator.md.
 #
 #   scripts/pubsub-emulator.sh start [HOST:PORT]   start in the background, wait until it answers
 #   scripts/pubsub-emulator.sh stop [HOST:PORT]    stop the one started from this checkout

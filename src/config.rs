@@ -1,8 +1,9 @@
 //! Configuration: every setting is a command-line flag with an environment-variable fallback.
 //!
-//! The environment names are part of the contract (README, k8s manifests); the flag names are
-//! their lower-case, dashed twins. Defaults run the local Quick start: the Pub/Sub emulator when
-//! `PUBSUB_EMULATOR_HOST` is set, and a SQLite file in the working directory.
+//! The environment names are part of the contract (docs/configuration.md, k8s manifests); the
+//! flag names are their lower-case, dashed twins. Defaults run the README's Quick start: the
+//! Pub/Sub emulator when `PUBSUB_EMULATOR_HOST` is set, and a SQLite file in the working
+//! directory.
 
 use crate::choice::Choice;
 use crate::external::pubsub::{PubsubConfig, SubscriptionPolicy};

@@ -2,8 +2,8 @@
 //!
 //! This is the Rust twin of `scripts/pubsub-emulator.sh`: it finds gcloud's emulator jar,
 //! compiles the fixes under `scripts/emulator-fix/` against it (the stream-cancel fix and the
-//! streaming-pull flow control; see the README), and runs the emulator's main class with them
-//! ahead of the jar on the classpath.
+//! streaming-pull flow control; see docs/emulator.md), and runs the emulator's main class with
+//! them ahead of the jar on the classpath.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -1,5 +1,5 @@
 //! CI-sized runs of `spotinfer loadtest`: real emulator, real PostgreSQL/SQLite, real worker
-//! processes, real faults. The big run is documented in the README.
+//! processes, real faults. The big runs are documented in docs/testing.md, "The load test".
 //!
 //! They go through `spotinfer loadtest`, so the hand-over from the worker binary to this crate's
 //! binary is tested too: both must be built (`cargo test --workspace` builds them).
