@@ -3,8 +3,8 @@
 
 mod common;
 
+use spotinfer::model::{cosine, Embedder, LoadOptions};
 use spotinfer::model::{Backend, DeviceChoice, Precision};
-use spotinfer::model::{cosine, Embedder};
 
 struct Reference {
     text: String,
@@ -70,15 +70,25 @@ fn a_token_budget_splits_batches_without_changing_a_vector() {
     let refs = reference();
     let texts: Vec<&str> = refs.iter().map(|r| r.text.as_str()).collect();
     let dir = common::model_dir();
-    let whole = Embedder::load_as(&dir, DeviceChoice::Cpu, Backend::Candle, Precision::F32)
-        .unwrap()
-        .embed(&texts)
-        .unwrap();
-    let split = Embedder::load_as(&dir, DeviceChoice::Cpu, Backend::Candle, Precision::F32)
-        .unwrap()
-        .with_max_batch_tokens(300)
-        .embed(&texts)
-        .unwrap();
+    let whole = Embedder::open(
+        &dir,
+        &LoadOptions::new(DeviceChoice::Cpu)
+            .backend(Backend::Candle)
+            .precision(Precision::F32),
+    )
+    .unwrap()
+    .embed(&texts)
+    .unwrap();
+    let split = Embedder::open(
+        &dir,
+        &LoadOptions::new(DeviceChoice::Cpu)
+            .backend(Backend::Candle)
+            .precision(Precision::F32),
+    )
+    .unwrap()
+    .with_max_batch_tokens(300)
+    .embed(&texts)
+    .unwrap();
     assert_eq!(split.tokens, whole.tokens);
     for ((a, b), r) in split.vectors.iter().zip(&whole.vectors).zip(&refs) {
         let c = cosine(a, b);
@@ -92,31 +102,57 @@ fn a_token_budget_splits_batches_without_changing_a_vector() {
 #[test]
 fn fused_in_bf16_matches_sentence_transformers_where_the_cpu_has_it() {
     let dir = common::model_dir();
-    let auto = Embedder::load_as(&dir, DeviceChoice::Cpu, Backend::Auto, Precision::Auto).unwrap();
+    let auto = Embedder::open(
+        &dir,
+        &LoadOptions::new(DeviceChoice::Cpu)
+            .backend(Backend::Auto)
+            .precision(Precision::Auto),
+    )
+    .unwrap();
     if spotinfer_bert_cpu::bf16_supported() {
         assert_eq!(auto.info().device, "Cpu (fused, bf16)");
         matches_sentence_transformers(Backend::Fused, Precision::Bf16);
     } else {
         assert_eq!(auto.info().device, "Cpu (fused, f32)");
-        let err = Embedder::load_as(&dir, DeviceChoice::Cpu, Backend::Fused, Precision::Bf16)
-            .err()
-            .expect("bf16 without AVX-512 BF16");
+        let err = Embedder::open(
+            &dir,
+            &LoadOptions::new(DeviceChoice::Cpu)
+                .backend(Backend::Fused)
+                .precision(Precision::Bf16),
+        )
+        .err()
+        .expect("bf16 without AVX-512 BF16");
         assert!(err.to_string().contains("AVX-512 BF16"), "{err}");
     }
-    let forced = Embedder::load_as(&dir, DeviceChoice::Cpu, Backend::Fused, Precision::F32);
+    let forced = Embedder::open(
+        &dir,
+        &LoadOptions::new(DeviceChoice::Cpu)
+            .backend(Backend::Fused)
+            .precision(Precision::F32),
+    );
     assert_eq!(forced.unwrap().info().device, "Cpu (fused, f32)");
 }
 
 #[test]
 fn each_encoder_refuses_the_precision_it_does_not_compute_in() {
     let dir = common::model_dir();
-    let err = Embedder::load_as(&dir, DeviceChoice::Cpu, Backend::Fused, Precision::F16)
-        .err()
-        .expect("the fused encoder computes in f32 or bf16");
+    let err = Embedder::open(
+        &dir,
+        &LoadOptions::new(DeviceChoice::Cpu)
+            .backend(Backend::Fused)
+            .precision(Precision::F16),
+    )
+    .err()
+    .expect("the fused encoder computes in f32 or bf16");
     assert!(err.to_string().contains("not f16"), "{err}");
-    let err = Embedder::load_as(&dir, DeviceChoice::Cpu, Backend::Candle, Precision::Bf16)
-        .err()
-        .expect("candle computes in f32 or f16");
+    let err = Embedder::open(
+        &dir,
+        &LoadOptions::new(DeviceChoice::Cpu)
+            .backend(Backend::Candle)
+            .precision(Precision::Bf16),
+    )
+    .err()
+    .expect("candle computes in f32 or f16");
     assert!(
         err.to_string().contains("candle computes in f32 or f16"),
         "{err}"
@@ -125,7 +161,13 @@ fn each_encoder_refuses_the_precision_it_does_not_compute_in() {
 
 fn matches_sentence_transformers(backend: Backend, precision: Precision) {
     let refs = reference();
-    let model = Embedder::load_as(&common::model_dir(), device(), backend, precision).unwrap();
+    let model = Embedder::open(
+        &common::model_dir(),
+        &LoadOptions::new(device())
+            .backend(backend)
+            .precision(precision),
+    )
+    .unwrap();
     assert_eq!(model.info().dim, 384);
     assert_eq!(model.info().max_seq_len, 256);
     let texts: Vec<&str> = refs.iter().map(|r| r.text.as_str()).collect();
@@ -153,10 +195,16 @@ fn matches_sentence_transformers(backend: Backend, precision: Precision) {
 /// the 256-token limit, in batches of mixed lengths (where padding would show) and alone.
 #[test]
 fn the_fused_encoder_agrees_with_candle_on_varied_lengths() {
-    let fused =
-        Embedder::load_with(&common::model_dir(), DeviceChoice::Cpu, Backend::Fused).unwrap();
-    let candle =
-        Embedder::load_with(&common::model_dir(), DeviceChoice::Cpu, Backend::Candle).unwrap();
+    let fused = Embedder::open(
+        &common::model_dir(),
+        &LoadOptions::new(DeviceChoice::Cpu).backend(Backend::Fused),
+    )
+    .unwrap();
+    let candle = Embedder::open(
+        &common::model_dir(),
+        &LoadOptions::new(DeviceChoice::Cpu).backend(Backend::Candle),
+    )
+    .unwrap();
     let words = "spot capacity vanishes with thirty seconds of notice so every worker commits \
                  before it acknowledges and nacks the rest at once";
     let vocab: Vec<&str> = words.split_whitespace().collect();

@@ -16,6 +16,7 @@
 
 mod budget;
 mod candle_bert;
+mod engine;
 mod fused;
 mod head;
 pub mod offline;
@@ -32,12 +33,9 @@ pub use prompt::PromptChoice;
 pub use spec::ModelSpec;
 pub use thread::{ModelHandle, Reload, Reply, Text};
 
-use candle_bert::CandleBert;
-use candle_core::{DType, Device, Tensor};
-use candle_nn::VarBuilder;
+use engine::{candle_dtype, load_candle, load_fused, select_device, Engine};
 use head::Head;
 use prompt::Prompts;
-use spotinfer_bert_cpu::{self as bert_cpu, CpuBert, Pooling};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -176,49 +174,16 @@ pub struct Embedder {
     max_batch_tokens: usize,
 }
 
-/// The code that runs the encoder and pools.
-enum Engine {
-    /// The fused CPU encoder (it pools itself).
-    Fused(Box<CpuBert>),
-    /// The candle encoder, on any candle device, and its pooling.
-    Candle(CandleBert, Pooling),
-}
-
 impl Embedder {
-    /// Loads the model from a local directory, checking every file it needs up front so a
-    /// missing, broken or unsupported model is a clear error at startup.
+    /// Loads the model in `dir` as its own files describe it, on `device` with the default
+    /// encoder and precision: [`Embedder::open`] with [`LoadOptions::new`].
     pub fn load(dir: &Path, device: DeviceChoice) -> Result<Self, ModelError> {
         Self::open(dir, &LoadOptions::new(device))
     }
 
-    /// [`Embedder::load`] with a chosen backend: `auto` is the fused encoder on the CPU and
-    /// candle on CUDA.
-    pub fn load_with(
-        dir: &Path,
-        device: DeviceChoice,
-        backend: Backend,
-    ) -> Result<Self, ModelError> {
-        Self::load_as(dir, device, backend, Precision::Auto)
-    }
-
-    /// [`Embedder::load_with`] with a chosen precision for the encoder's matrix products:
-    /// `auto` is f16 on CUDA and, on the CPU, bf16 where the CPU has AVX-512 BF16 and the model
-    /// passes the load-time check (see `fused`), else f32; pooling and what follows are f32.
-    pub fn load_as(
-        dir: &Path,
-        device: DeviceChoice,
-        backend: Backend,
-        precision: Precision,
-    ) -> Result<Self, ModelError> {
-        let options = LoadOptions {
-            backend,
-            precision,
-            ..LoadOptions::new(device)
-        };
-        Self::open(dir, &options)
-    }
-
-    /// Loads the model in `dir` as `options` say.
+    /// Loads the model in `dir` as `options` say (the device, encoder, precision, name, prompt
+    /// and token limit the worker was configured with), checking every file it needs up front so
+    /// a missing, broken or unsupported model is a clear error at startup.
     pub fn open(dir: &Path, options: &LoadOptions) -> Result<Self, ModelError> {
         let spec = ModelSpec::read(dir)?;
         let max_seq_len = match options.max_seq_len {
@@ -335,7 +300,7 @@ impl Embedder {
         for chunk in budget::token_budget_chunks(&lens, self.max_batch_tokens) {
             let part: Vec<(&TokenIds, usize)> =
                 chunk.iter().map(|&i| (&encodings[i], skips[i])).collect();
-            for (i, v) in chunk.into_iter().zip(self.encode(&part)?) {
+            for (i, v) in chunk.into_iter().zip(self.engine.encode(&part)?) {
                 vectors[i] = self.head.apply(v);
             }
         }
@@ -381,24 +346,6 @@ impl Embedder {
         let refs: Vec<&str> = texts.iter().map(|t| t.as_ref()).collect();
         Ok((self.tokenizer.encode(&refs)?, skips))
     }
-
-    /// One encoder batch through whichever encoder is loaded: pooled vectors.
-    fn encode(&self, batch: &[(&TokenIds, usize)]) -> Result<Vec<Vec<f32>>, ModelError> {
-        match &self.engine {
-            Engine::Fused(bert) => {
-                let batch: Vec<bert_cpu::Tokens<'_>> = batch
-                    .iter()
-                    .map(|(e, skip)| bert_cpu::Tokens {
-                        ids: &e.ids,
-                        type_ids: &e.type_ids,
-                        skip: *skip,
-                    })
-                    .collect();
-                Ok(bert.embed(&batch)?)
-            }
-            Engine::Candle(model, pooling) => candle_embed(model, *pooling, batch),
-        }
-    }
 }
 
 /// An input with the default prompt.
@@ -407,89 +354,6 @@ fn plain(text: &str) -> Input<'_> {
         text,
         prompt_name: None,
     }
-}
-
-/// The candle encoder on a padded batch (to the longest text), pooled over each text's pooled
-/// tokens in f32.
-fn candle_embed(
-    model: &CandleBert,
-    pooling: Pooling,
-    batch: &[(&TokenIds, usize)],
-) -> Result<Vec<Vec<f32>>, ModelError> {
-    let n = batch.len();
-    let len = batch.iter().map(|(e, _)| e.len()).max().unwrap_or(0);
-    let mut ids = vec![0u32; n * len];
-    let mut types = vec![0u32; n * len];
-    let mut mask = vec![0u32; n * len];
-    let mut pooled = vec![0u32; n * len];
-    for (i, (e, skip)) in batch.iter().enumerate() {
-        let row = i * len..i * len + e.len();
-        ids[row.clone()].copy_from_slice(&e.ids);
-        types[row.clone()].copy_from_slice(&e.type_ids);
-        mask[row.clone()].fill(1);
-        pooled[row.start + (*skip).min(e.len())..row.end].fill(1);
-    }
-    let device = model.device();
-    let ids = Tensor::from_vec(ids, (n, len), device)?;
-    let types = Tensor::from_vec(types, (n, len), device)?;
-    let mask = Tensor::from_vec(mask, (n, len), device)?;
-    let pooled = Tensor::from_vec(pooled, (n, len), device)?;
-    let hidden = model.forward(&ids, &types, &mask)?; // (n, len, dim)
-    let firsts: Vec<usize> = batch
-        .iter()
-        .map(|(e, skip)| if *skip < e.len() { *skip } else { 0 })
-        .collect();
-    Ok(candle_bert::pool(&hidden, &pooled, pooling, &firsts)?.to_vec2::<f32>()?)
-}
-
-/// The fused CPU encoder, which computes in f32 on the CPU only.
-fn load_fused(
-    spec: &ModelSpec,
-    device: &Device,
-    precision: Precision,
-) -> Result<Engine, ModelError> {
-    let refuse = |message: &str| ModelError::Config {
-        path: spec.dir.clone(),
-        message: message.into(),
-    };
-    if !device.is_cpu() {
-        return Err(refuse(
-            "the fused backend runs on the CPU only (use --backend candle)",
-        ));
-    }
-    if precision == Precision::F16 {
-        return Err(ModelError::Precision(
-            "the fused backend computes in f32 or bf16, not f16 (use --backend candle for f16)"
-                .into(),
-        ));
-    }
-    let bert = CpuBert::load(&spec.weights, fused::dims(&spec.encoder), spec.pooling.mode)?;
-    Ok(Engine::Fused(Box::new(bert)))
-}
-
-/// The candle encoder's dtype for `precision`: auto is f16 on CUDA and f32 on the CPU.
-fn candle_dtype(precision: Precision, device: &Device) -> Result<DType, ModelError> {
-    match precision {
-        Precision::F32 => Ok(DType::F32),
-        Precision::F16 => Ok(DType::F16),
-        Precision::Auto if device.is_cpu() => Ok(DType::F32),
-        Precision::Auto => Ok(DType::F16),
-        Precision::Bf16 => Err(ModelError::Precision(
-            "bf16 is the fused CPU encoder's (--backend fused); candle computes in f32 or f16"
-                .into(),
-        )),
-    }
-}
-
-/// The candle encoder on `device`, its weights converted to `dtype`.
-fn load_candle(spec: &ModelSpec, device: &Device, dtype: DType) -> Result<Engine, ModelError> {
-    let path = spec.weights.clone();
-    let bytes = std::fs::read(&path).map_err(|source| ModelError::File { path, source })?;
-    let vb = VarBuilder::from_buffered_safetensors(bytes, dtype, device)?;
-    Ok(Engine::Candle(
-        CandleBert::load(vb, &spec.encoder)?,
-        spec.pooling.mode,
-    ))
 }
 
 /// The first 16 hex digits of the SHA-256 over `files`' bytes, in order.
@@ -513,21 +377,6 @@ pub fn weights_hash(files: &[&Path]) -> Result<String, ModelError> {
         }
     }
     Ok(hex::encode(&hasher.finalize()[..8]))
-}
-
-fn select_device(choice: DeviceChoice) -> Result<Device, ModelError> {
-    match choice {
-        DeviceChoice::Cpu => Ok(Device::Cpu),
-        DeviceChoice::Auto => Ok(Device::cuda_if_available(0).unwrap_or(Device::Cpu)),
-        DeviceChoice::Cuda => {
-            if !candle_core::utils::cuda_is_available() {
-                return Err(ModelError::NoCuda(
-                    "this binary was built without the `cuda` feature".into(),
-                ));
-            }
-            Device::new_cuda(0).map_err(|e| ModelError::NoCuda(e.to_string()))
-        }
-    }
 }
 
 /// Cosine similarity of two vectors (1.0 for identical directions).

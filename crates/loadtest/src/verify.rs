@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use spotinfer::external::pubsub::PubsubConfig;
 use spotinfer::external::store::StoredEmbedding;
 use spotinfer::model::Backend;
-use spotinfer::model::{cosine, Embedder};
+use spotinfer::model::{cosine, Embedder, LoadOptions};
 use spotinfer::record::{self, Record};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -173,7 +173,10 @@ async fn recompute_sample(
         .collect();
     let (model_dir, device) = (args.model.clone(), args.device);
     tokio::task::spawn_blocking(move || -> Result<(usize, f32, usize), LoadtestError> {
-        let embedder = Embedder::load_with(&model_dir, device, Backend::Candle)?;
+        let embedder = Embedder::open(
+            &model_dir,
+            &LoadOptions::new(device).backend(Backend::Candle),
+        )?;
         let (mut n, mut min, mut bad) = (0, 1.0f32, 0);
         for chunk in sample.chunks(16) {
             let texts: Vec<&str> = chunk.iter().map(|r| r.text.as_str()).collect();

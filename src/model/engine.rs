@@ -1,0 +1,146 @@
+//! The engines: how a network is computed once the text is tokens. The fused CPU encoder of
+//! `crates/bert-cpu` (no padding, its own pooling) and candle (padded batches on any candle
+//! device, pooled here in f32); what goes in and comes out of the model is the [`super::Embedder`]'s
+//! business, not theirs.
+
+use super::candle_bert::{self, CandleBert};
+use super::spec::ModelSpec;
+use super::{DeviceChoice, ModelError, Precision, TokenIds};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use spotinfer_bert_cpu::{self as bert_cpu, CpuBert, Pooling};
+
+/// The code that runs the encoder and pools.
+pub(super) enum Engine {
+    /// The fused CPU encoder (it pools itself).
+    Fused(Box<CpuBert>),
+    /// The candle encoder, on any candle device, and its pooling.
+    Candle(CandleBert, Pooling),
+}
+
+impl Engine {
+    /// One encoder batch through whichever encoder is loaded: pooled vectors.
+    pub(super) fn encode(&self, batch: &[(&TokenIds, usize)]) -> Result<Vec<Vec<f32>>, ModelError> {
+        match self {
+            Self::Fused(bert) => {
+                let batch: Vec<bert_cpu::Tokens<'_>> = batch
+                    .iter()
+                    .map(|(e, skip)| bert_cpu::Tokens {
+                        ids: &e.ids,
+                        type_ids: &e.type_ids,
+                        skip: *skip,
+                    })
+                    .collect();
+                Ok(bert.embed(&batch)?)
+            }
+            Self::Candle(model, pooling) => candle_embed(model, *pooling, batch),
+        }
+    }
+}
+
+/// The candle encoder on a padded batch (to the longest text), pooled over each text's pooled
+/// tokens in f32.
+fn candle_embed(
+    model: &CandleBert,
+    pooling: Pooling,
+    batch: &[(&TokenIds, usize)],
+) -> Result<Vec<Vec<f32>>, ModelError> {
+    let n = batch.len();
+    let len = batch.iter().map(|(e, _)| e.len()).max().unwrap_or(0);
+    let mut ids = vec![0u32; n * len];
+    let mut types = vec![0u32; n * len];
+    let mut mask = vec![0u32; n * len];
+    let mut pooled = vec![0u32; n * len];
+    for (i, (e, skip)) in batch.iter().enumerate() {
+        let row = i * len..i * len + e.len();
+        ids[row.clone()].copy_from_slice(&e.ids);
+        types[row.clone()].copy_from_slice(&e.type_ids);
+        mask[row.clone()].fill(1);
+        pooled[row.start + (*skip).min(e.len())..row.end].fill(1);
+    }
+    let device = model.device();
+    let ids = Tensor::from_vec(ids, (n, len), device)?;
+    let types = Tensor::from_vec(types, (n, len), device)?;
+    let mask = Tensor::from_vec(mask, (n, len), device)?;
+    let pooled = Tensor::from_vec(pooled, (n, len), device)?;
+    let hidden = model.forward(&ids, &types, &mask)?; // (n, len, dim)
+    let firsts: Vec<usize> = batch
+        .iter()
+        .map(|(e, skip)| if *skip < e.len() { *skip } else { 0 })
+        .collect();
+    Ok(candle_bert::pool(&hidden, &pooled, pooling, &firsts)?.to_vec2::<f32>()?)
+}
+
+/// The fused CPU encoder, which computes in f32 on the CPU only.
+pub(super) fn load_fused(
+    spec: &ModelSpec,
+    device: &Device,
+    precision: Precision,
+) -> Result<Engine, ModelError> {
+    let refuse = |message: &str| ModelError::Config {
+        path: spec.dir.clone(),
+        message: message.into(),
+    };
+    if !device.is_cpu() {
+        return Err(refuse(
+            "the fused backend runs on the CPU only (use --backend candle)",
+        ));
+    }
+    if precision == Precision::F16 {
+        return Err(ModelError::Precision(
+            "the fused backend computes in f32 or bf16, not f16 (use --backend candle for f16)"
+                .into(),
+        ));
+    }
+    let bert = CpuBert::load(
+        &spec.weights,
+        super::fused::dims(&spec.encoder),
+        spec.pooling.mode,
+    )?;
+    Ok(Engine::Fused(Box::new(bert)))
+}
+
+/// The candle encoder's dtype for `precision`: auto is f16 on CUDA and f32 on the CPU.
+pub(super) fn candle_dtype(precision: Precision, device: &Device) -> Result<DType, ModelError> {
+    match precision {
+        Precision::F32 => Ok(DType::F32),
+        Precision::F16 => Ok(DType::F16),
+        Precision::Auto if device.is_cpu() => Ok(DType::F32),
+        Precision::Auto => Ok(DType::F16),
+        Precision::Bf16 => Err(ModelError::Precision(
+            "bf16 is the fused CPU encoder's (--backend fused); candle computes in f32 or f16"
+                .into(),
+        )),
+    }
+}
+
+/// The candle encoder on `device`, its weights converted to `dtype`.
+pub(super) fn load_candle(
+    spec: &ModelSpec,
+    device: &Device,
+    dtype: DType,
+) -> Result<Engine, ModelError> {
+    let path = spec.weights.clone();
+    let bytes = std::fs::read(&path).map_err(|source| ModelError::File { path, source })?;
+    let vb = VarBuilder::from_buffered_safetensors(bytes, dtype, device)?;
+    Ok(Engine::Candle(
+        CandleBert::load(vb, &spec.encoder)?,
+        spec.pooling.mode,
+    ))
+}
+
+/// The candle device `choice` names; an error when CUDA is asked for and cannot be had.
+pub(super) fn select_device(choice: DeviceChoice) -> Result<Device, ModelError> {
+    match choice {
+        DeviceChoice::Cpu => Ok(Device::Cpu),
+        DeviceChoice::Auto => Ok(Device::cuda_if_available(0).unwrap_or(Device::Cpu)),
+        DeviceChoice::Cuda => {
+            if !candle_core::utils::cuda_is_available() {
+                return Err(ModelError::NoCuda(
+                    "this binary was built without the `cuda` feature".into(),
+                ));
+            }
+            Device::new_cuda(0).map_err(|e| ModelError::NoCuda(e.to_string()))
+        }
+    }
+}
