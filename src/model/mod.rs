@@ -4,7 +4,9 @@
 //! [`spec`] reads what the folder says to compute (encoder, pooling, Dense, Normalize, prompts,
 //! limits) and refuses what spotinfer cannot compute exactly. [`Embedder`] then tokenizes
 //! (`tokenize`, with the prompt `prompt` picks), runs an encoder that pools, and applies the
-//! `head` (Dense layers, Normalize). Two encoders sit behind it:
+//! `head` (Dense layers, Normalize). How it is loaded beyond the folder's own files (device,
+//! encoder, precision, name, prompt, token limit) is `options`; the engines that compute the
+//! network are in `engine`:
 //!
 //! * `fused`: the CPU encoder of `crates/bert-cpu`, written for throughput (no padding, fused
 //!   passes, reused buffers), the CPU default;

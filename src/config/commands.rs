@@ -1,0 +1,290 @@
+//! Each command's own flags (`setup`, `publish`, `work`, `embed`, `bench`, `status`, `export`,
+//! `models`), built from the shared groups in `shared`.
+
+use super::shared::{
+    BatchArgs, DbArgs, ModelArgs, ModelRef, PubsubArgs, StorageArgs, SubscriptionPolicyArgs,
+};
+use super::values::{choice, duration_in, lease_seconds, millis, secs};
+use crate::model::Backend;
+use clap::builder::RangedU64ValueParser;
+use clap::{Args, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// `spotinfer models …`.
+#[derive(Debug, Clone, Args)]
+pub struct ModelsArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub action: ModelsCommand,
+}
+
+/// The `models` subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum ModelsCommand {
+    /// Print what spotinfer understands of a model folder (architecture, sizes, pooling, Dense,
+    /// normalize, prompts, max length, weight dtypes, content hash) after loading it and
+    /// embedding one text; or the exact reason it is refused (exit status 1).
+    Check(ModelCheckArgs),
+}
+
+/// `spotinfer models check`.
+#[derive(Debug, Clone, Args)]
+pub struct ModelCheckArgs {
+    /// The model: a local folder or gs://BUCKET/PREFIX (default: SPOTINFER_MODEL).
+    #[arg(env = "SPOTINFER_MODEL", default_value = "models/all-MiniLM-L6-v2")]
+    pub dir: PathBuf,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub storage: StorageArgs,
+    /// Also load it with this encoder.
+    #[arg(long, env = "SPOTINFER_BACKEND", value_parser = choice::<Backend>(), default_value = "auto")]
+    pub backend: Backend,
+}
+
+/// `spotinfer setup`.
+#[derive(Debug, Clone, Args)]
+pub struct SetupArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub pubsub: PubsubArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub db: DbArgs,
+    /// Ack deadline set on a newly created subscription.
+    #[arg(long, env = "SPOTINFER_ACK_DEADLINE", value_parser = lease_seconds, default_value = "10s")]
+    pub ack_deadline: Duration,
+    /// Skip the database migrations (Pub/Sub resources only).
+    #[arg(long)]
+    pub skip_db: bool,
+    /// PostgreSQL: store `embedding` as a pgvector `vector` (converting the column once):
+    /// `auto` where the server has the extension, `on` (fail without it), `off` (keep REAL[]).
+    #[arg(long, env = "SPOTINFER_PGVECTOR", value_enum, default_value = "auto")]
+    pub pgvector: PgvectorChoice,
+    /// With pgvector: create an HNSW cosine index for the model's vectors (SPOTINFER_MODEL's
+    /// name and dimension), for `ORDER BY embedding::vector(DIM) <=> $1` queries.
+    #[arg(long, env = "SPOTINFER_VECTOR_INDEX")]
+    pub vector_index: bool,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub model: ModelRef,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub storage: StorageArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub policy: SubscriptionPolicyArgs,
+}
+
+/// Whether `setup` stores vectors in a pgvector column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PgvectorChoice {
+    /// Where the server has the extension.
+    Auto,
+    /// Required: fail when the server lacks it.
+    On,
+    /// Keep the REAL[] column.
+    Off,
+}
+
+/// `spotinfer publish`.
+#[derive(Debug, Clone, Args)]
+pub struct PublishArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub pubsub: PubsubArgs,
+    /// The JSONL file to publish: a local path or gs://BUCKET/OBJECT.
+    pub file: PathBuf,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub storage: StorageArgs,
+    /// Job id stamped on records that carry none; the job and its record ids are registered in
+    /// the database (DATABASE_URL) before the messages go out, so `status --job` knows the total.
+    #[arg(long, env = "SPOTINFER_JOB")]
+    pub job: Option<String>,
+    /// Publish only records with no result yet from the job's model (resume a half-done job).
+    #[arg(long, requires = "job")]
+    pub skip_done: bool,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub model: ModelRef,
+}
+
+/// `spotinfer work`.
+#[derive(Debug, Clone, Args)]
+pub struct WorkArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub pubsub: PubsubArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub batch: BatchArgs,
+    /// Streaming-pull streams to open. Unset: one per 1,500 messages/s of the model's speed
+    /// measured at start-up (at most 8), so a fast model (a GPU, a small model) is not held to
+    /// one stream's delivery rate (about 1,900 messages/s on the emulator).
+    #[arg(long, env = "SPOTINFER_STREAMS", value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
+    pub streams: Option<usize>,
+    /// Flow control: most unsettled messages per stream. Unset: about 2 s of the model's work,
+    /// measured at start-up (a preempted worker hands back what it holds, and each hand-back
+    /// counts as a delivery attempt towards a dead-letter policy).
+    #[arg(long, env = "SPOTINFER_MAX_OUTSTANDING", value_parser = clap::value_parser!(i64).range(1..=100_000))]
+    pub max_outstanding: Option<i64>,
+    /// Flow control: most unsettled message bytes per stream (bounds memory with large texts).
+    #[arg(long, env = "SPOTINFER_MAX_OUTSTANDING_BYTES", default_value_t = 32 << 20, value_parser = clap::value_parser!(i64).range(1 << 20..))]
+    pub max_outstanding_bytes: i64,
+    /// Lease extension asked of Pub/Sub (10 s to 600 s). It bounds how long the messages of a
+    /// SIGKILLed worker stay invisible before redelivery.
+    #[arg(long, env = "SPOTINFER_LEASE_EXTENSION", value_parser = lease_seconds, default_value = "10s")]
+    pub lease_extension: Duration,
+    /// Longest the worker keeps extending a message's lease (1m to 24h). Past it the client
+    /// lets the lease lapse and Pub/Sub redelivers the message (one more delivery attempt), even
+    /// while its commit is still being retried in place through a database outage.
+    #[arg(long, env = "SPOTINFER_MAX_LEASE", value_parser = duration_in(secs(60), secs(24 * 3600)), default_value = "1h")]
+    pub max_lease: Duration,
+    /// Longest one commit may take before it counts as failed and is retried (1s to 10m).
+    #[arg(long, env = "SPOTINFER_COMMIT_TIMEOUT", value_parser = duration_in(secs(1), secs(600)), default_value = "15s")]
+    pub commit_timeout: Duration,
+    /// Budget for the whole graceful shutdown after SIGTERM (1s to 10m; Spot allows about 15 s).
+    #[arg(long, env = "SPOTINFER_SHUTDOWN_TIMEOUT", value_parser = duration_in(secs(1), secs(600)), default_value = "8s")]
+    pub shutdown_timeout: Duration,
+    /// Liveness: /healthz fails once messages have been held this long (at least; more when one
+    /// batch can take longer) with no commit, while the database answers (1m to 24h).
+    #[arg(long, env = "SPOTINFER_STALL_TIMEOUT", value_parser = duration_in(secs(60), secs(24 * 3600)), default_value = "5m")]
+    pub stall_timeout: Duration,
+    /// Exit once no message has arrived for this long and nothing is in flight (1s to 7d): 0,
+    /// or with --exit-when-job-complete and the job not complete, 66.
+    #[arg(long, env = "SPOTINFER_EXIT_WHEN_IDLE", value_parser = duration_in(secs(1), secs(7 * 86_400)))]
+    pub exit_when_idle: Option<Duration>,
+    /// Job mode: exit 0 once this job is complete (every record it published has a result or a
+    /// failure row): how a flex-start Kubernetes Job ends. Stopped before then (SIGTERM, an
+    /// early drain), the worker exits 75 instead, so the Job replaces it.
+    #[arg(long, env = "SPOTINFER_EXIT_WHEN_JOB_COMPLETE")]
+    pub exit_when_job_complete: Option<String>,
+    /// How often --exit-when-job-complete reads the job's status (100ms to 10m).
+    #[arg(long, env = "SPOTINFER_JOB_POLL", value_parser = duration_in(millis(100), secs(600)), default_value = "5s")]
+    pub job_poll: Duration,
+    /// host:port for /metrics, /healthz and /readyz; unset disables the endpoint.
+    #[arg(long, env = "SPOTINFER_METRICS_ADDR")]
+    pub metrics_addr: Option<String>,
+    /// Early drain on preemption notices: off, or a comma list of `taint` (the node's
+    /// impending-termination taint, via the Kubernetes API) and `metadata` (the metadata server).
+    #[arg(long, env = "SPOTINFER_EARLY_DRAIN", default_value = "off")]
+    pub early_drain: String,
+    /// Metadata server host[:port] for the `metadata` watch.
+    #[arg(
+        long,
+        env = "GCE_METADATA_HOST",
+        default_value = "metadata.google.internal"
+    )]
+    pub metadata_host: String,
+    /// Kubernetes API base URL for the `taint` watch.
+    #[arg(
+        long,
+        env = "SPOTINFER_KUBE_API",
+        default_value = "https://kubernetes.default.svc"
+    )]
+    pub kube_api: String,
+    /// This pod's node (downward API `spec.nodeName`), for the `taint` watch.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// How often the `taint` watch reads the node (100ms to 1m).
+    #[arg(long, env = "SPOTINFER_DRAIN_POLL", value_parser = duration_in(millis(100), secs(60)), default_value = "2s")]
+    pub drain_poll: Duration,
+    /// Require an exactly-once subscription and confirm every ack (a commit whose ack is not
+    /// confirmed is redelivered and redone, which the UPSERT makes harmless).
+    #[arg(long, env = "SPOTINFER_EXACTLY_ONCE")]
+    pub exactly_once: bool,
+}
+
+/// `spotinfer embed`.
+#[derive(Debug, Clone, Args)]
+pub struct EmbedArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub batch: BatchArgs,
+    /// Input JSONL: one {"id","text"} object per line.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Output JSONL: one {"id","embedding"} object per line.
+    #[arg(long)]
+    pub output: PathBuf,
+}
+
+/// `spotinfer bench`.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub batch: BatchArgs,
+    /// Input JSONL: one {"id","text"} object per line.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Untimed warm-up batches before measuring.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+}
+
+/// `spotinfer status`.
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub db: DbArgs,
+    /// The job to report on (registered by `publish --job`).
+    #[arg(long, env = "SPOTINFER_JOB")]
+    pub job: Option<String>,
+    /// Print one JSON object: job, model, published, done, failed, remaining, publishing,
+    /// complete, records_per_s, eta_seconds (null when unknown).
+    #[arg(long, requires = "job")]
+    pub json: bool,
+    /// Redraw until the job is complete (with --json: one object per line).
+    #[arg(long, requires = "job")]
+    pub watch: bool,
+    /// How often --watch redraws (100ms to 1h).
+    #[arg(long, value_parser = duration_in(millis(100), secs(3600)), default_value = "2s")]
+    pub interval: Duration,
+}
+
+/// `spotinfer export`.
+#[derive(Debug, Clone, Args)]
+pub struct ExportArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub storage: StorageArgs,
+    /// The job whose results to write.
+    #[arg(long, env = "SPOTINFER_JOB")]
+    pub job: String,
+    /// Where: PATH.parquet, PATH.jsonl, or gs://BUCKET/OBJECT.parquet|.jsonl. Nothing appears
+    /// under this name unless the export completes.
+    #[arg(long, short)]
+    pub output: String,
+    /// Write the job's failure rows (records with no result) and their reasons instead.
+    #[arg(long)]
+    pub failed: bool,
+}
+
+/// Arguments handed unchanged to another program.
+#[derive(Debug, Clone, Args)]
+pub struct PassThroughArgs {
+    /// Everything after the command name.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub args: Vec<std::ffi::OsString>,
+}

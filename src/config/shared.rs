@@ -1,0 +1,206 @@
+//! The flag groups several commands share: where Pub/Sub, the database, Cloud Storage and the
+//! model are, how the model batches, and the delivery policy `setup` gives a subscription. Each
+//! maps once to the layer's own settings where it has them (`PubsubArgs::config`,
+//! `SubscriptionPolicyArgs::policy`).
+
+use super::values::{choice, duration_in, secs, MAX_BATCH_SIZE, MAX_MESSAGE_BYTES};
+use crate::external::pubsub::{PubsubConfig, SubscriptionPolicy};
+use crate::model::{default_model_name, Backend, DeviceChoice, Precision};
+use clap::builder::RangedU64ValueParser;
+use clap::Args;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where Pub/Sub is and which topic and subscription to use.
+#[derive(Debug, Clone, Args)]
+pub struct PubsubArgs {
+    /// Google Cloud project that owns the topic and subscription.
+    #[arg(long, env = "GOOGLE_CLOUD_PROJECT", default_value = "spotinfer-local")]
+    pub project: String,
+    /// host:port of the Pub/Sub emulator. When set, every client talks plaintext to
+    /// http://HOST:PORT with anonymous credentials (the Rust crates do not read it themselves).
+    #[arg(long, env = "PUBSUB_EMULATOR_HOST")]
+    pub emulator_host: Option<String>,
+    /// Topic: a short name or projects/P/topics/T.
+    #[arg(long, env = "SPOTINFER_TOPIC", default_value = "spotinfer-records")]
+    pub topic: String,
+    /// Subscription: a short name or projects/P/subscriptions/S.
+    #[arg(
+        long,
+        env = "SPOTINFER_SUBSCRIPTION",
+        default_value = "spotinfer-workers"
+    )]
+    pub subscription: String,
+}
+
+impl PubsubArgs {
+    /// The Pub/Sub layer's settings these flags name.
+    pub fn config(&self) -> PubsubConfig {
+        PubsubConfig::new(
+            &self.project,
+            &self.topic,
+            &self.subscription,
+            self.emulator_host.as_deref(),
+        )
+    }
+}
+
+/// Which database holds the results.
+#[derive(Debug, Clone, Args)]
+pub struct DbArgs {
+    /// postgres://… or sqlite://… (the SQLite file is created if missing). Its value is never
+    /// printed by --help (it may hold a password).
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        default_value = "sqlite://spotinfer.db"
+    )]
+    pub database_url: String,
+}
+
+/// Cloud Storage settings.
+#[derive(Debug, Clone, Args)]
+pub struct StorageArgs {
+    /// host:port (or URL) of a Cloud Storage emulator; when set, the client uses it with anonymous
+    /// credentials (the Rust crate does not read this variable itself).
+    #[arg(long, env = "STORAGE_EMULATOR_HOST")]
+    pub storage_emulator_host: Option<String>,
+    /// Local cache for models fetched from gs:// (an emptyDir on Kubernetes).
+    #[arg(long, env = "SPOTINFER_CACHE_DIR", default_value_os_t = std::env::temp_dir().join("spotinfer-cache"))]
+    pub cache_dir: PathBuf,
+    /// Largest object a record's `uri` may point to (and at most --max-text-bytes); larger ones
+    /// are recorded as failed without being read.
+    #[arg(long, env = "SPOTINFER_MAX_OBJECT_BYTES", default_value_t = 10 << 20, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_object_bytes: u64,
+    /// Buckets a record's `uri` may name, comma-separated (empty: any). A `uri` in another
+    /// bucket is recorded as failed without being read: set it so that publishers cannot make
+    /// the workers read, with their service account, objects they were never meant to read.
+    #[arg(long, env = "SPOTINFER_ALLOWED_BUCKETS", value_delimiter = ',', value_parser = parse_bucket)]
+    pub allowed_buckets: Vec<String>,
+}
+
+/// A bucket name for `--allowed-buckets`, checked as Cloud Storage names buckets.
+pub(crate) fn parse_bucket(s: &str) -> Result<String, String> {
+    let name = s.trim();
+    if crate::record::is_bucket_name(name) {
+        Ok(name.to_string())
+    } else {
+        Err(format!("{name:?} is not a Cloud Storage bucket name"))
+    }
+}
+
+/// Which model: where its files are and the name its results carry (with the record id, a
+/// result row's key; a job's "done" means a result under this name).
+#[derive(Debug, Clone, Args)]
+pub struct ModelRef {
+    /// Model: a local directory (model.safetensors, tokenizer.json, config.json, …) or
+    /// gs://BUCKET/PREFIX, fetched into SPOTINFER_CACHE_DIR and verified.
+    #[arg(
+        long,
+        env = "SPOTINFER_MODEL",
+        default_value = "models/all-MiniLM-L6-v2"
+    )]
+    pub model: PathBuf,
+    /// Name written with every result (with the record id, the row's key): a second model's
+    /// vectors sit beside the first's. Default: the model folder's name.
+    #[arg(long, env = "SPOTINFER_MODEL_NAME")]
+    pub model_name: Option<String>,
+}
+
+impl ModelRef {
+    /// `--model-name`, else the model folder's name (the last segment of a gs:// prefix).
+    pub fn name(&self) -> String {
+        self.model_name
+            .clone()
+            .unwrap_or_else(|| default_model_name(&self.model))
+    }
+}
+
+/// Where the model comes from and where it runs.
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub source: ModelRef,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub storage: StorageArgs,
+    /// Device: auto picks CUDA when built with the `cuda` feature and a GPU is present.
+    #[arg(long, env = "SPOTINFER_DEVICE", value_parser = choice::<DeviceChoice>(), default_value = "auto")]
+    pub device: DeviceChoice,
+    /// Code that runs the model: `fused` (the CPU encoder tuned for throughput), `candle`
+    /// (the candle encoder, the reference; any device), `auto` (fused on CPU, candle on CUDA).
+    #[arg(long, env = "SPOTINFER_BACKEND", value_parser = choice::<Backend>(), default_value = "auto")]
+    pub backend: Backend,
+    /// Precision of the encoder's matrix products: `auto` (f16 on CUDA; on the CPU bf16 where
+    /// the CPU has AVX-512 BF16 and the model's bf16 vectors stay within cosine 0.9995 of f32's
+    /// on probe texts at load, else f32), `f32`, `bf16` (fused CPU encoder) or `f16` (candle).
+    /// Softmax, layer norm, pooling and normalisation are f32 whatever this says.
+    #[arg(long, env = "SPOTINFER_PRECISION", value_parser = choice::<Precision>(), default_value = "auto")]
+    pub precision: Precision,
+    /// Most padded token positions (texts × longest) in one encoder batch: the model splits a
+    /// larger batch, shortest texts first, so long texts cannot blow up GPU memory and short
+    /// ones can come in large batches. 0: no limit.
+    #[arg(long, env = "SPOTINFER_MAX_BATCH_TOKENS", default_value_t = 16384)]
+    pub max_batch_tokens: usize,
+    /// The model prompt put before every text whose record names none (its `prompts` in
+    /// config_sentence_transformers.json). Default: the model's `default_prompt_name`.
+    #[arg(long, env = "SPOTINFER_PROMPT_NAME", conflicts_with = "prompt")]
+    pub prompt_name: Option<String>,
+    /// A literal prompt put before every text whose record names none; "" for no prompt even
+    /// where the model has a default.
+    #[arg(long, env = "SPOTINFER_PROMPT")]
+    pub prompt: Option<String>,
+    /// Lower the model's token limit (`max_seq_length`); it cannot be raised.
+    #[arg(long, env = "SPOTINFER_MAX_SEQ_LENGTH", value_parser = RangedU64ValueParser::<usize>::new().range(2..))]
+    pub max_seq_length: Option<usize>,
+    /// Largest text accepted, in bytes; larger payloads are recorded as failed. Texts under it are
+    /// truncated to the model's token limit, as sentence-transformers does.
+    #[arg(long, env = "SPOTINFER_MAX_TEXT_BYTES", default_value_t = 1 << 20, value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_MESSAGE_BYTES))]
+    pub max_text_bytes: usize,
+}
+
+/// Model batching settings, shared by `work`, `embed` and `bench`.
+#[derive(Debug, Clone, Args)]
+pub struct BatchArgs {
+    /// Most records in one model batch.
+    #[arg(long, env = "SPOTINFER_BATCH_SIZE", default_value_t = 32, value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_BATCH_SIZE))]
+    pub batch_size: usize,
+    /// Longest a partial batch waits for more records before it runs.
+    #[arg(long, env = "SPOTINFER_BATCH_WAIT", value_parser = duration_in(Duration::ZERO, secs(60)), default_value = "50ms")]
+    pub batch_wait: Duration,
+}
+
+/// Delivery policy of a subscription `setup` creates (an existing one is left as it is).
+#[derive(Debug, Clone, Args)]
+pub struct SubscriptionPolicyArgs {
+    /// Create the subscription with exactly-once delivery (pair with `work --exactly-once`).
+    #[arg(long, env = "SPOTINFER_EXACTLY_ONCE")]
+    pub exactly_once: bool,
+    /// Dead-letter topic (short name or full); created with a `-sub` subscription to keep what it gets.
+    #[arg(long, env = "SPOTINFER_DEAD_LETTER_TOPIC")]
+    pub dead_letter_topic: Option<String>,
+    /// Deliveries before a message goes to the dead-letter topic (5 to 100).
+    #[arg(long, env = "SPOTINFER_MAX_DELIVERY_ATTEMPTS", default_value_t = 10, value_parser = clap::value_parser!(i32).range(5..=100))]
+    pub max_delivery_attempts: i32,
+    /// Retry policy: backoff before redelivering a NACKed message (unset: immediate; 0s to 600s).
+    #[arg(long, env = "SPOTINFER_MIN_RETRY_BACKOFF", value_parser = duration_in(Duration::ZERO, secs(600)))]
+    pub min_retry_backoff: Option<Duration>,
+    /// Retry policy: the longest backoff (0s to 600s).
+    #[arg(long, env = "SPOTINFER_MAX_RETRY_BACKOFF", value_parser = duration_in(Duration::ZERO, secs(600)), default_value = "60s")]
+    pub max_retry_backoff: Duration,
+}
+
+impl SubscriptionPolicyArgs {
+    /// The subscription policy these flags name.
+    pub fn policy(&self) -> SubscriptionPolicy {
+        SubscriptionPolicy {
+            exactly_once: self.exactly_once,
+            dead_letter_topic: self.dead_letter_topic.clone(),
+            max_delivery_attempts: self.max_delivery_attempts,
+            min_retry_backoff: self.min_retry_backoff,
+            max_retry_backoff: self.max_retry_backoff,
+        }
+    }
+}
