@@ -1,10 +1,10 @@
 //! Shutdown: one cancellation every stage watches.
 //!
 //! Spot preemption sends SIGTERM and allows about 15 s before SIGKILL. The worker turns SIGTERM
-//! and SIGINT into a cancelled [`Shutdown`]; each stage is handed a clone explicitly and reacts
-//! on its own: the source stops pulling, the batcher and the model stage drop (and so NACK) what
-//! they hold, and the sink finishes the commit it is in, if any, and stops. A second signal while
-//! draining exits at once with status 130.
+//! and SIGINT into a cancelled [`Shutdown`]; each stage is handed a clone explicitly and stops on
+//! its own. What the stages do then with the messages they hold, and in what order the worker
+//! settles them, is described in [`crate::pipeline::ack`]. A second signal while draining exits
+//! at once with status 130.
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -55,7 +55,7 @@ pub fn listen_for_signals(shutdown: Shutdown, signalled: Shutdown) -> std::io::R
         };
         tracing::info!(
             signal = name,
-            "shutdown requested: stop pulling, nack uncommitted, finish the commit in flight"
+            "shutdown requested: stop pulling, finish the commit in flight, hand back the rest"
         );
         signalled.cancel();
         shutdown.cancel();
@@ -80,11 +80,12 @@ pub struct TaskPanicked {
 }
 
 /// Spawns `fut` as the task `name`. If it panics, `shutdown` is cancelled so the other tasks
-/// settle what they hold and stop instead of running on without it, and the handle yields
+/// hand back what they hold and stop instead of running on without it, and the handle yields
 /// [`TaskPanicked`] for the caller to turn into a non-zero exit.
 ///
 /// The cancel happens in the panic hook, before the task unwinds: what the task drops while
-/// unwinding is then already handled as shutdown (its NACKs held until the streams are closed).
+/// unwinding is then already handled as shutdown (its NACKs held until the streams are closed,
+/// [`crate::pipeline::ack::NackHold`]).
 pub fn spawn_supervised<T, F>(
     name: &'static str,
     fut: F,
@@ -178,7 +179,8 @@ pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// Waits for a task spawned with [`spawn_supervised`] until `deadline`. `Ok(None)`: the task
-/// was still running at the deadline and is aborted (what it held is dropped, so NACKed).
+/// was still running at the deadline and is aborted (what it held is dropped: parked in the
+/// [`crate::pipeline::ack::NackHold`], then NACKed with the rest).
 pub async fn join<T>(
     name: &'static str,
     mut handle: tokio::task::JoinHandle<Result<T, TaskPanicked>>,

@@ -10,9 +10,8 @@
 //! worker handed them back) go first, so repeated preemptions cannot walk a healthy record to
 //! its subscription's dead-letter limit. Records are sorted by text length inside the batch.
 //! Invalid payloads ride along in the next batch, untouched by the model, so the sink commits
-//! their failure rows in the same transaction. On shutdown the batcher hands back what it holds
-//! to the worker, which finishes the messages on their last delivery attempt and drops the rest
-//! (NACKing them at once).
+//! their failure rows in the same transaction. On shutdown the batcher returns what it holds to
+//! the worker (step 2 of the shutdown in [`crate::pipeline::ack`]).
 
 use crate::pipeline::message::{Batch, Delivery};
 use crate::shutdown::Shutdown;

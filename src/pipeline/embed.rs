@@ -4,14 +4,12 @@
 //! as soon as it has room (one batch computing, one queued), the other collects the results in
 //! order and hands them to the sink. So batch n+1 computes while batch n commits.
 //!
-//! When the model fails on a batch because of its input ([`ModelError::blames_input`]), the stage
-//! embeds its records one by one: those that succeed go on to the sink, and a record the model
-//! fails on alone is rejected with the model's error (a failure row, then an ack), so one bad
-//! input neither blocks its neighbours nor comes back forever. A failure that is not the input's
-//! (the device, a panic, a model thread that is gone) is never recorded against a record: the
-//! batch is retried with backoff while the model thread rebuilds its model, and if it persists
-//! the stage hands its messages back and ends the worker with an error, so the process exits
-//! non-zero and Kubernetes reschedules the pod.
+//! How a failing model ends each message is described in [`crate::pipeline::ack`]: a batch that
+//! fails because of its input ([`ModelError::blames_input`]) is embedded again record by record
+//! (`isolate`), so one bad input neither blocks its neighbours nor comes back for ever; a
+//! fault that is not the input's is retried and, if it persists, ends the worker
+//! (`retry_device_faults`), so Kubernetes reschedules the pod instead of records being blamed
+//! for a broken device.
 
 use crate::external::telemetry::Metrics;
 use crate::model::{Embedded, ModelError, ModelHandle, Reply, Text};
@@ -37,11 +35,9 @@ impl AtModel {
     }
 }
 
-/// The model stage, in two tasks so the model never waits on the pipeline: one queues each
-/// batch at the model thread as soon as it has room (one batch computing, one queued), the
-/// other collects results in order and hands them to the sink. So batch n+1 computes while
-/// batch n commits. A batch the model fails on is retried record by record. On shutdown what
-/// the stage holds goes to `handback`.
+/// Runs the model stage (the two tasks of the module documentation) until shutdown or `rx`
+/// closes; on shutdown what the stage holds goes to `handback`. An error: the model kept failing
+/// for a reason that is not its input's, and the stage began the shutdown.
 pub async fn run(
     mut rx: mpsc::Receiver<Batch>,
     tx: mpsc::Sender<Outcome>,

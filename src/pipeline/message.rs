@@ -6,7 +6,7 @@
 //! ```
 //!
 //! Dropping any of them drops its acks, which NACKs the messages for redelivery; only the sink,
-//! after its commit, acks.
+//! after its commit, acks (the whole story: [`crate::pipeline::ack`]).
 
 use crate::pipeline::ack::Ack;
 use crate::record::{Record, RecordError};
@@ -222,7 +222,8 @@ impl Outcome {
 }
 
 /// Where the stages put what they hold when the shutdown comes, instead of dropping it: the
-/// worker finishes the messages on their last delivery attempt and drops (NACKs) the rest.
+/// worker finishes the messages on their last delivery attempt and drops (NACKs) the rest
+/// (steps 2, 4 and 5 of the shutdown in [`crate::pipeline::ack`]).
 #[derive(Debug, Clone, Default)]
 pub struct HandBack(std::sync::Arc<std::sync::Mutex<Vec<Delivery>>>);
 

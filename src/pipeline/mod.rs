@@ -6,7 +6,8 @@
 //! * [`batcher`]: deliveries into bounded, length-grouped [`message::Batch`]es;
 //! * [`embed`]: the model stage, batches to [`message::Outcome`]s on the model thread;
 //! * [`sink`]: one transaction per outcome, then the acks;
-//! * [`ack`]: the ack that travels with each message (dropping it NACKs);
+//! * [`ack`]: the ack that travels with each message (dropping it NACKs), and how every message
+//!   ends, at shutdown too: the one description of the worker's settlement and shutdown;
 //! * [`window`]: how much the worker holds (a few seconds of its model's work);
 //! * [`fault`]: injected panics for the tests (debug builds only).
 //!
@@ -19,5 +20,7 @@ pub mod fault;
 pub mod message;
 pub mod sink;
 pub mod source;
+#[cfg(test)]
+pub(crate) mod testkit;
 pub mod window;
 pub mod worker;

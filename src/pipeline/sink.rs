@@ -4,11 +4,9 @@
 //! only once it has committed, acks every message in it. Outcomes that queued while a commit
 //! ran join the next one (a group commit, up to [`GROUP_MAX`] messages): one transaction and
 //! one WAL flush for several batches, so a fast model is not held to the database's commit
-//! rate at the batch size. A failed or timed-out commit is retried
-//! in place with backoff (200 ms doubling to 5 s, so a dead database is not hammered) while the
-//! messages stay leased: NACKing would cost each of them a delivery attempt. On shutdown a commit
-//! already in flight is finished and acked; an outcome waiting to retry, and those still queued,
-//! are handed back to the worker.
+//! rate at the batch size. What a failed commit does (a refused one is committed in halves,
+//! any other retried in place) and what the sink does at shutdown are described in
+//! [`crate::pipeline::ack`]; `commit_until_done` and `split_refused` are that code.
 
 use crate::external::store::{self, FailureRow, ResultRow, Store};
 use crate::external::telemetry::Metrics;
@@ -36,7 +34,8 @@ pub struct SinkConfig {
 /// The most messages one group commit takes.
 pub const GROUP_MAX: usize = 2048;
 
-/// The first pause after a failed commit; it doubles (with jitter) up to 5 s while commits fail.
+/// The first pause after a failed commit; it doubles (with jitter) up to 5 s while commits fail,
+/// so a database that is down is not hammered.
 const BACKOFF_START: Duration = Duration::from_millis(200);
 /// The pause once the backoff schedule is spent.
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
@@ -81,15 +80,11 @@ async fn commit_until_stopped(
     }
 }
 
-/// Commits `outcome` and acks it. A commit the database refuses for a data reason
-/// ([`store::StoreError::is_data_error`]: a value it cannot store, a constraint) is split in
-/// halves until each refused record stands alone, so the rest commits and each culprit becomes a
-/// failure row quoting the database; retrying the same rows would refuse them for ever and stall
-/// the worker. Any other failure is retried in place (with backoff, the messages' leases kept)
-/// rather than NACKed: a NACK would cost every message a delivery attempt, and a database outage
-/// of a few seconds would walk whole batches towards the dead-letter limit. A commit already
-/// started is not raced against the shutdown (it finishes and is acked); a shutdown during the
-/// backoff gives back what is not committed yet.
+/// Commits `outcome` and acks it: a commit the database refuses for a data reason in halves
+/// ([`split_refused`]; retrying the same rows would be refused for ever and stall the worker),
+/// any other failure again in place. A commit already started is not raced against the
+/// shutdown (it finishes and is acked); a shutdown during a backoff gives back what is not
+/// committed yet.
 async fn commit_until_done(
     outcome: Outcome,
     store: &Store,

@@ -1,10 +1,10 @@
 //! The queue source: Pub/Sub streaming pull in, parsed [`Delivery`]s out.
 //!
 //! Each stream runs in its own task. A message becomes a [`Delivery`] carrying its [`Ack`]; bad
-//! payloads are parsed into a [`RecordError`] here, not dropped, so the sink can record them.
-//! On shutdown the task stops pulling at once, reads out what the server already pushed, and
-//! closes its streaming pull; the stream's lease loop lives on until every message handed out is
-//! settled (`ShutdownBehavior::WaitForProcessing`), so the commit in flight can still be acked.
+//! payloads are parsed into a [`RecordError`] here, not dropped, so the sink can record them,
+//! and a `uri` record's text is read from Cloud Storage here. On shutdown the task stops
+//! pulling, reads out what the server already pushed and closes its streaming pull (step 1 of
+//! the shutdown in [`crate::pipeline::ack`], which also says how a failed read ends).
 
 use crate::external::gcs::{InputReader, StorageError};
 use crate::external::pubsub::QueueError;
@@ -20,9 +20,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-/// What a source hands back when it stops: the messages it drained from the stream's buffer on
-/// shutdown (the worker finishes those on their last delivery attempt; dropped, the others are
-/// NACKed once the stream's cancel has reached the server).
+/// What a source hands back when it stops: the messages it read out of the stream's buffer on
+/// shutdown (the worker finishes those on their last delivery attempt and NACKs the others once
+/// the stream's cancel has reached the server).
 pub struct Stopped {
     /// Messages read on shutdown and never processed.
     pub drained: Vec<Delivery>,
@@ -48,8 +48,9 @@ pub struct SourceContext {
     pub subscription: String,
     /// Where dropped acks park their NACKs while the worker closes its streams.
     pub nack_hold: crate::pipeline::ack::NackHold,
-    /// The subscription's dead-letter limit, if it has one: a message on that delivery attempt
-    /// is recorded as failed rather than NACKed into the dead-letter topic.
+    /// The subscription's dead-letter limit, if it has one: a `uri` record whose object cannot
+    /// be read on that delivery attempt is recorded as failed rather than NACKed into the
+    /// dead-letter topic.
     pub dead_letter_limit: Option<u32>,
 }
 
@@ -94,7 +95,8 @@ pub async fn run(
                 let last = dead_letter_limit.is_some_and(|l| meta.delivery_attempt >= l);
                 match resolve_uri(rec, &inputs, &shutdown).await {
                     Ok(Some(p)) => p,
-                    // Shutdown: the read is abandoned and the message NACKed with the rest.
+                    // Shutdown: the read is abandoned. The message, dropped here with no text
+                    // to finish it with, is parked and NACKed with the rest.
                     Ok(None) => break Ok(()),
                     // Transient, on its last delivery attempt: a NACK would dead-letter it
                     // unrecorded, so it becomes a failure row saying why.
@@ -227,10 +229,10 @@ async fn read_with_retries(
 
 /// Reads the messages the server already pushed into this stream's buffers. They were delivered
 /// to this worker: left unread, Pub/Sub would only redeliver them once their lease expired. Read,
-/// they come under lease management and are NACKed at once when dropped. They are handed to the
-/// worker, not dropped here: a NACK now would free flow-control room and invite the server to
-/// push more into a stream that is closing (the shutdown hold parks it anyway), and a message on
-/// its last delivery attempt is finished rather than handed back. `uri` records are not read
+/// they come under lease management and can be NACKed. They are handed to the worker, not
+/// dropped here: a NACK now would free flow-control room and invite the server to push more
+/// into a stream that is closing (the shutdown hold parks it anyway), and a message on its last
+/// delivery attempt is finished rather than handed back. `uri` records are not read
 /// from Cloud Storage here: their text stays empty ([`Delivery::ready`] is false).
 async fn drain(
     stream: &mut MessageStream,
@@ -258,7 +260,7 @@ async fn drain(
     if !held.is_empty() {
         tracing::info!(
             messages = held.len(),
-            "drained buffered messages for an immediate nack"
+            "read out the stream's buffered messages; they go back to the worker"
         );
     }
     held

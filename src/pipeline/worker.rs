@@ -1,37 +1,21 @@
-//! The worker: wires source → batcher → model → sink and runs the shutdown sequence.
+//! The worker: wires source → batcher → model → sink, and runs the start-up and the shutdown.
 //!
-//! Shutdown, in order, once the [`Shutdown`] is cancelled (SIGTERM, SIGINT or idle):
-//! 1. sources stop pulling, read out what the server already pushed into the stream buffers,
-//!    and their streaming pulls are closed, so nothing new arrives. The lease loops live on
-//!    (`ShutdownBehavior::WaitForProcessing`): every message handed to the pipeline stays leased
-//!    and can still be acked. Batcher and model stage drop what they hold; those NACKs are held
-//!    back ([`crate::pipeline::ack::NackHold`]), because a NACK sent before the server has seen
-//!    a stream's cancel can redeliver the message into that dead stream;
-//! 2. the sink finishes the commit in flight, if any, and acks it (on an exactly-once
-//!    subscription, waits for the confirmation). Then the messages the batcher held or the
-//!    sources drained that are on their last delivery attempt (the subscription's dead-letter
-//!    limit), which a hand-back would move to the dead-letter topic, are embedded, committed
-//!    and acked by a model stage and sink of their own ([`LastChance`]);
-//! 3. at least 100 ms after the streams closed, the held NACKs are sent; once every message is
-//!    settled, each lease loop flushes its acks and NACKs and ends;
-//! 4. `run` returns and the process exits 0.
-//!
-//! Steps 2–3 share one budget (`--shutdown-timeout`); whatever has not finished by then is left
-//! to Pub/Sub's redelivery, which the idempotent UPSERT makes safe.
+//! The shutdown sequence, and how it settles every message the worker holds, is described in
+//! [`crate::pipeline::ack`]; `stop` follows its steps, numbered as there.
 
 use crate::external::gcs::InputReader;
 use crate::external::pubsub::{PubsubConfig, QueueError};
 use crate::external::store::Store;
 use crate::external::telemetry::{Counts, Metrics};
 use crate::model::ModelHandle;
-use crate::pipeline::ack::{NackHold, NackRelease};
+use crate::pipeline::ack::{LeaseLoop, NackHold, NackRelease};
 use crate::pipeline::batcher::{self, BatchConfig};
 use crate::pipeline::embed;
 use crate::pipeline::message::{Delivery, HandBack};
 use crate::pipeline::sink::{self, SinkConfig};
 use crate::pipeline::source;
 use crate::shutdown::{self, Shutdown, TaskPanicked};
-use google_cloud_pubsub::subscriber::{ShutdownBehavior, ShutdownToken};
+use google_cloud_pubsub::subscriber::ShutdownBehavior;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -40,13 +24,16 @@ use tokio::task::JoinHandle;
 /// A stage's task: a panic in it cancels the shutdown and comes back as [`TaskPanicked`].
 type Task<T> = JoinHandle<Result<T, TaskPanicked>>;
 
-/// Embedded batches that may wait for the sink (see `sink`'s group commit). One: with 8 the
-/// 1-layer ceiling was no higher (12,114-13,227 records/s against 11,926-13,310), and a slow
-/// database then had up to 8 batches in the commit in flight at SIGTERM, whose acks could miss
-/// the shutdown budget (tests/shutdown.rs saw 112 records redone once under load).
+/// Embedded batches that may wait for the sink while it commits; they join its next commit
+/// (the group commit). One is enough: the group commit, not a deeper queue, is what keeps a
+/// fast model from waiting on the database. And a deeper queue costs at shutdown: what is queued
+/// when a commit starts joins it, and that whole commit must be acked within the shutdown
+/// budget, so the more it holds, the likelier a slow database lets the budget run out first and
+/// the whole group is redone after redelivery.
 const SINK_QUEUE: usize = 1;
 
-/// How long shutdown waits between closing the streams and NACKing what they delivered.
+/// How long the shutdown waits between closing the streams and releasing the NACKs (step 5 of
+/// [`crate::pipeline::ack`]): the server learns of a cancelled stream asynchronously.
 const STREAM_CANCEL_GRACE: Duration = Duration::from_millis(100);
 
 /// Everything `run` needs besides its collaborators.
@@ -106,7 +93,8 @@ pub enum WorkerError {
     /// Shutdown came before the worker had started: it held no message.
     #[error("stopped before the worker started")]
     StoppedBeforeStart,
-    /// A pipeline stage panicked; the worker NACKed what it held and stopped.
+    /// A pipeline stage panicked; the worker settled what it held as on any shutdown and
+    /// stopped.
     #[error(transparent)]
     Panicked(#[from] TaskPanicked),
     /// The model kept failing for a reason that is not its input's (the device, the code): the
@@ -165,7 +153,7 @@ pub async fn run(
 struct Running {
     sources: Vec<Task<source::Stopped>>,
     /// One per stream: its lease loop flushes acks and NACKs the rest when shut down.
-    leases: Vec<ShutdownToken>,
+    leases: Vec<Box<dyn LeaseLoop>>,
     batcher: Task<Vec<Delivery>>,
     stage: Task<Result<(), crate::model::ModelError>>,
     sink: Task<()>,
@@ -174,8 +162,9 @@ struct Running {
     last_chance: LastChance,
 }
 
-/// Finishes, at shutdown, the messages a hand-back would dead-letter: those whose delivery
-/// attempt has reached the subscription's dead-letter limit. Preemptions can hand a healthy
+/// Finishes, at shutdown, the messages a hand-back would dead-letter (step 4 of
+/// [`crate::pipeline::ack`]): those whose delivery attempt has reached the subscription's
+/// dead-letter limit. Preemptions can hand a healthy
 /// record back again and again (the batcher takes redelivered messages first, which makes it
 /// rare); on its last attempt it is embedded and committed before the worker exits, within the
 /// shutdown budget, by a model stage and a sink of its own that end when their input does.
@@ -199,7 +188,7 @@ impl LastChance {
     }
 
     /// Embeds, commits and acks `deliveries` by `deadline`; what is not done by then is dropped
-    /// (handed back).
+    /// (parked in the hold, and NACKed with the rest).
     async fn finish(&self, deliveries: Vec<Delivery>, deadline: tokio::time::Instant) {
         if deliveries.is_empty() {
             return;
@@ -335,7 +324,7 @@ async fn open_streams(
     dead_letter_limit: Option<u32>,
     metrics: &Arc<Metrics>,
     shutdown: &Shutdown,
-) -> Result<(Vec<Task<source::Stopped>>, Vec<ShutdownToken>), WorkerError> {
+) -> Result<(Vec<Task<source::Stopped>>, Vec<Box<dyn LeaseLoop>>), WorkerError> {
     let subscriber = cfg.pubsub.subscriber(cfg.window.streams).await?;
     let ctx = source::SourceContext {
         max_text_bytes: cfg.max_text_bytes,
@@ -353,7 +342,7 @@ async fn open_streams(
         dead_letter_limit,
     };
     let mut sources = Vec::new();
-    let mut leases = Vec::new();
+    let mut leases: Vec<Box<dyn LeaseLoop>> = Vec::new();
     for _ in 0..cfg.window.streams {
         let stream = subscriber
             .subscribe(&cfg.pubsub.subscription)
@@ -363,16 +352,17 @@ async fn open_streams(
             .set_max_outstanding_bytes(cfg.max_outstanding_bytes)
             .set_shutdown_behavior(ShutdownBehavior::WaitForProcessing)
             .build();
-        leases.push(stream.shutdown_token());
+        leases.push(Box::new(stream.shutdown_token()));
         let source = source::run(stream, tx.clone(), ctx.clone(), shutdown.clone());
         sources.push(shutdown::spawn_supervised("source", source, shutdown));
     }
     Ok((sources, leases))
 }
 
-/// The shutdown sequence of the module documentation, within `deadline`. `sink_ended` is the
+/// The shutdown sequence of [`crate::pipeline::ack`], within `deadline`. `sink_ended` is the
 /// sink's result if it ended before the shutdown began. Returns why the worker stopped, if that
-/// was a failure: a stage that panicked (the first one) or a stream that failed for good.
+/// was a failure: a stage that panicked (the first one), a model that kept failing, or a stream
+/// that failed for good.
 async fn stop(
     running: Running,
     sink_ended: Option<Result<Result<(), TaskPanicked>, tokio::task::JoinError>>,
@@ -388,11 +378,12 @@ async fn stop(
         last_chance,
     } = running;
     let mut failures = Vec::new();
-    // Step 1: sources stop at once; each closes its stream as soon as it has stopped (dropping a
-    // stream cancels its gRPC call at once), so no message NACKed below can be redelivered into
-    // a stream that is going away. The messages stay leased until step 3.
+    // Step 1: each source closes its stream as soon as it has stopped (dropping a stream
+    // cancels its gRPC call at once) and returns what it read out of the stream's buffers.
     let drained = close_streams(sources, deadline, &mut failures).await;
     let streams_closed = tokio::time::Instant::now();
+    // Step 2: the batcher returns its window; the model stage puts what it holds in the
+    // hand-back.
     let held = match shutdown::join("batcher", batcher, deadline).await {
         Ok(held) => held.unwrap_or_default(),
         Err(p) => {
@@ -401,7 +392,7 @@ async fn stop(
         }
     };
     let stage = shutdown::join("model stage", stage, deadline).await;
-    // Step 2: the sink finishes the commit in flight and acks it, within the budget.
+    // Step 3: the sink finishes the commit in flight and acks it; it hands back the rest.
     let sink = match sink_ended {
         Some(r) => r.unwrap_or_else(|e| {
             Err(TaskPanicked {
@@ -417,6 +408,7 @@ async fn stop(
         Err(p) => failures.push(p.into()),
     }
     failures.extend(sink.err().map(Into::into));
+    // Step 4: what is on its last delivery attempt is finished, not handed back.
     let (last, rest): (Vec<Delivery>, Vec<Delivery>) = drained
         .into_iter()
         .flatten()
@@ -424,16 +416,15 @@ async fn stop(
         .chain(last_chance.handback.take())
         .partition(|d| last_chance.is_last(d));
     last_chance.finish(last, deadline).await;
-    // Step 3. The server learns of a cancelled stream asynchronously; a NACK that overtakes the
-    // cancel sends the message back into the dead stream, where it waits out its ack deadline
-    // (seen with the emulator). A short grace after closing lets the cancel land first.
+    // Step 5: a NACK that overtakes a stream's cancel sends its message back into that dead
+    // stream, where it waits out its lease; a short grace after closing lets the cancel land
+    // first. Then what was handed back is dropped (parked) and every parked NACK sent.
     tokio::time::sleep_until((streams_closed + STREAM_CANCEL_GRACE).min(deadline)).await;
-    // NACK what the stages held and what was drained from the stream buffers. With every
-    // message settled, each lease loop flushes its acks and NACKs and ends.
     drop(rest);
     drop(held_nacks);
+    // Step 6: with every message settled, each lease loop flushes its acks and NACKs and ends.
     for lease in &leases {
-        if tokio::time::timeout_at(deadline, lease.shutdown())
+        if tokio::time::timeout_at(deadline, lease.shut_down())
             .await
             .is_err()
         {
