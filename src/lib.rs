@@ -15,20 +15,21 @@
 //! * [`external`]: the outside world the pipeline talks to: Pub/Sub, Cloud Storage, the
 //!   database (results, failures and jobs), the early-drain watches, logs and metrics.
 //!
-//! Beside the worker's path, [`export`] streams a job's rows out of the database into Parquet
-//! or JSON lines files, local or `gs://`.
+//! Beside the worker's path, [`jobs`] holds what a batch user does with a job: publish a file
+//! as one, and export its rows into Parquet or JSON lines files, local or `gs://`.
 //!
-//! Beside them, the vocabulary all three share: [`config`] (every setting, a flag with an
-//! environment fallback), [`record`] (the message data contract) and [`shutdown`] (the
-//! cancellation handed to every task). The commands themselves
+//! Beside them, what they share: [`record`] (the message data contract), [`shutdown`] (the
+//! cancellation handed to every task) and [`choice`] (settings picked by name); [`config`] is
+//! the command line only (every setting, a flag with an environment fallback), mapped once onto
+//! each layer's own settings, and no layer imports it. The commands themselves
 //! (`setup`, `publish`, `work`, …) are thin entry points in the binary's `src/commands/`; the
 //! load test is a crate of its own (`crates/loadtest`), so the worker a user deploys carries no
 //! chaos tooling.
 
 pub mod choice;
 pub mod config;
-pub mod export;
 pub mod external;
+pub mod jobs;
 pub mod model;
 pub mod pipeline;
 pub mod record;

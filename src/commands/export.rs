@@ -2,8 +2,8 @@
 //! lines file, local or gs://, streamed from the database.
 
 use spotinfer::config::ExportArgs;
-use spotinfer::export::{self, What};
 use spotinfer::external::store::Store;
+use spotinfer::jobs::export::{self, What};
 use std::time::Instant;
 
 /// Writes the file and says how many rows went into it.

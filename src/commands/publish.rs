@@ -6,8 +6,8 @@
 use anyhow::Context;
 use spotinfer::config::PublishArgs;
 use spotinfer::external::gcs::Gcs;
-use spotinfer::external::publish::{self, JobTarget};
 use spotinfer::external::store::Store;
+use spotinfer::jobs::publish::{self, JobTarget};
 use tokio::io::AsyncBufRead;
 
 /// Publishes every valid line; fails when any publish failed.

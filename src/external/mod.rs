@@ -1,6 +1,6 @@
 //! The outside world the pipeline and the commands talk to, each behind its own error type.
 //!
-//! * [`pubsub`]: topic and subscription names, clients, `setup`; [`publish`] a JSONL file;
+//! * [`pubsub`]: topic and subscription names, clients, publishers, `setup`;
 //! * [`gcs`]: models and `uri` inputs from Cloud Storage;
 //! * [`store`]: the result and failure tables in PostgreSQL or SQLite;
 //! * [`drain`]: the preemption watches that start a drain before SIGTERM;
@@ -8,7 +8,6 @@
 
 pub mod drain;
 pub mod gcs;
-pub mod publish;
 pub mod pubsub;
 pub mod store;
 pub mod telemetry;
