@@ -254,3 +254,85 @@ impl HandBack {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::testkit::{Call, Kit};
+
+    fn ids(deliveries: &[Delivery]) -> Vec<&str> {
+        deliveries
+            .iter()
+            .map(|d| d.meta.message_id.as_str())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn an_outcome_split_and_joined_again_acks_each_message_once() {
+        let kit = Kit::new();
+        let mut first = kit.outcome(&["a", "b", "c"], &["x", "y"]);
+        // Within the results, then within the rejected payloads.
+        let second = first.split_off(1);
+        assert_eq!((first.len(), second.len()), (1, 4));
+        let mut third = kit.outcome(&["d"], &["z"]);
+        let fourth = third.split_off(2);
+        assert_eq!((third.len(), fourth.len()), (2, 0));
+        first.absorb(second);
+        first.absorb(third);
+        first.absorb(fourth);
+        assert!(kit.ledger.calls().is_empty());
+        assert_eq!(first.ack_all(false).await, 0);
+        let all = ["a", "b", "c", "d", "x", "y", "z"];
+        kit.ledger.assert_settled(&all.map(|id| (id, Call::Ack)));
+    }
+
+    #[tokio::test]
+    async fn confirmed_acks_are_one_call_each_and_the_unconfirmed_are_counted() {
+        let kit = Kit::new();
+        let mut outcome = kit.outcome(&["a"], &["x"]);
+        let data = r#"{"id":"u","text":"t"}"#;
+        let u = kit.delivery_with("u", data, kit.unconfirmed_ack("u"));
+        let Batch { records, .. } = kit.batch([u]);
+        outcome
+            .done
+            .extend(records.into_iter().map(|p| (p, vec![1.0])));
+        assert_eq!(outcome.ack_all(true).await, 1);
+        assert_eq!(
+            kit.ledger.calls(),
+            [
+                ("a".to_string(), Call::ConfirmedAck),
+                ("u".to_string(), Call::Unconfirmed),
+                ("x".to_string(), Call::ConfirmedAck),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_hand_back_holds_its_messages_unsettled_until_the_worker_drops_them() {
+        let kit = Kit::new();
+        let handback = HandBack::default();
+        handback.put(kit.outcome(&["a"], &["x"]).into_deliveries());
+        let (tx, mut rx) = tokio::sync::mpsc::channel(4);
+        tx.send(kit.batch([kit.record("b", "t"), kit.invalid("y")]))
+            .await
+            .unwrap();
+        tx.send(kit.batch([kit.record("c", "t")])).await.unwrap();
+        handback.put_queued(&mut rx, Batch::into_deliveries);
+        let back = handback.take();
+        assert_eq!(ids(&back), ["a", "x", "b", "y", "c"]);
+        assert!(handback.take().is_empty(), "taken once");
+        assert!(kit.ledger.calls().is_empty(), "{:?}", kit.ledger.calls());
+        drop(back);
+        kit.ledger
+            .assert_settled(&["a", "x", "b", "y", "c"].map(|id| (id, Call::Nack)));
+    }
+
+    #[test]
+    fn a_delivery_is_ready_unless_it_is_a_uri_record_without_its_text() {
+        let kit = Kit::new();
+        assert!(kit.record("a", "text").ready());
+        assert!(kit.invalid("x").ready());
+        let uri = kit.delivery("u", r#"{"id":"u","uri":"gs://bucket/object"}"#);
+        assert!(!uri.ready(), "{:?}", uri.payload);
+    }
+}

@@ -251,3 +251,232 @@ fn rows(outcome: &Outcome, model: &str, model_hash: &str) -> (Vec<ResultRow>, Ve
         .collect();
     (results, failures)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::testkit::{execute, sqlite, Call, Kit};
+
+    fn config(commit_timeout: Duration) -> SinkConfig {
+        SinkConfig {
+            model: "m".into(),
+            model_hash: "h".into(),
+            commit_timeout,
+            confirm_acks: false,
+        }
+    }
+
+    /// A sink on `store`, fed by the returned sender, handing back into the returned hand-back.
+    fn spawn_sink(
+        kit: &Kit,
+        store: &Store,
+        commit_timeout: Duration,
+    ) -> (mpsc::Sender<Outcome>, HandBack, tokio::task::JoinHandle<()>) {
+        let (tx, rx) = mpsc::channel(4);
+        let handback = HandBack::default();
+        let sink = tokio::spawn(run(
+            rx,
+            store.clone(),
+            config(commit_timeout),
+            kit.metrics.clone(),
+            kit.shutdown.clone(),
+            handback.clone(),
+        ));
+        (tx, handback, sink)
+    }
+
+    async fn stored_ids(store: &Store) -> Vec<String> {
+        let mut ids: Vec<String> = store.embeddings().await.unwrap().into_keys().collect();
+        ids.sort();
+        ids
+    }
+
+    /// Waits until the sink has counted `n` failed commits.
+    async fn commit_errors(kit: &Kit, n: u64) {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while kit.metrics.counts().commit_errors < n {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the commit to fail");
+    }
+
+    #[tokio::test]
+    async fn each_message_is_acked_once_after_its_commit() {
+        let kit = Kit::new();
+        let (_dir, store) = sqlite().await;
+        let (tx, _handback, sink) = spawn_sink(&kit, &store, Duration::from_secs(5));
+        // Two outcomes queued together: one group commit.
+        tx.send(kit.outcome(&["a", "b"], &["x"])).await.unwrap();
+        tx.send(kit.outcome(&["c"], &[])).await.unwrap();
+        kit.ledger.wait_for(4).await;
+        drop(tx);
+        sink.await.unwrap();
+        kit.ledger.assert_settled(&[
+            ("a", Call::Ack),
+            ("b", Call::Ack),
+            ("c", Call::Ack),
+            ("x", Call::Ack),
+        ]);
+        assert_eq!(stored_ids(&store).await, ["a", "b", "c"]);
+        assert_eq!(store.failures().await.unwrap().len(), 1);
+        let c = kit.metrics.counts();
+        assert_eq!((c.committed, c.failed, c.acked), (3, 1, 4));
+    }
+
+    #[tokio::test]
+    async fn a_failed_commit_is_retried_in_place_then_acked_once() {
+        let kit = Kit::new();
+        let (_dir, store) = sqlite().await;
+        // Not a data error: the table is gone for a while (an outage, for the sink).
+        execute(&store, "ALTER TABLE embeddings RENAME TO embeddings_away").await;
+        let (tx, _handback, sink) = spawn_sink(&kit, &store, Duration::from_secs(5));
+        tx.send(kit.outcome(&["a", "b"], &["x"])).await.unwrap();
+        commit_errors(&kit, 2).await;
+        assert!(
+            kit.ledger.calls().is_empty(),
+            "nothing acked before the commit, nothing NACKed while it is retried: {:?}",
+            kit.ledger.calls()
+        );
+        assert_eq!(kit.metrics.in_flight(), 3, "the messages stay leased");
+        execute(&store, "ALTER TABLE embeddings_away RENAME TO embeddings").await;
+        kit.ledger.wait_for(3).await;
+        drop(tx);
+        sink.await.unwrap();
+        kit.ledger
+            .assert_settled(&[("a", Call::Ack), ("b", Call::Ack), ("x", Call::Ack)]);
+        assert_eq!(stored_ids(&store).await, ["a", "b"]);
+        assert_eq!(kit.metrics.counts().nacked, 0);
+    }
+
+    #[tokio::test]
+    async fn a_refused_record_is_committed_alone_as_a_failure_row_and_every_message_acked_once() {
+        let kit = Kit::new();
+        let (_dir, store) = sqlite().await;
+        // A data error: SQLite reports a trigger's RAISE(ABORT) as a constraint failure.
+        execute(
+            &store,
+            "CREATE TRIGGER refuse BEFORE INSERT ON embeddings WHEN NEW.record_id LIKE 'poison%' \
+             BEGIN SELECT RAISE(ABORT, 'poison refused'); END",
+        )
+        .await;
+        let (tx, _handback, sink) = spawn_sink(&kit, &store, Duration::from_secs(5));
+        tx.send(kit.outcome(&["a", "b", "poison", "c", "d"], &["x"]))
+            .await
+            .unwrap();
+        kit.ledger.wait_for(6).await;
+        drop(tx);
+        sink.await.unwrap();
+        kit.ledger.assert_settled(&[
+            ("a", Call::Ack),
+            ("b", Call::Ack),
+            ("c", Call::Ack),
+            ("d", Call::Ack),
+            ("poison", Call::Ack),
+            ("x", Call::Ack),
+        ]);
+        assert_eq!(stored_ids(&store).await, ["a", "b", "c", "d"]);
+        let failures = store.failures().await.unwrap();
+        assert_eq!(failures.len(), 2, "{failures:?}");
+        let (message_id, record_id, error) = &failures[0];
+        assert_eq!((message_id.as_str(), record_id), ("poison", &None));
+        assert!(error.contains("poison refused"), "{error}");
+        assert_eq!(failures[1].0, "x");
+    }
+
+    #[tokio::test]
+    async fn a_message_whose_failure_row_is_refused_too_is_nacked_and_the_rest_acked() {
+        let kit = Kit::new();
+        let (_dir, store) = sqlite().await;
+        execute(
+            &store,
+            "CREATE TRIGGER refuse BEFORE INSERT ON embeddings WHEN NEW.record_id = 'poison' \
+             BEGIN SELECT RAISE(ABORT, 'poison refused'); END; \
+             CREATE TRIGGER refuse_row BEFORE INSERT ON failed_records \
+             WHEN NEW.message_id = 'poison' BEGIN SELECT RAISE(ABORT, 'row refused'); END",
+        )
+        .await;
+        let (tx, _handback, sink) = spawn_sink(&kit, &store, Duration::from_secs(5));
+        tx.send(kit.outcome(&["a", "poison", "b"], &[]))
+            .await
+            .unwrap();
+        kit.ledger.wait_for(3).await;
+        drop(tx);
+        sink.await.unwrap();
+        kit.ledger
+            .assert_settled(&[("a", Call::Ack), ("b", Call::Ack), ("poison", Call::Nack)]);
+        assert_eq!(stored_ids(&store).await, ["a", "b"]);
+        assert!(store.failures().await.unwrap().is_empty());
+        assert_eq!(kit.metrics.counts().nacked, 1);
+    }
+
+    #[tokio::test]
+    async fn a_shutdown_while_a_commit_waits_for_its_retry_hands_every_message_back() {
+        let kit = Kit::new();
+        let release = kit.hold.release_on_drop();
+        let (_dir, store) = sqlite().await;
+        execute(&store, "ALTER TABLE embeddings RENAME TO embeddings_away").await;
+        let (tx, handback, sink) = spawn_sink(&kit, &store, Duration::from_secs(5));
+        tx.send(kit.outcome(&["a", "b"], &["x"])).await.unwrap();
+        commit_errors(&kit, 1).await;
+        // Queued behind the commit that waits.
+        tx.send(kit.outcome(&["c"], &[])).await.unwrap();
+        kit.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(5), sink)
+            .await
+            .expect("the sink stops at once")
+            .unwrap();
+        let mut back: Vec<String> = handback
+            .take()
+            .into_iter()
+            .map(|d| d.meta.message_id.clone())
+            .collect();
+        back.sort();
+        assert_eq!(back, ["a", "b", "c", "x"], "each message handed back once");
+        assert!(kit.ledger.calls().is_empty(), "{:?}", kit.ledger.calls());
+        // Dropped by the worker after the grace: parked, then NACKed at the release.
+        drop(release);
+        kit.ledger.assert_settled(&[
+            ("a", Call::Nack),
+            ("b", Call::Nack),
+            ("c", Call::Nack),
+            ("x", Call::Nack),
+        ]);
+        assert_eq!(kit.metrics.counts().released, 4);
+    }
+
+    #[tokio::test]
+    async fn a_commit_in_flight_at_the_shutdown_is_finished_and_acked() {
+        let kit = Kit::new();
+        let (_dir, store) = sqlite().await;
+        let Store::Sqlite(pool) = &store else {
+            unreachable!()
+        };
+        // Another writer holds the database: the sink's commit waits inside the database.
+        let mut writer = pool.acquire().await.unwrap();
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut *writer)
+            .await
+            .unwrap();
+        let (tx, handback, sink) = spawn_sink(&kit, &store, Duration::from_secs(20));
+        tx.send(kit.outcome(&["a", "b"], &[])).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        kit.shutdown.cancel();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !sink.is_finished(),
+            "the commit is not raced against the shutdown"
+        );
+        assert!(kit.ledger.calls().is_empty());
+        sqlx::query("COMMIT").execute(&mut *writer).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), sink)
+            .await
+            .expect("the sink ends after its commit")
+            .unwrap();
+        kit.ledger
+            .assert_settled(&[("a", Call::Ack), ("b", Call::Ack)]);
+        assert!(handback.take().is_empty());
+        assert_eq!(stored_ids(&store).await, ["a", "b"]);
+    }
+}

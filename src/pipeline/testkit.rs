@@ -8,7 +8,7 @@ use crate::external::store::Store;
 use crate::external::telemetry::Metrics;
 use crate::model::{DeviceChoice, Embedder, LoadOptions, ModelHandle};
 use crate::pipeline::ack::{Ack, NackHold, Settle};
-use crate::pipeline::message::{Delivery, MessageMeta};
+use crate::pipeline::message::{Batch, Delivery, MessageMeta, Outcome};
 use crate::shutdown::Shutdown;
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -195,8 +195,22 @@ impl Kit {
         )
     }
 
+    /// The ack of message `id`, whose exactly-once confirmation fails.
+    pub fn unconfirmed_ack(&self, id: &str) -> Ack {
+        Ack::new(
+            self.ledger.handler(id, false),
+            self.metrics.clone(),
+            self.hold.clone(),
+        )
+    }
+
     /// Message `id` carrying `data`, parsed as the source parses it.
     pub fn delivery(&self, id: &str, data: &str) -> Delivery {
+        self.delivery_with(id, data, self.ack(id))
+    }
+
+    /// [`Kit::delivery`] with `ack`.
+    pub fn delivery_with(&self, id: &str, data: &str, ack: Ack) -> Delivery {
         Delivery {
             meta: MessageMeta {
                 message_id: id.to_string(),
@@ -205,7 +219,7 @@ impl Kit {
             },
             payload: crate::record::parse(data.as_bytes(), 1 << 20),
             data: Bytes::from(data.to_string()),
-            ack: self.ack(id),
+            ack,
         }
     }
 
@@ -223,6 +237,33 @@ impl Kit {
     /// Message `id` with a payload that is not a record.
     pub fn invalid(&self, id: &str) -> Delivery {
         self.delivery(id, "not json")
+    }
+
+    /// A batch of `deliveries`, as the batcher makes one.
+    pub fn batch(&self, deliveries: impl IntoIterator<Item = Delivery>) -> Batch {
+        let mut batch = Batch::default();
+        for d in deliveries {
+            batch.push(d);
+        }
+        batch
+    }
+
+    /// An outcome as the model stage makes one: a record (with a vector) per id of `done`, an
+    /// invalid payload per id of `rejected`.
+    pub fn outcome(&self, done: &[&str], rejected: &[&str]) -> Outcome {
+        let batch = self.batch(
+            done.iter()
+                .map(|id| self.record(id, "some text"))
+                .chain(rejected.iter().map(|id| self.invalid(id))),
+        );
+        Outcome {
+            done: batch
+                .records
+                .into_iter()
+                .map(|p| (p, vec![0.6, 0.8]))
+                .collect(),
+            rejected: batch.rejected,
+        }
     }
 }
 
