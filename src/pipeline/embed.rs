@@ -195,8 +195,16 @@ async fn collect_results(
                 Err(e) => {
                     metrics.model_error();
                     tracing::warn!(error = %e, records = records.len(), "model failed on a batch; embedding its records one by one");
-                    if let Err(halt) =
-                        isolate(records, e, &model, &metrics, &mut outcome, shutdown).await
+                    if let Err(halt) = isolate(
+                        records,
+                        e,
+                        &model,
+                        &metrics,
+                        &mut outcome,
+                        shutdown,
+                        handback,
+                    )
+                    .await
                     {
                         handback.put(outcome.into_deliveries());
                         return halt.into_result(shutdown);
@@ -222,6 +230,14 @@ const DEVICE_RETRY_PAUSES: [Duration; 3] = [
     Duration::from_secs(2),
     Duration::from_secs(4),
 ];
+
+/// The pauses taken: [`DEVICE_RETRY_PAUSES`], a thousandth of them in the unit tests (which
+/// check the count and the order of the retries, not the wall clock).
+fn device_retry_pauses() -> impl Iterator<Item = Duration> {
+    DEVICE_RETRY_PAUSES
+        .into_iter()
+        .map(|p| if cfg!(test) { p / 1000 } else { p })
+}
 
 /// Why the model stage stops before its input ends.
 enum Halt {
@@ -258,7 +274,7 @@ async fn retry_device_faults(
     shutdown: &Shutdown,
 ) -> Result<Result<Embedded, ModelError>, Halt> {
     let mut result = first;
-    let mut pauses = DEVICE_RETRY_PAUSES.iter();
+    let mut pauses = device_retry_pauses();
     loop {
         let error = match result {
             Err(e) if !e.blames_input() => e,
@@ -281,7 +297,7 @@ async fn retry_device_faults(
             biased;
             _ = shutdown.cancelled() => return Err(Halt::Shutdown),
             r = async {
-                tokio::time::sleep(*pause).await;
+                tokio::time::sleep(pause).await;
                 model.embed(records.iter().map(model_text).collect()).await
             } => r,
         };
@@ -291,7 +307,7 @@ async fn retry_device_faults(
 /// Embeds `records` one at a time after the model failed on them together with `error`, an
 /// error their input is to blame for: each success joins `outcome.done`, each record the model
 /// fails on alone joins `outcome.rejected` with that failure. A fault that is not the input's
-/// is retried as for a batch; the records not done when the stage halts are dropped (NACKed).
+/// is retried as for a batch; the records not done when the stage halts go to `handback`.
 async fn isolate(
     records: Vec<Pending>,
     error: ModelError,
@@ -299,6 +315,7 @@ async fn isolate(
     metrics: &Metrics,
     outcome: &mut Outcome,
     shutdown: &Shutdown,
+    handback: &HandBack,
 ) -> Result<(), Halt> {
     if records.len() == 1 {
         outcome.rejected.extend(
@@ -308,14 +325,23 @@ async fn isolate(
         );
         return Ok(());
     }
-    for p in records {
+    let mut records = records.into_iter();
+    while let Some(p) = records.next() {
         let alone = tokio::select! {
             biased;
-            _ = shutdown.cancelled() => return Err(Halt::Shutdown),
-            r = model.embed(vec![model_text(&p)]) => r,
+            _ = shutdown.cancelled() => Err(Halt::Shutdown),
+            r = async {
+                let alone = model.embed(vec![model_text(&p)]).await;
+                retry_device_faults(alone, std::slice::from_ref(&p), model, metrics, shutdown).await
+            } => r,
         };
-        let one = std::slice::from_ref(&p);
-        let alone = retry_device_faults(alone, one, model, metrics, shutdown).await?;
+        let alone = match alone {
+            Ok(alone) => alone,
+            Err(halt) => {
+                handback.put(std::iter::once(p).chain(records).map(Delivery::from));
+                return Err(halt);
+            }
+        };
         let alone = alone.and_then(|mut e| match (e.vectors.pop(), e.vectors.is_empty()) {
             (Some(v), true) => Ok(v),
             _ => Err(ModelError::Input("not one vector for one input".into())),
@@ -331,4 +357,206 @@ async fn isolate(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::testkit::{faulty_model, poisoned_model, Call, Kit};
+    use std::collections::BTreeSet;
+
+    /// A model stage on `model`, fed by the returned sender, its outcomes on the receiver.
+    fn spawn_stage(
+        kit: &Kit,
+        model: ModelHandle,
+    ) -> (
+        mpsc::Sender<Batch>,
+        mpsc::Receiver<Outcome>,
+        HandBack,
+        tokio::task::JoinHandle<Result<(), ModelError>>,
+    ) {
+        let (btx, brx) = mpsc::channel(1);
+        let (otx, orx) = mpsc::channel(1);
+        let handback = HandBack::default();
+        let stage = tokio::spawn(run(
+            brx,
+            otx,
+            model,
+            kit.metrics.clone(),
+            kit.shutdown.clone(),
+            handback.clone(),
+        ));
+        (btx, orx, handback, stage)
+    }
+
+    fn id(d: &Delivery) -> String {
+        d.meta.message_id.clone()
+    }
+
+    #[tokio::test]
+    async fn a_record_the_model_fails_on_alone_is_a_failure_and_the_rest_of_its_batch_goes_on() {
+        let kit = Kit::new();
+        let (btx, mut orx, handback, stage) = spawn_stage(&kit, poisoned_model("latency"));
+        let batch = kit.batch([
+            kit.record("a", "the worker reads a record"),
+            kit.record("bad", "latency"),
+            kit.record("b", "every message"),
+            kit.prompted("p", "some text", "no-such-prompt"),
+            kit.invalid("x"),
+        ]);
+        btx.send(batch).await.unwrap();
+        let outcome = orx.recv().await.unwrap();
+        let done: Vec<&str> = outcome
+            .done
+            .iter()
+            .map(|(p, _)| p.meta.message_id.as_str())
+            .collect();
+        assert_eq!(done, ["a", "b"]);
+        assert!(outcome
+            .done
+            .iter()
+            .all(|(_, v)| v.len() == 32 && v.iter().all(|x| x.is_finite())));
+        let rejected: Vec<(&str, &RecordError)> = outcome
+            .rejected
+            .iter()
+            .map(|r| (r.meta.message_id.as_str(), &r.error))
+            .collect();
+        assert!(
+            matches!(
+                rejected[..],
+                [
+                    ("x", RecordError::NotJson(_)),
+                    ("p", RecordError::UnknownPrompt(_)),
+                    ("bad", RecordError::Model(_)),
+                ]
+            ),
+            "{rejected:?}"
+        );
+        assert_eq!(
+            kit.metrics.counts().model_errors,
+            1,
+            "one failed batch, then isolation"
+        );
+        assert!(
+            kit.ledger.calls().is_empty(),
+            "the model stage settles nothing"
+        );
+        drop(btx);
+        assert!(stage.await.unwrap().is_ok());
+        assert!(handback.take().is_empty());
+        assert_eq!(outcome.ack_all(false).await, 0);
+        kit.ledger
+            .assert_settled(&["a", "b", "bad", "p", "x"].map(|id| (id, Call::Ack)));
+    }
+
+    #[test]
+    fn a_device_fault_is_retried_after_one_two_and_four_seconds() {
+        assert_eq!(
+            DEVICE_RETRY_PAUSES.map(|p| p.as_secs()),
+            [1, 2, 4],
+            "the unit tests below wait a thousandth of these"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_device_fault_that_passes_is_retried_and_blames_no_record() {
+        let kit = Kit::new();
+        let (btx, mut orx, handback, stage) = spawn_stage(&kit, faulty_model(Some(2)));
+        btx.send(kit.batch([kit.record("a", "one"), kit.record("b", "two")]))
+            .await
+            .unwrap();
+        let outcome = orx.recv().await.unwrap();
+        assert_eq!((outcome.done.len(), outcome.rejected.len()), (2, 0));
+        assert_eq!(
+            kit.metrics.counts().model_errors,
+            2,
+            "the batch and its first retry"
+        );
+        drop(btx);
+        assert!(stage.await.unwrap().is_ok());
+        assert!(handback.take().is_empty());
+        assert!(!kit.shutdown.is_cancelled());
+        assert!(kit.ledger.calls().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_device_that_keeps_failing_hands_every_message_back_and_ends_the_stage() {
+        let kit = Kit::new();
+        let release = kit.hold.release_on_drop();
+        let (btx, mut orx, handback, stage) = spawn_stage(&kit, faulty_model(None));
+        btx.send(kit.batch([
+            kit.record("a", "one"),
+            kit.record("b", "two"),
+            kit.invalid("x"),
+        ]))
+        .await
+        .unwrap();
+        let result = stage.await.unwrap();
+        assert!(matches!(result, Err(ModelError::Device(_))), "{result:?}");
+        assert!(kit.shutdown.is_cancelled(), "the stage begins the shutdown");
+        assert!(orx.recv().await.is_none(), "nothing went on to the sink");
+        assert_eq!(
+            kit.metrics.counts().model_errors,
+            4,
+            "the batch and its three retries"
+        );
+        let back = handback.take();
+        let ids: BTreeSet<String> = back.iter().map(id).collect();
+        assert_eq!((ids.len(), back.len()), (3, 3), "{ids:?}");
+        assert!(kit.ledger.calls().is_empty(), "{:?}", kit.ledger.calls());
+        drop((back, release));
+        kit.ledger
+            .assert_settled(&["a", "b", "x"].map(|id| (id, Call::Nack)));
+        assert_eq!(kit.metrics.counts().released, 3);
+    }
+
+    #[tokio::test]
+    async fn a_shutdown_during_isolation_hands_back_every_message_once() {
+        let kit = Kit::new();
+        let (btx, mut orx, handback, stage) = spawn_stage(&kit, poisoned_model("latency"));
+        let n = 400;
+        let batch = kit.batch((0..n).map(|i| {
+            let text = if i == 0 { "latency" } else { "a record" };
+            kit.record(&format!("m{i}"), text)
+        }));
+        btx.send(batch).await.unwrap();
+        while kit.metrics.counts().model_errors == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // The batch failed; its records are being embedded one by one.
+        kit.shutdown.cancel();
+        assert!(stage.await.unwrap().is_ok());
+        let mut ids: Vec<String> = handback.take().iter().map(id).collect();
+        let back = ids.len();
+        while let Ok(outcome) = orx.try_recv() {
+            ids.extend(outcome.into_deliveries().map(|d| id(&d)));
+        }
+        let unique: BTreeSet<&String> = ids.iter().collect();
+        assert_eq!((ids.len(), unique.len()), (n, n), "every message once");
+        assert!(back > 0, "the shutdown came before the isolation was done");
+        assert!(kit.ledger.calls().is_empty(), "{:?}", kit.ledger.calls());
+    }
+
+    #[tokio::test]
+    async fn a_shutdown_hands_back_what_the_stage_holds_and_nothing_twice() {
+        let kit = Kit::new();
+        let (btx, mut orx, handback, stage) = spawn_stage(&kit, crate::pipeline::testkit::model());
+        let (mut sent, mut unsent) = (0, Vec::new());
+        for b in 0..3 {
+            let batch = kit.batch((0..8).map(|i| kit.record(&format!("b{b}-{i}"), "some text")));
+            match btx.try_send(batch) {
+                Ok(()) => sent += 8,
+                Err(e) => unsent.push(e.into_inner()),
+            }
+        }
+        kit.shutdown.cancel();
+        assert!(stage.await.unwrap().is_ok());
+        let mut ids: Vec<String> = handback.take().iter().map(id).collect();
+        while let Ok(outcome) = orx.try_recv() {
+            ids.extend(outcome.into_deliveries().map(|d| id(&d)));
+        }
+        let unique: BTreeSet<&String> = ids.iter().collect();
+        assert_eq!((ids.len(), unique.len()), (sent, sent));
+        assert!(kit.ledger.calls().is_empty());
+    }
 }

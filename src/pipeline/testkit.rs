@@ -284,20 +284,92 @@ pub async fn execute(store: &Store, sql: &str) {
     sqlx::raw_sql(sql).execute(pool).await.unwrap();
 }
 
-/// The fixture model `name` (tests/fixtures/models, a tiny random-weight encoder that loads in
-/// milliseconds) on the CPU, with an optional lower token limit.
-pub fn embedder(name: &str, max_seq_len: Option<usize>) -> Embedder {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+/// The fixture model the tests embed with: a tiny random-weight BERT (mean pooling, f32
+/// weights) that loads in milliseconds.
+const FIXTURE_MODEL: &str = "bert-mean-old";
+
+fn fixture_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/models")
-        .join(name);
-    let options = LoadOptions {
-        max_seq_len,
-        ..LoadOptions::new(DeviceChoice::Cpu)
-    };
-    Embedder::open(&dir, &options).unwrap()
+        .join(FIXTURE_MODEL)
 }
 
-/// [`embedder`] on its model thread.
-pub fn model(name: &str, max_seq_len: Option<usize>) -> ModelHandle {
-    ModelHandle::spawn(embedder(name, max_seq_len)).unwrap()
+/// The fixture model on its thread, on the CPU.
+pub fn model() -> ModelHandle {
+    let embedder = Embedder::open(&fixture_dir(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
+    spawn(embedder, None)
+}
+
+/// The fixture model on its thread, failing its first `faults` batches (`None`: every batch)
+/// with a device fault ([`crate::model::ModelError::Device`], not the input's).
+pub fn faulty_model(faults: Option<u64>) -> ModelHandle {
+    let embedder = Embedder::open(&fixture_dir(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
+    spawn(
+        embedder,
+        Some(faults.map_or("always".into(), |n| n.to_string())),
+    )
+}
+
+/// Spawns the model thread with `SPOTINFER_TEST_DEVICE_FAULT` set to `faults` (unset: none).
+///
+/// The model thread reads that variable once, as it starts (`model/thread.rs`), so the variable
+/// is set around the spawn and its first batch, one lock for every model thread the tests
+/// start: a thread started beside it never sees another's faults. The first batch, spent
+/// here, is one more fault when faults are asked for.
+fn spawn(embedder: Embedder, faults: Option<String>) -> ModelHandle {
+    static ENV: Mutex<()> = Mutex::new(());
+    const VAR: &str = "SPOTINFER_TEST_DEVICE_FAULT";
+    let _env = ENV
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let faults = faults.map(|f| match f.parse::<u64>() {
+        Ok(n) => (n + 1).to_string(),
+        Err(_) => f,
+    });
+    match &faults {
+        Some(f) => std::env::set_var(VAR, f),
+        None => std::env::remove_var(VAR),
+    }
+    let model = ModelHandle::spawn(embedder).unwrap();
+    // Blocks this thread for one tiny batch: once it is back, the thread has read the variable.
+    let first = futures::executor::block_on(model.embed(vec!["warm up".to_string().into()]));
+    std::env::remove_var(VAR);
+    assert_eq!(
+        first.is_err(),
+        faults.is_some(),
+        "the first batch shows whether faults were injected: {first:?}"
+    );
+    model
+}
+
+/// A copy of the fixture model whose embedding row for `word` is NaN, on its thread: a text
+/// holding that word makes the model compute a NaN vector, which it refuses
+/// ([`crate::model::ModelError::NonFinite`], an error the input is to blame for); the others
+/// embed as usual. The directory must outlive the model's loading only.
+pub fn poisoned_model(word: &str) -> ModelHandle {
+    let src = fixture_dir();
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_name() != "model.safetensors" {
+            std::os::unix::fs::symlink(entry.path(), dir.path().join(entry.file_name())).unwrap();
+        }
+    }
+    let tokenizer = tokenizers::Tokenizer::from_file(src.join("tokenizer.json")).unwrap();
+    let id = tokenizer
+        .token_to_id(word)
+        .expect("a word of the vocabulary") as usize;
+    let mut bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    let t = &header["embeddings.word_embeddings.weight"];
+    assert_eq!(t["dtype"], "F32");
+    let dim = t["shape"][1].as_u64().unwrap() as usize;
+    let start = 8 + header_len + t["data_offsets"][0].as_u64().unwrap() as usize + id * dim * 4;
+    for x in bytes[start..start + dim * 4].chunks_mut(4) {
+        x.copy_from_slice(&f32::NAN.to_le_bytes());
+    }
+    std::fs::write(dir.path().join("model.safetensors"), bytes).unwrap();
+    let embedder = Embedder::open(dir.path(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
+    spawn(embedder, None)
 }
