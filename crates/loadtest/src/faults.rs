@@ -1,11 +1,13 @@
 //! The drive: keeps `--workers` worker processes running until every message is settled, and
 //! meanwhile injects faults on the seeded schedule (SIGTERM or SIGKILL of a random worker, a
 //! database outage a third of the way through, dropped streams), measuring the stall each
-//! SIGTERM causes. Every event and progress step goes to `timeline.csv` for replay.
+//! SIGTERM causes. Every event and progress step goes to `timeline.csv` for replay; the faults
+//! and each worker's scraped counters go to the report's timeline ([`crate::timeline`]).
 
 use crate::corpus::Published;
 use crate::deadletters::DeadLetters;
 use crate::stage::Stage;
+use crate::timeline::{EventKind, Sampler, Timeline, TimelineEvent};
 use crate::workers::{self, SigtermExit, Slot, Spawner};
 use crate::{Args, LoadtestError};
 use rand::rngs::StdRng;
@@ -44,6 +46,10 @@ pub struct Driven {
     pub workers: usize,
     /// Database outages, (start, end) in seconds since the epoch.
     pub outages_unix: Vec<(f64, f64)>,
+    /// Faults and each worker's scraped counters over time.
+    pub timeline: Timeline,
+    /// The last full `/metrics` scrape of a worker.
+    pub last_scrape: Option<String>,
 }
 
 /// Runs the workers under faults until everything is settled or `--timeout`, then stops them.
@@ -102,6 +108,7 @@ struct Drive<'a> {
     progress: indicatif::ProgressBar,
     timeline: std::io::BufWriter<std::fs::File>,
     dead_letters: Option<&'a DeadLetters>,
+    sampler: Option<Sampler>,
     out: Driven,
 }
 
@@ -116,6 +123,7 @@ impl<'a> Drive<'a> {
         let spawner = Spawner::new(args, stage);
         let slots = spawner.slots(workdir);
         let started = Instant::now();
+        let sampler = Sampler::start(started, args.sample_every, args.prometheus_targets.clone());
         let first_fault = next_gap(&mut rng, args.chaos_interval.max(Duration::from_millis(1)));
         let total = published.total();
         let progress = indicatif::ProgressBar::new(total as u64).with_style(
@@ -140,6 +148,13 @@ impl<'a> Drive<'a> {
                 problems: Vec::new(),
                 workers: slots.len(),
                 outages_unix: Vec::new(),
+                timeline: Timeline {
+                    started_unix: crate::writes::unix_now(),
+                    sample_every_seconds: args.sample_every.as_secs_f64(),
+                    workers: slots.len(),
+                    ..Timeline::default()
+                },
+                last_scrape: None,
             },
             args,
             stage,
@@ -162,6 +177,7 @@ impl<'a> Drive<'a> {
             progress,
             timeline,
             dead_letters: None,
+            sampler: Some(sampler),
         })
     }
 
@@ -173,6 +189,16 @@ impl<'a> Drive<'a> {
             self.started.elapsed().as_secs_f64(),
             self.done
         );
+    }
+
+    /// One line of `timeline.csv` and one event of the report's timeline.
+    fn mark(&mut self, kind: EventKind, worker: Option<usize>, what: &str) {
+        self.event(what);
+        self.out.timeline.events.push(TimelineEvent {
+            seconds: self.started.elapsed().as_secs_f64(),
+            kind,
+            worker,
+        });
     }
 
     /// Every 100 ms: results of this run plus poison rows plus dead-lettered messages. True once
@@ -210,9 +236,12 @@ impl<'a> Drive<'a> {
             if self.slots[i].worker.is_none() && self.slots[i].restart_at.is_some_and(|t| t <= now)
             {
                 let w = self.spawner.spawn(i, &mut self.slots[i])?;
+                if let Some(s) = &self.sampler {
+                    s.add(i, &w.incarnation, w.metrics_addr);
+                }
                 self.slots[i].worker = Some(w);
                 self.slots[i].restart_at = None;
-                self.event(&format!("start worker {i}"));
+                self.mark(EventKind::Start, Some(i), &format!("start worker {i}"));
             }
             let Some(w) = &mut self.slots[i].worker else {
                 continue;
@@ -256,8 +285,16 @@ impl<'a> Drive<'a> {
         };
         let what = if kill { "SIGKILL" } else { "SIGTERM" };
         self.progress.set_message(format!("{what} worker {i}"));
-        self.event(&format!("{what} worker {i}"));
+        let kind = if kill {
+            EventKind::Sigkill
+        } else {
+            EventKind::Sigterm
+        };
+        self.mark(kind, Some(i), &format!("{what} worker {i}"));
         if kill {
+            if let Some(s) = &self.sampler {
+                s.remove(&w.incarnation);
+            }
             self.out.sigkills += 1;
             workers::sigkill(w.child);
         } else {
@@ -286,7 +323,7 @@ impl<'a> Drive<'a> {
             let t = crate::writes::unix_now();
             self.out.outages_unix.push((t, t));
             self.outage = Some(now);
-            self.event("database outage");
+            self.mark(EventKind::DatabaseOutage, None, "database outage");
         }
         if self
             .outage
@@ -298,7 +335,7 @@ impl<'a> Drive<'a> {
             }
             self.outage = None;
             self.outage_done = true;
-            self.event("database back");
+            self.mark(EventKind::DatabaseBack, None, "database back");
         }
     }
 
@@ -315,7 +352,7 @@ impl<'a> Drive<'a> {
         self.pending_stalls.clear();
         self.out.stream_drops += 1;
         self.next_drop = now + self.args.stream_drop_every;
-        self.event("streams dropped");
+        self.mark(EventKind::StreamsDropped, None, "streams dropped");
     }
 
     /// Stops every worker gracefully, times each exit, and judges them.
@@ -350,6 +387,11 @@ impl<'a> Drive<'a> {
             }
         }
         self.out.sigterm_exits = exits;
+        if let Some(s) = self.sampler.take() {
+            let (samples, last) = s.finish();
+            self.out.timeline.samples = samples;
+            self.out.last_scrape = last;
+        }
         self.out
     }
 }

@@ -10,14 +10,18 @@
 //! subscription or was dead-lettered, and (PostgreSQL, from a write log, [`writes`]) no record a
 //! stopping worker committed was committed again ([`verify`]); and prints and writes a
 //! [`report`]. It exits non-zero when anything was lost, wrong, left behind, dead-lettered or
-//! redone after a graceful stop, or a graceful exit was slow or non-zero.
+//! redone after a graceful stop, or a graceful exit was slow or non-zero. Beside the report it
+//! draws the run ([`chart`]): `<report>.svg`, each worker's committed records/s and in-flight
+//! messages, scraped from its `/metrics` ([`timeline`]), with the faults marked.
 
+mod chart;
 mod corpus;
 mod deadletters;
 mod emulator;
 mod faults;
 mod report;
 mod stage;
+mod timeline;
 mod verify;
 mod workers;
 mod writes;
@@ -51,7 +55,7 @@ pub struct Args {
     )]
     pub model: PathBuf,
     /// Device for the verification's reference encoder.
-    #[arg(long, env = "SPOTINFER_DEVICE", value_enum, default_value = "auto")]
+    #[arg(long, env = "SPOTINFER_DEVICE", value_parser = device_choice, default_value = "auto")]
     pub device: DeviceChoice,
     /// The worker binary (default: `spotinfer` beside this one, else on PATH).
     #[arg(long, env = "SPOTINFER_BIN")]
@@ -107,9 +111,19 @@ pub struct Args {
     /// Give up (and fail) after this long.
     #[arg(long, value_parser = parse_duration, default_value = "15m")]
     pub timeout: Duration,
-    /// Where to write the JSON report.
+    /// Where to write the JSON report; the chart of the run goes beside it (`.svg`).
     #[arg(long, default_value = "loadtest-report.json")]
     pub report: PathBuf,
+    /// How often each worker's `/metrics` is scraped for the timeline and the chart; 0: never.
+    #[arg(long, value_parser = parse_duration, default_value = "500ms")]
+    pub sample_every: Duration,
+    /// Keep this file listing the live workers' metrics endpoints, in Prometheus's file-based
+    /// service discovery format (`file_sd_configs`), so a Prometheus can scrape them.
+    #[arg(long)]
+    pub prometheus_targets: Option<PathBuf>,
+    /// Only draw the chart of an existing report again (beside it, `.svg`), and exit.
+    #[arg(long, value_name = "REPORT")]
+    pub redraw: Option<PathBuf>,
     /// Work directory for worker logs and the SQLite file (default: a new temporary directory).
     #[arg(long)]
     pub workdir: Option<PathBuf>,
@@ -144,6 +158,15 @@ impl From<std::io::Error> for LoadtestError {
     }
 }
 
+/// `--device`: a name from the worker's list (`spotinfer work --help`).
+fn device_choice(s: &str) -> Result<DeviceChoice, String> {
+    use spotinfer::choice::Choice;
+    DeviceChoice::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = DeviceChoice::NAMES.iter().map(|(n, _)| *n).collect();
+        format!("{s}: one of {}", names.join(", "))
+    })
+}
+
 /// `--max-delivery-attempts`: 0, or what Pub/Sub accepts (5 to 100).
 fn delivery_attempts(s: &str) -> Result<i32, String> {
     match s.parse::<i32>() {
@@ -154,6 +177,15 @@ fn delivery_attempts(s: &str) -> Result<i32, String> {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(path) = &args.redraw {
+        let report: report::LoadtestReport = serde_json::from_slice(&std::fs::read(path)?)
+            .with_context(|| format!("{} is not a load test report", path.display()))?;
+        let chart_path = path.with_extension("svg");
+        chart::write(&report.timeline, &report::chart_title(&report), &chart_path)
+            .map_err(anyhow::Error::msg)?;
+        println!("chart: {}", chart_path.display());
+        return Ok(());
+    }
     spotinfer::external::telemetry::init_logging(spotinfer::external::telemetry::LogFormat::Text);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -163,6 +195,11 @@ fn main() -> anyhow::Result<()> {
     let report = runtime.block_on(run(args))?;
     println!("{}", report::summary(&report));
     println!("report: {}", report_path.display());
+    let chart_path = report_path.with_extension("svg");
+    match chart::write(&report.timeline, &report::chart_title(&report), &chart_path) {
+        Ok(()) => println!("chart: {}", chart_path.display()),
+        Err(e) => tracing::warn!(error = %e, "cannot draw the chart"),
+    }
     if !report.ok {
         anyhow::bail!("load test failed: {}", report.problems.join("; "));
     }
@@ -213,6 +250,10 @@ async fn run(args: Args) -> Result<report::LoadtestReport, LoadtestError> {
         &name,
     )
     .await?;
+    if let Some(scrape) = &drive.last_scrape {
+        // A real worker's /metrics, for dashboards/worker-metrics.txt (scripts/check-dashboards.py).
+        std::fs::write(workdir.join("worker-metrics.txt"), scrape)?;
+    }
     let report = report::LoadtestReport::new(&args, &published, drive, checked);
     std::fs::write(
         &args.report,

@@ -2,13 +2,14 @@
 
 use crate::corpus::Published;
 use crate::faults::Driven;
+use crate::timeline::Timeline;
 use crate::verify::Checked;
 use crate::workers::SigtermExit;
 use crate::Args;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The JSON report.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LoadtestReport {
     /// Passed every check.
     pub ok: bool,
@@ -70,6 +71,10 @@ pub struct LoadtestReport {
     pub records_per_s: f64,
     /// Highest peak RSS of any worker process, MiB.
     pub worker_peak_rss_mib: f64,
+    /// What happened when: the faults, and each worker's counters scraped from its `/metrics`
+    /// every `--sample-every` (drawn in `<report>.svg`).
+    #[serde(default)]
+    pub timeline: Timeline,
 }
 
 impl LoadtestReport {
@@ -113,6 +118,7 @@ impl LoadtestReport {
             processing_seconds: driven.processing_seconds,
             records_per_s: total as f64 / driven.processing_seconds.max(1e-9),
             worker_peak_rss_mib: driven.peak_rss_kb as f64 / 1024.0,
+            timeline: driven.timeline,
         }
     }
 }
@@ -163,4 +169,29 @@ fn median(v: &mut [f64]) -> f64 {
     }
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// The chart's heading: the verdict and the run in one line, then the first problem, if any.
+pub fn chart_title(r: &LoadtestReport) -> String {
+    format!(
+        "spotinfer loadtest {verdict}: {records} records + {poison} poison, {workers} workers, seed {seed}; \
+         {st} SIGTERM, {sk} SIGKILL, {dbo} database outage(s), {sd} stream drop(s); \
+         lost {lost}, {rps:.1} records/s over {secs:.1} s",
+        verdict = if r.ok { "PASS" } else { "FAIL" },
+        records = r.records,
+        poison = r.poison,
+        workers = r.workers,
+        seed = r.seed,
+        st = r.sigterms,
+        sk = r.sigkills,
+        dbo = r.db_outages,
+        sd = r.stream_drops,
+        lost = r.lost,
+        rps = r.records_per_s,
+        secs = r.processing_seconds,
+    ) + &match r.problems.as_slice() {
+        [] => String::new(),
+        [one] => format!("\n{one}"),
+        [first, rest @ ..] => format!("\n{first} (and {} more problems: see the report)", rest.len()),
+    }
 }

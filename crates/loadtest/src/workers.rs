@@ -5,13 +5,13 @@ use crate::stage::Stage;
 use crate::{Args, LoadtestError};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 /// One graceful stop and how it went.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SigtermExit {
     /// Worker slot.
     pub worker: usize,
@@ -35,6 +35,8 @@ pub struct Worker {
     pub started: Instant,
     /// Its name (`w{slot}-{n}`), the `application_name` of its PostgreSQL connections.
     pub incarnation: String,
+    /// Where it serves `/metrics` (`SPOTINFER_METRICS_ADDR`, a free loopback port).
+    pub metrics_addr: std::net::SocketAddr,
 }
 
 /// One place for a worker: the process, if up, and when to (re)start it.
@@ -81,9 +83,11 @@ impl<'a> Spawner<'a> {
             .collect()
     }
 
-    /// Starts `spotinfer work` for `slot`, its output appended to the slot's log.
+    /// Starts `spotinfer work` for `slot`, its output appended to the slot's log, its metrics
+    /// served on a free loopback port.
     pub fn spawn(&self, index: usize, slot: &mut Slot) -> Result<Worker, LoadtestError> {
         slot.starts += 1;
+        let metrics_addr = crate::timeline::free_loopback_addr()?;
         let incarnation = format!("w{index}-{}", slot.starts);
         let log = &slot.log;
         let out = std::fs::OpenOptions::new()
@@ -102,7 +106,7 @@ impl<'a> Spawner<'a> {
                 crate::writes::named_url(&self.stage.worker_db, &incarnation),
             )
             .env("SPOTINFER_MODEL", &self.args.model)
-            .env_remove("SPOTINFER_METRICS_ADDR")
+            .env("SPOTINFER_METRICS_ADDR", metrics_addr.to_string())
             .env("SPOTINFER_WORKER_SLOT", index.to_string())
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
@@ -113,6 +117,7 @@ impl<'a> Spawner<'a> {
             child,
             started: Instant::now(),
             incarnation,
+            metrics_addr,
         })
     }
 }
