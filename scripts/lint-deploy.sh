@@ -32,3 +32,4 @@ for k in k8s/base k8s/overlays/*; do
   "$venv/bin/python" scripts/check-manifests.py "$f"
   echo "$k: $(grep -c '^kind:' "$f") resources valid against Kubernetes ${k8s_versions// /, }"
 done
+python3 scripts/dashboards.py check
