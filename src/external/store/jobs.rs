@@ -184,7 +184,7 @@ const RECENT_SQLITE: &str = "SELECT COUNT(*), \
      COALESCE((julianday('now') - julianday(MIN(e.processed_at))) * 86400.0, 0.0) \
      FROM job_records r JOIN embeddings e ON e.record_id = r.record_id AND e.model = $2 \
      WHERE r.job = $1 AND e.processed_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-60 seconds')";
-/// `{now}`: the dialect's current time ([`Store::now_sql`]).
+/// `{now}`: the database's current time ([`Store::now_sql`]).
 const START_INPUT: &str = "INSERT INTO job_inputs (job, input) VALUES ($1, $2) \
      ON CONFLICT (job, input) DO UPDATE SET started_at = {now}, finished_at = NULL, records = 0";
 const FINISH_INPUT: &str =

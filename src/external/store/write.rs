@@ -1,0 +1,325 @@
+//! The worker's write path: a batch's results and failure rows committed in one transaction.
+//!
+//! The rows the sink hands over ([`ResultRow`], [`FailureRow`]), the statements that write them
+//! (an UNNEST UPSERT on PostgreSQL, multi-row VALUES on SQLite), how many rows fit one statement,
+//! how the embedding is encoded for SQLite's BLOB column, and which database errors are the
+//! data's fault ([`StoreError::is_data_error`]) so the sink can commit a batch without the culprit.
+
+use super::{Store, StoreError, PG_NOW, SQLITE_NOW};
+use sqlx::postgres::Postgres;
+use sqlx::sqlite::Sqlite;
+use sqlx::{Database, Encode, QueryBuilder, Type};
+use std::collections::HashMap;
+
+impl StoreError {
+    /// Whether the database refused the data itself rather than failed to take it: PostgreSQL's
+    /// SQLSTATE classes 22 (data exception: a NUL in text, a value out of range) and 23 (integrity
+    /// constraint: a CHECK, a NOT NULL, a trigger's refusal), and SQLite's constraint, mismatch
+    /// and too-big codes. Retrying the same rows cannot help; committing them without the
+    /// culprit can.
+    pub fn is_data_error(&self) -> bool {
+        let Self::Sql(sqlx::Error::Database(db)) = self else {
+            return false;
+        };
+        let Some(code) = db.code() else { return false };
+        if db
+            .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+            .is_some()
+        {
+            return code.starts_with("22") || code.starts_with("23");
+        }
+        // SQLite reports the extended result code; the primary code is its low byte.
+        const SQLITE_TOOBIG: i64 = 18;
+        const SQLITE_CONSTRAINT: i64 = 19;
+        const SQLITE_MISMATCH: i64 = 20;
+        code.parse::<i64>().is_ok_and(|c| {
+            matches!(
+                c & 0xff,
+                SQLITE_TOOBIG | SQLITE_CONSTRAINT | SQLITE_MISMATCH
+            )
+        })
+    }
+}
+
+/// `text` with what a text column cannot hold (U+0000: PostgreSQL refuses it) written as the six
+/// characters `\u0000` (JSON's spelling): a failure row or a refused line must be storable
+/// whatever the payload held.
+pub fn storable(text: &str) -> String {
+    text.replace('\0', "\\u0000")
+}
+
+/// One embedding to store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResultRow {
+    /// The record's id (primary key).
+    pub record_id: String,
+    /// The unit-length vector.
+    pub embedding: Vec<f32>,
+    /// Model name (with the record id, the primary key).
+    pub model: String,
+    /// Which weights made the vector (see `ModelInfo::hash`).
+    pub model_hash: String,
+    /// The record's job, if any.
+    pub job: Option<String>,
+    /// Hex SHA-256 of the input text.
+    pub input_sha256: String,
+    /// The Pub/Sub message that carried it.
+    pub message_id: String,
+    /// Publish time of that message, microseconds since the epoch.
+    pub publish_time_us: i64,
+}
+
+/// One payload that can never succeed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailureRow {
+    /// The Pub/Sub message (primary key).
+    pub message_id: String,
+    /// The record id, when the payload had one.
+    pub record_id: Option<String>,
+    /// The job, when the payload had one.
+    pub job: Option<String>,
+    /// Why it failed.
+    pub error: String,
+    /// The raw message data, its first `MAX_FAILURE_PAYLOAD` bytes (see the pipeline's sink).
+    pub payload: Vec<u8>,
+    /// The whole payload's size in bytes.
+    pub payload_bytes: i64,
+    /// Hex SHA-256 of the whole payload.
+    pub payload_sha256: String,
+    /// Publish time, microseconds since the epoch.
+    pub publish_time_us: i64,
+}
+
+/// The head of SQLite's multi-row result UPSERT ([`results_statement`]).
+const UPSERT_COLUMNS: &str = "INSERT INTO embeddings (record_id, embedding, model, model_hash, dim, job, input_sha256, message_id, publish_time_us) ";
+
+fn upsert_tail(now: &str) -> String {
+    format!(
+        " ON CONFLICT (record_id, model) DO UPDATE SET embedding = excluded.embedding, model_hash = excluded.model_hash, \
+         dim = excluded.dim, job = excluded.job, input_sha256 = excluded.input_sha256, \
+         message_id = excluded.message_id, publish_time_us = excluded.publish_time_us, processed_at = {now} \
+         WHERE embeddings.publish_time_us <= excluded.publish_time_us"
+    )
+}
+
+const FAILURE_COLUMNS: &str =
+    "INSERT INTO failed_records (message_id, record_id, job, error, payload, payload_bytes, \
+     payload_sha256, publish_time_us) ";
+const FAILURE_TAIL: &str = " ON CONFLICT (message_id) DO NOTHING";
+
+/// Bind parameters per row of the result UPSERT and of the failure INSERT.
+const RESULT_COLUMNS: usize = 9;
+const FAILURE_COLUMNS_N: usize = 8;
+/// Bind parameters one statement may carry: PostgreSQL's protocol limit, and SQLite's
+/// `SQLITE_MAX_VARIABLE_NUMBER` as sqlx's bundled SQLite is built (32,766). A batch with more
+/// rows is written as several statements in the same transaction.
+const PG_MAX_BINDS: usize = 65_535;
+/// Rows in one PostgreSQL result UPSERT (its columns are arrays, so any number fits; this bounds
+/// one statement's size and keeps the flat vector array's offsets in an int).
+const PG_ROWS_PER_UPSERT: usize = 10_000;
+const SQLITE_MAX_BINDS: usize = 32_766;
+
+/// Rows that fit one statement.
+fn rows_per_statement(max_binds: usize, columns: usize) -> usize {
+    (max_binds / columns).max(1)
+}
+
+impl Store {
+    /// Writes a batch's results and failures in one transaction.
+    ///
+    /// Results with the same record id are reduced to the newest publish first (one statement
+    /// cannot update a row twice), and rows are written in record-id order so two workers
+    /// committing overlapping batches lock rows in the same order and cannot deadlock.
+    pub async fn commit(
+        &self,
+        results: &[ResultRow],
+        failures: &[FailureRow],
+    ) -> Result<(), StoreError> {
+        let results = newest_per_record(results);
+        // The failure INSERT is shared (`failures_statement`); the results have a statement
+        // per database (`pg_results_statement`, `results_statement`).
+        match self {
+            Self::Postgres(pool) => {
+                let mut tx = pool.begin().await?;
+                for chunk in results.chunks(PG_ROWS_PER_UPSERT) {
+                    pg_results_statement(chunk).execute(&mut *tx).await?;
+                }
+                for chunk in failures.chunks(rows_per_statement(PG_MAX_BINDS, FAILURE_COLUMNS_N)) {
+                    let mut q = failures_statement::<Postgres>(chunk);
+                    q.build().execute(&mut *tx).await?;
+                }
+                tx.commit().await?;
+            }
+            Self::Sqlite(pool) => {
+                let mut tx = pool.begin().await?;
+                for chunk in results.chunks(rows_per_statement(SQLITE_MAX_BINDS, RESULT_COLUMNS)) {
+                    let mut q = results_statement(chunk);
+                    q.build().execute(&mut *tx).await?;
+                }
+                for chunk in
+                    failures.chunks(rows_per_statement(SQLITE_MAX_BINDS, FAILURE_COLUMNS_N))
+                {
+                    let mut q = failures_statement::<Sqlite>(chunk);
+                    q.build().execute(&mut *tx).await?;
+                }
+                tx.commit().await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The result UPSERT on PostgreSQL: one statement of the same text for any number of rows, its
+/// columns bound as arrays and unnested, the vectors as one flat array sliced per row. A
+/// multi-row VALUES list would be a new statement (parsed and planned, and cached) for every
+/// row count, and the sink's group commits come in every size.
+const PG_UPSERT_UNNEST: &str = "INSERT INTO embeddings (record_id, embedding, model, model_hash, \
+     dim, job, input_sha256, message_id, publish_time_us) \
+     SELECT r.record_id, ($2::real[])[r.first : r.first + r.dim - 1], r.model, r.model_hash, \
+     r.dim, r.job, r.input_sha256, r.message_id, r.publish_time_us \
+     FROM UNNEST($1::text[], $3::int[], $4::int[], $5::text[], $6::text[], $7::text[], \
+     $8::text[], $9::text[], $10::bigint[]) \
+     AS r(record_id, first, dim, model, model_hash, job, input_sha256, message_id, publish_time_us)";
+
+fn pg_results_statement<'q>(
+    rows: &[&ResultRow],
+) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+    let mut flat = Vec::with_capacity(rows.iter().map(|r| r.embedding.len()).sum());
+    let mut firsts = Vec::with_capacity(rows.len());
+    for r in rows {
+        firsts.push(i32::try_from(flat.len() + 1).unwrap_or(i32::MAX));
+        flat.extend_from_slice(&r.embedding);
+    }
+    let col = |f: fn(&ResultRow) -> String| rows.iter().map(|r| f(r)).collect::<Vec<String>>();
+    sqlx::query(PG_UPSERT_STATEMENT.as_str())
+        .bind(col(|r| r.record_id.clone()))
+        .bind(flat)
+        .bind(firsts)
+        .bind(
+            rows.iter()
+                .map(|r| r.embedding.len() as i32)
+                .collect::<Vec<i32>>(),
+        )
+        .bind(col(|r| r.model.clone()))
+        .bind(col(|r| r.model_hash.clone()))
+        .bind(
+            rows.iter()
+                .map(|r| r.job.clone())
+                .collect::<Vec<Option<String>>>(),
+        )
+        .bind(col(|r| r.input_sha256.clone()))
+        .bind(col(|r| r.message_id.clone()))
+        .bind(rows.iter().map(|r| r.publish_time_us).collect::<Vec<i64>>())
+}
+
+/// [`PG_UPSERT_UNNEST`] with the UPSERT's conflict clause.
+static PG_UPSERT_STATEMENT: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!("{PG_UPSERT_UNNEST}{}", upsert_tail(PG_NOW)));
+
+/// The result UPSERT, one multi-row statement (SQLite; PostgreSQL has [`pg_results_statement`]).
+/// The embedding is bound as SQLite stores it, a little-endian BLOB ([`f32s_to_le_bytes`]).
+fn results_statement<'a>(results: &'a [&ResultRow]) -> QueryBuilder<'a, Sqlite> {
+    let mut q = QueryBuilder::<Sqlite>::new(UPSERT_COLUMNS);
+    q.push_values(results, |mut b, r| {
+        b.push_bind(r.record_id.clone());
+        b.push_bind(f32s_to_le_bytes(&r.embedding));
+        b.push_bind(r.model.clone())
+            .push_bind(r.model_hash.clone())
+            .push_bind(r.embedding.len() as i32)
+            .push_bind(r.job.clone())
+            .push_bind(r.input_sha256.clone())
+            .push_bind(r.message_id.clone())
+            .push_bind(r.publish_time_us);
+    });
+    q.push(upsert_tail(SQLITE_NOW));
+    q
+}
+
+/// The failure INSERT (a redelivered bad payload keeps its first row), one statement.
+fn failures_statement<'a, DB>(failures: &'a [FailureRow]) -> QueryBuilder<'a, DB>
+where
+    DB: Database,
+    DB::Arguments<'a>: Default,
+    String: Encode<'a, DB> + Type<DB>,
+    Option<String>: Encode<'a, DB> + Type<DB>,
+    Vec<u8>: Encode<'a, DB> + Type<DB>,
+    i64: Encode<'a, DB> + Type<DB>,
+{
+    let mut q = QueryBuilder::<DB>::new(FAILURE_COLUMNS);
+    q.push_values(failures, |mut b, f| {
+        b.push_bind(f.message_id.clone())
+            .push_bind(f.record_id.clone())
+            .push_bind(f.job.clone())
+            .push_bind(f.error.clone())
+            .push_bind(f.payload.clone())
+            .push_bind(f.payload_bytes)
+            .push_bind(f.payload_sha256.clone())
+            .push_bind(f.publish_time_us);
+    });
+    q.push(FAILURE_TAIL);
+    q
+}
+
+/// Keeps, for each (record id, model), the row with the newest publish time; sorted by both.
+pub fn newest_per_record(rows: &[ResultRow]) -> Vec<&ResultRow> {
+    let mut best: HashMap<(&str, &str), &ResultRow> = HashMap::new();
+    for r in rows {
+        best.entry((&r.record_id, &r.model))
+            .and_modify(|cur| {
+                if r.publish_time_us >= cur.publish_time_us {
+                    *cur = r;
+                }
+            })
+            .or_insert(r);
+    }
+    let mut out: Vec<&ResultRow> = best.into_values().collect();
+    out.sort_by(|a, b| (&a.record_id, &a.model).cmp(&(&b.record_id, &b.model)));
+    out
+}
+
+/// Encodes a vector as little-endian f32 bytes (the SQLite BLOB format).
+pub fn f32s_to_le_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Decodes little-endian f32 bytes (trailing partial values are ignored).
+pub fn le_bytes_to_f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: &str, t: i64) -> ResultRow {
+        ResultRow {
+            record_id: id.into(),
+            embedding: vec![t as f32],
+            model: "m".into(),
+            model_hash: "0123456789abcdef".into(),
+            job: None,
+            input_sha256: String::new(),
+            message_id: format!("{id}-{t}"),
+            publish_time_us: t,
+        }
+    }
+
+    #[test]
+    fn newest_publish_wins_within_a_batch() {
+        let rows = vec![row("b", 1), row("a", 5), row("b", 3), row("a", 2)];
+        let out = newest_per_record(&rows);
+        let got: Vec<(&str, i64)> = out
+            .iter()
+            .map(|r| (r.record_id.as_str(), r.publish_time_us))
+            .collect();
+        assert_eq!(got, vec![("a", 5), ("b", 3)]);
+    }
+
+    #[test]
+    fn blob_round_trip() {
+        let v = vec![0.5f32, -1.25, 3.0e-7];
+        assert_eq!(le_bytes_to_f32s(&f32s_to_le_bytes(&v)), v);
+    }
+}
