@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use spotinfer::external::gcs::{Gcs, StorageError};
+use spotinfer::external::gcs::{FileList, Gcs, StorageError};
 use spotinfer::external::store::Store;
 use spotinfer::external::telemetry::Metrics;
 use spotinfer::model::DeviceChoice;
@@ -20,6 +20,17 @@ fn put(data: &Path, bucket: &str, object: &str, bytes: &[u8]) {
     let path = data.join(bucket).join(object);
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(path, bytes).unwrap();
+}
+
+/// The model folder's index and its files, as the model layer lists them for `fetch_model` (what
+/// the commands pass it).
+const INDEX: &str = "modules.json";
+fn model_files(dir: &Path) -> FileList {
+    let files = spotinfer::model::spec::model_files(dir);
+    FileList {
+        required: files.required,
+        optional: files.optional,
+    }
 }
 
 fn put_model(data: &Path) {
@@ -40,7 +51,10 @@ async fn model_from_gs_is_verified_cached_and_shared_by_concurrent_workers() {
     // Three workers on one node start at once: one downloads, the others reuse its copy.
     let fetches = (0..3).map(|_| {
         let (gcs, cache) = (gcs.clone(), cache.path().to_path_buf());
-        tokio::spawn(async move { gcs.fetch_model("gs://models/minilm", &cache).await })
+        tokio::spawn(async move {
+            gcs.fetch_model("gs://models/minilm", &cache, INDEX, model_files)
+                .await
+        })
     });
     let mut downloaded = 0;
     let mut dir = None;
@@ -64,7 +78,7 @@ async fn model_from_gs_is_verified_cached_and_shared_by_concurrent_workers() {
     }
     // A restart reuses the valid cache; a corrupted file is downloaded again.
     let again = gcs
-        .fetch_model("gs://models/minilm/", cache.path())
+        .fetch_model("gs://models/minilm/", cache.path(), INDEX, model_files)
         .await
         .unwrap();
     assert!(again.downloaded.is_empty(), "{again:?}");
@@ -72,7 +86,7 @@ async fn model_from_gs_is_verified_cached_and_shared_by_concurrent_workers() {
     tok.push(b' ');
     std::fs::write(dir.join("tokenizer.json"), tok).unwrap();
     let repaired = gcs
-        .fetch_model("gs://models/minilm", cache.path())
+        .fetch_model("gs://models/minilm", cache.path(), INDEX, model_files)
         .await
         .unwrap();
     assert_eq!(repaired.downloaded, vec!["tokenizer.json".to_string()]);
@@ -89,7 +103,7 @@ async fn model_from_gs_is_verified_cached_and_shared_by_concurrent_workers() {
 
     // A missing object is a clear error naming it.
     let err = gcs
-        .fetch_model("gs://models/nothere", cache.path())
+        .fetch_model("gs://models/nothere", cache.path(), INDEX, model_files)
         .await
         .unwrap_err();
     assert!(matches!(err, StorageError::NotFound(_)), "{err}");
@@ -321,7 +335,7 @@ async fn a_model_from_gs_brings_the_modules_its_modules_json_names() {
     let cache = tempfile::tempdir().unwrap();
     let gcs = Gcs::new(Some(&gcs_server.host)).await.unwrap();
     let fetched = gcs
-        .fetch_model("gs://models/dense", cache.path())
+        .fetch_model("gs://models/dense", cache.path(), INDEX, model_files)
         .await
         .unwrap();
     for f in [
@@ -356,7 +370,7 @@ async fn a_model_from_gs_brings_the_modules_its_modules_json_names() {
     );
     let deleted = reqwest::Client::new().delete(&url).send().await.unwrap();
     assert!(deleted.status().is_success(), "{deleted:?}");
-    gcs.fetch_model("gs://models/dense", cache.path())
+    gcs.fetch_model("gs://models/dense", cache.path(), INDEX, model_files)
         .await
         .unwrap();
     assert!(!fetched

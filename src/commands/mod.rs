@@ -11,7 +11,7 @@ pub mod work;
 
 use anyhow::Context;
 use spotinfer::config::ModelArgs;
-use spotinfer::external::gcs::Gcs;
+use spotinfer::external::gcs::{FileList, Gcs};
 use spotinfer::model::{Embedder, LoadOptions, ModelHandle, PromptChoice, Reload};
 use std::path::Path;
 use std::time::Instant;
@@ -33,7 +33,13 @@ pub async fn fetch_model(
     let started = Instant::now();
     let gcs = Gcs::new(storage.storage_emulator_host.as_deref()).await?;
     let fetched = gcs
-        .fetch_model(uri, &storage.cache_dir)
+        .fetch_model(uri, &storage.cache_dir, "modules.json", |dir| {
+            let files = spotinfer::model::spec::model_files(dir);
+            FileList {
+                required: files.required,
+                optional: files.optional,
+            }
+        })
         .await
         .with_context(|| format!("cannot fetch the model from {uri}"))?;
     tracing::info!(model = uri, dir = %fetched.dir.display(), downloaded = ?fetched.downloaded, seconds = started.elapsed().as_secs_f64(), "model ready in the cache");
