@@ -178,6 +178,9 @@ pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "unknown panic".into())
 }
 
+/// How long [`join`] waits for an aborted task to be dropped.
+const ABORT_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Waits for a task spawned with [`spawn_supervised`] until `deadline`. `Ok(None)`: the task
 /// was still running at the deadline and is aborted (what it held is dropped: parked in the
 /// [`crate::pipeline::ack::NackHold`], then NACKed with the rest).
@@ -198,6 +201,11 @@ pub async fn join<T>(
                 "still running at the shutdown deadline: abandoned"
             );
             handle.abort();
+            // Aborting only asks: the runtime drops the task when it next gets to it. Waiting
+            // for that (briefly, as a task that never yields cannot be aborted at all) drops
+            // what the task held now, while the hold still parks it, so it is NACKed with the
+            // rest and not after the lease loops have ended, when its NACK could be lost.
+            let _ = tokio::time::timeout(ABORT_WAIT, handle).await;
             Ok(None)
         }
     }

@@ -91,9 +91,10 @@
 //!    NACKs whatever it still leases. Then the worker returns: exit 0, or 1 after a panic, a
 //!    model that kept failing or a stream that failed for good.
 //!
-//! What has not finished when the budget runs out is abandoned: its task is aborted and its
-//! messages are NACKed with the rest (a commit cut off this way may have landed without its
-//! acks; the redelivery redoes it harmlessly). A second signal exits at once with status 130,
+//! What has not finished when the budget runs out is abandoned: its task is aborted (the worker
+//! waits up to 100 ms for the runtime to drop it, so that what it held is parked) and its
+//! messages are NACKed with the rest. A commit cut off this way may have landed without its
+//! acks; the redelivery redoes it harmlessly. A second signal exits at once with status 130,
 //! and SIGKILL settles nothing: Pub/Sub redelivers those messages when their lease
 //! (`--lease-extension`) runs out.
 //!

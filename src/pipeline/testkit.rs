@@ -7,7 +7,7 @@
 use crate::external::store::Store;
 use crate::external::telemetry::Metrics;
 use crate::model::{DeviceChoice, Embedder, LoadOptions, ModelHandle};
-use crate::pipeline::ack::{Ack, NackHold, Settle};
+use crate::pipeline::ack::{Ack, LeaseLoop, NackHold, Settle};
 use crate::pipeline::message::{Batch, Delivery, MessageMeta, Outcome};
 use crate::shutdown::Shutdown;
 use bytes::Bytes;
@@ -31,6 +31,8 @@ pub enum Call {
     /// Dropped without being told anything (the real client would NACK it on its own; the
     /// pipeline must never leave that to it).
     Unsettled,
+    /// A lease loop was shut down (recorded under the loop's name).
+    LeaseShutDown,
 }
 
 /// Every call the fake handlers received, in order, with when.
@@ -55,6 +57,14 @@ impl Ledger {
         }
     }
 
+    /// A lease loop named `id` that records its shutdown here.
+    pub fn lease(&self, id: &str) -> FakeLease {
+        FakeLease {
+            id: id.to_string(),
+            ledger: self.clone(),
+        }
+    }
+
     /// The calls so far, in order.
     pub fn calls(&self) -> Vec<(String, Call)> {
         self.0
@@ -68,15 +78,6 @@ impl Ledger {
     /// The calls so far with their times.
     pub fn timed(&self) -> Vec<(String, Call, Instant)> {
         self.0.lock().unwrap().clone()
-    }
-
-    /// The ids told `call`, in the order they were.
-    pub fn ids(&self, call: Call) -> Vec<String> {
-        self.calls()
-            .into_iter()
-            .filter(|(_, c)| *c == call)
-            .map(|(id, _)| id)
-            .collect()
     }
 
     /// Each message's calls.
@@ -158,6 +159,20 @@ impl Drop for Fake {
         if !self.settled {
             self.ledger.record(&self.id, Call::Unsettled);
         }
+    }
+}
+
+/// A stand-in for a stream's lease loop.
+#[derive(Debug)]
+pub struct FakeLease {
+    id: String,
+    ledger: Ledger,
+}
+
+impl LeaseLoop for FakeLease {
+    fn shut_down(&self) -> BoxFuture<'_, ()> {
+        self.ledger.record(&self.id, Call::LeaseShutDown);
+        Box::pin(async {})
     }
 }
 

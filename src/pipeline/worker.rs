@@ -474,3 +474,320 @@ async fn exit_when_idle(idle: Duration, metrics: Arc<Metrics>, shutdown: Shutdow
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::testkit::{execute, model, sqlite, Call, Kit};
+    use std::sync::Mutex;
+
+    fn last_chance(kit: &Kit, store: Store, limit: Option<u32>) -> LastChance {
+        LastChance {
+            limit,
+            handback: HandBack::default(),
+            batch_size: 4,
+            model: model(),
+            store,
+            sink: SinkConfig {
+                model: "m".into(),
+                model_hash: "h".into(),
+                commit_timeout: Duration::from_secs(5),
+                confirm_acks: false,
+            },
+            metrics: kit.metrics.clone(),
+        }
+    }
+
+    /// Message `id`, a record, on delivery attempt `attempt`.
+    fn on_attempt(kit: &Kit, id: &str, attempt: u32) -> Delivery {
+        let mut d = kit.record(id, "a record");
+        d.meta.delivery_attempt = attempt;
+        d
+    }
+
+    /// A stage task that waits for the shutdown, then does `then`.
+    fn stage_task<T, F>(kit: &Kit, then: F) -> Task<T>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = T> + Send + 'static,
+    {
+        let shutdown = kit.shutdown.clone();
+        shutdown::spawn_supervised(
+            "test stage",
+            async move {
+                shutdown.cancelled().await;
+                then.await
+            },
+            &kit.shutdown,
+        )
+    }
+
+    /// The pipeline's tasks, each holding what the test gives it, with a lease loop `lease`.
+    struct Stages {
+        drained: Vec<Delivery>,
+        held: Vec<Delivery>,
+        staged: Vec<Delivery>,
+        in_flight: Vec<Delivery>,
+    }
+
+    fn running(
+        kit: &Kit,
+        stages: Stages,
+        last_chance: LastChance,
+    ) -> (Running, Arc<Mutex<Option<tokio::time::Instant>>>) {
+        let closed = Arc::new(Mutex::new(None));
+        let Stages {
+            drained,
+            held,
+            staged,
+            in_flight,
+        } = stages;
+        let when = closed.clone();
+        let source = stage_task(kit, async move {
+            *when.lock().unwrap() = Some(tokio::time::Instant::now());
+            source::Stopped {
+                drained,
+                result: Ok(()),
+            }
+        });
+        let batcher = stage_task(kit, async move { held });
+        let handback = last_chance.handback.clone();
+        let stage = stage_task(kit, async move {
+            handback.put(staged);
+            Ok(())
+        });
+        // The commit in flight at the shutdown: it takes a moment, then acks.
+        let sink = stage_task(kit, async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            in_flight.into_iter().for_each(|d| d.ack.ack());
+        });
+        let running = Running {
+            sources: vec![source],
+            leases: vec![Box::new(kit.ledger.lease("lease"))],
+            batcher,
+            stage,
+            sink,
+            held_nacks: kit.hold.release_on_drop(),
+            last_chance,
+        };
+        (running, closed)
+    }
+
+    #[tokio::test]
+    async fn stop_settles_every_message_once_in_the_order_of_the_contract() {
+        let kit = Kit::new();
+        let (_dir, store) = sqlite().await;
+        let stages = Stages {
+            drained: vec![
+                on_attempt(&kit, "drained", 1),
+                on_attempt(&kit, "drained-last", 5),
+            ],
+            held: vec![
+                on_attempt(&kit, "held", 2),
+                on_attempt(&kit, "held-last", 6),
+            ],
+            staged: vec![on_attempt(&kit, "staged", 1)],
+            in_flight: vec![on_attempt(&kit, "in-flight", 1)],
+        };
+        let (running, closed) = running(&kit, stages, last_chance(&kit, store.clone(), Some(5)));
+        kit.shutdown.cancel();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        assert!(stop(running, None, deadline).await.is_none());
+        kit.ledger.assert_settled(&[
+            ("drained", Call::Nack),
+            ("drained-last", Call::Ack),
+            ("held", Call::Nack),
+            ("held-last", Call::Ack),
+            ("in-flight", Call::Ack),
+            ("lease", Call::LeaseShutDown),
+            ("staged", Call::Nack),
+        ]);
+        // Step 3 and 4 ack before step 5 NACKs, at least the grace after the streams closed,
+        // and step 6 shuts the lease loops down last.
+        let closed = closed.lock().unwrap().expect("the source ran");
+        let timed = kit.ledger.timed();
+        let calls: Vec<Call> = timed.iter().map(|(_, c, _)| *c).collect();
+        assert_eq!(
+            calls,
+            [
+                Call::Ack,
+                Call::Ack,
+                Call::Ack,
+                Call::Nack,
+                Call::Nack,
+                Call::Nack,
+                Call::LeaseShutDown,
+            ],
+            "{timed:?}"
+        );
+        let first_nack = timed[3].2;
+        assert!(
+            first_nack >= closed + STREAM_CANCEL_GRACE,
+            "NACKed {:?} after the streams closed",
+            first_nack - closed
+        );
+        // The messages on their last attempt were committed, not handed back.
+        let mut stored: Vec<String> = store.embeddings().await.unwrap().into_keys().collect();
+        stored.sort();
+        assert_eq!(stored, ["drained-last", "held-last"]);
+        let c = kit.metrics.counts();
+        assert_eq!((c.acked, c.released, c.nacked), (3, 3, 0));
+    }
+
+    #[tokio::test]
+    async fn without_a_dead_letter_limit_everything_held_is_handed_back() {
+        let kit = Kit::new();
+        let (_dir, store) = sqlite().await;
+        let stages = Stages {
+            drained: vec![on_attempt(&kit, "drained", 0)],
+            held: vec![on_attempt(&kit, "held", 0)],
+            staged: vec![on_attempt(&kit, "staged", 0)],
+            in_flight: vec![],
+        };
+        let (running, _) = running(&kit, stages, last_chance(&kit, store.clone(), None));
+        kit.shutdown.cancel();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        assert!(stop(running, None, deadline).await.is_none());
+        kit.ledger.assert_settled(&[
+            ("drained", Call::Nack),
+            ("held", Call::Nack),
+            ("lease", Call::LeaseShutDown),
+            ("staged", Call::Nack),
+        ]);
+        assert!(store.embeddings().await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_stage_still_running_at_the_deadline_is_abandoned_and_its_messages_nacked() {
+        let kit = Kit::new();
+        let (_dir, store) = sqlite().await;
+        let (mut running, _) = running(
+            &kit,
+            Stages {
+                drained: vec![],
+                held: vec![],
+                staged: vec![],
+                in_flight: vec![],
+            },
+            last_chance(&kit, store, Some(5)),
+        );
+        // A commit that never ends, holding its message.
+        let stuck = on_attempt(&kit, "stuck", 1);
+        running.sink.abort();
+        running.sink = shutdown::spawn_supervised(
+            "sink",
+            async move {
+                let _held = stuck;
+                std::future::pending::<()>().await
+            },
+            &kit.shutdown,
+        );
+        kit.shutdown.cancel();
+        let started = tokio::time::Instant::now();
+        let deadline = started + Duration::from_millis(300);
+        assert!(stop(running, None, deadline).await.is_none());
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        kit.ledger
+            .assert_settled(&[("lease", Call::LeaseShutDown), ("stuck", Call::Nack)]);
+        assert_eq!(
+            kit.ledger.calls()[0].1,
+            Call::Nack,
+            "NACKed before the lease loops end"
+        );
+    }
+
+    #[tokio::test]
+    async fn stop_reports_a_panic_before_a_model_error_and_settles_all_the_same() {
+        let kit = Kit::new();
+        let (_dir, store) = sqlite().await;
+        let (mut running, _) = running(
+            &kit,
+            Stages {
+                drained: vec![on_attempt(&kit, "drained", 1)],
+                held: vec![],
+                staged: vec![],
+                in_flight: vec![],
+            },
+            last_chance(&kit, store, Some(5)),
+        );
+        running.stage.abort();
+        running.stage = stage_task(&kit, async {
+            Err(crate::model::ModelError::Device("gone".into()))
+        });
+        running.batcher.abort();
+        let lost = on_attempt(&kit, "unwound", 1);
+        running.batcher = shutdown::spawn_supervised(
+            "batcher",
+            async move {
+                let _held = lost;
+                panic!("injected")
+            },
+            &kit.shutdown,
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let failure = stop(running, None, deadline).await;
+        assert!(kit.shutdown.is_cancelled(), "the panic began the shutdown");
+        assert!(
+            matches!(&failure, Some(WorkerError::Panicked(p)) if p.task == "batcher"),
+            "{failure:?}"
+        );
+        kit.ledger.assert_settled(&[
+            ("drained", Call::Nack),
+            ("lease", Call::LeaseShutDown),
+            ("unwound", Call::Nack),
+        ]);
+        assert_eq!(kit.metrics.counts().released, 2);
+    }
+
+    #[tokio::test]
+    async fn the_last_chance_takes_only_ready_messages_on_their_last_attempt() {
+        let kit = Kit::new();
+        let (_dir, store) = sqlite().await;
+        let lc = last_chance(&kit, store.clone(), Some(5));
+        assert!(lc.is_last(&on_attempt(&kit, "last", 5)));
+        assert!(lc.is_last(&on_attempt(&kit, "past", 7)));
+        assert!(!lc.is_last(&on_attempt(&kit, "early", 4)));
+        let mut uri = kit.delivery("uri", r#"{"id":"uri","uri":"gs://bucket/object"}"#);
+        uri.meta.delivery_attempt = 5;
+        assert!(
+            !lc.is_last(&uri),
+            "a uri record drained unread has no text to embed"
+        );
+        let mut invalid = kit.invalid("bad");
+        invalid.meta.delivery_attempt = 5;
+        assert!(
+            lc.is_last(&invalid),
+            "an invalid payload's failure row can be written"
+        );
+        let none = last_chance(&kit, store, None);
+        assert!(!none.is_last(&on_attempt(&kit, "no-policy", 50)));
+    }
+
+    #[tokio::test]
+    async fn what_the_last_chance_cannot_finish_by_the_deadline_is_nacked_at_the_release() {
+        let kit = Kit::new();
+        let (_dir, store) = sqlite().await;
+        // The database is away: the last chance's commit is retried until the deadline.
+        execute(&store, "ALTER TABLE embeddings RENAME TO embeddings_away").await;
+        let lc = last_chance(&kit, store.clone(), Some(5));
+        let release = kit.hold.release_on_drop();
+        kit.shutdown.cancel();
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(300);
+        let messages = vec![on_attempt(&kit, "a", 5), on_attempt(&kit, "b", 5)];
+        lc.finish(messages, deadline).await;
+        assert!(tokio::time::Instant::now() < deadline + Duration::from_millis(100));
+        assert!(kit.metrics.counts().commit_errors > 0);
+        assert!(
+            kit.ledger.calls().is_empty(),
+            "parked: {:?}",
+            kit.ledger.calls()
+        );
+        drop(release);
+        kit.ledger
+            .assert_settled(&[("a", Call::Nack), ("b", Call::Nack)]);
+    }
+}
