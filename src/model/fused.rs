@@ -2,8 +2,8 @@
 //! model's spec, and its errors in the model layer's terms.
 
 use super::spec::EncoderSpec;
-use super::{Embedder, Engine, ModelError};
 use super::Precision;
+use super::{Embedder, Engine, ModelError};
 use spotinfer_bert_cpu::{self as bert_cpu, BertError};
 
 impl From<BertError> for ModelError {
