@@ -92,25 +92,19 @@ pub async fn run(
         crate::pipeline::fault::point(crate::pipeline::fault::Stage::Source);
         let payload = match record::parse(&message.data, max_text_bytes) {
             Ok(rec) if rec.uri.is_some() => {
-                let last = dead_letter_limit.is_some_and(|l| meta.delivery_attempt >= l);
-                match resolve_uri(rec, &inputs, &shutdown).await {
+                match resolve_uri(rec, &*inputs, &shutdown).await {
                     Ok(Some(p)) => p,
                     // Shutdown: the read is abandoned. The message, dropped here with no text
                     // to finish it with, is parked and NACKed with the rest.
                     Ok(None) => break Ok(()),
-                    // Transient, on its last delivery attempt: a NACK would dead-letter it
-                    // unrecorded, so it becomes a failure row saying why.
-                    Err(e) if last => Err(RecordError::Object(format!(
-                        "{e} (still failing on delivery attempt {}, the subscription's last)",
-                        meta.delivery_attempt
-                    ))),
-                    Err(e) => {
-                        // Transient, retried in place long enough: NACK, Pub/Sub redelivers
-                        // after its retry backoff.
-                        tracing::warn!(message_id = %message.message_id, error = %e, "cannot read the record's input object; nacking");
-                        drop(ack);
-                        continue;
-                    }
+                    Err(e) => match unreadable(&e, meta.delivery_attempt, dead_letter_limit) {
+                        Some(failure) => Err(failure),
+                        None => {
+                            tracing::warn!(message_id = %message.message_id, error = %e, "cannot read the record's input object; nacking");
+                            drop(ack);
+                            continue;
+                        }
+                    },
                 }
             }
             other => other,
@@ -163,12 +157,48 @@ fn received(
     (meta, Ack::new(handler, metrics.clone(), nack_hold.clone()))
 }
 
+/// Where the texts of `uri` records are read from: Cloud Storage ([`InputReader`]) in the
+/// worker, a fake in the unit tests.
+trait ObjectText: Sync {
+    /// The object's text; an error [`StorageError::is_permanent`] says whether a retry can help.
+    fn text(
+        &self,
+        uri: &str,
+    ) -> impl std::future::Future<Output = Result<String, StorageError>> + Send;
+}
+
+impl ObjectText for InputReader {
+    fn text(
+        &self,
+        uri: &str,
+    ) -> impl std::future::Future<Output = Result<String, StorageError>> + Send {
+        InputReader::text(self, uri)
+    }
+}
+
+/// What becomes of a `uri` record whose object could not be read for now, even after the
+/// retries in place: on the subscription's last delivery attempt a failure row saying why (a
+/// NACK would dead-letter it unrecorded); `None` before that: the message is NACKed, and
+/// Pub/Sub redelivers it after its retry backoff.
+fn unreadable(
+    error: &StorageError,
+    delivery_attempt: u32,
+    dead_letter_limit: Option<u32>,
+) -> Option<RecordError> {
+    let last = dead_letter_limit.is_some_and(|l| delivery_attempt >= l);
+    last.then(|| {
+        RecordError::Object(format!(
+            "{error} (still failing on delivery attempt {delivery_attempt}, the subscription's last)"
+        ))
+    })
+}
+
 /// Fills a `uri` record's text from Cloud Storage. `Ok(Some(Err(_)))`: the object can never be
 /// used (the record fails); `Err(_)`: a transient error (the message is retried); `Ok(None)`:
 /// shutdown began first.
 async fn resolve_uri(
     mut rec: Record,
-    inputs: &InputReader,
+    inputs: &impl ObjectText,
     shutdown: &Shutdown,
 ) -> Result<Option<Result<Record, RecordError>>, StorageError> {
     let uri = rec.uri.clone().unwrap_or_default();
@@ -192,14 +222,19 @@ async fn resolve_uri(
 /// a few seconds with the message still leased, not a delivery attempt (and not a hot loop of
 /// redeliveries, each one a step towards the dead-letter topic).
 const READ_RETRIES: usize = 3;
-/// The first pause between read retries; it doubles, with jitter, up to 5 s.
-const READ_RETRY_START: Duration = Duration::from_millis(250);
+/// The first pause between read retries; it doubles, with jitter, up to 5 s (a hundredth of
+/// that in the unit tests, which count the retries, not the wall clock).
+const READ_RETRY_START: Duration = if cfg!(test) {
+    Duration::from_micros(2_500)
+} else {
+    Duration::from_millis(250)
+};
 
 /// Reads `uri`'s text, retrying transient failures [`READ_RETRIES`] times with backoff; `None`
 /// once shutdown begins.
 async fn read_with_retries(
     uri: &str,
-    inputs: &InputReader,
+    inputs: &impl ObjectText,
     shutdown: &Shutdown,
 ) -> Option<Result<String, StorageError>> {
     let mut pauses = crate::external::store::retry_schedule(READ_RETRY_START).take(READ_RETRIES);
@@ -264,4 +299,126 @@ async fn drain(
         );
     }
     held
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// An object store whose reads fail with `fails` (in order) and then return `text`.
+    struct Objects {
+        fails: Vec<fn(&str) -> StorageError>,
+        text: &'static str,
+        reads: AtomicUsize,
+    }
+
+    impl Objects {
+        fn new(fails: Vec<fn(&str) -> StorageError>, text: &'static str) -> Self {
+            Self {
+                fails,
+                text,
+                reads: AtomicUsize::new(0),
+            }
+        }
+    }
+
+    impl ObjectText for Objects {
+        fn text(
+            &self,
+            uri: &str,
+        ) -> impl std::future::Future<Output = Result<String, StorageError>> + Send {
+            async move {
+                let n = self.reads.fetch_add(1, Ordering::SeqCst);
+                match self.fails.get(n) {
+                    Some(fail) => Err(fail(uri)),
+                    None => Ok(self.text.to_string()),
+                }
+            }
+        }
+    }
+
+    fn transient(uri: &str) -> StorageError {
+        StorageError::Timeout(uri.to_string())
+    }
+
+    fn missing(uri: &str) -> StorageError {
+        StorageError::NotFound(uri.to_string())
+    }
+
+    fn uri_record() -> Record {
+        record::parse(br#"{"id":"u","uri":"gs://bucket/object"}"#, 1 << 20).unwrap()
+    }
+
+    async fn resolve(
+        objects: &Objects,
+    ) -> Result<Option<Result<Record, RecordError>>, StorageError> {
+        resolve_uri(uri_record(), objects, &Shutdown::new()).await
+    }
+
+    #[tokio::test]
+    async fn a_transient_read_is_retried_in_place_three_times_then_given_up() {
+        let objects = Objects::new(vec![transient; 4], "never");
+        let read = resolve(&objects).await;
+        assert!(matches!(read, Err(StorageError::Timeout(_))), "{read:?}");
+        assert_eq!(objects.reads.load(Ordering::SeqCst), 1 + READ_RETRIES);
+        assert_eq!(READ_RETRIES, 3);
+    }
+
+    #[tokio::test]
+    async fn a_read_that_passes_within_the_retries_fills_the_record() {
+        let objects = Objects::new(vec![transient; 3], "the text");
+        let read = resolve(&objects).await.unwrap().unwrap().unwrap();
+        assert_eq!(read.text, "the text");
+        assert_eq!(objects.reads.load(Ordering::SeqCst), 4);
+    }
+
+    #[tokio::test]
+    async fn an_object_that_can_never_be_used_is_a_failure_at_once() {
+        let objects = Objects::new(vec![transient, missing], "never");
+        let read = resolve(&objects).await.unwrap().unwrap();
+        assert!(
+            matches!(read, Err(RecordError::Object(ref e)) if e.contains("does not exist")),
+            "{read:?}"
+        );
+        assert_eq!(
+            objects.reads.load(Ordering::SeqCst),
+            2,
+            "a permanent error is not retried"
+        );
+        let empty = Objects::new(vec![], "");
+        let read = resolve(&empty).await.unwrap().unwrap();
+        assert!(
+            matches!(read, Err(RecordError::Object(ref e)) if e.contains("is empty")),
+            "{read:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_shutdown_abandons_the_read() {
+        let shutdown = Shutdown::new();
+        shutdown.cancel();
+        let objects = Objects::new(vec![], "text");
+        let read = resolve_uri(uri_record(), &objects, &shutdown)
+            .await
+            .unwrap();
+        assert!(read.is_none());
+        assert_eq!(objects.reads.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn an_unreadable_object_is_nacked_except_on_the_last_delivery_attempt() {
+        let e = transient("gs://bucket/object");
+        assert!(
+            unreadable(&e, 4, None).is_none(),
+            "no dead-letter policy: NACK"
+        );
+        assert!(unreadable(&e, 4, Some(5)).is_none(), "attempts left: NACK");
+        let last = unreadable(&e, 5, Some(5));
+        assert!(
+            matches!(&last, Some(RecordError::Object(m)) if m.contains("delivery attempt 5, the subscription's last")),
+            "{last:?}"
+        );
+        assert!(unreadable(&e, 9, Some(5)).is_some());
+    }
 }
