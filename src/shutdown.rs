@@ -210,3 +210,56 @@ pub async fn join<T>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::testkit::{Call, Kit};
+    use futures::FutureExt;
+
+    #[tokio::test]
+    async fn a_stage_that_panics_cancels_the_shutdown_before_it_unwinds() {
+        let kit = Kit::new();
+        let release = kit.hold.release_on_drop();
+        let held = kit.ack("held");
+        let task = spawn_supervised(
+            "test stage",
+            async move {
+                let _held = held;
+                panic!("injected");
+            },
+            &kit.shutdown,
+        );
+        let panicked = task.await.unwrap().unwrap_err();
+        assert_eq!(panicked.task, "test stage");
+        assert!(panicked.message.contains("injected"));
+        assert!(kit.shutdown.is_cancelled());
+        // What it dropped while unwinding was already under the shutdown: parked, not NACKed
+        // into the open stream, and counted as a hand-back.
+        assert!(kit.ledger.calls().is_empty(), "{:?}", kit.ledger.calls());
+        drop(release);
+        kit.ledger.assert_settled(&[("held", Call::Nack)]);
+        let c = kit.metrics.counts();
+        assert_eq!((c.released, c.nacked), (1, 0));
+    }
+
+    #[tokio::test]
+    async fn a_stopping_stage_takes_nothing_new_and_gets_back_what_it_could_not_send() {
+        let shutdown = Shutdown::new();
+        let (tx, mut rx) = mpsc::channel(1);
+        tx.send(1).await.unwrap();
+        assert_eq!(send(&tx, 2, &shutdown).now_or_never(), None, "full: waits");
+        shutdown.cancel();
+        assert_eq!(
+            recv(&mut rx, &shutdown).await,
+            None,
+            "the shutdown wins over a ready item"
+        );
+        assert_eq!(
+            send(&tx, 3, &shutdown).await,
+            Err(3),
+            "given back, not dropped"
+        );
+        assert_eq!(rx.try_recv(), Ok(1), "still there for the hand-back");
+    }
+}
