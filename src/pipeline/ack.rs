@@ -51,16 +51,18 @@
 //!   (`--commit-timeout`) included, is retried in place with backoff (200 ms doubling to 5 s,
 //!   with jitter) for as long as it takes, the messages still leased: a failed commit is never
 //!   NACKed, as a database outage of a few seconds would otherwise walk whole batches towards
-//!   the dead-letter limit. Only the client's `--max-lease` ends such a wait: Pub/Sub then
-//!   redelivers the message, and the idempotent UPSERT makes the second commit harmless.
+//!   the dead-letter limit. Only the shutdown (step 3 below) or the client's `--max-lease`
+//!   ends such a wait; past `--max-lease` Pub/Sub redelivers the message, and the idempotent
+//!   UPSERT makes the second commit harmless.
 //! * **Exactly-once acks**: [`Ack::confirmed_ack`] waits for Pub/Sub's confirmation. An ack
-//!   not confirmed was still sent once; the message may come back, and its commit is redone
-//!   harmlessly. It counts with the NACKs.
+//!   not confirmed was still sent once (never followed by a NACK); the message may come back,
+//!   and its commit is redone harmlessly. It is counted as a NACK.
 //!
 //! # At shutdown
 //!
-//! The [`Shutdown`] token is cancelled by SIGTERM or SIGINT, by `--exit-when-idle`, by an early
-//! drain ([`crate::external::drain`]), by a stage that panics (the panic hook of
+//! The [`Shutdown`] token is cancelled by SIGTERM or SIGINT, by an idle exit
+//! (`--exit-when-idle`) or a complete job (`--exit-when-job-complete`), by an early drain
+//! ([`crate::external::drain`]), by a stage that panics (the panic hook of
 //! [`crate::shutdown::spawn_supervised`] cancels it before the stage unwinds) and by a model
 //! that keeps failing. Then `worker::stop` runs these steps, all within one budget
 //! (`--shutdown-timeout`, counted from the cancel):
@@ -72,10 +74,10 @@
 //!    still be acked.
 //! 2. **Hand-backs.** The stages stop taking work and give what they hold to the worker instead
 //!    of dropping it: the sources what they drained, the batcher its window (its return value),
-//!    the model stage and the sink what they hold or have queued ([`HandBack`]). What is dropped
-//!    anyway from the cancel on (a Cloud Storage read abandoned in the source, a task aborted at
-//!    the deadline, a stage unwinding from a panic) is not NACKed but parked in the
-//!    [`NackHold`].
+//!    the model stage and the sink what they hold or have queued
+//!    ([`crate::pipeline::message::HandBack`]). What is dropped anyway from the cancel on (a
+//!    Cloud Storage read abandoned in the source, a task aborted at the deadline, a stage
+//!    unwinding from a panic) is not NACKed but parked in the [`NackHold`].
 //! 3. **The commit in flight** is finished and acked (confirmed, on an exactly-once
 //!    subscription). A commit that was waiting to be retried is not attempted again: its
 //!    messages are handed back.
@@ -87,9 +89,11 @@
 //!    stream's cancel first, the rest is dropped and the parked NACKs are released. A NACK sent
 //!    while a stream is still open, or overtaking its cancel, sends the message straight back
 //!    into that closing stream, where it waits out its lease before another worker can have it.
-//! 6. **Lease loops.** Each stream's lease loop is shut down: it flushes the acks and NACKs and
-//!    NACKs whatever it still leases. Then the worker returns: exit 0, or 1 after a panic, a
-//!    model that kept failing or a stream that failed for good.
+//! 6. **Lease loops.** Each stream's lease loop is shut down: every message now settled, it
+//!    sends the last acks and NACKs and ends. (It would wait for a message still unsettled, so
+//!    this waits no longer than the budget.) Then the worker returns the failure that stopped
+//!    it, if one did (a panic before a model that kept failing before a stream that failed for
+//!    good), and `commands/work.rs` turns that into the exit status.
 //!
 //! What has not finished when the budget runs out is abandoned: its task is aborted (the worker
 //! waits up to 100 ms for the runtime to drop it, so that what it held is parked) and its

@@ -152,7 +152,7 @@ pub async fn run(
 /// The running pipeline: a task per stage and what shutdown needs to settle the leases.
 struct Running {
     sources: Vec<Task<source::Stopped>>,
-    /// One per stream: its lease loop flushes acks and NACKs the rest when shut down.
+    /// One per stream: its lease loop, which sends the last acks and NACKs when shut down.
     leases: Vec<Box<dyn LeaseLoop>>,
     batcher: Task<Vec<Delivery>>,
     stage: Task<Result<(), crate::model::ModelError>>,
