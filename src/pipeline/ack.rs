@@ -176,8 +176,11 @@ impl LeaseLoop for ShutdownToken {
 #[derive(Debug, Clone)]
 pub struct NackHold {
     shutdown: Shutdown,
-    parked: Arc<Mutex<Option<Vec<Box<dyn Settle>>>>>,
+    parked: Arc<Mutex<Parked>>,
 }
+
+/// The messages a [`NackHold`] holds; `None` once it is released.
+type Parked = Option<Vec<Box<dyn Settle>>>;
 
 impl NackHold {
     /// A hold that engages when `shutdown` is cancelled.

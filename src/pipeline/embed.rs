@@ -365,16 +365,16 @@ mod tests {
     use crate::pipeline::testkit::{faulty_model, poisoned_model, Call, Kit};
     use std::collections::BTreeSet;
 
-    /// A model stage on `model`, fed by the returned sender, its outcomes on the receiver.
-    fn spawn_stage(
-        kit: &Kit,
-        model: ModelHandle,
-    ) -> (
+    /// A running model stage: its input, its output, its hand-back and its task.
+    type Stage = (
         mpsc::Sender<Batch>,
         mpsc::Receiver<Outcome>,
         HandBack,
         tokio::task::JoinHandle<Result<(), ModelError>>,
-    ) {
+    );
+
+    /// A model stage on `model`.
+    fn spawn_stage(kit: &Kit, model: ModelHandle) -> Stage {
         let (btx, brx) = mpsc::channel(1);
         let (otx, orx) = mpsc::channel(1);
         let handback = HandBack::default();

@@ -324,16 +324,11 @@ mod tests {
     }
 
     impl ObjectText for Objects {
-        fn text(
-            &self,
-            uri: &str,
-        ) -> impl std::future::Future<Output = Result<String, StorageError>> + Send {
-            async move {
-                let n = self.reads.fetch_add(1, Ordering::SeqCst);
-                match self.fails.get(n) {
-                    Some(fail) => Err(fail(uri)),
-                    None => Ok(self.text.to_string()),
-                }
+        async fn text(&self, uri: &str) -> Result<String, StorageError> {
+            let n = self.reads.fetch_add(1, Ordering::SeqCst);
+            match self.fails.get(n) {
+                Some(fail) => Err(fail(uri)),
+                None => Ok(self.text.to_string()),
             }
         }
     }
