@@ -14,7 +14,7 @@
 //!
 //! The watchers keep watching after a notice: [`spawn`] returns a [`Notice`] that is active
 //! while any of them reports one and clears when they all stop. While it is active the worker
-//! shuts its pipeline down exactly as on SIGTERM (NACKing everything uncommitted) but the
+//! shuts its pipeline down exactly as on SIGTERM (finishing the commit in flight and handing the rest back) but the
 //! process stays up, not ready (exiting early would only have the container restarted on the
 //! dying node); if the notice clears without a SIGTERM (a maintenance window that was called
 //! off, a taint removed), the worker starts pulling again.
@@ -128,7 +128,7 @@ pub fn spawn(cfg: DrainConfig, stop: Shutdown) -> Notice {
                 let changed = state[slot] != v;
                 if changed {
                     match &v {
-                        Some(reason) => tracing::warn!(reason, "the VM is announced to end: draining early (stop pulling, nack uncommitted)"),
+                        Some(reason) => tracing::warn!(reason, "the VM is announced to end: draining early (stop pulling, finish the commit in flight, hand back the rest)"),
                         None => tracing::info!(slot, "termination notice cleared"),
                     }
                     state[slot] = v;

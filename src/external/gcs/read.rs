@@ -67,7 +67,8 @@ impl Gcs {
     }
 }
 
-/// Longest one input read may take before its message is NACKed for a later retry.
+/// Longest one input read may take before it counts as a transient failure (the source retries
+/// it in place a few times, then NACKs the message).
 const INPUT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Reads record inputs (`"uri"` records) for the source: builds its client on first use, so a
@@ -113,9 +114,9 @@ impl InputReader {
     /// The object's text. Permanent errors ([`StorageError::is_permanent`]) mean the record can
     /// never succeed; any other error may pass on a retry.
     pub async fn text(&self, uri: &str) -> Result<String, StorageError> {
-        // The client retries transient errors with backoff for a long time; a record should go
-        // back to Pub/Sub (NACK) well before its lease matters. The first call builds the
-        // client, inside the same limit.
+        // The client retries transient errors with backoff for a long time; one read must give
+        // up well before the message's lease matters (the source retries it a few times, then
+        // NACKs). The first call builds the client, inside the same limit.
         self.check_allowed(uri)?;
         let read = async {
             let client = self

@@ -71,7 +71,7 @@ impl Default for Metrics {
         );
         let nacked = counter(
             "spotinfer_messages_nacked",
-            "Messages nacked for redelivery after a failure (commit, model, input read).",
+            "Messages nacked for redelivery outside a shutdown (a uri object still unreadable after its retries, a failure row the database refuses).",
         );
         let released = counter(
             "spotinfer_messages_released_on_shutdown",
@@ -165,7 +165,8 @@ pub struct Counts {
     pub received: u64,
     /// Messages acked after commit.
     pub acked: u64,
-    /// Messages nacked after a failure (commit, model, input read).
+    /// Messages nacked outside a shutdown: a `uri` object still unreadable after its retries, a
+    /// failure row the database refuses (failed commits and model faults are retried in place).
     pub nacked: u64,
     /// Messages nacked unprocessed at shutdown.
     pub released: u64,
@@ -173,7 +174,7 @@ pub struct Counts {
     pub committed: u64,
     /// Failure rows committed.
     pub failed: u64,
-    /// Commits that failed and were retried through redelivery.
+    /// Commits that failed and were retried in place (or, refused for their data, halved).
     pub commit_errors: u64,
     /// Model batches that failed.
     pub model_errors: u64,
