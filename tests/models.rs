@@ -5,8 +5,8 @@
 
 mod common;
 
-use spotinfer::model::{Backend, DeviceChoice, Precision};
 use spotinfer::model::{cosine, Embedder, Input, LoadOptions, ModelSpec, PromptChoice};
+use spotinfer::model::{Backend, DeviceChoice, Precision};
 use std::path::{Path, PathBuf};
 
 fn fixtures() -> PathBuf {
