@@ -112,9 +112,18 @@ pub struct Sampler {
     thread: Option<JoinHandle<()>>,
 }
 
-/// A free port on the loopback interface for a worker's metrics endpoint (the kernel picks it;
-/// the worker binds it a moment later).
+/// A free port on the loopback interface for a worker's metrics endpoint, which the worker
+/// binds a moment later. Drawn below Linux's ephemeral range (32768 and up), so an outgoing
+/// connection cannot take it in between; the kernel's choice if none of those is free.
 pub fn free_loopback_addr() -> std::io::Result<SocketAddr> {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    for _ in 0..64 {
+        let port = rng.random_range(20_000..32_000);
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            return l.local_addr();
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()
 }
 

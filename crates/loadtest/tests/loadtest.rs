@@ -65,7 +65,38 @@ fn loadtest(extra: &[&str], db: Option<&str>, own_emulator: bool) -> serde_json:
             )
         });
     assert!(out.status.success(), "loadtest failed: {stdout}");
+    drawn(&report, &dir.path().join("report.svg"));
     report
+}
+
+/// The run's timeline and its chart: every worker was scraped, every fault is on the timeline
+/// and in the picture.
+fn drawn(report: &serde_json::Value, chart: &std::path::Path) {
+    let timeline = &report["timeline"];
+    let samples = timeline["samples"].as_array().unwrap();
+    assert!(!samples.is_empty(), "no worker was scraped: {timeline}");
+    for w in 0..report["workers"].as_u64().unwrap() {
+        assert!(
+            samples
+                .iter()
+                .any(|s| s["worker"] == w && s["committed"].is_number()),
+            "worker {w} never scraped"
+        );
+    }
+    let events = timeline["events"].as_array().unwrap();
+    let count = |kind: &str| events.iter().filter(|e| e["kind"] == kind).count() as u64;
+    assert_eq!(count("sigterm"), report["sigterms"].as_u64().unwrap());
+    assert_eq!(count("sigkill"), report["sigkills"].as_u64().unwrap());
+    assert_eq!(
+        count("database_outage"),
+        report["db_outages"].as_u64().unwrap()
+    );
+    let svg = std::fs::read_to_string(chart).expect("the chart beside the report");
+    assert!(svg.starts_with("<svg") && svg.contains("committed records/s"));
+    if report["sigterms"].as_u64().unwrap() > 0 {
+        assert!(svg.contains("SIGTERM"));
+    }
+    assert!(svg.len() < 300_000, "chart of {} bytes", svg.len());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
