@@ -22,7 +22,7 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(async move {
+    let result = runtime.block_on(async move {
         match cli.command {
             Command::Setup(a) => commands::setup::run(a).await,
             Command::Publish(a) => commands::publish::run(a).await,
@@ -34,5 +34,10 @@ fn main() -> anyhow::Result<()> {
             Command::Models(a) => commands::models::run(a).await,
             Command::Loadtest(a) => commands::loadtest::run(a),
         }
-    })
+    });
+    // A blocking task still running now is work nobody waits for any more, such as a model load
+    // that a SIGTERM interrupted: dropping the runtime would wait for it and hold the exit for
+    // the rest of the load (seconds), past what Spot allows on a busy node.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    result
 }

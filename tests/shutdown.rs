@@ -170,8 +170,9 @@ async fn sigterm_exits_0_within(
 }
 
 /// Finding 5: start-up gives way to SIGTERM. The worker waits for an unreachable database, then
-/// downloads its model from Cloud Storage through a link that delays every chunk by a second:
-/// a SIGTERM in either step ends it with 0 within --shutdown-timeout.
+/// downloads its model from Cloud Storage through a link that delays every chunk by a second,
+/// then loads a local one: a SIGTERM in any of these steps ends it with 0 within
+/// --shutdown-timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_during_start_up_exits_0_within_the_budget() {
     let name = unique("startup");
@@ -210,6 +211,11 @@ async fn sigterm_during_start_up_exits_0_within_the_budget() {
         ],
     );
     sigterm_exits_0_within(&mut w, Duration::from_secs(3), budget, "the model download").await;
+
+    // The load of a local model (about 3 s in a debug build: weights, bf16 check, tokenizer):
+    // before, the process waited for the abandoned load to finish before it could exit.
+    let mut w = WorkerProcess::start(&args, &db, &flags);
+    sigterm_exits_0_within(&mut w, Duration::from_millis(500), budget, "the model load").await;
 }
 
 /// Finding 5: a `uri` record whose object answers slowly (20 s per chunk) holds the source; a
