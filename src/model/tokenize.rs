@@ -8,7 +8,6 @@ use super::spec::ModelSpec;
 use super::wordpiece::FastWordPiece;
 use super::ModelError;
 use tokenizers::normalizers::{Lowercase, NormalizerWrapper, Sequence};
-use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams};
 
 /// One text as the encoders take it: token ids and type ids, special tokens included.
@@ -38,9 +37,10 @@ pub struct TextTokenizer {
     /// The exact fast path for BERT WordPiece tokenizers and ASCII texts, where it applies.
     fast: Option<FastWordPiece>,
     max_len: usize,
-    /// Whether a long text may be tokenized by a prefix (see [`prefix`]): only where the
-    /// pre-tokenizer splits at whitespace and truncation keeps the start.
-    prefix_cut: bool,
+    /// Where a long text may be cut to a prefix that gives the whole text's ids (see
+    /// [`prefix`]), or `None` (tokenize it whole): only tokenizers whose every step the proof
+    /// covers, truncated at the right.
+    seams: Option<prefix::Seams>,
 }
 
 impl TextTokenizer {
@@ -79,8 +79,17 @@ impl TextTokenizer {
                 .with_normalizer(Some(Sequence::new(steps)))
                 .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
         }
-        let prefix_cut =
-            !spec.truncate_left && inner.get_pre_tokenizer().is_some_and(splits_at_whitespace);
+        // Left truncation keeps the text's end: a prefix cannot stand for it.
+        let seams = if spec.truncate_left {
+            None
+        } else {
+            prefix::Seams::of(&inner)
+                .inspect_err(|why| {
+                    // Exact still, but a long text costs its whole length: worth knowing.
+                    tracing::info!("long texts are tokenized whole, not by a prefix: {why}")
+                })
+                .ok()
+        };
         let fast = if spec.truncate_left {
             None
         } else {
@@ -90,7 +99,7 @@ impl TextTokenizer {
             inner,
             fast,
             max_len,
-            prefix_cut,
+            seams,
         })
     }
 
@@ -99,12 +108,8 @@ impl TextTokenizer {
     /// A long text is tokenized by its prefix where that is exact (see [`prefix`]): the model
     /// keeps only its first `max_len` tokens, so a 1 MiB text costs what a few KiB cost.
     pub fn encode(&self, texts: &[&str]) -> Result<Vec<TokenIds>, ModelError> {
-        let first = if self.prefix_cut {
-            prefix::initial_bytes(self.max_len)
-        } else {
-            usize::MAX
-        };
-        let cuts: Vec<prefix::Cut<'_>> = texts.iter().map(|t| prefix::cut(t, first)).collect();
+        let first = prefix::initial_bytes(self.max_len);
+        let cuts: Vec<prefix::Cut<'_>> = texts.iter().map(|t| self.cut(t, first)).collect();
         let mut out: Vec<Option<TokenIds>> = cuts.iter().map(|c| self.fast_path(c.text)).collect();
         let slow: Vec<usize> = (0..out.len()).filter(|&i| out[i].is_none()).collect();
         if !slow.is_empty() {
@@ -119,16 +124,25 @@ impl TextTokenizer {
         }
         let mut out: Vec<TokenIds> = out.into_iter().flatten().collect();
         for (i, mut cut) in cuts.into_iter().enumerate() {
-            // Grow the prefix until it yields the model's full window at a word boundary (then
-            // the rest of the text cannot change the kept tokens), or is the whole text.
-            let mut limit = first;
+            // Grow the prefix until it fills the model's window (then the rest of the text
+            // cannot change the kept tokens), or is the whole text; each try is longer.
+            let mut min = first;
             while !cut.settles(out[i].len(), self.max_len) {
-                limit = limit.saturating_mul(2);
-                cut = prefix::cut(texts[i], limit);
+                min = min.saturating_mul(2).max(cut.text.len() + 1);
+                cut = self.cut(texts[i], min);
                 out[i] = self.encode_one(cut.text)?;
             }
         }
         Ok(out)
+    }
+
+    /// The prefix of `text` to tokenize first: cut at the first seam past `min_bytes` where
+    /// this tokenizer may be cut, else the whole text.
+    fn cut<'a>(&self, text: &'a str, min_bytes: usize) -> prefix::Cut<'a> {
+        match &self.seams {
+            Some(seams) => seams.cut(text, min_bytes),
+            None => prefix::Cut::whole(text),
+        }
     }
 
     /// One text, by the fast path where it applies, else by the tokenizer.
@@ -182,18 +196,4 @@ fn ids_of(e: &tokenizers::Encoding) -> TokenIds {
 
 fn tokenizer_error(e: tokenizers::Error) -> ModelError {
     ModelError::Tokenizer(e.to_string())
-}
-
-/// Whether this pre-tokenizer splits words at whitespace, so a word's tokens never depend on
-/// what follows the whitespace after it.
-fn splits_at_whitespace(p: &PreTokenizerWrapper) -> bool {
-    match p {
-        PreTokenizerWrapper::BertPreTokenizer(_)
-        | PreTokenizerWrapper::Whitespace(_)
-        | PreTokenizerWrapper::WhitespaceSplit(_) => true,
-        PreTokenizerWrapper::Metaspace(m) => m.get_split(),
-        PreTokenizerWrapper::ByteLevel(b) => b.use_regex,
-        PreTokenizerWrapper::Sequence(s) => s.as_ref().iter().any(splits_at_whitespace),
-        _ => false,
-    }
 }
