@@ -661,3 +661,164 @@ fn a_prefix_yields_the_whole_texts_ids_for_every_accepted_tokenizer() {
         failures.join("\n")
     );
 }
+
+/// A long English text (about `bytes` bytes): sentences of common words, commas, paragraphs;
+/// with `typographic`, curly quotes and apostrophes, which take the text off the WordPiece
+/// fast path and onto the `tokenizers` crate.
+fn english(bytes: usize, typographic: bool) -> String {
+    const WORDS: &[&str] = &[
+        "the",
+        "of",
+        "and",
+        "to",
+        "in",
+        "is",
+        "was",
+        "that",
+        "for",
+        "it",
+        "with",
+        "as",
+        "on",
+        "by",
+        "at",
+        "from",
+        "his",
+        "an",
+        "were",
+        "are",
+        "which",
+        "this",
+        "be",
+        "or",
+        "has",
+        "had",
+        "first",
+        "after",
+        "its",
+        "new",
+        "but",
+        "who",
+        "not",
+        "they",
+        "have",
+        "her",
+        "she",
+        "two",
+        "been",
+        "other",
+        "when",
+        "there",
+        "all",
+        "during",
+        "into",
+        "school",
+        "time",
+        "may",
+        "years",
+        "more",
+        "most",
+        "only",
+        "over",
+        "city",
+        "some",
+        "world",
+        "would",
+        "where",
+        "later",
+        "up",
+        "such",
+        "used",
+        "many",
+        "can",
+        "state",
+        "about",
+        "national",
+        "out",
+        "known",
+        "university",
+        "united",
+        "then",
+        "made",
+        "also",
+        "model",
+        "between",
+        "government",
+        "embedding",
+        "sentence",
+        "worker",
+        "batch",
+        "inference",
+        "2024",
+        "record",
+        "message",
+        "preemptible",
+        "capacity",
+        "tokenizer",
+        "window",
+        "prefix",
+    ];
+    let mut rng = Rng(42);
+    let mut out = String::with_capacity(bytes + 64);
+    while out.len() < bytes {
+        for w in 0..rng.range(6, 24) {
+            let word = rng.word(WORDS);
+            if w == 0 {
+                let mut c = word.chars();
+                out.extend(c.next().map(|c| c.to_ascii_uppercase()));
+                out.push_str(c.as_str());
+            } else {
+                out.push(' ');
+                out.push_str(word);
+            }
+            if typographic && rng.chance(3) {
+                out.push_str(if rng.chance(50) { "’s" } else { "”" });
+            }
+            if rng.chance(8) {
+                out.push(',');
+            }
+        }
+        out.push_str(if rng.chance(10) { ".\n\n" } else { ". " });
+    }
+    out
+}
+
+/// How long 1,000 texts of 1 MiB take to tokenize (best of three rounds) through the project's path (the prefix), and
+/// one through the `tokenizers` crate whole, for MiniLM. A timing, not a check:
+/// `cargo test --test prefix_exact -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn prefix_speed() {
+    let dir = minilm();
+    let embedder = Embedder::open(&dir, &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
+    let spec = ModelSpec::read(&dir).unwrap();
+    let max_len = embedder.info().max_seq_len;
+    let whole = reference(&spec, max_len);
+    for typographic in [false, true] {
+        let text = english(1 << 20, typographic);
+        let batch: Vec<&str> = vec![text.as_str(); 50];
+        let want = whole.encode(text.as_str(), true).unwrap();
+        // The best of three rounds: the machine may be shared.
+        let mut prefix = f64::INFINITY;
+        for _ in 0..3 {
+            let started = std::time::Instant::now();
+            for _ in 0..20 {
+                let got = embedder.tokenize(&batch).unwrap();
+                assert!(got.iter().all(|g| g.ids == want.get_ids()));
+            }
+            prefix = prefix.min(started.elapsed().as_secs_f64());
+        }
+        let started = std::time::Instant::now();
+        for _ in 0..3 {
+            whole.encode(text.as_str(), true).unwrap();
+        }
+        let whole_s = started.elapsed().as_secs_f64() / 3.0;
+        eprintln!(
+            "{} 1 MiB English: 1000 texts by the prefix in {prefix:.3} s ({:.0} µs a text); \
+             one whole by the crate in {:.1} ms",
+            if typographic { "typographic" } else { "ASCII" },
+            prefix * 1000.0,
+            whole_s * 1000.0
+        );
+    }
+}
