@@ -162,24 +162,8 @@ fn draw(timeline: &Timeline, title: &str, root: &DrawingArea<SVGBackend, Shift>)
         .map(|p| p.1)
         .fold(1.0, f64::max)
         * 1.1;
-    let mut chart = ChartBuilder::on(rates_area)
-        .caption(
-            format!("committed records/s (counter increase over {RATE_WINDOW_S} s)"),
-            (FONT, 14),
-        )
-        .margin_left(10)
-        .margin_right(20)
-        .x_label_area_size(22)
-        .y_label_area_size(56)
-        .build_cartesian_2d(x.clone(), 0.0..top)?;
-    chart
-        .configure_mesh()
-        .max_light_lines(1)
-        .light_line_style(RGBColor(240, 240, 240))
-        .y_desc("records/s")
-        .label_style((FONT, 11))
-        .draw()?;
-    draw_markers(&mut chart, &markers, top)?;
+    let caption = format!("committed records/s (counter increase over {RATE_WINDOW_S} s)");
+    let mut chart = panel(rates_area, &caption, "records/s", x.clone(), top, &markers)?;
     chart
         .draw_series(LineSeries::new(
             all.iter().copied(),
@@ -198,21 +182,8 @@ fn draw(timeline: &Timeline, title: &str, root: &DrawingArea<SVGBackend, Shift>)
 
     // In-flight messages.
     let top = flights.values().flatten().map(|p| p.1).fold(1.0, f64::max) * 1.1;
-    let mut chart = ChartBuilder::on(flight_area)
-        .caption("in-flight messages (held, not yet settled)", (FONT, 14))
-        .margin_left(10)
-        .margin_right(20)
-        .x_label_area_size(22)
-        .y_label_area_size(56)
-        .build_cartesian_2d(x.clone(), 0.0..top)?;
-    chart
-        .configure_mesh()
-        .max_light_lines(1)
-        .light_line_style(RGBColor(240, 240, 240))
-        .y_desc("messages")
-        .label_style((FONT, 11))
-        .draw()?;
-    draw_markers(&mut chart, &markers, top)?;
+    let caption = "in-flight messages (held, not yet settled)";
+    let mut chart = panel(flight_area, caption, "messages", x.clone(), top, &markers)?;
     draw_worker_lines(&mut chart, &flights)?;
 
     // Faults, one lane each.
@@ -368,12 +339,43 @@ fn lifetimes(timeline: &Timeline, end: f64) -> BTreeMap<usize, Vec<(f64, f64)>> 
     spans
 }
 
+/// A panel of the chart: seconds across, a count or rate up.
+type Panel<'a, DB> = ChartContext<
+    'a,
+    DB,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// A panel of the chart over `x` and 0..`top`: its caption, axes and light grid, and the fault
+/// markers running through it, ready for its lines.
+fn panel<'a, DB: DrawingBackend>(
+    area: &'a DrawingArea<DB, Shift>,
+    caption: &str,
+    y_desc: &str,
+    x: std::ops::Range<f64>,
+    top: f64,
+    markers: &[Marker],
+) -> Result<Panel<'a, DB>, DrawingAreaErrorKind<DB::ErrorType>> {
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, (FONT, 14))
+        .margin_left(10)
+        .margin_right(20)
+        .x_label_area_size(22)
+        .y_label_area_size(56)
+        .build_cartesian_2d(x, 0.0..top)?;
+    chart
+        .configure_mesh()
+        .max_light_lines(1)
+        .light_line_style(RGBColor(240, 240, 240))
+        .y_desc(y_desc)
+        .label_style((FONT, 11))
+        .draw()?;
+    draw_markers(&mut chart, markers, top)?;
+    Ok(chart)
+}
+
 fn draw_markers<DB: DrawingBackend>(
-    chart: &mut ChartContext<
-        '_,
-        DB,
-        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
-    >,
+    chart: &mut Panel<'_, DB>,
     markers: &[Marker],
     top: f64,
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
@@ -394,11 +396,7 @@ fn draw_markers<DB: DrawingBackend>(
 
 /// One line per incarnation, coloured by slot; one legend entry per slot.
 fn draw_worker_lines<DB: DrawingBackend>(
-    chart: &mut ChartContext<
-        '_,
-        DB,
-        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
-    >,
+    chart: &mut Panel<'_, DB>,
     lines: &BTreeMap<(usize, String), Line>,
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
     let mut labelled = std::collections::BTreeSet::new();
