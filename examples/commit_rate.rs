@@ -73,6 +73,7 @@ async fn main() -> anyhow::Result<()> {
                         embedding: (0..dim)
                             .map(|j| ((i * 31 + j) % 97) as f32 / 97.0)
                             .collect(),
+                        prediction: Default::default(),
                         model: "bench".into(),
                         model_hash: "0123456789abcdef".into(),
                         job: Some("bench".into()),

@@ -19,7 +19,7 @@ pub const MAX_URI_BYTES: usize = 1280;
 /// How much of a bad value an error message quotes.
 const QUOTE_CHARS: usize = 80;
 
-/// One unit of work: a text to embed under a caller-chosen id.
+/// One unit of work: a text (or a pair of texts) for the model, under a caller-chosen id.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
     /// The caller's key; the result row is UPSERTed under it.
@@ -33,6 +33,9 @@ pub struct Record {
     pub job: Option<String>,
     /// The model prompt to put before the text (e5's `query`/`passage`); none: the worker's.
     pub prompt_name: Option<String>,
+    /// The second text of a pair (a cross-encoder's passage, an NLI hypothesis), for the models
+    /// that read pairs.
+    pub text_pair: Option<String>,
 }
 
 /// Why a payload is not a valid record. The message is final: redelivering it cannot help.
@@ -95,6 +98,10 @@ pub enum RecordError {
     /// The record names a prompt the model does not have.
     #[error("field \"prompt_name\": {0}")]
     UnknownPrompt(String),
+    /// The record's shape does not fit the model's task (a `text_pair` for a model that reads
+    /// single texts, a single text for a cross-encoder).
+    #[error("field \"text_pair\": {0}")]
+    Pair(String),
     /// The text is larger than the configured limit.
     #[error("field \"text\" is {len} bytes, the limit is {max} (--max-text-bytes)")]
     TextTooLarge {
@@ -122,6 +129,13 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
     }
     let job = optional_string(&map, "job", MAX_JOB_BYTES)?;
     let prompt_name = optional_string(&map, "prompt_name", MAX_PROMPT_NAME_BYTES)?;
+    // Like `text`, a pair may hold any character; its size counts with the text's below.
+    let text_pair = match map.get("text_pair") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s.is_empty() => return Err(RecordError::Empty("text_pair")),
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err(RecordError::NotString("text_pair")),
+    };
     let has_text = !matches!(map.get("text"), None | Some(Value::Null));
     if !has_text && !matches!(map.get("uri"), None | Some(Value::Null)) {
         let uri = within("uri", required_string(&map, "uri")?, MAX_URI_BYTES)?;
@@ -139,15 +153,17 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
             uri: Some(uri.to_owned()),
             job,
             prompt_name,
+            text_pair,
         });
     }
     if has_text && !matches!(map.get("uri"), None | Some(Value::Null)) {
         return Err(RecordError::TextAndUri);
     }
     let text = required_string(&map, "text")?;
-    if text.len() > max_text_bytes {
+    let len = text.len() + text_pair.as_ref().map_or(0, String::len);
+    if len > max_text_bytes {
         return Err(RecordError::TextTooLarge {
-            len: text.len(),
+            len,
             max: max_text_bytes,
         });
     }
@@ -157,6 +173,7 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
         uri: None,
         job,
         prompt_name,
+        text_pair,
     })
 }
 

@@ -698,6 +698,7 @@ async fn an_existing_table_converts_to_pgvector_and_keeps_its_vectors() {
     let row = |id: &str, t: i64, v: f32| ResultRow {
         record_id: id.into(),
         embedding: vec![v, -v, 0.25],
+        prediction: Default::default(),
         model: "m".into(),
         model_hash: "00000000000000aa".into(),
         job: None,

@@ -118,6 +118,7 @@ fn every_fixture_model_matches_sentence_transformers_on_both_encoders() {
                         .iter()
                         .map(|&text| Input {
                             text,
+                            text_pair: None,
                             prompt_name: Some(n),
                         })
                         .collect();
@@ -262,6 +263,7 @@ fn bad_prompts_and_limits_are_errors() {
     let err = model
         .embed_inputs(&[Input {
             text: "x",
+            text_pair: None,
             prompt_name: Some("nope"),
         }])
         .err()

@@ -13,6 +13,7 @@ fn oversized_batch() -> (Vec<ResultRow>, Vec<FailureRow>) {
         .map(|i| ResultRow {
             record_id: format!("r{i}"),
             embedding: vec![0.5; 4],
+            prediction: Default::default(),
             model: "m".into(),
             model_hash: "00000000000000aa".into(),
             job: Some("big".into()),
@@ -63,6 +64,7 @@ fn model_row(id: &str, model: &str, hash: &str, t: i64, v: f32) -> ResultRow {
     ResultRow {
         record_id: id.into(),
         embedding: vec![v; 3],
+        prediction: Default::default(),
         model: model.into(),
         model_hash: hash.into(),
         job: None,
@@ -213,6 +215,7 @@ async fn vectors_of_every_length_come_back_bit_equal(url: &str) {
             embedding: (0..1 + i % 7)
                 .map(|j| ((i * 7 + j) as f32 * 0.618_034).sin() * 10f32.powi(j - 3))
                 .collect(),
+            prediction: Default::default(),
             model: "m".into(),
             model_hash: "00000000000000aa".into(),
             job: (i % 3 == 0).then(|| "j".to_string()),

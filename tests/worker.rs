@@ -131,6 +131,7 @@ fn row(id: &str, t: i64, v: f32) -> ResultRow {
     ResultRow {
         record_id: id.into(),
         embedding: vec![v; 4],
+        prediction: Default::default(),
         model: "m".into(),
         model_hash: "00000000000000aa".into(),
         job: None,
@@ -443,6 +444,7 @@ async fn records_choose_their_prompt_and_rows_name_the_model() {
         embedder
             .embed_inputs(&[spotinfer::model::Input {
                 text,
+                text_pair: None,
                 prompt_name: prompt,
             }])
             .unwrap()

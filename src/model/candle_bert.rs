@@ -9,7 +9,7 @@
 //! accumulate in f32 (candle's kernels do), and the caller pools in f32. Q, K and V are one
 //! matrix product.
 
-use super::spec::EncoderSpec;
+use super::spec::{Architecture, EncoderSpec};
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use spotinfer_bert_cpu::Pooling;
@@ -23,6 +23,8 @@ pub struct CandleBert {
     layers: Vec<Layer>,
     heads: usize,
     position_offset: u32,
+    /// False for DistilBERT, which has no token types (its one type row is zeros).
+    token_types: bool,
     dtype: DType,
 }
 
@@ -36,19 +38,35 @@ struct Layer {
 }
 
 impl CandleBert {
-    /// Loads the weights (with or without the `bert.`/`roberta.` prefix some checkpoints carry),
-    /// in the VarBuilder's dtype.
+    /// Loads the weights (with or without the `bert.`/`roberta.`/`distilbert.` prefix some
+    /// checkpoints carry), in the VarBuilder's dtype.
     pub fn load(vb: VarBuilder, config: &EncoderSpec) -> Result<Self> {
-        let vb = ["bert", "roberta", "model"]
-            .into_iter()
+        let distil = config.architecture == Architecture::DistilBert;
+        let prefixes: &[&str] = if distil {
+            &["distilbert"]
+        } else {
+            &["bert", "roberta", "model"]
+        };
+        let vb = prefixes
+            .iter()
             .map(|p| vb.pp(p))
             .find(|p| p.contains_tensor("embeddings.word_embeddings.weight"))
             .unwrap_or(vb);
         let (d, eps) = (config.hidden, config.eps);
         let emb = vb.pp("embeddings");
+        let (stack, names) = if distil {
+            ("transformer.layer", &DISTILBERT_NAMES)
+        } else {
+            ("encoder.layer", &BERT_NAMES)
+        };
         let layers = (0..config.layers)
-            .map(|i| Layer::load(vb.pp(format!("encoder.layer.{i}")), config))
+            .map(|i| Layer::load(vb.pp(format!("{stack}.{i}")), config, names))
             .collect::<Result<Vec<_>>>()?;
+        let types = if distil {
+            Embedding::new(Tensor::zeros((1, d), vb.dtype(), vb.device())?, d)
+        } else {
+            candle_nn::embedding(config.type_vocab, d, emb.pp("token_type_embeddings"))?
+        };
         Ok(Self {
             words: candle_nn::embedding(config.vocab, d, emb.pp("word_embeddings"))?,
             positions: candle_nn::embedding(
@@ -56,11 +74,12 @@ impl CandleBert {
                 d,
                 emb.pp("position_embeddings"),
             )?,
-            types: candle_nn::embedding(config.type_vocab, d, emb.pp("token_type_embeddings"))?,
+            types,
             norm: candle_nn::layer_norm(d, eps, emb.pp("LayerNorm"))?,
             layers,
             heads: config.heads,
             position_offset: config.position_offset as u32,
+            token_types: !distil,
             dtype: vb.dtype(),
         })
     }
@@ -73,11 +92,16 @@ impl CandleBert {
         // matter (padding is masked out of every real token's attention and of pooling).
         let first = self.position_offset;
         let positions = Tensor::arange(first, first + len as u32, ids.device())?.unsqueeze(0)?;
+        let types = if self.token_types {
+            types.clone()
+        } else {
+            types.zeros_like()?
+        };
         let x = self
             .words
             .forward(ids)?
             .broadcast_add(&self.positions.forward(&positions)?)?
-            .add(&self.types.forward(types)?)?;
+            .add(&self.types.forward(&types)?)?;
         let mut x = self.norm.forward(&x)?;
         let bias = mask_bias(mask, self.dtype)?;
         for layer in &self.layers {
@@ -92,13 +116,39 @@ impl CandleBert {
     }
 }
 
+/// A layer's tensor names: query, key, value, attention output, attention norm, intermediate,
+/// output, output norm.
+type LayerNames = [&'static str; 8];
+
+const BERT_NAMES: LayerNames = [
+    "attention.self.query",
+    "attention.self.key",
+    "attention.self.value",
+    "attention.output.dense",
+    "attention.output.LayerNorm",
+    "intermediate.dense",
+    "output.dense",
+    "output.LayerNorm",
+];
+
+const DISTILBERT_NAMES: LayerNames = [
+    "attention.q_lin",
+    "attention.k_lin",
+    "attention.v_lin",
+    "attention.out_lin",
+    "sa_layer_norm",
+    "ffn.lin1",
+    "ffn.lin2",
+    "output_layer_norm",
+];
+
 impl Layer {
-    fn load(vb: VarBuilder, c: &EncoderSpec) -> Result<Self> {
+    fn load(vb: VarBuilder, c: &EncoderSpec, names: &LayerNames) -> Result<Self> {
         let (d, eps) = (c.hidden, c.eps);
-        let att = vb.pp("attention");
-        let qkv = ["query", "key", "value"]
+        let [q, k, v, ao, an, im, o, on] = names;
+        let qkv = [q, k, v]
             .iter()
-            .map(|n| candle_nn::linear(d, d, att.pp("self").pp(*n)))
+            .map(|n| candle_nn::linear(d, d, vb.pp(n)))
             .collect::<Result<Vec<_>>>()?;
         let weight = Tensor::cat(&qkv.iter().map(|l| l.weight()).collect::<Vec<_>>(), 0)?;
         let bias = qkv
@@ -108,11 +158,11 @@ impl Layer {
         let bias = bias.map(|b| Tensor::cat(&b, 0)).transpose()?;
         Ok(Self {
             qkv: Linear::new(weight, bias),
-            attention_out: candle_nn::linear(d, d, att.pp("output.dense"))?,
-            attention_norm: candle_nn::layer_norm(d, eps, att.pp("output.LayerNorm"))?,
-            intermediate: candle_nn::linear(d, c.intermediate, vb.pp("intermediate.dense"))?,
-            output: candle_nn::linear(c.intermediate, d, vb.pp("output.dense"))?,
-            output_norm: candle_nn::layer_norm(d, eps, vb.pp("output.LayerNorm"))?,
+            attention_out: candle_nn::linear(d, d, vb.pp(ao))?,
+            attention_norm: candle_nn::layer_norm(d, eps, vb.pp(an))?,
+            intermediate: candle_nn::linear(d, c.intermediate, vb.pp(im))?,
+            output: candle_nn::linear(c.intermediate, d, vb.pp(o))?,
+            output_norm: candle_nn::layer_norm(d, eps, vb.pp(on))?,
         })
     }
 

@@ -1,7 +1,8 @@
 //! The engines: how a network is computed once the text is tokens. The fused CPU encoder of
 //! `crates/bert-cpu` (no padding, its own pooling) and candle (padded batches on any candle
-//! device, pooled here in f32); what goes in and comes out of the model is the [`super::Embedder`]'s
-//! business, not theirs.
+//! device, pooled here in f32); what goes in and comes out of the model is the task's
+//! (`super::task`), not theirs. Both give pooled vectors for embeddings and token rows for the
+//! task heads.
 
 use super::candle_bert::{self, CandleBert};
 use super::spec::ModelSpec;
@@ -36,6 +37,68 @@ impl Engine {
             Self::Candle(model, pooling) => candle_embed(model, *pooling, batch),
         }
     }
+
+    /// One encoder batch's last hidden state, per text `(tokens, hidden)` row-major in f32: every
+    /// token's row, or with `first_only` the first token's, for the task heads.
+    pub(super) fn token_rows(
+        &self,
+        batch: &[&TokenIds],
+        first_only: bool,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        match self {
+            Self::Fused(bert) => {
+                let batch: Vec<bert_cpu::Tokens<'_>> = batch
+                    .iter()
+                    .map(|e| bert_cpu::Tokens {
+                        ids: &e.ids,
+                        type_ids: &e.type_ids,
+                        skip: 0,
+                    })
+                    .collect();
+                Ok(bert.token_rows(&batch, first_only)?)
+            }
+            Self::Candle(model, _) => {
+                let (ids, types, mask, _) = padded(batch.iter().map(|e| (*e, 0)), model.device())?;
+                let hidden = model.forward(&ids, &types, &mask)?.to_dtype(DType::F32)?;
+                batch
+                    .iter()
+                    .enumerate()
+                    .map(|(i, e)| {
+                        let rows = if first_only { 1 } else { e.len() };
+                        Ok(hidden
+                            .get(i)?
+                            .narrow(0, 0, rows)?
+                            .flatten_all()?
+                            .to_vec1()?)
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+/// A batch padded to its longest text as candle takes it: ids, type ids, the attention mask
+/// (1 for a real token) and the pooling mask (1 for a token pooled: real and past its skip),
+/// each `(n, len)` u32 on `device`.
+fn padded<'a>(
+    batch: impl ExactSizeIterator<Item = (&'a TokenIds, usize)> + Clone,
+    device: &Device,
+) -> Result<(Tensor, Tensor, Tensor, Tensor), ModelError> {
+    let n = batch.len();
+    let len = batch.clone().map(|(e, _)| e.len()).max().unwrap_or(0);
+    let mut ids = vec![0u32; n * len];
+    let mut types = vec![0u32; n * len];
+    let mut mask = vec![0u32; n * len];
+    let mut pooled = vec![0u32; n * len];
+    for (i, (e, skip)) in batch.enumerate() {
+        let row = i * len..i * len + e.len();
+        ids[row.clone()].copy_from_slice(&e.ids);
+        types[row.clone()].copy_from_slice(&e.type_ids);
+        mask[row.clone()].fill(1);
+        pooled[row.start + skip.min(e.len())..row.end].fill(1);
+    }
+    let tensor = |v: Vec<u32>| Tensor::from_vec(v, (n, len), device);
+    Ok((tensor(ids)?, tensor(types)?, tensor(mask)?, tensor(pooled)?))
 }
 
 /// The candle encoder on a padded batch (to the longest text), pooled over each text's pooled
@@ -45,24 +108,7 @@ fn candle_embed(
     pooling: Pooling,
     batch: &[(&TokenIds, usize)],
 ) -> Result<Vec<Vec<f32>>, ModelError> {
-    let n = batch.len();
-    let len = batch.iter().map(|(e, _)| e.len()).max().unwrap_or(0);
-    let mut ids = vec![0u32; n * len];
-    let mut types = vec![0u32; n * len];
-    let mut mask = vec![0u32; n * len];
-    let mut pooled = vec![0u32; n * len];
-    for (i, (e, skip)) in batch.iter().enumerate() {
-        let row = i * len..i * len + e.len();
-        ids[row.clone()].copy_from_slice(&e.ids);
-        types[row.clone()].copy_from_slice(&e.type_ids);
-        mask[row.clone()].fill(1);
-        pooled[row.start + (*skip).min(e.len())..row.end].fill(1);
-    }
-    let device = model.device();
-    let ids = Tensor::from_vec(ids, (n, len), device)?;
-    let types = Tensor::from_vec(types, (n, len), device)?;
-    let mask = Tensor::from_vec(mask, (n, len), device)?;
-    let pooled = Tensor::from_vec(pooled, (n, len), device)?;
+    let (ids, types, mask, pooled) = padded(batch.iter().copied(), model.device())?;
     let hidden = model.forward(&ids, &types, &mask)?; // (n, len, dim)
     let firsts: Vec<usize> = batch
         .iter()

@@ -20,27 +20,28 @@ mod budget;
 mod candle_bert;
 mod engine;
 mod fused;
-mod head;
 pub mod offline;
 mod options;
 mod prefix;
 mod prompt;
 pub mod spec;
+mod task;
 mod thread;
 mod tokenize;
 mod wordpiece;
 
 pub use options::{default_model_name, Backend, DeviceChoice, LoadOptions, Precision};
 pub use prompt::PromptChoice;
-pub use spec::ModelSpec;
+pub use spec::{ModelSpec, Task};
+pub use task::{Entity, Output};
 pub use thread::{ModelHandle, Reload, Reply, Text};
 
 use engine::{candle_dtype, load_candle, load_fused, select_device, Engine};
-use head::Head;
 use prompt::Prompts;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use task::{Head, SequenceHead, TokenHead};
 use tokenize::TextTokenizer;
 pub use tokenize::TokenIds;
 
@@ -141,15 +142,43 @@ pub struct ModelInfo {
     pub device: String,
     /// The model's named prompts, which a record may pick with `prompt_name`.
     pub prompts: Vec<String>,
+    /// What the model computes for a record.
+    pub task: Task,
+    /// The head's labels in id order (empty for embeddings).
+    pub labels: Vec<String>,
 }
 
-/// One input: a text and, optionally, the name of the model's prompt to put before it.
+/// One input: a text, optionally a second text for a pair task, and optionally the name of the
+/// model's prompt to put before it (embeddings only).
 #[derive(Debug, Clone, Copy)]
 pub struct Input<'a> {
     /// The text.
     pub text: &'a str,
+    /// The second text of a pair (a cross-encoder's passage, an NLI hypothesis).
+    pub text_pair: Option<&'a str>,
     /// A prompt name; none: the worker's default prompt.
     pub prompt_name: Option<&'a str>,
+}
+
+/// The results of one batch, in input order, whatever the task.
+#[derive(Debug, Clone)]
+pub struct Predicted {
+    /// One result per input.
+    pub outputs: Vec<Output>,
+    /// Real (unpadded) tokens computed, for throughput figures.
+    pub tokens: usize,
+    /// Seconds the model computed (tokenizer included), without time queued.
+    pub seconds: f64,
+}
+
+/// The head a model's task runs on the encoder's output.
+enum TaskHead {
+    /// Pooled vectors through Dense and Normalize.
+    Embed(Head),
+    /// The first token's row through a classification head.
+    Sequence(SequenceHead),
+    /// Every token's row through a token head, grouped into entities.
+    Tokens(TokenHead),
 }
 
 /// The embeddings of one batch, in input order.
@@ -163,11 +192,12 @@ pub struct Embedded {
     pub seconds: f64,
 }
 
-/// A loaded sentence-embedding model.
+/// A loaded model: an engine for its encoder, its tokenizer, and its task's head. Named for
+/// the task spotinfer began with; it runs every task (`predict`).
 pub struct Embedder {
     engine: Engine,
     tokenizer: TextTokenizer,
-    head: Head,
+    head: TaskHead,
     prompts: Prompts,
     /// Whether pooling leaves the prompt's tokens out (`include_prompt: false`).
     skip_prompt: bool,
@@ -229,11 +259,18 @@ impl Embedder {
                 Some(dtype) => format!("{device:?} (candle, {dtype:?})"),
             },
             prompts: prompts.names(),
+            task: spec.task.task,
+            labels: spec.task.labels.clone(),
+        };
+        let head = match spec.task.task {
+            Task::Embed => TaskHead::Embed(Head::load(&spec)?),
+            Task::Classify | Task::Score => TaskHead::Sequence(SequenceHead::load(&spec)?),
+            Task::Tag => TaskHead::Tokens(TokenHead::load(&spec)?),
         };
         let mut embedder = Self {
             engine,
             tokenizer,
-            head: Head::load(&spec)?,
+            head,
             prompts,
             skip_prompt: !spec.pooling.include_prompt,
             info,
@@ -287,8 +324,124 @@ impl Embedder {
         self.embed_inputs(&inputs)
     }
 
+    /// Computes the model's task for a batch: embeddings, labels, pair scores or entities.
+    pub fn predict(&self, inputs: &[Input<'_>]) -> Result<Predicted, ModelError> {
+        let started = std::time::Instant::now();
+        self.check_inputs(inputs)?;
+        let (outputs, tokens) = match &self.head {
+            TaskHead::Embed(_) => {
+                let e = self.embed_inputs(inputs)?;
+                (
+                    e.vectors.into_iter().map(Output::Embedding).collect(),
+                    e.tokens,
+                )
+            }
+            TaskHead::Sequence(head) => self.classify(head, inputs)?,
+            TaskHead::Tokens(head) => self.tag(head, inputs)?,
+        };
+        if let Some(index) = outputs.iter().position(|o| !o.is_finite()) {
+            return Err(ModelError::NonFinite { index });
+        }
+        Ok(Predicted {
+            outputs,
+            tokens,
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// Refuses what this model's task cannot take: a `text_pair` for a model that reads single
+    /// texts, a single text for a cross-encoder, a prompt for a task model (none has prompts).
+    fn check_inputs(&self, inputs: &[Input<'_>]) -> Result<(), ModelError> {
+        let task = self.info.task;
+        for (i, input) in inputs.iter().enumerate() {
+            if input.text_pair.is_some() && !task.takes_pairs() {
+                return Err(ModelError::Input(format!(
+                    "input {i}: a text_pair, but this {} model reads single texts",
+                    task.name()
+                )));
+            }
+            if input.text_pair.is_none() && task.needs_pairs() {
+                return Err(ModelError::Input(format!(
+                    "input {i}: no text_pair, but this cross-encoder scores (text, text_pair) pairs"
+                )));
+            }
+            if let (Some(name), false) = (input.prompt_name, task == Task::Embed) {
+                return Err(ModelError::Prompt(format!(
+                    "input {i}: prompt {name:?}, but this {} model has no prompts",
+                    task.name()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Texts and pairs through the encoder's first token and the sequence head.
+    fn classify(
+        &self,
+        head: &SequenceHead,
+        inputs: &[Input<'_>],
+    ) -> Result<(Vec<Output>, usize), ModelError> {
+        let pairs: Vec<(&str, Option<&str>)> =
+            inputs.iter().map(|i| (i.text, i.text_pair)).collect();
+        let encodings = self.tokenizer.encode_pairs(&pairs)?;
+        let rows = self.token_rows(&encodings.iter().collect::<Vec<_>>(), true)?;
+        let outputs = rows.iter().map(|r| head.apply(r)).collect();
+        Ok((outputs, encodings.iter().map(TokenIds::len).sum()))
+    }
+
+    /// Texts through the encoder's every token, the token head and its grouping.
+    fn tag(
+        &self,
+        head: &TokenHead,
+        inputs: &[Input<'_>],
+    ) -> Result<(Vec<Output>, usize), ModelError> {
+        let texts: Vec<&str> = inputs.iter().map(|i| i.text).collect();
+        let tagged = self.tokenizer.encode_tagged(&texts)?;
+        let rows = self.token_rows(&tagged.iter().map(|t| &t.ids).collect::<Vec<_>>(), false)?;
+        let outputs = rows
+            .iter()
+            .zip(&tagged)
+            .zip(&texts)
+            .map(|((rows, t), text)| {
+                Ok(Output::Entities(head.entities(
+                    rows,
+                    t,
+                    text,
+                    &self.tokenizer,
+                )?))
+            })
+            .collect::<Result<_, ModelError>>()?;
+        Ok((outputs, tagged.iter().map(|t| t.ids.len()).sum()))
+    }
+
+    /// The encoder's token rows for each text, in encoder batches of the token budget.
+    fn token_rows(
+        &self,
+        encodings: &[&TokenIds],
+        first_only: bool,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let lens: Vec<usize> = encodings.iter().map(|e| e.len()).collect();
+        let mut rows = vec![Vec::new(); encodings.len()];
+        for chunk in budget::token_budget_chunks(&lens, self.max_batch_tokens) {
+            let part: Vec<&TokenIds> = chunk.iter().map(|&i| encodings[i]).collect();
+            for (i, r) in chunk
+                .into_iter()
+                .zip(self.engine.token_rows(&part, first_only)?)
+            {
+                rows[i] = r;
+            }
+        }
+        Ok(rows)
+    }
+
     /// Embeds a batch: prompt, tokenize, encoder and pooling, Dense layers, Normalize.
     pub fn embed_inputs(&self, inputs: &[Input<'_>]) -> Result<Embedded, ModelError> {
+        let TaskHead::Embed(embed_head) = &self.head else {
+            return Err(ModelError::Input(format!(
+                "this is a {} model: it computes no embeddings",
+                self.info.task.name()
+            )));
+        };
         let started = std::time::Instant::now();
         let (encodings, skips) = self.tokenize_inputs(inputs)?;
         let lens: Vec<usize> = encodings.iter().map(|e| e.len()).collect();
@@ -303,7 +456,7 @@ impl Embedder {
             let part: Vec<(&TokenIds, usize)> =
                 chunk.iter().map(|&i| (&encodings[i], skips[i])).collect();
             for (i, v) in chunk.into_iter().zip(self.engine.encode(&part)?) {
-                vectors[i] = self.head.apply(v);
+                vectors[i] = embed_head.apply(v);
             }
         }
         if let Some(index) = vectors
@@ -354,6 +507,7 @@ impl Embedder {
 fn plain(text: &str) -> Input<'_> {
     Input {
         text,
+        text_pair: None,
         prompt_name: None,
     }
 }

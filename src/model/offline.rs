@@ -3,7 +3,7 @@
 //! Both read the same JSONL contract as the worker and report bad lines by number. The bench
 //! excludes model load time and prints, as its last line, one JSON object with the figures.
 
-use crate::model::{Embedder, ModelError};
+use crate::model::{Embedder, Input, ModelError, Output};
 use crate::record::{self, Record};
 use serde::Serialize;
 use std::io::{BufRead, Write};
@@ -80,7 +80,9 @@ pub fn records(
 /// memory stays flat whatever the file's size.
 const EMBED_CHUNK: usize = 8192;
 
-/// Embeds the records of `input` into `{"id","embedding"}` lines at `output`, in input order,
+/// Runs the model over the records of `input` into result lines at `output`, in input order:
+/// `{"id", "embedding"}` for an embedding model, the task's keys for a task model
+/// (`{"id", "label", "score", "scores"}`, `{"id", "score"}`, `{"id", "entities"}`),
 /// reading and writing as it goes. The lines are written to `output` + `.partial`, renamed over
 /// `output` only once complete: an interrupted run leaves no half-written file under that name.
 /// Returns how many records were embedded.
@@ -131,10 +133,13 @@ fn write_vectors(
         if chunk.is_empty() {
             break;
         }
-        let (vectors, _) = embed_all(embedder, &chunk, batch_size)?;
-        for (r, v) in chunk.iter().zip(vectors) {
-            let line = serde_json::json!({"id": r.id, "embedding": v});
-            writeln!(w, "{line}").map_err(io)?;
+        let (outputs, _) = predict_all(embedder, &chunk, batch_size)?;
+        let labels = &embedder.info().labels;
+        for (r, output) in chunk.iter().zip(outputs) {
+            let mut line = serde_json::Map::new();
+            line.insert("id".into(), r.id.clone().into());
+            line.extend(output.fields(labels));
+            writeln!(w, "{}", serde_json::Value::Object(line)).map_err(io)?;
         }
         done += chunk.len();
     }
@@ -156,23 +161,35 @@ pub fn length_sorted_batches(records: &[Record], batch_size: usize) -> Vec<Vec<u
         .collect()
 }
 
-/// Embeds every record; vectors come back in input order.
-pub fn embed_all(
+/// Runs the model over every record (with the default prompt); results come back in input
+/// order, with the tokens computed.
+pub fn predict_all(
     embedder: &Embedder,
     records: &[Record],
     batch_size: usize,
-) -> Result<(Vec<Vec<f32>>, usize), OfflineError> {
-    let mut vectors = vec![Vec::new(); records.len()];
+) -> Result<(Vec<Output>, usize), OfflineError> {
+    let mut outputs = vec![Output::Embedding(Vec::new()); records.len()];
     let mut tokens = 0;
     for batch in length_sorted_batches(records, batch_size) {
-        let texts: Vec<&str> = batch.iter().map(|&i| records[i].text.as_str()).collect();
-        let out = embedder.embed(&texts)?;
+        let out = embedder.predict(&inputs(records, &batch))?;
         tokens += out.tokens;
-        for (i, v) in batch.into_iter().zip(out.vectors) {
-            vectors[i] = v;
+        for (i, v) in batch.into_iter().zip(out.outputs) {
+            outputs[i] = v;
         }
     }
-    Ok((vectors, tokens))
+    Ok((outputs, tokens))
+}
+
+/// The model inputs of `records[batch]`.
+fn inputs<'a>(records: &'a [Record], batch: &[usize]) -> Vec<Input<'a>> {
+    batch
+        .iter()
+        .map(|&i| Input {
+            text: &records[i].text,
+            text_pair: records[i].text_pair.as_deref(),
+            prompt_name: None,
+        })
+        .collect()
 }
 
 /// The bench's figures.
@@ -232,12 +249,11 @@ pub fn bench(
         .iter()
         .take(warmup)
     {
-        let texts: Vec<&str> = batch.iter().map(|&i| records[i].text.as_str()).collect();
-        embedder.embed(&texts)?;
+        embedder.predict(&inputs(records, batch))?;
     }
     let (user0, sys0, _) = rusage();
     let started = Instant::now();
-    let (_, tokens) = embed_all(embedder, records, batch_size)?;
+    let (_, tokens) = predict_all(embedder, records, batch_size)?;
     let seconds = started.elapsed().as_secs_f64();
     let (user1, sys1, peak_kib) = rusage();
     Ok(BenchReport {

@@ -2,14 +2,17 @@
 //! computes for seconds never stalls the async runtime that keeps Pub/Sub leases, acks and nacks
 //! flowing.
 
-use super::{Embedded, Embedder, Input, ModelError, ModelInfo};
+use super::{Embedder, Input, ModelError, ModelInfo, Predicted};
 use tokio::sync::{mpsc, oneshot};
 
-/// One text for the model thread, with the name of the prompt it asks for.
+/// One input for the model thread: a text, the second text of a pair, and the name of the
+/// prompt it asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Text {
     /// The text.
     pub text: String,
+    /// The second text of a pair, for the tasks that score pairs.
+    pub text_pair: Option<String>,
     /// The model prompt to put before it; none: the worker's default.
     pub prompt_name: Option<String>,
 }
@@ -18,6 +21,7 @@ impl From<String> for Text {
     fn from(text: String) -> Self {
         Self {
             text,
+            text_pair: None,
             prompt_name: None,
         }
     }
@@ -25,7 +29,7 @@ impl From<String> for Text {
 
 struct Job {
     texts: Vec<Text>,
-    reply: oneshot::Sender<Result<Embedded, ModelError>>,
+    reply: oneshot::Sender<Result<Predicted, ModelError>>,
 }
 
 /// Reloads the model from its files: how the model thread rebuilds itself after a device
@@ -64,8 +68,8 @@ impl ModelHandle {
         &self.info
     }
 
-    /// Embeds `texts` on the model thread.
-    pub async fn embed(&self, texts: Vec<Text>) -> Result<Embedded, ModelError> {
+    /// Computes the model's task for `texts` on the model thread.
+    pub async fn predict(&self, texts: Vec<Text>) -> Result<Predicted, ModelError> {
         self.submit(texts).await?.wait().await
     }
 
@@ -85,11 +89,11 @@ impl ModelHandle {
 /// The result of a batch queued with [`ModelHandle::submit`]. Dropping it cancels the work if
 /// the model has not started it.
 #[derive(Debug)]
-pub struct Reply(oneshot::Receiver<Result<Embedded, ModelError>>);
+pub struct Reply(oneshot::Receiver<Result<Predicted, ModelError>>);
 
 impl Reply {
-    /// Waits for the vectors.
-    pub async fn wait(self) -> Result<Embedded, ModelError> {
+    /// Waits for the results.
+    pub async fn wait(self) -> Result<Predicted, ModelError> {
         self.0.await.map_err(|_| ModelError::Stopped)?
     }
 }
@@ -119,23 +123,22 @@ fn serve(mut embedder: Embedder, reload: Option<Reload>, mut rx: mpsc::Receiver<
     }
 }
 
-/// Embeds one job's texts, a panic caught as [`ModelError::Panic`].
-fn run(embedder: &Embedder, texts: &[Text]) -> Result<Embedded, ModelError> {
+/// Computes one job's texts, a panic caught as [`ModelError::Panic`].
+fn run(embedder: &Embedder, texts: &[Text]) -> Result<Predicted, ModelError> {
     let inputs: Vec<Input<'_>> = texts
         .iter()
         .map(|t| Input {
             text: &t.text,
+            text_pair: t.text_pair.as_deref(),
             prompt_name: t.prompt_name.as_deref(),
         })
         .collect();
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        embedder.embed_inputs(&inputs)
-    }))
-    .unwrap_or_else(|p| {
-        Err(ModelError::Panic(crate::shutdown::panic_message(
-            p.as_ref(),
-        )))
-    })
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| embedder.predict(&inputs)))
+        .unwrap_or_else(|p| {
+            Err(ModelError::Panic(crate::shutdown::panic_message(
+                p.as_ref(),
+            )))
+        })
 }
 
 /// Device faults injected for the tests that prove a failing device is never blamed on the

@@ -31,9 +31,26 @@ impl TokenIds {
     }
 }
 
+/// One text as a tagger reads it: its tokens with where each came from in the text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tagged {
+    /// Token ids and type ids, special tokens included.
+    pub ids: TokenIds,
+    /// Each token's `(start, end)` in characters (Unicode scalar values, as Python indexes a
+    /// `str`) of the original text; `(0, 0)` for special tokens.
+    pub offsets: Vec<(usize, usize)>,
+    /// Whether each token is a special token (`[CLS]`, `</s>`, …).
+    pub special: Vec<bool>,
+    /// Each token as the vocabulary spells it (`##ing`, `▁the`, `Ġthe`).
+    pub tokens: Vec<String>,
+}
+
 /// The model's tokenizer, set up as sentence-transformers uses it.
 pub struct TextTokenizer {
     inner: Tokenizer,
+    /// The unknown token's id (`unk_token` of `tokenizer_config.json`), which a tagger reports
+    /// by the text it stands for rather than by its spelling.
+    unk_id: Option<u32>,
     /// The exact fast path for BERT WordPiece tokenizers and ASCII texts, where it applies.
     fast: Option<FastWordPiece>,
     max_len: usize,
@@ -95,8 +112,10 @@ impl TextTokenizer {
         } else {
             FastWordPiece::new(&inner, max_len)
         };
+        let unk_id = unk_token(&spec.encoder_dir).and_then(|t| inner.token_to_id(&t));
         Ok(Self {
             inner,
+            unk_id,
             fast,
             max_len,
             seams,
@@ -185,6 +204,92 @@ impl TextTokenizer {
         let trailing = e.get_special_tokens_mask().last() == Some(&1);
         Ok(e.len() - usize::from(trailing))
     }
+}
+
+impl TextTokenizer {
+    /// Texts, some with a second text (`text_pair`), as the sequence heads read them: a pair
+    /// through the tokenizer's pair template, both truncated together `longest_first` (the
+    /// longer loses a token at a time) as transformers truncates pairs; a single text as
+    /// [`TextTokenizer::encode`] does.
+    pub fn encode_pairs(
+        &self,
+        inputs: &[(&str, Option<&str>)],
+    ) -> Result<Vec<TokenIds>, ModelError> {
+        let singles: Vec<&str> = inputs
+            .iter()
+            .filter(|(_, pair)| pair.is_none())
+            .map(|(t, _)| *t)
+            .collect();
+        let pairs: Vec<tokenizers::EncodeInput<'_>> = inputs
+            .iter()
+            .filter_map(|(t, pair)| pair.map(|p| (*t, p).into()))
+            .collect();
+        let mut singles = self.encode(&singles)?.into_iter();
+        let mut pairs = self
+            .inner
+            .encode_batch_fast(pairs, true)
+            .map_err(tokenizer_error)?
+            .into_iter();
+        inputs
+            .iter()
+            .map(|(_, pair)| {
+                let next = match pair {
+                    None => singles.next(),
+                    Some(_) => pairs.next().map(|e| ids_of(&e)),
+                };
+                next.ok_or_else(|| ModelError::Tokenizer("the tokenizer lost an input".into()))
+            })
+            .collect()
+    }
+
+    /// Texts with each token's character offsets, special-token flags and spelling, for a
+    /// tagger (`return_offsets_mapping`, `return_special_tokens_mask` in transformers).
+    pub fn encode_tagged(&self, texts: &[&str]) -> Result<Vec<Tagged>, ModelError> {
+        texts
+            .iter()
+            .map(|text| {
+                let e = self
+                    .inner
+                    .encode_char_offsets(*text, true)
+                    .map_err(tokenizer_error)?;
+                Ok(Tagged {
+                    ids: ids_of(&e),
+                    offsets: e.get_offsets().to_vec(),
+                    special: e
+                        .get_special_tokens_mask()
+                        .iter()
+                        .map(|&m| m == 1)
+                        .collect(),
+                    tokens: e.get_tokens().to_vec(),
+                })
+            })
+            .collect()
+    }
+
+    /// Tokens joined back into text by the tokenizer's decoder (transformers'
+    /// `convert_tokens_to_string`), or by spaces when it has none.
+    pub fn join_tokens(&self, tokens: Vec<String>) -> Result<String, ModelError> {
+        use tokenizers::Decoder;
+        match self.inner.get_decoder() {
+            Some(decoder) => decoder.decode(tokens).map_err(tokenizer_error),
+            None => Ok(tokens.join(" ")),
+        }
+    }
+
+    /// The unknown token's id, where the tokenizer names one.
+    pub fn unk_id(&self) -> Option<u32> {
+        self.unk_id
+    }
+}
+
+/// `unk_token` of the folder's `tokenizer_config.json` (a string or `{"content": …}`).
+fn unk_token(dir: &std::path::Path) -> Option<String> {
+    let bytes = std::fs::read(dir.join("tokenizer_config.json")).ok()?;
+    let config: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let unk = config.get("unk_token")?;
+    unk.as_str()
+        .or_else(|| unk.get("content").and_then(serde_json::Value::as_str))
+        .map(str::to_string)
 }
 
 fn ids_of(e: &tokenizers::Encoding) -> TokenIds {

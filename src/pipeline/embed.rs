@@ -12,7 +12,7 @@
 //! for a broken device.
 
 use crate::external::telemetry::Metrics;
-use crate::model::{Embedded, ModelError, ModelHandle, Reply, Text};
+use crate::model::{ModelError, ModelHandle, Predicted, Reply, Text};
 use crate::pipeline::message::{Batch, Delivery, HandBack, Outcome, Pending, Rejected};
 use crate::record::RecordError;
 use crate::shutdown::{self, Shutdown};
@@ -76,7 +76,7 @@ async fn submit_batches(
             mut records,
             mut rejected,
         } = batch;
-        refuse_unknown_prompts(&mut records, &mut rejected, &model);
+        refuse_unfit(&mut records, &mut rejected, &model);
         let mut at = AtModel {
             records,
             rejected,
@@ -107,41 +107,53 @@ async fn submit_batches(
 fn model_text(p: &Pending) -> Text {
     Text {
         text: p.record.text.clone(),
+        text_pair: p.record.text_pair.clone(),
         prompt_name: p.record.prompt_name.clone(),
     }
 }
 
-/// Moves the records naming a prompt the model lacks to `rejected`: a final failure, recorded
-/// with the model's prompt names, never a batch failure.
-fn refuse_unknown_prompts(
-    records: &mut Vec<Pending>,
-    rejected: &mut Vec<Rejected>,
-    model: &ModelHandle,
-) {
-    let known = &model.info().prompts;
-    let unknown = |p: &Pending| {
-        p.record
-            .prompt_name
-            .as_ref()
-            .is_some_and(|n| !known.contains(n))
+/// Moves the records the model cannot take to `rejected`, each a final failure recorded with
+/// the reason, never a batch failure: a prompt the model lacks (with its prompt names), a
+/// `text_pair` for a model that reads single texts, a single text for a cross-encoder.
+fn refuse_unfit(records: &mut Vec<Pending>, rejected: &mut Vec<Rejected>, model: &ModelHandle) {
+    let info = model.info();
+    let why = |p: &Pending| -> Option<RecordError> {
+        let r = &p.record;
+        if let Some(name) = r.prompt_name.as_ref().filter(|n| !info.prompts.contains(n)) {
+            return Some(RecordError::UnknownPrompt(format!(
+                "the model has no prompt named {name:?} (its prompts: {})",
+                if info.prompts.is_empty() {
+                    "none".to_string()
+                } else {
+                    info.prompts.join(", ")
+                }
+            )));
+        }
+        match (
+            &r.text_pair,
+            info.task.takes_pairs(),
+            info.task.needs_pairs(),
+        ) {
+            (Some(_), false, _) => Some(RecordError::Pair(format!(
+                "the model {} is a {} model, which reads single texts",
+                info.name,
+                info.task.name()
+            ))),
+            (None, _, true) => Some(RecordError::Pair(format!(
+                "missing: the model {} is a cross-encoder, which scores (text, text_pair) pairs",
+                info.name
+            ))),
+            _ => None,
+        }
     };
-    if !records.iter().any(unknown) {
+    if !records.iter().any(|p| why(p).is_some()) {
         return;
     }
-    let (bad, good): (Vec<Pending>, Vec<Pending>) =
-        std::mem::take(records).into_iter().partition(unknown);
-    *records = good;
-    for p in bad {
-        let name = p.record.prompt_name.clone().unwrap_or_default();
-        let reason = format!(
-            "the model has no prompt named {name:?} (its prompts: {})",
-            if known.is_empty() {
-                "none".to_string()
-            } else {
-                known.join(", ")
-            }
-        );
-        rejected.push(p.into_rejected(RecordError::UnknownPrompt(reason)));
+    for p in std::mem::take(records) {
+        match why(&p) {
+            Some(error) => rejected.push(p.into_rejected(error)),
+            None => records.push(p),
+        }
     }
 }
 
@@ -190,7 +202,7 @@ async fn collect_results(
                 Ok(embedded) => {
                     metrics.inference_seconds.observe(embedded.seconds);
                     metrics.tokens(embedded.tokens as u64);
-                    outcome.done = records.into_iter().zip(embedded.vectors).collect();
+                    outcome.done = records.into_iter().zip(embedded.outputs).collect();
                 }
                 Err(e) => {
                     metrics.model_error();
@@ -267,12 +279,12 @@ impl Halt {
 /// itself not ready. `Ok` holds a result the records can be judged by: vectors, or an error the
 /// input is to blame for.
 async fn retry_device_faults(
-    first: Result<Embedded, ModelError>,
+    first: Result<Predicted, ModelError>,
     records: &[Pending],
     model: &ModelHandle,
     metrics: &Metrics,
     shutdown: &Shutdown,
-) -> Result<Result<Embedded, ModelError>, Halt> {
+) -> Result<Result<Predicted, ModelError>, Halt> {
     let mut result = first;
     let mut pauses = device_retry_pauses();
     loop {
@@ -298,7 +310,7 @@ async fn retry_device_faults(
             _ = shutdown.cancelled() => return Err(Halt::Shutdown),
             r = async {
                 tokio::time::sleep(pause).await;
-                model.embed(records.iter().map(model_text).collect()).await
+                model.predict(records.iter().map(model_text).collect()).await
             } => r,
         };
     }
@@ -331,7 +343,7 @@ async fn isolate(
             biased;
             _ = shutdown.cancelled() => Err(Halt::Shutdown),
             r = async {
-                let alone = model.embed(vec![model_text(&p)]).await;
+                let alone = model.predict(vec![model_text(&p)]).await;
                 retry_device_faults(alone, std::slice::from_ref(&p), model, metrics, shutdown).await
             } => r,
         };
@@ -342,7 +354,7 @@ async fn isolate(
                 return Err(halt);
             }
         };
-        let alone = alone.and_then(|mut e| match (e.vectors.pop(), e.vectors.is_empty()) {
+        let alone = alone.and_then(|mut e| match (e.outputs.pop(), e.outputs.is_empty()) {
             (Some(v), true) => Ok(v),
             _ => Err(ModelError::Input("not one vector for one input".into())),
         });
@@ -362,6 +374,7 @@ async fn isolate(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Output;
     use crate::pipeline::testkit::{faulty_model, poisoned_model, Call, Kit};
     use std::collections::BTreeSet;
 
@@ -415,7 +428,7 @@ mod tests {
         assert!(outcome
             .done
             .iter()
-            .all(|(_, v)| v.len() == 32 && v.iter().all(|x| x.is_finite())));
+            .all(|(_, v)| matches!(v, Output::Embedding(v) if v.len() == 32) && v.is_finite()));
         let rejected: Vec<(&str, &RecordError)> = outcome
             .rejected
             .iter()

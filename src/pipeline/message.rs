@@ -8,6 +8,7 @@
 //! Dropping any of them drops its acks, which NACKs the messages for redelivery; only the sink,
 //! after its commit, acks (the whole story: [`crate::pipeline::ack`]).
 
+use crate::model::Output;
 use crate::pipeline::ack::Ack;
 use crate::record::{Record, RecordError};
 use bytes::Bytes;
@@ -127,7 +128,7 @@ impl Batch {
 #[derive(Debug, Default)]
 pub struct Outcome {
     /// Valid records and their embeddings.
-    pub done: Vec<(Pending, Vec<f32>)>,
+    pub done: Vec<(Pending, Output)>,
     /// Invalid payloads.
     pub rejected: Vec<Rejected>,
 }
@@ -293,9 +294,11 @@ mod tests {
         let data = r#"{"id":"u","text":"t"}"#;
         let u = kit.delivery_with("u", data, kit.unconfirmed_ack("u"));
         let Batch { records, .. } = kit.batch([u]);
-        outcome
-            .done
-            .extend(records.into_iter().map(|p| (p, vec![1.0])));
+        outcome.done.extend(
+            records
+                .into_iter()
+                .map(|p| (p, Output::Embedding(vec![1.0]))),
+        );
         assert_eq!(outcome.ack_all(true).await, 1);
         assert_eq!(
             kit.ledger.calls(),

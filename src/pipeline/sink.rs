@@ -8,8 +8,9 @@
 //! any other retried in place) and what the sink does at shutdown are described in
 //! [`crate::pipeline::ack`]; `commit_until_done` and `split_refused` are that code.
 
-use crate::external::store::{self, FailureRow, ResultRow, Store};
+use crate::external::store::{self, FailureRow, Prediction, ResultRow, Store};
 use crate::external::telemetry::Metrics;
+use crate::model::{Output, Task};
 use crate::pipeline::message::{HandBack, Outcome, Rejected};
 use crate::record::RecordError;
 use crate::shutdown::Shutdown;
@@ -25,6 +26,10 @@ pub struct SinkConfig {
     pub model: String,
     /// Which weights made the vectors, written in each row.
     pub model_hash: String,
+    /// The model's task, written in each row.
+    pub task: Task,
+    /// The model's labels in id order, which name a classifier's `scores` (empty otherwise).
+    pub labels: Vec<String>,
     /// Longest a commit may take before it counts as failed.
     pub commit_timeout: Duration,
     /// Wait for exactly-once ack confirmations.
@@ -128,7 +133,7 @@ async fn commit_one(
     shutdown: &Shutdown,
 ) -> Committed {
     let mut backoff = store::retry_schedule(BACKOFF_START);
-    let (results, failures) = rows(&outcome, &cfg.model, &cfg.model_hash);
+    let (results, failures) = rows(&outcome, cfg);
     loop {
         let started = Instant::now();
         let committed =
@@ -212,19 +217,23 @@ pub const MAX_FAILURE_PAYLOAD: usize = 64 * 1024;
 
 /// The rows that record `outcome`: a result row per embedded record, a failure row per rejected
 /// payload (its keys salvaged from the payload where they can be, made storable).
-fn rows(outcome: &Outcome, model: &str, model_hash: &str) -> (Vec<ResultRow>, Vec<FailureRow>) {
+fn rows(outcome: &Outcome, cfg: &SinkConfig) -> (Vec<ResultRow>, Vec<FailureRow>) {
     let results = outcome
         .done
         .iter()
-        .map(|(p, v)| ResultRow {
-            record_id: p.record.id.clone(),
-            embedding: v.clone(),
-            model: model.to_string(),
-            model_hash: model_hash.to_string(),
-            job: p.record.job.clone(),
-            input_sha256: hex::encode(Sha256::digest(p.record.text.as_bytes())),
-            message_id: p.meta.message_id.clone(),
-            publish_time_us: p.meta.publish_time_us,
+        .map(|(p, output)| {
+            let (embedding, prediction) = columns(output, cfg.task, &cfg.labels);
+            ResultRow {
+                record_id: p.record.id.clone(),
+                embedding,
+                prediction,
+                model: cfg.model.clone(),
+                model_hash: cfg.model_hash.clone(),
+                job: p.record.job.clone(),
+                input_sha256: input_sha256(&p.record),
+                message_id: p.meta.message_id.clone(),
+                publish_time_us: p.meta.publish_time_us,
+            }
         })
         .collect();
     let failures = outcome
@@ -252,6 +261,38 @@ fn rows(outcome: &Outcome, model: &str, model_hash: &str) -> (Vec<ResultRow>, Ve
     (results, failures)
 }
 
+/// Hex SHA-256 of what the model read: the text, or for a pair the text, a NUL byte and the
+/// `text_pair` (so no two different pairs share a hash unless their texts hold NULs).
+fn input_sha256(record: &crate::record::Record) -> String {
+    let mut hash = Sha256::new();
+    hash.update(record.text.as_bytes());
+    if let Some(pair) = &record.text_pair {
+        hash.update([0u8]);
+        hash.update(pair.as_bytes());
+    }
+    hex::encode(hash.finalize())
+}
+
+/// A result's vector and task columns: the result line's keys (`Output::fields`), stored.
+fn columns(output: &Output, task: Task, labels: &[String]) -> (Vec<f32>, Prediction) {
+    if let Output::Embedding(v) = output {
+        return (v.clone(), Prediction::default());
+    }
+    let fields = output.fields(labels);
+    let text = |key: &str| fields.get(key).map(|v| v.to_string());
+    let prediction = Prediction {
+        task: task.name().into(),
+        label: fields
+            .get("label")
+            .and_then(|l| l.as_str())
+            .map(str::to_string),
+        score: fields.get("score").and_then(|s| s.as_f64()),
+        scores: text("scores"),
+        entities: text("entities"),
+    };
+    (Vec::new(), prediction)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,6 +302,8 @@ mod tests {
         SinkConfig {
             model: "m".into(),
             model_hash: "h".into(),
+            task: crate::model::Task::Embed,
+            labels: Vec::new(),
             commit_timeout,
             confirm_acks: false,
         }

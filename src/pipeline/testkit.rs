@@ -6,7 +6,7 @@
 
 use crate::external::store::Store;
 use crate::external::telemetry::Metrics;
-use crate::model::{DeviceChoice, Embedder, LoadOptions, ModelHandle};
+use crate::model::{DeviceChoice, Embedder, LoadOptions, ModelHandle, Output};
 use crate::pipeline::ack::{Ack, LeaseLoop, NackHold, Settle};
 use crate::pipeline::message::{Batch, Delivery, MessageMeta, Outcome};
 use crate::shutdown::Shutdown;
@@ -275,7 +275,7 @@ impl Kit {
             done: batch
                 .records
                 .into_iter()
-                .map(|p| (p, vec![0.6, 0.8]))
+                .map(|p| (p, Output::Embedding(vec![0.6, 0.8])))
                 .collect(),
             rejected: batch.rejected,
         }
@@ -347,7 +347,7 @@ fn spawn(embedder: Embedder, faults: Option<String>) -> ModelHandle {
     }
     let model = ModelHandle::spawn(embedder).unwrap();
     // Blocks this thread for one tiny batch: once it is back, the thread has read the variable.
-    let first = futures::executor::block_on(model.embed(vec!["warm up".to_string().into()]));
+    let first = futures::executor::block_on(model.predict(vec!["warm up".to_string().into()]));
     std::env::remove_var(VAR);
     assert_eq!(
         first.is_err(),

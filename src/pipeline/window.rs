@@ -89,13 +89,18 @@ impl Window {
 pub async fn measure_rate(model: &ModelHandle, batch_size: usize) -> Result<f64, ModelError> {
     let words = CALIBRATION_WORDS.min(model.info().max_seq_len).max(1);
     let text = calibration_text(words);
-    model.embed(vec![text.clone().into()]).await?;
-    let batch = vec![crate::model::Text::from(text); batch_size.clamp(1, 64)];
+    // A cross-encoder reads pairs: the text paired with itself.
+    let input = crate::model::Text {
+        text_pair: model.info().task.needs_pairs().then(|| text.clone()),
+        ..crate::model::Text::from(text)
+    };
+    model.predict(vec![input.clone()]).await?;
+    let batch = vec![input; batch_size.clamp(1, 64)];
     let began = Instant::now();
     let mut best = f64::INFINITY;
     for _ in 0..3 {
         let started = Instant::now();
-        model.embed(batch.clone()).await?;
+        model.predict(batch.clone()).await?;
         best = best.min(started.elapsed().as_secs_f64());
         if began.elapsed().as_secs_f64() > 1.0 {
             break;

@@ -279,6 +279,8 @@ async fn start(
     let sink_cfg = SinkConfig {
         model: model.info().name.clone(),
         model_hash: model.info().hash.clone(),
+        task: model.info().task,
+        labels: model.info().labels.clone(),
         commit_timeout: cfg.commit_timeout,
         confirm_acks: cfg.exactly_once,
     };
@@ -491,6 +493,8 @@ mod tests {
             sink: SinkConfig {
                 model: "m".into(),
                 model_hash: "h".into(),
+                task: crate::model::Task::Embed,
+                labels: Vec::new(),
                 commit_timeout: Duration::from_secs(5),
                 confirm_acks: false,
             },

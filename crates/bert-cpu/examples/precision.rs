@@ -6,7 +6,7 @@
 //!
 //! The shape is all-MiniLM-L6-v2's (384 wide, 6 layers, 12 heads, 1536 feed-forward).
 
-use spotinfer_bert_cpu::{CpuBert, Dims, Pooling, Precision, Tokens};
+use spotinfer_bert_cpu::{CpuBert, Dims, Layout, Pooling, Precision, Tokens};
 use std::time::Instant;
 
 fn main() {
@@ -25,6 +25,7 @@ fn main() {
         type_vocab: 2,
         eps: 1e-12,
         position_offset: 0,
+        layout: Layout::Bert,
     };
     let mut bert = CpuBert::load(path.as_ref(), dims, Pooling::Mean).expect("load");
     bert.set_precision(Precision::Bf16).expect("bf16");

@@ -81,6 +81,76 @@ pub struct Dims {
     /// The position id of a text's first token: 0 for BERT; `padding_idx + 1` for RoBERTa and
     /// XLM-RoBERTa, whose position table keeps its first rows for padding.
     pub position_offset: usize,
+    /// How the checkpoint names its tensors (and whether it has token types).
+    pub layout: Layout,
+}
+
+/// How a checkpoint names its tensors. The networks compute the same function (post-norm
+/// layers, exact GELU); DistilBERT has no token-type embeddings and its own names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Layout {
+    /// `BertModel`, `RobertaModel` and `XLMRobertaModel` names (`encoder.layer.N.attention…`),
+    /// with or without a `bert.`, `roberta.` or `model.` prefix.
+    #[default]
+    Bert,
+    /// `DistilBertModel` names (`transformer.layer.N.attention.q_lin…`), with or without a
+    /// `distilbert.` prefix; token type ids are ignored, as DistilBERT's forward takes none.
+    DistilBert,
+}
+
+/// The tensor names of one checkpoint layout.
+struct Names {
+    prefixes: &'static [&'static str],
+    word: &'static str,
+    position: &'static str,
+    token_type: Option<&'static str>,
+    emb_norm: &'static str,
+    layer: &'static str,
+    /// Query, key, value, attention output, attention norm, intermediate, output, output norm.
+    parts: [&'static str; 8],
+}
+
+impl Layout {
+    fn names(self) -> Names {
+        match self {
+            Self::Bert => Names {
+                prefixes: &["", "bert.", "roberta.", "model."],
+                word: "embeddings.word_embeddings",
+                position: "embeddings.position_embeddings",
+                token_type: Some("embeddings.token_type_embeddings"),
+                emb_norm: "embeddings.LayerNorm",
+                layer: "encoder.layer",
+                parts: [
+                    "attention.self.query",
+                    "attention.self.key",
+                    "attention.self.value",
+                    "attention.output.dense",
+                    "attention.output.LayerNorm",
+                    "intermediate.dense",
+                    "output.dense",
+                    "output.LayerNorm",
+                ],
+            },
+            Self::DistilBert => Names {
+                prefixes: &["", "distilbert."],
+                word: "embeddings.word_embeddings",
+                position: "embeddings.position_embeddings",
+                token_type: None,
+                emb_norm: "embeddings.LayerNorm",
+                layer: "transformer.layer",
+                parts: [
+                    "attention.q_lin",
+                    "attention.k_lin",
+                    "attention.v_lin",
+                    "attention.out_lin",
+                    "sa_layer_norm",
+                    "ffn.lin1",
+                    "ffn.lin2",
+                    "output_layer_norm",
+                ],
+            },
+        }
+    }
 }
 
 /// How a text's token vectors become one vector (sentence-transformers' `Pooling` module).
@@ -197,8 +267,8 @@ pub struct CpuBert {
 }
 
 impl CpuBert {
-    /// Loads the weights from a safetensors file (F32, F16 or BF16, widened to f32; PyTorch
-    /// `BertModel`/`XLMRobertaModel` names, with or without a `bert.` or `roberta.` prefix).
+    /// Loads the weights from a safetensors file (F32, F16 or BF16, widened to f32), named as
+    /// `dims.layout` says.
     pub fn load(path: &Path, dims: Dims, pooling: Pooling) -> Result<Self, BertError> {
         let file = WeightsFile::open(path)?;
         let st = file.tensors()?;
@@ -209,56 +279,52 @@ impl CpuBert {
                 dims.heads
             )));
         }
-        let prefix = ["", "bert.", "roberta.", "model."]
-            .into_iter()
-            .find(|p| st.has(&format!("{p}embeddings.word_embeddings.weight")))
+        let names = dims.layout.names();
+        let prefix = names
+            .prefixes
+            .iter()
+            .find(|p| st.has(&format!("{p}{}.weight", names.word)))
+            .copied()
             .unwrap_or("");
         let get = |name: &str, shape: &[usize]| st.read(&format!("{prefix}{name}"), shape);
-        let word = get("embeddings.word_embeddings.weight", &[dims.vocab, h])?;
+        let word = get(&format!("{}.weight", names.word), &[dims.vocab, h])?;
         let position = get(
-            "embeddings.position_embeddings.weight",
+            &format!("{}.weight", names.position),
             &[dims.max_positions, h],
         )?;
-        let token_type = get(
-            "embeddings.token_type_embeddings.weight",
-            &[dims.type_vocab, h],
-        )?;
-        let emb_ln_w = get("embeddings.LayerNorm.weight", &[h])?;
-        let emb_ln_b = get("embeddings.LayerNorm.bias", &[h])?;
+        let token_type = match names.token_type {
+            Some(n) => get(&format!("{n}.weight"), &[dims.type_vocab, h])?,
+            // One all-zero type row: every token adds nothing, as DistilBERT's embeddings do.
+            None => vec![0.0; h],
+        };
+        let emb_ln_w = get(&format!("{}.weight", names.emb_norm), &[h])?;
+        let emb_ln_b = get(&format!("{}.bias", names.emb_norm), &[h])?;
         let mut layers = Vec::with_capacity(dims.layers);
         for i in 0..dims.layers {
-            let p = format!("encoder.layer.{i}.");
-            let mut qkv_w = get(&format!("{p}attention.self.query.weight"), &[h, h])?;
-            qkv_w.extend(get(&format!("{p}attention.self.key.weight"), &[h, h])?);
-            qkv_w.extend(get(&format!("{p}attention.self.value.weight"), &[h, h])?);
-            let mut qkv_b = get(&format!("{p}attention.self.query.bias"), &[h])?;
-            qkv_b.extend(get(&format!("{p}attention.self.key.bias"), &[h])?);
-            qkv_b.extend(get(&format!("{p}attention.self.value.bias"), &[h])?);
+            let part = |name: &str, what: &str, shape: &[usize]| {
+                get(&format!("{}.{i}.{name}.{what}", names.layer), shape)
+            };
+            let [q, k, v, ao, an, im, o, on] = names.parts;
+            let inter = dims.intermediate;
+            let mut qkv_w = part(q, "weight", &[h, h])?;
+            qkv_w.extend(part(k, "weight", &[h, h])?);
+            qkv_w.extend(part(v, "weight", &[h, h])?);
+            let mut qkv_b = part(q, "bias", &[h])?;
+            qkv_b.extend(part(k, "bias", &[h])?);
+            qkv_b.extend(part(v, "bias", &[h])?);
             layers.push(Layer {
                 qkv_w: Dense::new(qkv_w, h),
                 qkv_b,
-                attn_out_w: Dense::new(
-                    get(&format!("{p}attention.output.dense.weight"), &[h, h])?,
-                    h,
-                ),
-                attn_out_b: get(&format!("{p}attention.output.dense.bias"), &[h])?,
-                attn_ln_w: get(&format!("{p}attention.output.LayerNorm.weight"), &[h])?,
-                attn_ln_b: get(&format!("{p}attention.output.LayerNorm.bias"), &[h])?,
-                inter_w: Dense::new(
-                    get(
-                        &format!("{p}intermediate.dense.weight"),
-                        &[dims.intermediate, h],
-                    )?,
-                    h,
-                ),
-                inter_b: get(&format!("{p}intermediate.dense.bias"), &[dims.intermediate])?,
-                out_w: Dense::new(
-                    get(&format!("{p}output.dense.weight"), &[h, dims.intermediate])?,
-                    dims.intermediate,
-                ),
-                out_b: get(&format!("{p}output.dense.bias"), &[h])?,
-                out_ln_w: get(&format!("{p}output.LayerNorm.weight"), &[h])?,
-                out_ln_b: get(&format!("{p}output.LayerNorm.bias"), &[h])?,
+                attn_out_w: Dense::new(part(ao, "weight", &[h, h])?, h),
+                attn_out_b: part(ao, "bias", &[h])?,
+                attn_ln_w: part(an, "weight", &[h])?,
+                attn_ln_b: part(an, "bias", &[h])?,
+                inter_w: Dense::new(part(im, "weight", &[inter, h])?, h),
+                inter_b: part(im, "bias", &[inter])?,
+                out_w: Dense::new(part(o, "weight", &[h, inter])?, inter),
+                out_b: part(o, "bias", &[h])?,
+                out_ln_w: part(on, "weight", &[h])?,
+                out_ln_b: part(on, "bias", &[h])?,
             });
         }
         Ok(Self {
@@ -337,6 +403,35 @@ impl CpuBert {
     /// less than [`SMALL_BATCH_MACS`] multiply-adds (a tiny model, a few short texts) runs on one
     /// thread, where waking a second for each pass would cost more than it saves.
     pub fn embed(&self, texts: &[Tokens<'_>]) -> Result<Vec<Vec<f32>>, BertError> {
+        self.run(texts, |rows, skip| {
+            pool(self.pooling, rows, self.dims.hidden, skip)
+        })
+    }
+
+    /// The last hidden state of each text, row-major `(tokens, hidden)`: every token's row, or
+    /// with `first_only` the first token's (`[CLS]`/`<s>`), which is all a sequence
+    /// classifier's head reads. For the task heads that read tokens rather than a pooled vector.
+    pub fn token_rows(
+        &self,
+        texts: &[Tokens<'_>],
+        first_only: bool,
+    ) -> Result<Vec<Vec<f32>>, BertError> {
+        let h = self.dims.hidden;
+        self.run(texts, |rows, _| {
+            if first_only {
+                rows[..h].to_vec()
+            } else {
+                rows.to_vec()
+            }
+        })
+    }
+
+    /// The encoder over `texts`, then `read` on each text's rows (`len × hidden`) and its skip.
+    fn run<R: Send>(
+        &self,
+        texts: &[Tokens<'_>],
+        read: impl Fn(&[f32], usize) -> R + Sync,
+    ) -> Result<Vec<R>, BertError> {
         let d = self.dims;
         let tokens: usize = texts.iter().map(|t| t.ids.len()).sum();
         let per_token = d.layers * (4 * d.hidden * d.hidden + 2 * d.hidden * d.intermediate);
@@ -344,12 +439,16 @@ impl CpuBert {
             texts.iter().map(|t| t.ids.len().pow(2)).sum::<usize>() * 2 * d.hidden;
         let macs = tokens.saturating_mul(per_token) + attention.saturating_mul(d.layers);
         match single_thread_pool() {
-            Some(pool) if macs < SMALL_BATCH_MACS => pool.install(|| self.embed_here(texts)),
-            _ => rayon::scope(|_| self.embed_here(texts)),
+            Some(pool) if macs < SMALL_BATCH_MACS => pool.install(|| self.run_here(texts, &read)),
+            _ => rayon::scope(|_| self.run_here(texts, &read)),
         }
     }
 
-    fn embed_here(&self, texts: &[Tokens<'_>]) -> Result<Vec<Vec<f32>>, BertError> {
+    fn run_here<R: Send>(
+        &self,
+        texts: &[Tokens<'_>],
+        read: &(impl Fn(&[f32], usize) -> R + Sync),
+    ) -> Result<Vec<R>, BertError> {
         let d = self.dims;
         let h = d.hidden;
         // Each text's (first row, length) in the batch matrix, and each row's (id, position, type).
@@ -372,6 +471,12 @@ impl CpuBert {
             skips.push(t.skip);
             for (pos, (&id, &ty)) in t.ids.iter().zip(t.type_ids).enumerate() {
                 let pos = pos + d.position_offset;
+                // DistilBERT has no token types: its one all-zero row serves every token.
+                let ty = if d.layout == Layout::DistilBert {
+                    0
+                } else {
+                    ty
+                };
                 if id as usize >= d.vocab || ty as usize >= d.type_vocab {
                     return Err(BertError::Input(format!(
                         "token id {id} or type {ty} outside the model's vocabulary"
@@ -425,7 +530,7 @@ impl CpuBert {
         Ok(spans
             .par_iter()
             .zip(skips.par_iter())
-            .map(|(&(o, len), &skip)| pool(self.pooling, &x[o * h..(o + len) * h], h, skip))
+            .map(|(&(o, len), &skip)| read(&x[o * h..(o + len) * h], skip))
             .collect())
     }
 }
@@ -614,6 +719,7 @@ mod tests {
         type_vocab: 2,
         eps: 1e-12,
         position_offset: 0,
+        layout: Layout::Bert,
     };
 
     /// The tensors of a BERT of `d`'s shape, as (name, shape), in PyTorch's names.

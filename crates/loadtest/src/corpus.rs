@@ -162,6 +162,7 @@ pub fn corpus(n: usize, seed: u64, prefix: &str) -> Vec<Record> {
                 uri: None,
                 job: Some(prefix.to_string()),
                 prompt_name: None,
+                text_pair: None,
             }
         })
         .collect()

@@ -40,7 +40,8 @@ pub use redact::redact_url;
 pub use rows::{ExportedFailure, ExportedResult};
 pub use vector::VectorColumn;
 pub use write::{
-    f32s_to_le_bytes, le_bytes_to_f32s, newest_per_record, storable, FailureRow, ResultRow,
+    f32s_to_le_bytes, le_bytes_to_f32s, newest_per_record, storable, FailureRow, Prediction,
+    ResultRow,
 };
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};

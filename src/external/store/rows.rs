@@ -1,7 +1,7 @@
 //! A job's rows read back as a stream, for `spotinfer export`: one row at a time from the
 //! database cursor, so memory does not grow with the job.
 
-use super::{le_bytes_to_f32s, FailureRow, Store, StoreError};
+use super::{le_bytes_to_f32s, FailureRow, Prediction, Store, StoreError};
 use futures::stream::{BoxStream, StreamExt};
 use sqlx::Row;
 
@@ -10,8 +10,10 @@ use sqlx::Row;
 pub struct ExportedResult {
     /// The record id.
     pub id: String,
-    /// The vector.
+    /// The vector (empty for a task that computes none).
     pub embedding: Vec<f32>,
+    /// The task's columns (label, scores, entities).
+    pub prediction: Prediction,
     /// The model's name.
     pub model: String,
     /// Which weights made the vector.
@@ -39,11 +41,13 @@ pub struct ExportedFailure {
 
 const RESULTS_PG: &str = "SELECT e.record_id, e.embedding::real[] AS embedding, e.model, \
      e.model_hash, r.job, e.input_sha256, e.message_id, e.publish_time_us, \
+     e.task, e.label, e.score, e.scores::text AS scores, e.entities::text AS entities, \
      (EXTRACT(EPOCH FROM e.processed_at) * 1000000)::BIGINT AS processed_at_us \
      FROM job_records r JOIN embeddings e ON e.record_id = r.record_id AND e.model = $2 \
      WHERE r.job = $1 ORDER BY r.record_id";
 const RESULTS_SQLITE: &str = "SELECT e.record_id, e.embedding, e.model, e.model_hash, r.job, \
-     e.input_sha256, e.message_id, e.publish_time_us, \
+     e.input_sha256, e.message_id, e.publish_time_us, e.task, e.label, e.score, e.scores, \
+     e.entities, \
      CAST(ROUND((julianday(e.processed_at) - 2440587.5) * 86400000000.0) AS INTEGER) AS processed_at_us \
      FROM job_records r JOIN embeddings e ON e.record_id = r.record_id AND e.model = $2 \
      WHERE r.job = $1 ORDER BY r.record_id";
@@ -105,8 +109,8 @@ impl Store {
                 .fetch(p)
                 .map(|row| {
                     let row = row?;
-                    let embedding: Vec<f32> = row.try_get("embedding")?;
-                    result_row(&row, embedding)
+                    let embedding: Option<Vec<f32>> = row.try_get("embedding")?;
+                    result_row(&row, embedding.unwrap_or_default())
                 })
                 .boxed(),
             Store::Sqlite(p) => sqlx::query(RESULTS_SQLITE)
@@ -120,6 +124,17 @@ impl Store {
                 })
                 .boxed(),
         }
+    }
+
+    /// The task of `job`'s results from `model` (`embed` when it has none yet).
+    pub async fn job_task(&self, job: &str, model: &str) -> Result<String, StoreError> {
+        let sql = "SELECT task FROM embeddings WHERE job = $1 AND model = $2 LIMIT 1";
+        let task: Option<String> = on_pool!(self, p => sqlx::query_scalar(sql)
+            .bind(job)
+            .bind(model)
+            .fetch_optional(p)
+            .await?);
+        Ok(task.unwrap_or_else(|| "embed".into()))
     }
 
     /// The failure rows of `job` whose record has no result from `model`, by message id.
@@ -143,11 +158,20 @@ fn result_row<R: Row>(row: &R, embedding: Vec<f32>) -> Result<ExportedResult, St
 where
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<f64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> &'r str: sqlx::ColumnIndex<R>,
 {
     Ok(ExportedResult {
         id: row.try_get("record_id")?,
         embedding,
+        prediction: Prediction {
+            task: row.try_get("task")?,
+            label: row.try_get("label")?,
+            score: row.try_get("score")?,
+            scores: row.try_get("scores")?,
+            entities: row.try_get("entities")?,
+        },
         model: row.try_get("model")?,
         model_hash: row.try_get("model_hash")?,
         job: row.try_get("job")?,

@@ -48,13 +48,44 @@ pub fn storable(text: &str) -> String {
     text.replace('\0', "\\u0000")
 }
 
-/// One embedding to store.
+/// What a task model computed, in the result row's task columns. The default is an
+/// embedding's: task `embed`, every column empty (its result is the vector).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prediction {
+    /// `embed`, `classify`, `score` or `tag`.
+    pub task: String,
+    /// A classifier's best label.
+    pub label: Option<String>,
+    /// That label's score, or a cross-encoder's score.
+    pub score: Option<f64>,
+    /// Every label's score: a JSON array of `{"label", "score"}` in label-id order.
+    pub scores: Option<String>,
+    /// A tagger's entities: a JSON array of `{"entity_group", "score", "word", "start", "end"}`.
+    pub entities: Option<String>,
+}
+
+impl Default for Prediction {
+    fn default() -> Self {
+        Self {
+            task: "embed".into(),
+            label: None,
+            score: None,
+            scores: None,
+            entities: None,
+        }
+    }
+}
+
+/// One result to store: an embedding, or a task model's prediction.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResultRow {
     /// The record's id (primary key).
     pub record_id: String,
-    /// The unit-length vector.
+    /// The vector (empty for a task that computes none: stored as NULL on PostgreSQL, an empty
+    /// BLOB on SQLite).
     pub embedding: Vec<f32>,
+    /// The task's columns beside the vector.
+    pub prediction: Prediction,
     /// Model name (with the record id, the primary key).
     pub model: String,
     /// Which weights made the vector (see `ModelInfo::hash`).
@@ -91,13 +122,15 @@ pub struct FailureRow {
 }
 
 /// The head of SQLite's multi-row result UPSERT ([`results_statement`]).
-const UPSERT_COLUMNS: &str = "INSERT INTO embeddings (record_id, embedding, model, model_hash, dim, job, input_sha256, message_id, publish_time_us) ";
+const UPSERT_COLUMNS: &str = "INSERT INTO embeddings (record_id, embedding, model, model_hash, dim, job, input_sha256, message_id, publish_time_us, task, label, score, scores, entities) ";
 
 fn upsert_tail(now: &str) -> String {
     format!(
         " ON CONFLICT (record_id, model) DO UPDATE SET embedding = excluded.embedding, model_hash = excluded.model_hash, \
          dim = excluded.dim, job = excluded.job, input_sha256 = excluded.input_sha256, \
-         message_id = excluded.message_id, publish_time_us = excluded.publish_time_us, processed_at = {now} \
+         message_id = excluded.message_id, publish_time_us = excluded.publish_time_us, processed_at = {now}, \
+         task = excluded.task, label = excluded.label, score = excluded.score, scores = excluded.scores, \
+         entities = excluded.entities \
          WHERE embeddings.publish_time_us <= excluded.publish_time_us"
     )
 }
@@ -108,7 +141,7 @@ const FAILURE_COLUMNS: &str =
 const FAILURE_TAIL: &str = " ON CONFLICT (message_id) DO NOTHING";
 
 /// Bind parameters per row of the result UPSERT and of the failure INSERT.
-const RESULT_COLUMNS: usize = 9;
+const RESULT_COLUMNS: usize = 14;
 const FAILURE_COLUMNS_N: usize = 8;
 /// Bind parameters one statement may carry: PostgreSQL's protocol limit, and SQLite's
 /// `SQLITE_MAX_VARIABLE_NUMBER` as sqlx's bundled SQLite is built (32,766). A batch with more
@@ -174,12 +207,16 @@ impl Store {
 /// multi-row VALUES list would be a new statement (parsed and planned, and cached) for every
 /// row count, and the sink's group commits come in every size.
 const PG_UPSERT_UNNEST: &str = "INSERT INTO embeddings (record_id, embedding, model, model_hash, \
-     dim, job, input_sha256, message_id, publish_time_us) \
-     SELECT r.record_id, ($2::real[])[r.first : r.first + r.dim - 1], r.model, r.model_hash, \
-     r.dim, r.job, r.input_sha256, r.message_id, r.publish_time_us \
+     dim, job, input_sha256, message_id, publish_time_us, task, label, score, scores, entities) \
+     SELECT r.record_id, \
+     CASE WHEN r.dim = 0 THEN NULL ELSE ($2::real[])[r.first : r.first + r.dim - 1] END, \
+     r.model, r.model_hash, r.dim, r.job, r.input_sha256, r.message_id, r.publish_time_us, \
+     r.task, r.label, r.score, r.scores::jsonb, r.entities::jsonb \
      FROM UNNEST($1::text[], $3::int[], $4::int[], $5::text[], $6::text[], $7::text[], \
-     $8::text[], $9::text[], $10::bigint[]) \
-     AS r(record_id, first, dim, model, model_hash, job, input_sha256, message_id, publish_time_us)";
+     $8::text[], $9::text[], $10::bigint[], $11::text[], $12::text[], $13::float8[], \
+     $14::text[], $15::text[]) \
+     AS r(record_id, first, dim, model, model_hash, job, input_sha256, message_id, publish_time_us, \
+     task, label, score, scores, entities)";
 
 fn pg_results_statement<'q>(
     rows: &[&ResultRow],
@@ -191,6 +228,9 @@ fn pg_results_statement<'q>(
         flat.extend_from_slice(&r.embedding);
     }
     let col = |f: fn(&ResultRow) -> String| rows.iter().map(|r| f(r)).collect::<Vec<String>>();
+    let opt = |f: fn(&ResultRow) -> Option<String>| {
+        rows.iter().map(|r| f(r)).collect::<Vec<Option<String>>>()
+    };
     sqlx::query(PG_UPSERT_STATEMENT.as_str())
         .bind(col(|r| r.record_id.clone()))
         .bind(flat)
@@ -210,6 +250,15 @@ fn pg_results_statement<'q>(
         .bind(col(|r| r.input_sha256.clone()))
         .bind(col(|r| r.message_id.clone()))
         .bind(rows.iter().map(|r| r.publish_time_us).collect::<Vec<i64>>())
+        .bind(col(|r| r.prediction.task.clone()))
+        .bind(opt(|r| r.prediction.label.clone()))
+        .bind(
+            rows.iter()
+                .map(|r| r.prediction.score)
+                .collect::<Vec<Option<f64>>>(),
+        )
+        .bind(opt(|r| r.prediction.scores.clone()))
+        .bind(opt(|r| r.prediction.entities.clone()))
 }
 
 /// [`PG_UPSERT_UNNEST`] with the UPSERT's conflict clause.
@@ -229,7 +278,12 @@ fn results_statement<'a>(results: &'a [&ResultRow]) -> QueryBuilder<'a, Sqlite> 
             .push_bind(r.job.clone())
             .push_bind(r.input_sha256.clone())
             .push_bind(r.message_id.clone())
-            .push_bind(r.publish_time_us);
+            .push_bind(r.publish_time_us)
+            .push_bind(r.prediction.task.clone())
+            .push_bind(r.prediction.label.clone())
+            .push_bind(r.prediction.score)
+            .push_bind(r.prediction.scores.clone())
+            .push_bind(r.prediction.entities.clone());
     });
     q.push(upsert_tail(SQLITE_NOW));
     q
@@ -297,6 +351,7 @@ mod tests {
         ResultRow {
             record_id: id.into(),
             embedding: vec![t as f32],
+            prediction: Prediction::default(),
             model: "m".into(),
             model_hash: "0123456789abcdef".into(),
             job: None,

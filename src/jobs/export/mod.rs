@@ -10,6 +10,7 @@
 pub mod destination;
 pub mod encode;
 pub mod table;
+pub mod task_table;
 
 use crate::external::gcs::StorageError;
 use crate::external::store::{Store, StoreError};
@@ -18,6 +19,7 @@ use encode::{Encoder, Format};
 use futures::stream::{BoxStream, StreamExt};
 use std::path::PathBuf;
 use table::{FailedRow, Table};
+use task_table::TaskResult;
 
 /// Why an export failed (nothing is left under the final name).
 #[derive(Debug, thiserror::Error)]
@@ -95,9 +97,15 @@ pub async fn export(
     let destination = Destination::open(output, emulator_host).await?;
     store.refresh_stale_statistics().await;
     match what {
-        What::Results => {
+        What::Results if store.job_task(job, &model).await? == "embed" => {
             let rows = store.job_results(job, &model);
             write_all(rows, format, destination, progress).await
+        }
+        What::Results => {
+            let rows = store
+                .job_results(job, &model)
+                .map(|r| r.map(TaskResult::from));
+            write_all(rows.boxed(), format, destination, progress).await
         }
         What::Failures => {
             // The workers' failure rows, then the lines the publishes refused: every line of
@@ -155,6 +163,7 @@ mod tests {
         ExportedResult {
             id: format!("r{i}"),
             embedding: vec![i as f32, 0.5],
+            prediction: Default::default(),
             model: "m".into(),
             model_hash: "0123456789abcdef".into(),
             job: "j".into(),

@@ -24,18 +24,18 @@ pub trait Table: Send + 'static {
     fn json(&self) -> serde_json::Value;
 }
 
-fn utc_micros() -> DataType {
+pub(super) fn utc_micros() -> DataType {
     DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
 }
 
 /// RFC 3339 for a microsecond timestamp (what the JSON lines carry).
-fn rfc3339(us: i64) -> String {
+pub(super) fn rfc3339(us: i64) -> String {
     chrono::DateTime::from_timestamp_micros(us)
         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
         .unwrap_or_default()
 }
 
-fn strings<'a>(values: impl Iterator<Item = Option<&'a str>>) -> ArrayRef {
+pub(super) fn strings<'a>(values: impl Iterator<Item = Option<&'a str>>) -> ArrayRef {
     let mut b = StringBuilder::new();
     for v in values {
         b.append_option(v);
@@ -43,7 +43,7 @@ fn strings<'a>(values: impl Iterator<Item = Option<&'a str>>) -> ArrayRef {
     Arc::new(b.finish())
 }
 
-fn int64s(values: impl Iterator<Item = i64>) -> ArrayRef {
+pub(super) fn int64s(values: impl Iterator<Item = i64>) -> ArrayRef {
     let mut b = Int64Builder::new();
     for v in values {
         b.append_value(v);
@@ -51,7 +51,7 @@ fn int64s(values: impl Iterator<Item = i64>) -> ArrayRef {
     Arc::new(b.finish())
 }
 
-fn timestamps(values: impl Iterator<Item = i64>) -> ArrayRef {
+pub(super) fn timestamps(values: impl Iterator<Item = i64>) -> ArrayRef {
     let mut b = TimestampMicrosecondBuilder::new().with_timezone("UTC");
     for v in values {
         b.append_value(v);

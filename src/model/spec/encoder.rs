@@ -1,9 +1,10 @@
 //! The encoder a model's `config.json` describes, checked against what spotinfer computes.
 //!
-//! BERT and RoBERTa/XLM-RoBERTa share one encoder; they differ in where positions start
-//! (RoBERTa keeps the first `padding_idx + 1` rows of its position table for padding) and in
-//! how many token types they have. Anything else (MPNet, NomicBert, decoders, relative
-//! positions, another activation) is refused here, before a weight is read.
+//! BERT, RoBERTa/XLM-RoBERTa and DistilBERT share one encoder (post-norm layers, exact GELU);
+//! they differ in where positions start (RoBERTa keeps the first `padding_idx + 1` rows of its
+//! position table for padding), in how many token types they have (DistilBERT: none) and in
+//! their tensor names. Anything else (MPNet, NomicBert, ModernBERT, decoders, relative or
+//! sinusoidal positions, another activation) is refused here, before a weight is read.
 
 use super::super::ModelError;
 use serde_json::Value;
@@ -18,6 +19,8 @@ pub enum Architecture {
     Roberta,
     /// XLM-RoBERTa (`model_type: xlm-roberta`).
     XlmRoberta,
+    /// DistilBERT (`model_type: distilbert`): BERT's layers under other names, no token types.
+    DistilBert,
 }
 
 impl Architecture {
@@ -27,6 +30,7 @@ impl Architecture {
             Self::Bert => "bert",
             Self::Roberta => "roberta",
             Self::XlmRoberta => "xlm-roberta",
+            Self::DistilBert => "distilbert",
         }
     }
 }
@@ -71,10 +75,11 @@ impl EncoderSpec {
             Some("bert") => Architecture::Bert,
             Some("roberta") => Architecture::Roberta,
             Some("xlm-roberta") => Architecture::XlmRoberta,
+            Some("distilbert") => return Self::read_distilbert(path, &config),
             other => {
                 let arch = config.get("architectures").map(Value::to_string);
                 return Err(refuse(format!(
-                    "model_type {} ({}): spotinfer runs BERT, RoBERTa and XLM-RoBERTa encoders",
+                    "model_type {} ({}): spotinfer runs BERT, RoBERTa, XLM-RoBERTa and DistilBERT encoders",
                     other.map_or("missing".into(), |t| format!("{t:?}")),
                     arch.unwrap_or_else(|| "no architectures listed".into())
                 )));
@@ -99,24 +104,8 @@ impl EncoderSpec {
                 "position_embedding_type {positions:?}: spotinfer implements \"absolute\" only"
             )));
         }
-        let size = |key: &str| -> Result<usize, ModelError> {
-            config
-                .get(key)
-                .and_then(Value::as_u64)
-                .filter(|&v| v > 0)
-                .map(|v| v as usize)
-                .ok_or_else(|| ModelError::Config {
-                    path: path.to_path_buf(),
-                    message: format!("{key} is missing or not a positive integer"),
-                })
-        };
-        let pad_token_id = match config.get("pad_token_id") {
-            None | Some(Value::Null) => 0,
-            Some(v) => v.as_u64().ok_or_else(|| ModelError::Config {
-                path: path.to_path_buf(),
-                message: "pad_token_id is not an integer".into(),
-            })? as u32,
-        };
+        let size = |key: &str| size_of(&config, key, path);
+        let pad_token_id = pad_token_id(&config, path)?;
         let position_offset = match architecture {
             Architecture::Bert => 0,
             _ => pad_token_id as usize + 1,
@@ -137,29 +126,98 @@ impl EncoderSpec {
             pad_token_id,
             position_offset,
         };
-        if !spec.hidden.is_multiple_of(spec.heads) {
-            return Err(ModelError::Config {
-                path: path.to_path_buf(),
-                message: format!(
-                    "hidden_size {} is not a multiple of num_attention_heads {}",
-                    spec.hidden, spec.heads
-                ),
-            });
+        spec.check(path)
+    }
+
+    /// The checks every family's shape must pass.
+    fn check(self, path: &Path) -> Result<Self, ModelError> {
+        let bad = |message: String| ModelError::Config {
+            path: path.to_path_buf(),
+            message,
+        };
+        if !self.hidden.is_multiple_of(self.heads) {
+            return Err(bad(format!(
+                "the hidden size {} is not a multiple of the {} attention heads",
+                self.hidden, self.heads
+            )));
         }
-        if spec.max_positions <= position_offset {
-            return Err(ModelError::Config {
-                path: path.to_path_buf(),
-                message: format!(
-                    "max_position_embeddings {} leaves no position after the {position_offset} kept for padding",
-                    spec.max_positions
-                ),
-            });
+        if self.max_positions <= self.position_offset {
+            return Err(bad(format!(
+                "max_position_embeddings {} leaves no position after the {} kept for padding",
+                self.max_positions, self.position_offset
+            )));
         }
-        Ok(spec)
+        Ok(self)
+    }
+
+    /// DistilBERT's `config.json`, whose keys differ from BERT's (`dim`, `n_layers`, `n_heads`,
+    /// `hidden_dim`, `activation`) and whose layer norms always use epsilon 1e-12.
+    fn read_distilbert(path: &Path, config: &Value) -> Result<Self, ModelError> {
+        let refuse = |message: String| ModelError::Unsupported {
+            path: path.to_path_buf(),
+            message,
+        };
+        let act = config
+            .get("activation")
+            .and_then(Value::as_str)
+            .unwrap_or("gelu");
+        if act != "gelu" {
+            return Err(refuse(format!(
+                "activation {act:?}: spotinfer implements the exact (erf) \"gelu\" only"
+            )));
+        }
+        if config.get("sinusoidal_pos_embds") == Some(&Value::Bool(true)) {
+            return Err(refuse(
+                "sinusoidal_pos_embds is true: spotinfer reads learned position embeddings only"
+                    .into(),
+            ));
+        }
+        let size = |key: &str| size_of(config, key, path);
+        let spec = Self {
+            architecture: Architecture::DistilBert,
+            hidden: size("dim")?,
+            heads: size("n_heads")?,
+            intermediate: size("hidden_dim")?,
+            layers: size("n_layers")?,
+            vocab: size("vocab_size")?,
+            max_positions: size("max_position_embeddings")?,
+            type_vocab: 1,
+            eps: 1e-12,
+            pad_token_id: pad_token_id(config, path)?,
+            position_offset: 0,
+        };
+        spec.check(path)
     }
 
     /// The most tokens one text can have: the position table past the rows kept for padding.
     pub fn max_tokens(&self) -> usize {
         self.max_positions - self.position_offset
+    }
+}
+
+/// A positive integer of `config.json`.
+fn size_of(config: &Value, key: &str, path: &Path) -> Result<usize, ModelError> {
+    config
+        .get(key)
+        .and_then(Value::as_u64)
+        .filter(|&v| v > 0)
+        .map(|v| v as usize)
+        .ok_or_else(|| ModelError::Config {
+            path: path.to_path_buf(),
+            message: format!("{key} is missing or not a positive integer"),
+        })
+}
+
+/// `pad_token_id` (0 when absent, as transformers defaults it).
+fn pad_token_id(config: &Value, path: &Path) -> Result<u32, ModelError> {
+    match config.get("pad_token_id") {
+        None | Some(Value::Null) => Ok(0),
+        Some(v) => v
+            .as_u64()
+            .and_then(|v| u32::try_from(v).ok())
+            .ok_or_else(|| ModelError::Config {
+                path: path.to_path_buf(),
+                message: "pad_token_id is not an integer".into(),
+            }),
     }
 }

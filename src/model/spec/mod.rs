@@ -10,9 +10,11 @@
 
 mod encoder;
 mod modules;
+mod task;
 
 pub use encoder::{Architecture, EncoderSpec};
 pub use modules::{Activation, DenseSpec, PoolingSpec};
+pub use task::{ScoreFunction, Task, TaskSpec};
 
 use super::ModelError;
 use modules::Module;
@@ -26,6 +28,8 @@ use std::path::{Path, PathBuf};
 pub struct ModelSpec {
     /// The model folder.
     pub dir: PathBuf,
+    /// What the model computes for a record (embed, classify, score pairs, tag tokens).
+    pub task: TaskSpec,
     /// The encoder's folder (the Transformer module's path, usually the model folder itself).
     pub encoder_dir: PathBuf,
     /// The encoder.
@@ -59,7 +63,12 @@ pub struct ModelSpec {
 impl ModelSpec {
     /// Reads and checks every file of the model in `dir`.
     pub fn read(dir: &Path) -> Result<Self, ModelError> {
-        let (modules, note) = modules::read_modules(dir)?;
+        let task = TaskSpec::read(dir)?;
+        // A task model is its encoder and its head: no Pooling, Dense or Normalize modules.
+        let (modules, note) = match task.task {
+            Task::Embed => modules::read_modules(dir)?,
+            _ => (vec![modules::lone_transformer(dir)?], None),
+        };
         let mut notes: Vec<String> = note.into_iter().collect();
         let folder = |p: &str| dir.join(p);
         let encoder_dir = match &modules[0] {
@@ -84,12 +93,17 @@ impl ModelSpec {
         check_dense_widths(&dense, encoder.hidden, dir)?;
         let st_path = encoder_dir.join("sentence_bert_config.json");
         let st = read_optional(&st_path)?;
-        if let Some(task) = st.get("transformer_task").and_then(Value::as_str) {
-            if task != "feature-extraction" {
+        let expected = match task.task {
+            Task::Embed => "feature-extraction",
+            _ => "sequence-classification",
+        };
+        if let Some(found) = st.get("transformer_task").and_then(Value::as_str) {
+            if found != expected {
                 return Err(ModelError::Unsupported {
                     path: st_path,
                     message: format!(
-                        "transformer_task {task:?}: spotinfer runs \"feature-extraction\" encoders"
+                        "transformer_task {found:?}: spotinfer runs a {} model's Transformer as \"{expected}\"",
+                        task.task.name()
                     ),
                 });
             }
@@ -99,6 +113,7 @@ impl ModelSpec {
         let (prompts, default_prompt_name) = prompts(dir)?;
         Ok(Self {
             dir: dir.to_path_buf(),
+            task,
             encoder_dir,
             weights,
             weight_dtypes,
@@ -115,8 +130,11 @@ impl ModelSpec {
         })
     }
 
-    /// The width of the vectors the model produces.
+    /// The width of the vectors the model produces (0 for a task that produces none).
     pub fn dim(&self) -> usize {
+        if self.task.task != Task::Embed {
+            return 0;
+        }
         self.dense
             .last()
             .map_or(self.encoder.hidden, |d| d.out_features)
@@ -138,6 +156,18 @@ impl fmt::Display for ModelSpec {
         writeln!(f, "model:          {}", self.dir.display())?;
         writeln!(
             f,
+            "task:           {} ({})",
+            self.task.task.name(),
+            self.task.source
+        )?;
+        if !self.task.labels.is_empty() {
+            writeln!(f, "labels:         {}", self.task.labels.join(", "))?;
+            if self.task.task != Task::Tag {
+                writeln!(f, "scores:         {:?} of the logits", self.task.function)?;
+            }
+        }
+        writeln!(
+            f,
             "architecture:   {} ({} layers, hidden {}, {} heads, feed-forward {}, vocabulary {})",
             e.architecture.name(),
             e.layers,
@@ -153,6 +183,12 @@ impl fmt::Display for ModelSpec {
             self.max_seq_len, e.max_positions, e.position_offset
         )?;
         writeln!(f, "lowercase:      {}", self.do_lower_case)?;
+        if self.task.task != Task::Embed {
+            return self
+                .notes
+                .iter()
+                .try_for_each(|n| writeln!(f, "note:           {n}"));
+        }
         let prompt = if self.pooling.include_prompt {
             "prompt pooled"
         } else {
@@ -367,7 +403,7 @@ fn safetensors_dtypes(path: &Path) -> Result<Vec<String>, ModelError> {
 }
 
 /// A JSON file, or `null` when it does not exist.
-fn read_optional(path: &Path) -> Result<Value, ModelError> {
+pub(super) fn read_optional(path: &Path) -> Result<Value, ModelError> {
     if path.is_file() {
         read_json(path)
     } else {

@@ -63,6 +63,38 @@ pub fn read_modules(dir: &Path) -> Result<(Vec<Module>, Option<String>), ModelEr
     Ok((modules, None))
 }
 
+/// The one Transformer module of a task model's `modules.json` (a CrossEncoder's), or the
+/// folder itself when there is no `modules.json`.
+pub fn lone_transformer(dir: &Path) -> Result<Module, ModelError> {
+    let path = dir.join("modules.json");
+    if !path.is_file() {
+        return Ok(Module::Transformer(String::new()));
+    }
+    let list: Vec<Value> = super::read_json(&path)?;
+    let kinds: Vec<&str> = list
+        .iter()
+        .map(|e| e.get("type").and_then(Value::as_str).unwrap_or(""))
+        .collect();
+    match (list.as_slice(), kinds.as_slice()) {
+        ([entry], [kind]) if kind.ends_with(".Transformer") => {
+            let folder = entry.get("path").and_then(Value::as_str).unwrap_or("");
+            if folder.split(['/', '\\']).any(|part| part == "..") || folder.starts_with('/') {
+                return Err(ModelError::Unsupported {
+                    path,
+                    message: format!("module path {folder:?} leaves the model folder"),
+                });
+            }
+            Ok(Module::Transformer(folder.to_string()))
+        }
+        _ => Err(ModelError::Unsupported {
+            path,
+            message: format!(
+                "modules {kinds:?}: spotinfer runs a CrossEncoder made of one Transformer module"
+            ),
+        }),
+    }
+}
+
 /// Transformer, then Pooling, then any Dense layers, then at most one Normalize.
 fn check_order(modules: &[Module]) -> Result<(), String> {
     let rank = |m: &Module| match m {

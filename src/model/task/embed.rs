@@ -1,8 +1,9 @@
-//! After pooling: the model's Dense layers and its Normalize, in f32 on the CPU for both encoders
-//! (a pooled batch is a few kilobytes; the work is nothing beside the encoder's).
+//! The embedding task's head, after pooling: the model's Dense layers and its Normalize, in f32
+//! on the CPU for both encoders (a pooled batch is a few kilobytes; the work is nothing beside
+//! the encoder's).
 
-use super::spec::{Activation, DenseSpec, ModelSpec};
-use super::ModelError;
+use crate::model::spec::{Activation, DenseSpec, ModelSpec};
+use crate::model::ModelError;
 use candle_core::{DType, Device};
 use std::path::Path;
 

@@ -1,0 +1,148 @@
+//! Tasks: what goes into a model and what comes out, apart from the engines that compute the
+//! encoder (`super::engine`). The encoder gives token rows; a task's head turns them into the
+//! record's result:
+//!
+//! * `embed`: pooled rows through the model's Dense layers and Normalize: a vector;
+//! * `sequence`: the first token's row through a classification head: labels with scores
+//!   (classify, and a CrossEncoder's pair score);
+//! * `tokens`: every token's row through a token head, grouped into entities (tag).
+//!
+//! Which task a folder is for is decided by `spec::TaskSpec`; the record's input (a text, or a
+//! text and a `text_pair`) by the pipeline, which refuses a pair the task cannot take.
+
+mod embed;
+mod linear;
+mod sequence;
+mod tokens;
+
+pub(super) use embed::Head;
+pub(super) use sequence::SequenceHead;
+pub(super) use tokens::TokenHead;
+
+/// One record's result.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// A sentence embedding.
+    Embedding(Vec<f32>),
+    /// The labels' scores (in label-id order), the best label and its score.
+    Classes {
+        /// The label with the highest score.
+        label: String,
+        /// Its score (a probability, unless the head's function is the identity).
+        score: f32,
+        /// Every label's score, in label-id order.
+        scores: Vec<f32>,
+    },
+    /// A one-logit CrossEncoder's score for a pair.
+    Score(f32),
+    /// The entities found in a text.
+    Entities(Vec<Entity>),
+}
+
+/// One entity a tagger found: `pipeline("token-classification", aggregation_strategy="simple")`'s
+/// `{entity_group, score, word, start, end}`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Entity {
+    /// The label without its `B-`/`I-` prefix (`PER`, `ORG`).
+    pub entity_group: String,
+    /// The mean of its tokens' probabilities.
+    pub score: f32,
+    /// Its tokens joined by the tokenizer's decoder.
+    pub word: String,
+    /// Its first character in the original text (Unicode scalar values).
+    pub start: usize,
+    /// One past its last character.
+    pub end: usize,
+}
+
+impl Output {
+    /// The result's keys as a record's result line carries them (`spotinfer embed`'s output,
+    /// an export's JSON lines): `embedding`; `label`, `score` and `scores` (every label's
+    /// `{label, score}` in label-id order, named by `labels`); `score`; `entities`.
+    pub fn fields(&self, labels: &[String]) -> serde_json::Map<String, serde_json::Value> {
+        use serde_json::json;
+        let mut m = serde_json::Map::new();
+        match self {
+            Self::Embedding(v) => {
+                m.insert("embedding".into(), json!(v));
+            }
+            Self::Classes {
+                label,
+                score,
+                scores,
+            } => {
+                let named: Vec<serde_json::Value> = scores
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| {
+                        let label = labels
+                            .get(i)
+                            .cloned()
+                            .unwrap_or_else(|| format!("LABEL_{i}"));
+                        json!({ "label": label, "score": s })
+                    })
+                    .collect();
+                m.insert("label".into(), json!(label));
+                m.insert("score".into(), json!(score));
+                m.insert("scores".into(), json!(named));
+            }
+            Self::Score(s) => {
+                m.insert("score".into(), json!(s));
+            }
+            Self::Entities(e) => {
+                m.insert("entities".into(), json!(e));
+            }
+        }
+        m
+    }
+
+    /// Whether every number in it is finite (a NaN or an infinity is refused, never written).
+    pub fn is_finite(&self) -> bool {
+        match self {
+            Self::Embedding(v) => v.iter().all(|x| x.is_finite()),
+            Self::Classes { scores, .. } => scores.iter().all(|x| x.is_finite()),
+            Self::Score(s) => s.is_finite(),
+            Self::Entities(e) => e.iter().all(|e| e.score.is_finite()),
+        }
+    }
+
+    /// How far `other` (the same input computed another way, in bf16 say) is from this: one
+    /// minus the cosine for vectors; the largest score difference, relative to the score where
+    /// it is past 1 (raw logits), for labels and scores; infinite when the labels or the
+    /// entity spans differ.
+    pub fn drift(&self, other: &Output) -> f64 {
+        let diff = |a: f32, b: f32| f64::from((a - b).abs()) / f64::from(a.abs().max(1.0));
+        match (self, other) {
+            (Self::Embedding(a), Self::Embedding(b)) => 1.0 - f64::from(super::cosine(a, b)),
+            (Self::Score(a), Self::Score(b)) => diff(*a, *b),
+            (
+                Self::Classes {
+                    label: la,
+                    scores: a,
+                    ..
+                },
+                Self::Classes {
+                    label: lb,
+                    scores: b,
+                    ..
+                },
+            ) if la == lb => a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| diff(*x, *y))
+                .fold(0.0, f64::max),
+            (Self::Entities(a), Self::Entities(b))
+                if a.len() == b.len()
+                    && a.iter().zip(b).all(|(x, y)| {
+                        (x.start, x.end, &x.entity_group) == (y.start, y.end, &y.entity_group)
+                    }) =>
+            {
+                a.iter()
+                    .zip(b)
+                    .map(|(x, y)| diff(x.score, y.score))
+                    .fold(0.0, f64::max)
+            }
+            _ => f64::INFINITY,
+        }
+    }
+}

@@ -1,0 +1,347 @@
+//! Classify, score pairs, tag tokens: every task on small random-weight models that transformers
+//! and sentence-transformers saved and ran (tests/fixtures/tasks/make_tasks.py), through both
+//! encoders, against what `pipeline("text-classification")`, `CrossEncoder.predict` and
+//! `pipeline("token-classification", aggregation_strategy="simple")` gave; and the task models
+//! spotinfer must refuse, refused with the reason.
+
+use spotinfer::model::{Backend, DeviceChoice, Embedder, Input, LoadOptions, Precision};
+use spotinfer::model::{Entity, ModelSpec, Output, Task};
+use std::path::{Path, PathBuf};
+
+/// Every probability or score within this of the reference (f32).
+const TOLERANCE: f32 = 1e-4;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tasks")
+}
+
+fn reference() -> serde_json::Value {
+    let raw = std::fs::read_to_string(fixtures().join("reference.json")).unwrap();
+    serde_json::from_str(&raw).unwrap()
+}
+
+fn load(name: &str, backend: Backend, precision: Precision) -> Embedder {
+    let options = LoadOptions {
+        backend,
+        precision,
+        ..LoadOptions::new(DeviceChoice::Cpu)
+    };
+    Embedder::open(&fixtures().join(name), &options)
+        .unwrap_or_else(|e| panic!("{name} ({backend:?}): {e}"))
+}
+
+fn f(v: &serde_json::Value) -> f32 {
+    v.as_f64().unwrap() as f32
+}
+
+/// The reference's cases of `key` ("texts" or "pairs") as inputs.
+fn inputs<'a>(cases: &'a [serde_json::Value]) -> Vec<Input<'a>> {
+    cases
+        .iter()
+        .map(|c| Input {
+            text: c["text"].as_str().unwrap(),
+            text_pair: c.get("text_pair").and_then(|p| p.as_str()),
+            prompt_name: None,
+        })
+        .collect()
+}
+
+/// Scores within [`TOLERANCE`], and the same top label wherever the reference's top two differ
+/// by more than it. Returns the largest difference.
+fn check_classes(what: &str, got: &Output, want: &serde_json::Value) -> f32 {
+    let Output::Classes {
+        label,
+        score,
+        scores,
+    } = got
+    else {
+        panic!("{what}: {got:?} is not labels");
+    };
+    let want_scores: Vec<f32> = want["scores"].as_array().unwrap().iter().map(f).collect();
+    assert_eq!(scores.len(), want_scores.len(), "{what}: labels");
+    let worst = scores
+        .iter()
+        .zip(&want_scores)
+        .map(|(a, b)| (a - b).abs())
+        .fold((score - f(&want["score"])).abs(), f32::max);
+    assert!(worst <= TOLERANCE, "{what}: {scores:?} vs {want_scores:?}");
+    let mut sorted = want_scores.clone();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    if sorted.len() < 2 || sorted[0] - sorted[1] > TOLERANCE {
+        assert_eq!(label, want["label"].as_str().unwrap(), "{what}: top label");
+    }
+    worst
+}
+
+/// The same entity spans, groups and words; scores within [`TOLERANCE`].
+fn check_entities(what: &str, got: &Output, want: &serde_json::Value) -> f32 {
+    let Output::Entities(got) = got else {
+        panic!("{what}: {got:?} is not entities");
+    };
+    let want: Vec<Entity> = serde_json::from_value(want["entities"].clone()).unwrap();
+    let spans = |e: &[Entity]| -> Vec<(String, String, usize, usize)> {
+        e.iter()
+            .map(|e| (e.entity_group.clone(), e.word.clone(), e.start, e.end))
+            .collect()
+    };
+    assert_eq!(spans(got), spans(&want), "{what}: entities");
+    let worst = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a.score - b.score).abs())
+        .fold(0.0, f32::max);
+    assert!(
+        worst <= TOLERANCE,
+        "{what}: entity scores differ by {worst}"
+    );
+    worst
+}
+
+fn check_model(name: &str, want: &serde_json::Value, backend: Backend) -> f32 {
+    let model = load(name, backend, Precision::F32);
+    let task = want["task"].as_str().unwrap();
+    assert_eq!(model.info().task.name(), task, "{name}: task");
+    let mut worst = 0f32;
+    for key in ["texts", "pairs"] {
+        let Some(cases) = want.get(key).and_then(|c| c.as_array()) else {
+            continue;
+        };
+        // Skip the empty text: the pipeline refuses it before the model (a failure row).
+        let cases: Vec<serde_json::Value> =
+            cases.iter().filter(|c| c["text"] != "").cloned().collect();
+        let got = model.predict(&inputs(&cases)).unwrap().outputs;
+        for (i, (g, w)) in got.iter().zip(&cases).enumerate() {
+            let what = format!("{name} {backend:?} {key}[{i}]");
+            let d = match task {
+                "classify" => check_classes(&what, g, w),
+                "score" => {
+                    let Output::Score(s) = g else {
+                        panic!("{what}: {g:?} is not a score")
+                    };
+                    let d = (s - f(&w["score"])).abs();
+                    assert!(d <= TOLERANCE, "{what}: {s} vs {}", w["score"]);
+                    d
+                }
+                _ => check_entities(&what, g, w),
+            };
+            worst = worst.max(d);
+        }
+        // Each input alone gives what it gives in the batch.
+        for (i, input) in inputs(&cases).into_iter().enumerate().step_by(5) {
+            let alone = model.predict(&[input]).unwrap().outputs;
+            let d = alone[0].drift(&got[i]);
+            assert!(d <= 1e-5, "{name} {backend:?} {key}[{i}] alone: {d}");
+        }
+    }
+    worst
+}
+
+#[test]
+fn every_task_model_gives_what_transformers_gives_through_both_encoders() {
+    let reference = reference();
+    let models = reference["models"].as_object().unwrap();
+    assert_eq!(models.len(), 8, "the fixture set");
+    for (name, want) in models {
+        let fused = check_model(name, want, Backend::Fused);
+        let candle = check_model(name, want, Backend::Candle);
+        println!(
+            "{name}: largest difference from the reference: fused {fused:.2e}, candle {candle:.2e}"
+        );
+    }
+}
+
+#[test]
+fn the_folder_decides_the_task_and_models_check_names_it_with_the_labels() {
+    let cases = [
+        (
+            "bert-multilabel",
+            Task::Classify,
+            "toxic, insult, threat, spam",
+            "Sigmoid",
+        ),
+        (
+            "distilbert-sst2",
+            Task::Classify,
+            "NEGATIVE, POSITIVE",
+            "Softmax",
+        ),
+        (
+            "roberta-topic",
+            Task::Classify,
+            "LABEL_0, LABEL_1, LABEL_2, LABEL_3, LABEL_4",
+            "Softmax",
+        ),
+        (
+            "xlmr-nli",
+            Task::Classify,
+            "entailment, neutral, contradiction",
+            "Softmax",
+        ),
+        ("ce-bert", Task::Score, "LABEL_0", "Sigmoid"),
+        ("ce-distilbert-old", Task::Score, "LABEL_0", "Identity"),
+        (
+            "bert-ner",
+            Task::Tag,
+            "O, B-PER, I-PER, B-ORG, I-ORG, B-LOC, I-LOC",
+            "",
+        ),
+    ];
+    for (name, task, labels, function) in cases {
+        let spec = ModelSpec::read(&fixtures().join(name)).unwrap();
+        assert_eq!(spec.task.task, task, "{name}");
+        let shown = spec.to_string();
+        assert!(
+            shown.contains(&format!("task:           {}", task.name())),
+            "{shown}"
+        );
+        assert!(
+            shown.contains(&format!("labels:         {labels}")),
+            "{shown}"
+        );
+        assert!(shown.contains(function), "{shown}");
+    }
+}
+
+/// Copies fixture `name` to a temporary folder and edits its config.json with `edit`.
+fn edited(name: &str, file: &str, edit: impl Fn(&mut serde_json::Value)) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(fixtures().join(name)).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+    }
+    let path = dir.path().join(file);
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(&path, config.to_string()).unwrap();
+    dir
+}
+
+#[test]
+fn heads_spotinfer_cannot_compute_exactly_are_refused_at_load_with_the_reason() {
+    let refused = [
+        (
+            edited("distilbert-sst2", "config.json", |c| {
+                c["problem_type"] = "ordinal_regression".into()
+            }),
+            "problem_type \"ordinal_regression\"",
+        ),
+        (
+            edited("ce-bert", "config_sentence_transformers.json", |c| {
+                c["activation_fn"] = "torch.nn.modules.activation.Softmax".into()
+            }),
+            "activation_fn \"torch.nn.modules.activation.Softmax\"",
+        ),
+        (
+            edited("ce-bert", "config_sentence_transformers.json", |c| {
+                c["activation_fn"] = "my_package.MyActivation".into()
+            }),
+            "Sigmoid, Identity or Tanh",
+        ),
+        (
+            edited("distilbert-sst2", "config.json", |c| {
+                c["sinusoidal_pos_embds"] = true.into()
+            }),
+            "sinusoidal_pos_embds",
+        ),
+        (
+            edited("distilbert-sst2", "config.json", |c| {
+                c["activation"] = "relu".into()
+            }),
+            "activation \"relu\"",
+        ),
+        (
+            edited("bert-multilabel", "config.json", |c| {
+                c["model_type"] = "modernbert".into();
+                c["architectures"] = serde_json::json!(["ModernBertForSequenceClassification"]);
+            }),
+            "model_type \"modernbert\"",
+        ),
+        (
+            edited("ce-bert", "config_sentence_transformers.json", |c| {
+                c["model_type"] = "SparseEncoder".into()
+            }),
+            "a sentence-transformers SparseEncoder",
+        ),
+    ];
+    for (dir, reason) in refused {
+        let err = Embedder::load(dir.path(), DeviceChoice::Cpu)
+            .err()
+            .unwrap_or_else(|| panic!("{reason}: loaded"));
+        assert!(err.to_string().contains(reason), "{reason}: {err}");
+    }
+    // A head whose weights are missing is a clear error, not a guess.
+    let dir = edited("bert-multilabel", "config.json", |c| {
+        c["num_labels"] = 9.into();
+        c.as_object_mut().unwrap().remove("id2label");
+    });
+    let err = Embedder::load(dir.path(), DeviceChoice::Cpu).err().unwrap();
+    assert!(err.to_string().contains("classifier.weight"), "{err}");
+}
+
+#[test]
+fn a_pair_where_the_task_takes_none_and_a_single_text_to_a_cross_encoder_are_refused() {
+    let tagger = load("bert-ner", Backend::Fused, Precision::F32);
+    let pair = Input {
+        text: "a",
+        text_pair: Some("b"),
+        prompt_name: None,
+    };
+    let err = tagger.predict(&[pair]).unwrap_err();
+    assert!(
+        err.blames_input() && err.to_string().contains("reads single texts"),
+        "{err}"
+    );
+    let scorer = load("ce-bert", Backend::Fused, Precision::F32);
+    let single = Input {
+        text: "a",
+        text_pair: None,
+        prompt_name: None,
+    };
+    let err = scorer.predict(&[single]).unwrap_err();
+    assert!(
+        err.blames_input() && err.to_string().contains("no text_pair"),
+        "{err}"
+    );
+    let err = scorer.embed(&["a"]).unwrap_err();
+    assert!(err.to_string().contains("computes no embeddings"), "{err}");
+}
+
+#[test]
+fn bf16_on_a_task_model_is_measured_against_f32_and_never_chosen_by_auto() {
+    if !spotinfer_bert_cpu::bf16_supported() {
+        println!("this CPU has no AVX-512 BF16: nothing to measure");
+        return;
+    }
+    let reference = reference();
+    for (name, want) in reference["models"].as_object().unwrap() {
+        let exact = load(name, Backend::Fused, Precision::F32);
+        let bf16 = load(name, Backend::Fused, Precision::Bf16);
+        let key = if want["task"] == "score" {
+            "pairs"
+        } else {
+            "texts"
+        };
+        let cases: Vec<serde_json::Value> = want[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["text"] != "")
+            .cloned()
+            .collect();
+        let a = exact.predict(&inputs(&cases)).unwrap().outputs;
+        let b = bf16.predict(&inputs(&cases)).unwrap().outputs;
+        let worst = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| x.drift(y))
+            .fold(0.0, f64::max);
+        let auto = load(name, Backend::Fused, Precision::Auto);
+        println!(
+            "{name}: bf16 drift from f32 {worst:.2e}; --precision auto chose {}",
+            auto.info().device
+        );
+        // A head turns bf16's small drift into other labels and spans: auto never picks it.
+        assert_eq!(auto.info().device, "Cpu (fused, f32)", "{name}");
+    }
+}
