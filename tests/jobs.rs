@@ -12,11 +12,10 @@ use arrow_array::{Array, Float32Array, ListArray, StringArray};
 use common::*;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::Value;
-use spotinfer::config::PubsubArgs;
 use spotinfer::external::store::Store;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -65,54 +64,6 @@ async fn table(db: &str) -> HashMap<String, spotinfer::external::store::StoredEm
 fn pgvector_admin_url() -> String {
     std::env::var("SPOTINFER_TEST_PGVECTOR_URL")
         .expect("SPOTINFER_TEST_PGVECTOR_URL is not set: run the suite with scripts/test.sh")
-}
-
-/// Where one test's commands point: the emulator topic, the database, the model.
-struct Env {
-    args: PubsubArgs,
-    db: String,
-    model: PathBuf,
-}
-
-impl Env {
-    /// `spotinfer SUB …` with this environment.
-    fn cmd(&self, sub: &str) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_spotinfer"));
-        pubsub_env(&mut c, &self.args)
-            .arg(sub)
-            .env("DATABASE_URL", &self.db)
-            .env("SPOTINFER_MODEL", &self.model)
-            .env("RUST_LOG", "warn");
-        c
-    }
-
-    /// Runs `spotinfer SUB ARGS…` and returns its output (any exit status).
-    fn run(&self, sub: &str, args: &[&str]) -> Output {
-        self.cmd(sub).args(args).output().expect("run spotinfer")
-    }
-
-    /// Runs it and insists on success.
-    fn ok(&self, sub: &str, args: &[&str]) -> String {
-        let out = self.run(sub, args);
-        assert!(
-            out.status.success(),
-            "spotinfer {sub} {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// `status --job J --json`, parsed.
-    fn status(&self, job: &str) -> Value {
-        let out = self.ok("status", &["--job", job, "--json"]);
-        serde_json::from_str(out.trim()).expect("status --json prints one JSON object")
-    }
-
-    /// A worker process on this environment's model.
-    fn worker(&self, extra: &[&str]) -> WorkerProcess {
-        let model = self.model.display().to_string();
-        WorkerProcess::start_with_env(&self.args, &self.db, extra, &[("SPOTINFER_MODEL", model)])
-    }
 }
 
 /// The job's input file: GOOD records, POISON records naming an unknown prompt, BAD_LINES lines

@@ -1,9 +1,10 @@
 //! `spotinfer models check`: what spotinfer understands of a model folder, proven by loading it
-//! and embedding one text, or the exact reason it is refused.
+//! and running it on one input (a text, or a pair for a cross-encoder), or the exact reason it
+//! is refused.
 
 use spotinfer::config::{ModelsArgs, ModelsCommand};
 use spotinfer::model::DeviceChoice;
-use spotinfer::model::{Embedder, LoadOptions, ModelSpec};
+use spotinfer::model::{Embedder, Input, LoadOptions, ModelSpec, Output};
 
 /// Runs a `models` subcommand.
 pub async fn run(a: ModelsArgs) -> anyhow::Result<()> {
@@ -16,18 +17,36 @@ pub async fn run(a: ModelsArgs) -> anyhow::Result<()> {
                 backend: c.backend,
                 ..LoadOptions::new(DeviceChoice::Cpu)
             };
-            let embedder = tokio::task::spawn_blocking(move || -> anyhow::Result<Embedder> {
-                let e = Embedder::open(&dir, &options)?;
-                e.embed(&["spotinfer checks this model"])?;
-                Ok(e)
-            })
-            .await??;
+            let (embedder, output) =
+                tokio::task::spawn_blocking(move || -> anyhow::Result<(Embedder, Output)> {
+                    let e = Embedder::open(&dir, &options)?;
+                    let input = Input {
+                        text: "spotinfer checks this model",
+                        text_pair: e.info().task.needs_pairs().then_some("on one input"),
+                        prompt_name: None,
+                    };
+                    let mut out = e.predict(&[input])?.outputs;
+                    let output = out.pop().unwrap_or(Output::Embedding(Vec::new()));
+                    Ok((e, output))
+                })
+                .await??;
             let info = embedder.info();
             println!("name:           {}", info.name);
             println!("weights hash:   {}", info.hash);
-            println!("loaded on:      {} and embedded a text", info.device);
+            println!("loaded on:      {} and ran one input", info.device);
+            println!("computed:       {}", summary(&output));
             println!("ok");
             Ok(())
         }
+    }
+}
+
+/// One line on what the model computed for the check's input.
+fn summary(output: &Output) -> String {
+    match output {
+        Output::Embedding(v) => format!("a vector of {} floats", v.len()),
+        Output::Classes { label, score, .. } => format!("label {label} (score {score:.4})"),
+        Output::Score(s) => format!("score {s:.4}"),
+        Output::Entities(e) => format!("{} entities", e.len()),
     }
 }

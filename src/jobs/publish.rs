@@ -255,6 +255,9 @@ fn record_json(rec: &record::Record) -> serde_json::Value {
     if let Some(name) = &rec.prompt_name {
         data["prompt_name"] = serde_json::Value::from(name.as_str());
     }
+    if let Some(pair) = &rec.text_pair {
+        data["text_pair"] = serde_json::Value::from(pair.as_str());
+    }
     data
 }
 
@@ -339,14 +342,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_published_record_keeps_its_prompt_name_and_gains_the_job() {
-        let line = br#"{"id":"q1","text":"how far","prompt_name":"query"}"#;
+    fn a_published_record_keeps_its_prompt_name_and_pair_and_gains_the_job() {
+        let line = br#"{"id":"q1","text":"how far","prompt_name":"query","text_pair":"a mile"}"#;
         let (id, data) = message_data(line, Some("j"))
             .expect("a valid line")
             .expect("not blank");
         assert_eq!(id, "q1");
         let back = record::parse(data.as_bytes(), usize::MAX).expect("the worker reads it");
         assert_eq!(back.prompt_name.as_deref(), Some("query"));
+        assert_eq!(back.text_pair.as_deref(), Some("a mile"));
         assert_eq!(back.job.as_deref(), Some("j"));
         assert_eq!(back.text, "how far");
     }

@@ -231,6 +231,12 @@ impl Embedder {
             Some(n) => n.max(2),
             None => spec.max_seq_len,
         };
+        if spec.task.task != Task::Embed && options.prompt != PromptChoice::ModelDefault {
+            return Err(ModelError::Prompt(format!(
+                "a {} model puts no prompt before its texts: drop --prompt and --prompt-name",
+                spec.task.task.name()
+            )));
+        }
         let tokenizer = TextTokenizer::load(&spec, max_seq_len)?;
         let prompts = Prompts::new(&spec, &options.prompt)?;
         let device = select_device(options.device)?;

@@ -516,3 +516,54 @@ pub fn tokenizer_texts(n: usize) -> Vec<String> {
         })
         .collect()
 }
+
+/// Where one test's commands point: the emulator topic, the database, the model.
+pub struct Env {
+    /// The emulator topic and subscription.
+    pub args: PubsubArgs,
+    /// The database URL.
+    pub db: String,
+    /// The model folder.
+    pub model: PathBuf,
+}
+
+impl Env {
+    /// `spotinfer SUB …` with this environment.
+    pub fn cmd(&self, sub: &str) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_spotinfer"));
+        pubsub_env(&mut c, &self.args)
+            .arg(sub)
+            .env("DATABASE_URL", &self.db)
+            .env("SPOTINFER_MODEL", &self.model)
+            .env("RUST_LOG", "warn");
+        c
+    }
+
+    /// Runs `spotinfer SUB ARGS…` and returns its output (any exit status).
+    pub fn run(&self, sub: &str, args: &[&str]) -> std::process::Output {
+        self.cmd(sub).args(args).output().expect("run spotinfer")
+    }
+
+    /// Runs it and insists on success.
+    pub fn ok(&self, sub: &str, args: &[&str]) -> String {
+        let out = self.run(sub, args);
+        assert!(
+            out.status.success(),
+            "spotinfer {sub} {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `status --job J --json`, parsed.
+    pub fn status(&self, job: &str) -> serde_json::Value {
+        let out = self.ok("status", &["--job", job, "--json"]);
+        serde_json::from_str(out.trim()).expect("status --json prints one JSON object")
+    }
+
+    /// A worker process on this environment's model.
+    pub fn worker(&self, extra: &[&str]) -> WorkerProcess {
+        let model = self.model.display().to_string();
+        WorkerProcess::start_with_env(&self.args, &self.db, extra, &[("SPOTINFER_MODEL", model)])
+    }
+}
