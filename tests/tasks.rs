@@ -345,3 +345,83 @@ fn bf16_on_a_task_model_is_measured_against_f32_and_never_chosen_by_auto() {
         assert_eq!(auto.info().device, "Cpu (fused, f32)", "{name}");
     }
 }
+
+#[test]
+fn spotinfer_embed_writes_each_task_s_keys_offline() {
+    let reference = reference();
+    for (model, key, want_keys) in [
+        (
+            "distilbert-sst2",
+            "pairs",
+            vec!["id", "label", "score", "scores"],
+        ),
+        ("ce-distilbert-old", "pairs", vec!["id", "score"]),
+        ("bert-ner", "texts", vec!["id", "entities"]),
+    ] {
+        let cases = reference["models"][model][key].as_array().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("in.jsonl");
+        let lines: Vec<String> = cases
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let mut line = serde_json::json!({"id": format!("r{i}"), "text": c["text"]});
+                if let Some(p) = c.get("text_pair") {
+                    line["text_pair"] = p.clone();
+                }
+                line.to_string()
+            })
+            .collect();
+        std::fs::write(&input, lines.join("\n")).unwrap();
+        let output = dir.path().join("out.jsonl");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_spotinfer"))
+            .arg("embed")
+            .arg("--model")
+            .arg(fixtures().join(model))
+            .arg("--input")
+            .arg(&input)
+            .arg("--output")
+            .arg(&output)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let rows: Vec<serde_json::Value> = std::fs::read_to_string(&output)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        // The empty text is refused on read (and reported), the rest computed in input order.
+        let kept: Vec<&serde_json::Value> = cases.iter().filter(|c| c["text"] != "").collect();
+        assert_eq!(rows.len(), kept.len(), "{model}");
+        for (row, want) in rows.iter().zip(kept) {
+            let mut keys: Vec<&str> = row
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(|k| k.as_str())
+                .collect();
+            keys.sort();
+            let mut expected = want_keys.clone();
+            expected.sort();
+            assert_eq!(keys, expected, "{model}: {row}");
+            let got = row.get("score").or(row.get("entities")).unwrap();
+            let reference = want.get("score").or(want.get("entities")).unwrap();
+            if let (Some(a), Some(b)) = (got.as_f64(), reference.as_f64()) {
+                assert!((a - b).abs() <= 1e-4, "{model}: {row} vs {want}");
+            } else {
+                let spans = |v: &serde_json::Value| -> Vec<(serde_json::Value, serde_json::Value)> {
+                    v.as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|e| (e["start"].clone(), e["end"].clone()))
+                        .collect()
+                };
+                assert_eq!(spans(got), spans(reference), "{model}");
+            }
+        }
+    }
+}

@@ -47,7 +47,8 @@ pub enum Command {
     Publish(PublishArgs),
     /// Run a worker until SIGTERM/SIGINT (or until idle, with --exit-when-idle).
     Work(WorkArgs),
-    /// Embed a JSONL file offline, without Pub/Sub, into a JSONL file of vectors.
+    /// Run the model over a JSONL file offline, without Pub/Sub, into a JSONL file of results
+    /// (vectors; labels, pair scores or entities for a task model).
     Embed(EmbedArgs),
     /// Measure model throughput on a JSONL file; the last line printed is a JSON report.
     Bench(BenchArgs),

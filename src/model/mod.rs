@@ -248,7 +248,12 @@ impl Embedder {
         let (engine, dtype) = if fused {
             (load_fused(&spec, &device, options.precision)?, None)
         } else {
-            let dtype = candle_dtype(options.precision, &device)?;
+            let dtype = match (options.precision, spec.task.task) {
+                // As on the CPU (`choose_cpu_precision`): a task model's labels can flip with a
+                // half-precision drift, so it computes in f16 only when asked.
+                (Precision::Auto, task) if task != Task::Embed => candle_core::DType::F32,
+                (precision, _) => candle_dtype(precision, &device)?,
+            };
             (load_candle(&spec, &device, dtype)?, Some(dtype))
         };
         let name = options
