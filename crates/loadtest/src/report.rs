@@ -31,6 +31,9 @@ pub struct LoadtestReport {
     pub verified_vectors: usize,
     /// Lowest cosine among the recomputed vectors.
     pub min_cosine: f32,
+    /// Largest difference between a stored and a recomputed score (a task model's; 0 for
+    /// embeddings).
+    pub max_score_diff: f64,
     /// Poison payloads missing from failed_records.
     pub poison_missing: usize,
     /// Messages still on the subscription at the end.
@@ -100,6 +103,7 @@ impl LoadtestReport {
             wrong: checked.wrong,
             verified_vectors: checked.verified,
             min_cosine: checked.min_cosine,
+            max_score_diff: checked.max_score_diff,
             poison_missing: checked.poison_missing,
             left_on_subscription: checked.left,
             max_delivery_attempts: args.max_delivery_attempts,
@@ -127,7 +131,7 @@ impl LoadtestReport {
 pub fn summary(r: &LoadtestReport) -> String {
     format!(
         "{verdict}: {records} records + {poison} poison, {workers} workers, seed {seed}\n\
-         lost {lost}, wrong {wrong} ({verified} vectors recomputed, min cosine {mincos:.5}), poison missing {pm}, left on subscription {left}\n\
+         lost {lost}, wrong {wrong} ({verified} results recomputed, min cosine {mincos:.5}, largest score difference {maxdiff:.1e}), poison missing {pm}, left on subscription {left}\n\
          dead-lettered {dl} (policy: {mda} attempts); committed twice after a graceful stop {twice} (committed more than once for any reason: {anyredo})\n\
          faults: {st} SIGTERM, {sk} SIGKILL, {dbo} database outage(s), {sd} stream drop(s)\n\
          graceful exits: {ne}, slowest {maxexit:.3} s; longest stall after a SIGTERM {stall:.3} s (over {sm} isolated SIGTERMs; median gap between commits {gap:.3} s)\n\
@@ -141,6 +145,7 @@ pub fn summary(r: &LoadtestReport) -> String {
         wrong = r.wrong,
         verified = r.verified_vectors,
         mincos = r.min_cosine,
+        maxdiff = r.max_score_diff,
         pm = r.poison_missing,
         left = r.left_on_subscription,
         dl = r.dead_lettered,

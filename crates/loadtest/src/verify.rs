@@ -1,5 +1,6 @@
 //! The verdict on the database and the subscription once the workers are stopped: every valid
-//! record present once with the right input hash and a vector the reference encoder agrees with,
+//! record present once with the right input hash and a result (a vector, or a task model's label
+//! and score) the reference encoder agrees with,
 //! no row for an id never published, every poison payload in `failed_records`, nothing left.
 
 use crate::corpus::Published;
@@ -11,7 +12,7 @@ use sha2::{Digest, Sha256};
 use spotinfer::external::pubsub::PubsubConfig;
 use spotinfer::external::store::StoredEmbedding;
 use spotinfer::model::Backend;
-use spotinfer::model::{cosine, Embedder, LoadOptions};
+use spotinfer::model::{cosine, Embedder, Input, LoadOptions, ModelInfo, Output, Task};
 use spotinfer::record::{self, Record};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -22,10 +23,12 @@ pub struct Checked {
     pub lost: usize,
     /// Rows with a wrong input hash, dimension or vector.
     pub wrong: usize,
-    /// Vectors recomputed.
+    /// Results recomputed.
     pub verified: usize,
-    /// Lowest cosine among them.
+    /// Lowest cosine among the recomputed vectors (1 when none is a vector).
     pub min_cosine: f32,
+    /// Largest difference between a stored and a recomputed score (a task model's).
+    pub max_score_diff: f64,
     /// Poison payloads with no failure row.
     pub poison_missing: usize,
     /// Messages still on the subscription.
@@ -50,7 +53,8 @@ pub async fn check(
     let rows = stage.store.embeddings().await?;
     let records = &published.records;
     let mut problems = Vec::new();
-    let (lost, mut wrong) = missing_and_wrong(records, &rows);
+    let reference = reference_model(args).await?;
+    let (lost, mut wrong) = missing_and_wrong(records, &rows, reference.info());
     let unexpected = unexpected_rows(records, &rows, name);
     if unexpected > 0 {
         problems.push(format!("{unexpected} result rows for ids never published"));
@@ -62,8 +66,8 @@ pub async fn check(
         .iter()
         .filter(|m| !failed_ids.contains(m.as_str()))
         .count();
-    let (verified, min_cosine, bad_vectors) = recompute_sample(args, records, rows).await?;
-    wrong += bad_vectors;
+    let sample = recompute_sample(args, reference, records, rows).await?;
+    wrong += sample.bad;
     let left = count_left(&stage.pubsub, Duration::from_secs(3)).await?;
     // What the policy moved while the subscription was drained above has arrived by now.
     let dead_lettered = dead_letters.map_or(0, |d| d.among(records.iter().map(|r| r.id.as_str())));
@@ -90,8 +94,9 @@ pub async fn check(
     Ok(Checked {
         lost,
         wrong,
-        verified,
-        min_cosine,
+        verified: sample.verified,
+        min_cosine: sample.min_cosine,
+        max_score_diff: sample.max_score_diff,
         poison_missing,
         left,
         dead_lettered,
@@ -124,19 +129,23 @@ async fn redone(
     )))
 }
 
-/// Records with no row, and rows whose input hash or dimension is wrong.
+/// Records with no row, and rows whose input hash is wrong or that hold no result of the model's
+/// kind (a vector of its dimension, or a task model's label or score).
 fn missing_and_wrong(
     records: &[Record],
     rows: &HashMap<String, StoredEmbedding>,
+    model: &ModelInfo,
 ) -> (usize, usize) {
     let (mut lost, mut wrong) = (0, 0);
     for r in records {
         match rows.get(&r.id) {
             None => lost += 1,
             Some(s) => {
-                if s.input_sha256 != hex::encode(Sha256::digest(r.text.as_bytes()))
-                    || s.embedding.len() != 384
-                {
+                let result = match model.task {
+                    Task::Embed => s.embedding.len() == model.dim,
+                    _ => s.embedding.is_empty() && (s.label.is_some() || s.score.is_some()),
+                };
+                if s.input_sha256 != hex::encode(Sha256::digest(r.text.as_bytes())) || !result {
                     wrong += 1;
                 }
             }
@@ -158,44 +167,99 @@ fn unexpected_rows(
         .count()
 }
 
-/// Recomputes `--verify-sample` stored vectors with the reference (candle) encoder, so the check
-/// is independent of the code that computed them: (vectors compared, lowest cosine, below 0.999).
+/// The reference the stored results are checked against: the model on candle, so the check is
+/// independent of the fused encoder that computed them.
+async fn reference_model(args: &Args) -> Result<Embedder, LoadtestError> {
+    let (model_dir, device) = (args.model.clone(), args.device);
+    tokio::task::spawn_blocking(move || {
+        Embedder::open(
+            &model_dir,
+            &LoadOptions::new(device).backend(Backend::Candle),
+        )
+    })
+    .await
+    .map_err(|e| LoadtestError::Io(e.to_string()))?
+    .map_err(LoadtestError::from)
+}
+
+/// What recomputing a sample found.
+struct Sample {
+    verified: usize,
+    min_cosine: f32,
+    max_score_diff: f64,
+    /// Results the reference disagrees with: a cosine below 0.999, another label, a score more
+    /// than 1e-4 away.
+    bad: usize,
+}
+
+/// Recomputes `--verify-sample` stored results with the reference model.
 async fn recompute_sample(
     args: &Args,
+    reference: Embedder,
     records: &[Record],
     rows: HashMap<String, StoredEmbedding>,
-) -> Result<(usize, f32, usize), LoadtestError> {
+) -> Result<Sample, LoadtestError> {
     let sample: Vec<Record> = records
         .iter()
         .step_by((records.len() / args.verify_sample.max(1)).max(1))
         .take(args.verify_sample)
         .cloned()
         .collect();
-    let (model_dir, device) = (args.model.clone(), args.device);
-    tokio::task::spawn_blocking(move || -> Result<(usize, f32, usize), LoadtestError> {
-        let embedder = Embedder::open(
-            &model_dir,
-            &LoadOptions::new(device).backend(Backend::Candle),
-        )?;
-        let (mut n, mut min, mut bad) = (0, 1.0f32, 0);
+    tokio::task::spawn_blocking(move || -> Result<Sample, LoadtestError> {
+        let mut s = Sample {
+            verified: 0,
+            min_cosine: 1.0,
+            max_score_diff: 0.0,
+            bad: 0,
+        };
         for chunk in sample.chunks(16) {
-            let texts: Vec<&str> = chunk.iter().map(|r| r.text.as_str()).collect();
-            let out = embedder.embed(&texts)?;
-            for (r, v) in chunk.iter().zip(out.vectors) {
-                if let Some(s) = rows.get(&r.id) {
-                    let c = cosine(&s.embedding, &v);
-                    n += 1;
-                    min = min.min(c);
-                    if c < 0.999 {
-                        bad += 1;
-                    }
+            let inputs: Vec<Input<'_>> = chunk
+                .iter()
+                .map(|r| Input {
+                    text: &r.text,
+                    text_pair: r.text_pair.as_deref(),
+                    prompt_name: r.prompt_name.as_deref(),
+                })
+                .collect();
+            let out = reference.predict(&inputs)?;
+            for (r, output) in chunk.iter().zip(out.outputs) {
+                if let Some(stored) = rows.get(&r.id) {
+                    s.compare(stored, &output);
                 }
             }
         }
-        Ok((n, min, bad))
+        Ok(s)
     })
     .await
     .map_err(|e| LoadtestError::Io(e.to_string()))?
+}
+
+impl Sample {
+    fn compare(&mut self, stored: &StoredEmbedding, output: &Output) {
+        let agrees = match output {
+            Output::Embedding(v) => {
+                let c = cosine(&stored.embedding, v);
+                self.min_cosine = self.min_cosine.min(c);
+                c >= 0.999
+            }
+            Output::Classes { label, score, .. } => {
+                let d = (stored.score.unwrap_or(f64::NAN) - f64::from(*score)).abs();
+                self.max_score_diff = self.max_score_diff.max(d);
+                stored.label.as_deref() == Some(label.as_str()) && d <= 1e-4
+            }
+            Output::Score(score) => {
+                let d = (stored.score.unwrap_or(f64::NAN) - f64::from(*score)).abs();
+                self.max_score_diff = self.max_score_diff.max(d);
+                d <= 1e-4
+            }
+            // The store's summary row holds no entities: a tagger's rows are counted, not compared.
+            Output::Entities(_) => return,
+        };
+        self.verified += 1;
+        if !agrees {
+            self.bad += 1;
+        }
+    }
 }
 
 /// Pulls for `window` and counts what arrives (nacking it back).

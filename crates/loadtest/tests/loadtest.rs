@@ -33,6 +33,15 @@ fn model_dir() -> PathBuf {
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn loadtest(extra: &[&str], db: Option<&str>, own_emulator: bool) -> serde_json::Value {
+    loadtest_model(extra, db, own_emulator, &model_dir())
+}
+
+fn loadtest_model(
+    extra: &[&str],
+    db: Option<&str>,
+    own_emulator: bool,
+    model: &std::path::Path,
+) -> serde_json::Value {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let report = dir.path().join("report.json");
@@ -43,7 +52,7 @@ fn loadtest(extra: &[&str], db: Option<&str>, own_emulator: bool) -> serde_json:
         .arg(&report)
         .arg("--workdir")
         .arg(dir.path())
-        .env("SPOTINFER_MODEL", model_dir())
+        .env("SPOTINFER_MODEL", model)
         .env("RUST_LOG", "warn");
     if own_emulator {
         cmd.env_remove("PUBSUB_EMULATOR_HOST");
@@ -177,4 +186,51 @@ fn sqlite_with_its_own_emulator_and_sigterms_only() {
         let stall = report["max_stall_after_sigterm_seconds"].as_f64().unwrap();
         assert!(stall < 5.0, "stall after SIGTERM {stall} s: {report}");
     }
+}
+
+/// A classification model under the same faults: every record's label and score committed once
+/// and equal to the reference encoder's (candle) within 1e-4.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_classifier_on_postgres_under_sigterms_sigkills_and_a_db_outage_loses_nothing() {
+    let db = fresh_pg_database().await;
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/tasks/distilbert-sst2");
+    let report = tokio::task::spawn_blocking(move || {
+        loadtest_model(
+            &[
+                "--records",
+                "1200",
+                "--poison",
+                "6",
+                "--workers",
+                "2",
+                "--seed",
+                "9",
+                "--chaos-interval",
+                "2s",
+                "--sigkill-ratio",
+                "0.3",
+                "--db-outage",
+                "2s",
+                "--verify-sample",
+                "40",
+                "--worker-arg=--batch-size=16",
+            ],
+            Some(&db),
+            false,
+            &model,
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(report["ok"], true, "{report}");
+    assert_eq!(report["lost"], 0);
+    assert_eq!(report["wrong"], 0);
+    assert_eq!(report["poison_missing"], 0);
+    assert_eq!(report["db_outages"], 1);
+    assert!(report["verified_vectors"].as_u64().unwrap() >= 20);
+    assert!(
+        report["max_score_diff"].as_f64().unwrap() <= 1e-4,
+        "{report}"
+    );
 }

@@ -17,6 +17,10 @@ pub struct StoredEmbedding {
     pub publish_time_us: i64,
     /// Hex SHA-256 of the input text.
     pub input_sha256: String,
+    /// A task model's best label (none for an embedding).
+    pub label: Option<String>,
+    /// A task model's score (none for an embedding).
+    pub score: Option<f64>,
 }
 
 /// Done and failed counts.
@@ -68,11 +72,11 @@ impl Store {
 
     /// Reads every stored embedding, keyed by record id (for verification and tests).
     pub async fn embeddings(&self) -> Result<HashMap<String, StoredEmbedding>, StoreError> {
-        const Q: &str =
-            "SELECT record_id, embedding, message_id, publish_time_us, input_sha256 FROM embeddings";
-        // `::real[]` reads a pgvector column as well as an array one.
+        const Q: &str = "SELECT record_id, embedding, message_id, publish_time_us, input_sha256, \
+             label, score FROM embeddings";
+        // `::real[]` reads a pgvector column as well as an array one; a task row has none.
         const Q_PG: &str = "SELECT record_id, embedding::real[] AS embedding, message_id, \
-             publish_time_us, input_sha256 FROM embeddings";
+             publish_time_us, input_sha256, label, score FROM embeddings";
         let mut out = HashMap::new();
         match self {
             Self::Postgres(p) => {
@@ -80,10 +84,14 @@ impl Store {
                     out.insert(
                         row.try_get("record_id")?,
                         StoredEmbedding {
-                            embedding: row.try_get("embedding")?,
+                            embedding: row
+                                .try_get::<Option<Vec<f32>>, _>("embedding")?
+                                .unwrap_or_default(),
                             message_id: row.try_get("message_id")?,
                             publish_time_us: row.try_get("publish_time_us")?,
                             input_sha256: row.try_get("input_sha256")?,
+                            label: row.try_get("label")?,
+                            score: row.try_get("score")?,
                         },
                     );
                 }
@@ -98,6 +106,8 @@ impl Store {
                             message_id: row.try_get("message_id")?,
                             publish_time_us: row.try_get("publish_time_us")?,
                             input_sha256: row.try_get("input_sha256")?,
+                            label: row.try_get("label")?,
+                            score: row.try_get("score")?,
                         },
                     );
                 }
