@@ -12,7 +12,7 @@
 use super::spec::{Architecture, EncoderSpec};
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
-use spotinfer_bert_cpu::Pooling;
+use spotinfer_bert_cpu::{Layout, Pooling};
 
 /// A loaded BERT encoder.
 pub struct CandleBert {
@@ -54,13 +54,14 @@ impl CandleBert {
             .unwrap_or(vb);
         let (d, eps) = (config.hidden, config.eps);
         let emb = vb.pp("embeddings");
-        let (stack, names) = if distil {
-            ("transformer.layer", &DISTILBERT_NAMES)
+        let layout = if distil {
+            Layout::DistilBert
         } else {
-            ("encoder.layer", &BERT_NAMES)
+            Layout::Bert
         };
+        let (stack, names) = (layout.layer_stack(), layout.layer_parts());
         let layers = (0..config.layers)
-            .map(|i| Layer::load(vb.pp(format!("{stack}.{i}")), config, names))
+            .map(|i| Layer::load(vb.pp(format!("{stack}.{i}")), config, &names))
             .collect::<Result<Vec<_>>>()?;
         let types = if distil {
             Embedding::new(Tensor::zeros((1, d), vb.dtype(), vb.device())?, d)
@@ -116,34 +117,9 @@ impl CandleBert {
     }
 }
 
-/// A layer's tensor names: query, key, value, attention output, attention norm, intermediate,
-/// output, output norm.
-type LayerNames = [&'static str; 8];
-
-const BERT_NAMES: LayerNames = [
-    "attention.self.query",
-    "attention.self.key",
-    "attention.self.value",
-    "attention.output.dense",
-    "attention.output.LayerNorm",
-    "intermediate.dense",
-    "output.dense",
-    "output.LayerNorm",
-];
-
-const DISTILBERT_NAMES: LayerNames = [
-    "attention.q_lin",
-    "attention.k_lin",
-    "attention.v_lin",
-    "attention.out_lin",
-    "sa_layer_norm",
-    "ffn.lin1",
-    "ffn.lin2",
-    "output_layer_norm",
-];
-
 impl Layer {
-    fn load(vb: VarBuilder, c: &EncoderSpec, names: &LayerNames) -> Result<Self> {
+    /// One layer under `vb`, its tensors named as `names` ([`Layout::layer_parts`]).
+    fn load(vb: VarBuilder, c: &EncoderSpec, names: &[&str; 8]) -> Result<Self> {
         let (d, eps) = (c.hidden, c.eps);
         let [q, k, v, ao, an, im, o, on] = names;
         let qkv = [q, k, v]

@@ -111,6 +111,17 @@ struct Names {
 }
 
 impl Layout {
+    /// One layer's tensor names, below its `…layer.N.`: query, key, value, attention output,
+    /// attention norm, intermediate, output, output norm (each with `.weight` and `.bias`).
+    pub fn layer_parts(self) -> [&'static str; 8] {
+        self.names().parts
+    }
+
+    /// Where the layers sit: `encoder.layer` or `transformer.layer`.
+    pub fn layer_stack(self) -> &'static str {
+        self.names().layer
+    }
+
     fn names(self) -> Names {
         match self {
             Self::Bert => Names {
