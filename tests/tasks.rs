@@ -140,7 +140,7 @@ fn check_model(name: &str, want: &serde_json::Value, backend: Backend) -> f32 {
 fn every_task_model_gives_what_transformers_gives_through_both_encoders() {
     let reference = reference();
     let models = reference["models"].as_object().unwrap();
-    assert_eq!(models.len(), 8, "the fixture set");
+    assert_eq!(models.len(), 12, "the fixture set");
     for (name, want) in models {
         let fused = check_model(name, want, Backend::Fused);
         let candle = check_model(name, want, Backend::Candle);
