@@ -59,19 +59,20 @@ impl Engine {
             }
             Self::Candle(model, _) => {
                 let (ids, types, mask, _) = padded(batch.iter().map(|e| (*e, 0)), model.device())?;
-                let hidden = model.forward(&ids, &types, &mask)?.to_dtype(DType::F32)?;
-                batch
+                let mut hidden = model.forward(&ids, &types, &mask)?.to_dtype(DType::F32)?;
+                if first_only {
+                    hidden = hidden.narrow(1, 0, 1)?;
+                }
+                // One copy off the device for the whole batch, then each text's real rows.
+                let hidden = hidden.to_vec3::<f32>()?;
+                Ok(batch
                     .iter()
-                    .enumerate()
-                    .map(|(i, e)| {
-                        let rows = if first_only { 1 } else { e.len() };
-                        Ok(hidden
-                            .get(i)?
-                            .narrow(0, 0, rows)?
-                            .flatten_all()?
-                            .to_vec1()?)
+                    .zip(hidden)
+                    .map(|(e, rows)| {
+                        let keep = if first_only { 1 } else { e.len() };
+                        rows.into_iter().take(keep).flatten().collect()
                     })
-                    .collect()
+                    .collect())
             }
         }
     }
