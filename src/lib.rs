@@ -10,7 +10,7 @@
 //!    every message carries an `Ack`; only the sink resolves it, after its commit
 //!   ```
 //!
-//! * [`model`]: tokenization, the encoders behind one `Embedder` (the fused CPU encoder of
+//! * [`model`]: tokenization, the encoders behind one `Model` (the fused CPU encoder of
 //!   `crates/bert-cpu`, the candle encoder for CUDA), pooling, and the thread that runs them.
 //! * [`external`]: the outside world the pipeline talks to: Pub/Sub, Cloud Storage, the
 //!   database (results, failures and jobs), the early-drain watches, logs and metrics.

@@ -3,7 +3,7 @@
 
 mod common;
 
-use spotinfer::model::{cosine, Embedder, LoadOptions};
+use spotinfer::model::{cosine, LoadOptions, Model};
 use spotinfer::model::{Backend, DeviceChoice, Precision};
 
 struct Reference {
@@ -70,7 +70,7 @@ fn a_token_budget_splits_batches_without_changing_a_vector() {
     let refs = reference();
     let texts: Vec<&str> = refs.iter().map(|r| r.text.as_str()).collect();
     let dir = common::model_dir();
-    let whole = Embedder::open(
+    let whole = Model::open(
         &dir,
         &LoadOptions::new(DeviceChoice::Cpu)
             .backend(Backend::Candle)
@@ -79,7 +79,7 @@ fn a_token_budget_splits_batches_without_changing_a_vector() {
     .unwrap()
     .embed(&texts)
     .unwrap();
-    let split = Embedder::open(
+    let split = Model::open(
         &dir,
         &LoadOptions::new(DeviceChoice::Cpu)
             .backend(Backend::Candle)
@@ -102,7 +102,7 @@ fn a_token_budget_splits_batches_without_changing_a_vector() {
 #[test]
 fn fused_in_bf16_matches_sentence_transformers_where_the_cpu_has_it() {
     let dir = common::model_dir();
-    let auto = Embedder::open(
+    let auto = Model::open(
         &dir,
         &LoadOptions::new(DeviceChoice::Cpu)
             .backend(Backend::Auto)
@@ -114,7 +114,7 @@ fn fused_in_bf16_matches_sentence_transformers_where_the_cpu_has_it() {
         matches_sentence_transformers(Backend::Fused, Precision::Bf16);
     } else {
         assert_eq!(auto.info().device, "Cpu (fused, f32)");
-        let err = Embedder::open(
+        let err = Model::open(
             &dir,
             &LoadOptions::new(DeviceChoice::Cpu)
                 .backend(Backend::Fused)
@@ -124,7 +124,7 @@ fn fused_in_bf16_matches_sentence_transformers_where_the_cpu_has_it() {
         .expect("bf16 without AVX-512 BF16");
         assert!(err.to_string().contains("AVX-512 BF16"), "{err}");
     }
-    let forced = Embedder::open(
+    let forced = Model::open(
         &dir,
         &LoadOptions::new(DeviceChoice::Cpu)
             .backend(Backend::Fused)
@@ -136,7 +136,7 @@ fn fused_in_bf16_matches_sentence_transformers_where_the_cpu_has_it() {
 #[test]
 fn each_encoder_refuses_the_precision_it_does_not_compute_in() {
     let dir = common::model_dir();
-    let err = Embedder::open(
+    let err = Model::open(
         &dir,
         &LoadOptions::new(DeviceChoice::Cpu)
             .backend(Backend::Fused)
@@ -145,7 +145,7 @@ fn each_encoder_refuses_the_precision_it_does_not_compute_in() {
     .err()
     .expect("the fused encoder computes in f32 or bf16");
     assert!(err.to_string().contains("not f16"), "{err}");
-    let err = Embedder::open(
+    let err = Model::open(
         &dir,
         &LoadOptions::new(DeviceChoice::Cpu)
             .backend(Backend::Candle)
@@ -161,7 +161,7 @@ fn each_encoder_refuses_the_precision_it_does_not_compute_in() {
 
 fn matches_sentence_transformers(backend: Backend, precision: Precision) {
     let refs = reference();
-    let model = Embedder::open(
+    let model = Model::open(
         &common::model_dir(),
         &LoadOptions::new(device())
             .backend(backend)
@@ -195,12 +195,12 @@ fn matches_sentence_transformers(backend: Backend, precision: Precision) {
 /// the 256-token limit, in batches of mixed lengths (where padding would show) and alone.
 #[test]
 fn the_fused_encoder_agrees_with_candle_on_varied_lengths() {
-    let fused = Embedder::open(
+    let fused = Model::open(
         &common::model_dir(),
         &LoadOptions::new(DeviceChoice::Cpu).backend(Backend::Fused),
     )
     .unwrap();
-    let candle = Embedder::open(
+    let candle = Model::open(
         &common::model_dir(),
         &LoadOptions::new(DeviceChoice::Cpu).backend(Backend::Candle),
     )
@@ -242,7 +242,7 @@ fn the_fused_encoder_agrees_with_candle_on_varied_lengths() {
 #[test]
 fn truncates_and_counts_tokens_like_sentence_transformers() {
     let refs = reference();
-    let model = Embedder::load(&common::model_dir(), DeviceChoice::Cpu).unwrap();
+    let model = Model::load(&common::model_dir(), DeviceChoice::Cpu).unwrap();
     let texts: Vec<&str> = refs.iter().map(|r| r.text.as_str()).collect();
     let counts = model.token_counts(&texts).unwrap();
     for (r, n) in refs.iter().zip(counts) {
@@ -259,7 +259,7 @@ fn truncates_and_counts_tokens_like_sentence_transformers() {
 /// CJK, which the tokenizer splits per character.
 #[test]
 fn long_texts_tokenize_exactly_as_the_whole_text() {
-    let model = Embedder::load(&common::model_dir(), DeviceChoice::Cpu).unwrap();
+    let model = Model::load(&common::model_dir(), DeviceChoice::Cpu).unwrap();
     let mut whole =
         tokenizers::Tokenizer::from_file(common::model_dir().join("tokenizer.json")).unwrap();
     let mut truncation = whole.get_truncation().cloned().unwrap_or_default();
@@ -300,7 +300,7 @@ fn long_texts_tokenize_exactly_as_the_whole_text() {
 /// the text or hands it over; most of these texts it takes.
 #[test]
 fn the_fast_tokenizer_path_gives_the_tokenizers_ids() {
-    let model = Embedder::load(&common::model_dir(), DeviceChoice::Cpu).unwrap();
+    let model = Model::load(&common::model_dir(), DeviceChoice::Cpu).unwrap();
     let texts = common::tokenizer_texts(4000);
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let started = std::time::Instant::now();
@@ -334,7 +334,7 @@ fn the_fast_tokenizer_path_gives_the_tokenizers_ids() {
 #[test]
 fn a_missing_model_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    let err = match Embedder::load(dir.path(), DeviceChoice::Cpu) {
+    let err = match Model::load(dir.path(), DeviceChoice::Cpu) {
         Ok(_) => panic!("loaded a model from an empty directory"),
         Err(e) => e.to_string(),
     };

@@ -5,7 +5,7 @@
 
 mod common;
 
-use spotinfer::model::{cosine, Embedder, Input, LoadOptions, ModelSpec, PromptChoice};
+use spotinfer::model::{cosine, Input, LoadOptions, Model, ModelSpec, PromptChoice};
 use spotinfer::model::{Backend, DeviceChoice, Precision};
 use std::path::{Path, PathBuf};
 
@@ -40,14 +40,14 @@ fn norm(v: &[f32]) -> f32 {
     v.iter().map(|x| x * x).sum::<f32>().sqrt()
 }
 
-fn load(name: &str, backend: Backend, prompt: PromptChoice) -> Embedder {
+fn load(name: &str, backend: Backend, prompt: PromptChoice) -> Model {
     let options = LoadOptions {
         backend,
         precision: Precision::F32,
         prompt,
         ..LoadOptions::new(DeviceChoice::Cpu)
     };
-    Embedder::open(&fixtures().join(name), &options)
+    Model::open(&fixtures().join(name), &options)
         .unwrap_or_else(|e| panic!("{name} ({backend:?}): {e}"))
 }
 
@@ -219,7 +219,7 @@ fn unsupported_models_are_refused_with_the_reason() {
                 backend,
                 ..LoadOptions::new(DeviceChoice::Cpu)
             };
-            let err = match Embedder::open(&dir, &options) {
+            let err = match Model::open(&dir, &options) {
                 Ok(_) => panic!("{name} loaded with {backend:?}"),
                 Err(e) => e.to_string(),
             };
@@ -239,7 +239,7 @@ fn bad_prompts_and_limits_are_errors() {
         max_seq_len: max,
         ..LoadOptions::new(DeviceChoice::Cpu)
     };
-    let err = Embedder::open(&dir, &options(PromptChoice::Named("nope".into()), None))
+    let err = Model::open(&dir, &options(PromptChoice::Named("nope".into()), None))
         .err()
         .unwrap()
         .to_string();
@@ -247,12 +247,12 @@ fn bad_prompts_and_limits_are_errors() {
         err.contains("no prompt named \"nope\"") && err.contains("passage, query"),
         "{err}"
     );
-    let err = Embedder::open(&dir, &options(PromptChoice::ModelDefault, Some(10_000)))
+    let err = Model::open(&dir, &options(PromptChoice::ModelDefault, Some(10_000)))
         .err()
         .unwrap()
         .to_string();
     assert!(err.contains("can only lower it"), "{err}");
-    let model = Embedder::open(&dir, &options(PromptChoice::ModelDefault, Some(8))).unwrap();
+    let model = Model::open(&dir, &options(PromptChoice::ModelDefault, Some(8))).unwrap();
     assert_eq!(model.info().max_seq_len, 8);
     assert_eq!(
         model
@@ -304,7 +304,7 @@ fn every_fixture_model_holds_in_half_precision() {
                 precision,
                 ..LoadOptions::new(DeviceChoice::Cpu)
             };
-            let model = Embedder::open(&fixtures().join(name), &options).unwrap();
+            let model = Model::open(&fixtures().join(name), &options).unwrap();
             let case = &m["cases"][0];
             let got = model.embed(&texts).unwrap().vectors;
             let mut worst = 1.0f32;

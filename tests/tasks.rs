@@ -4,7 +4,7 @@
 //! `pipeline("token-classification", aggregation_strategy="simple")` gave; and the task models
 //! spotinfer must refuse, refused with the reason.
 
-use spotinfer::model::{Backend, DeviceChoice, Embedder, Input, LoadOptions, Precision};
+use spotinfer::model::{Backend, DeviceChoice, Input, LoadOptions, Model, Precision};
 use spotinfer::model::{Entity, ModelSpec, Output, Task};
 use std::path::{Path, PathBuf};
 
@@ -20,13 +20,13 @@ fn reference() -> serde_json::Value {
     serde_json::from_str(&raw).unwrap()
 }
 
-fn load(name: &str, backend: Backend, precision: Precision) -> Embedder {
+fn load(name: &str, backend: Backend, precision: Precision) -> Model {
     let options = LoadOptions {
         backend,
         precision,
         ..LoadOptions::new(DeviceChoice::Cpu)
     };
-    Embedder::open(&fixtures().join(name), &options)
+    Model::open(&fixtures().join(name), &options)
         .unwrap_or_else(|e| panic!("{name} ({backend:?}): {e}"))
 }
 
@@ -265,7 +265,7 @@ fn heads_spotinfer_cannot_compute_exactly_are_refused_at_load_with_the_reason() 
         ),
     ];
     for (dir, reason) in refused {
-        let err = Embedder::load(dir.path(), DeviceChoice::Cpu)
+        let err = Model::load(dir.path(), DeviceChoice::Cpu)
             .err()
             .unwrap_or_else(|| panic!("{reason}: loaded"));
         assert!(err.to_string().contains(reason), "{reason}: {err}");
@@ -275,7 +275,7 @@ fn heads_spotinfer_cannot_compute_exactly_are_refused_at_load_with_the_reason() 
         c["num_labels"] = 9.into();
         c.as_object_mut().unwrap().remove("id2label");
     });
-    let err = Embedder::load(dir.path(), DeviceChoice::Cpu).err().unwrap();
+    let err = Model::load(dir.path(), DeviceChoice::Cpu).err().unwrap();
     assert!(err.to_string().contains("classifier.weight"), "{err}");
 }
 

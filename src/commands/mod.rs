@@ -12,7 +12,7 @@ pub mod work;
 use anyhow::Context;
 use spotinfer::config::ModelArgs;
 use spotinfer::external::gcs::{FileList, Gcs};
-use spotinfer::model::{Embedder, LoadOptions, ModelHandle, PromptChoice, Reload};
+use spotinfer::model::{LoadOptions, Model, ModelHandle, PromptChoice, Reload};
 use std::path::Path;
 use std::time::Instant;
 
@@ -47,7 +47,7 @@ pub async fn fetch_model(
 }
 
 /// The model as `m` describes it, from `dir` (what [`model_dir`] returned), on this thread.
-pub fn load_embedder(dir: &Path, m: &ModelArgs) -> anyhow::Result<Embedder> {
+pub fn load_embedder(dir: &Path, m: &ModelArgs) -> anyhow::Result<Model> {
     let prompt = match (&m.prompt_name, &m.prompt) {
         (Some(name), _) => PromptChoice::Named(name.clone()),
         (None, Some(text)) => PromptChoice::Text(text.clone()),
@@ -61,7 +61,7 @@ pub fn load_embedder(dir: &Path, m: &ModelArgs) -> anyhow::Result<Embedder> {
         prompt,
         max_seq_len: m.max_seq_length,
     };
-    let embedder = Embedder::open(dir, &options)?;
+    let embedder = Model::open(dir, &options)?;
     Ok(embedder.with_max_batch_tokens(m.max_batch_tokens))
 }
 

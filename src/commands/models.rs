@@ -4,7 +4,7 @@
 
 use spotinfer::config::{ModelsArgs, ModelsCommand};
 use spotinfer::model::DeviceChoice;
-use spotinfer::model::{Embedder, Input, LoadOptions, ModelSpec, Output};
+use spotinfer::model::{Input, LoadOptions, Model, ModelSpec, Output};
 
 /// Runs a `models` subcommand.
 pub async fn run(a: ModelsArgs) -> anyhow::Result<()> {
@@ -18,8 +18,8 @@ pub async fn run(a: ModelsArgs) -> anyhow::Result<()> {
                 ..LoadOptions::new(DeviceChoice::Cpu)
             };
             let (embedder, output) =
-                tokio::task::spawn_blocking(move || -> anyhow::Result<(Embedder, Output)> {
-                    let e = Embedder::open(&dir, &options)?;
+                tokio::task::spawn_blocking(move || -> anyhow::Result<(Model, Output)> {
+                    let e = Model::open(&dir, &options)?;
                     let input = Input {
                         text: "spotinfer checks this model",
                         text_pair: e.info().task.needs_pairs().then_some("on one input"),

@@ -3,7 +3,7 @@
 
 use super::spec::{Architecture, EncoderSpec};
 use super::Precision;
-use super::{Embedder, Engine, ModelError, Output, Task};
+use super::{Engine, Model, ModelError, Output, Task};
 use spotinfer_bert_cpu::{self as bert_cpu, BertError};
 
 impl From<BertError> for ModelError {
@@ -61,7 +61,7 @@ const PROBES: &[&str] = &[
      supply of water and nitrogen usually limits growth long before light does.",
 ];
 
-impl Embedder {
+impl Model {
     /// Settles the fused encoder's precision: f32 or bf16 when asked for, and for `auto` bf16
     /// where the CPU has it and the model's probe vectors stay within [`BF16_MIN_COSINE`] of
     /// f32's, else f32 (with the reason logged). The weights the choice does not use are freed.

@@ -1,20 +1,21 @@
-//! The model layer: text in, vectors out, exactly as sentence-transformers computes them for the
-//! model folder it is given.
+//! The model layer: text in, results out, exactly as sentence-transformers and transformers
+//! compute them for the model folder they are given.
 //!
-//! [`spec`] reads what the folder says to compute (encoder, pooling, Dense, Normalize, prompts,
-//! limits) and refuses what spotinfer cannot compute exactly. [`Embedder`] then tokenizes
-//! (`tokenize`, with the prompt `prompt` picks), runs an encoder that pools, and applies the
-//! `head` (Dense layers, Normalize). How it is loaded beyond the folder's own files (device,
-//! encoder, precision, name, prompt, token limit) is `options`; the engines that compute the
-//! network are in `engine`:
+//! [`spec`] reads what the folder says to compute (the task, the encoder, pooling, Dense,
+//! Normalize, labels, prompts, limits) and refuses what spotinfer cannot compute exactly.
+//! [`Model`] then tokenizes (`tokenize`: texts, pairs, offsets; with the prompt `prompt` picks),
+//! runs an engine, and applies the task's head (`task`: Dense layers and Normalize for an
+//! embedding, a classification or cross-encoder head, a token head and its entity grouping).
+//! How it is loaded beyond the folder's own files (device, encoder, precision, name, prompt,
+//! token limit) is `options`; the engines that compute the network are in `engine`:
 //!
 //! * `fused`: the CPU encoder of `crates/bert-cpu`, written for throughput (no padding, fused
 //!   passes, reused buffers), the CPU default;
-//! * `candle_bert`: candle on CUDA (f16 by default) and on the CPU as the reference the fused
-//!   one is measured against.
+//! * `candle_bert`: candle on CUDA (f16 by default for embeddings) and on the CPU as the
+//!   reference the fused one is measured against.
 //!
-//! [`ModelHandle`] (in `thread`) runs an `Embedder` on its own OS thread; [`offline`] embeds and
-//! benchmarks whole files without the pipeline.
+//! [`ModelHandle`] (in `thread`) runs a `Model` on its own OS thread; [`offline`] runs whole
+//! files without the pipeline.
 
 mod budget;
 mod candle_bert;
@@ -192,9 +193,9 @@ pub struct Embedded {
     pub seconds: f64,
 }
 
-/// A loaded model: an engine for its encoder, its tokenizer, and its task's head. Named for
-/// the task spotinfer began with; it runs every task (`predict`).
-pub struct Embedder {
+/// A loaded model: an engine for its encoder, its tokenizer, and its task's head; `predict`
+/// runs its task on a batch.
+pub struct Model {
     engine: Engine,
     tokenizer: TextTokenizer,
     head: TaskHead,
@@ -206,9 +207,9 @@ pub struct Embedder {
     max_batch_tokens: usize,
 }
 
-impl Embedder {
+impl Model {
     /// Loads the model in `dir` as its own files describe it, on `device` with the default
-    /// encoder and precision: [`Embedder::open`] with [`LoadOptions::new`].
+    /// encoder and precision: [`Model::open`] with [`LoadOptions::new`].
     pub fn load(dir: &Path, device: DeviceChoice) -> Result<Self, ModelError> {
         Self::open(dir, &LoadOptions::new(device))
     }
@@ -317,7 +318,7 @@ impl Embedder {
         self.tokenizer.encode(texts)
     }
 
-    /// [`Embedder::tokenize`] by the `tokenizers` crate alone, without the WordPiece fast path
+    /// [`Model::tokenize`] by the `tokenizers` crate alone, without the WordPiece fast path
     /// (`wordpiece`), and whether this model has that path: for tests that compare the two.
     pub fn tokenize_without_fast_path(
         &self,

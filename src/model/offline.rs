@@ -3,7 +3,7 @@
 //! Both read the same JSONL contract as the worker and report bad lines by number. The bench
 //! excludes model load time and prints, as its last line, one JSON object with the figures.
 
-use crate::model::{Embedder, Input, ModelError, Output};
+use crate::model::{Input, Model, ModelError, Output};
 use crate::record::{self, Record};
 use serde::Serialize;
 use std::io::{BufRead, Write};
@@ -87,7 +87,7 @@ const EMBED_CHUNK: usize = 8192;
 /// `output` only once complete: an interrupted run leaves no half-written file under that name.
 /// Returns how many records were embedded.
 pub fn embed_file(
-    embedder: &Embedder,
+    embedder: &Model,
     input: &std::path::Path,
     output: &std::path::Path,
     max_text_bytes: usize,
@@ -114,7 +114,7 @@ pub fn embed_file(
 
 /// Embeds `records` chunk by chunk into `path`, synced to disk; returns how many.
 fn write_vectors(
-    embedder: &Embedder,
+    embedder: &Model,
     records: &mut impl Iterator<Item = Result<Record, OfflineError>>,
     path: &std::path::Path,
     batch_size: usize,
@@ -164,7 +164,7 @@ pub fn length_sorted_batches(records: &[Record], batch_size: usize) -> Vec<Vec<u
 /// Runs the model over every record (with the default prompt); results come back in input
 /// order, with the tokens computed.
 pub fn predict_all(
-    embedder: &Embedder,
+    embedder: &Model,
     records: &[Record],
     batch_size: usize,
 ) -> Result<(Vec<Output>, usize), OfflineError> {
@@ -239,7 +239,7 @@ fn rusage() -> (f64, f64, f64) {
 
 /// Runs `warmup` untimed batches, then embeds every record once, timed.
 pub fn bench(
-    embedder: &Embedder,
+    embedder: &Model,
     records: &[Record],
     batch_size: usize,
     warmup: usize,

@@ -1,8 +1,8 @@
-//! The model thread: an [`Embedder`] on a dedicated OS thread behind a channel, so a batch that
+//! The model thread: an [`Model`] on a dedicated OS thread behind a channel, so a batch that
 //! computes for seconds never stalls the async runtime that keeps Pub/Sub leases, acks and nacks
 //! flowing.
 
-use super::{Embedder, Input, ModelError, ModelInfo, Predicted};
+use super::{Input, Model, ModelError, ModelInfo, Predicted};
 use tokio::sync::{mpsc, oneshot};
 
 /// One input for the model thread: a text, the second text of a pair, and the name of the
@@ -34,7 +34,7 @@ struct Job {
 
 /// Reloads the model from its files: how the model thread rebuilds itself after a device
 /// fault. Its error is only logged (the thread then keeps the model it has).
-pub type Reload = Box<dyn Fn() -> Result<Embedder, String> + Send>;
+pub type Reload = Box<dyn Fn() -> Result<Model, String> + Send>;
 
 /// A handle to the model thread. Cheap to clone; the thread stops when every handle is dropped.
 #[derive(Clone)]
@@ -45,7 +45,7 @@ pub struct ModelHandle {
 
 impl ModelHandle {
     /// Moves `embedder` onto a new thread named `model` and returns a handle to it.
-    pub fn spawn(embedder: Embedder) -> std::io::Result<Self> {
+    pub fn spawn(embedder: Model) -> std::io::Result<Self> {
         Self::spawn_with_reload(embedder, None)
     }
 
@@ -53,7 +53,7 @@ impl ModelHandle {
     /// ([`ModelError::blames_input`]: a panic that may have left the encoder's buffers half
     /// written, a device error), the thread replaces its model by `reload`'s before the next
     /// batch, so a retry does not run on the state that just failed.
-    pub fn spawn_with_reload(embedder: Embedder, reload: Option<Reload>) -> std::io::Result<Self> {
+    pub fn spawn_with_reload(embedder: Model, reload: Option<Reload>) -> std::io::Result<Self> {
         let info = embedder.info().clone();
         // One job queued while one computes: enough to keep the model busy, little to discard
         // on shutdown.
@@ -99,7 +99,7 @@ impl Reply {
 }
 
 /// The model thread's loop: one job at a time until every handle is gone.
-fn serve(mut embedder: Embedder, reload: Option<Reload>, mut rx: mpsc::Receiver<Job>) {
+fn serve(mut embedder: Model, reload: Option<Reload>, mut rx: mpsc::Receiver<Job>) {
     let mut faults = fault::Injected::from_env();
     while let Some(job) = rx.blocking_recv() {
         if job.reply.is_closed() {
@@ -124,7 +124,7 @@ fn serve(mut embedder: Embedder, reload: Option<Reload>, mut rx: mpsc::Receiver<
 }
 
 /// Computes one job's texts, a panic caught as [`ModelError::Panic`].
-fn run(embedder: &Embedder, texts: &[Text]) -> Result<Predicted, ModelError> {
+fn run(embedder: &Model, texts: &[Text]) -> Result<Predicted, ModelError> {
     let inputs: Vec<Input<'_>> = texts
         .iter()
         .map(|t| Input {

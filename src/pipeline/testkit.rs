@@ -6,7 +6,7 @@
 
 use crate::external::store::Store;
 use crate::external::telemetry::Metrics;
-use crate::model::{DeviceChoice, Embedder, LoadOptions, ModelHandle, Output};
+use crate::model::{DeviceChoice, LoadOptions, Model, ModelHandle, Output};
 use crate::pipeline::ack::{Ack, LeaseLoop, NackHold, Settle};
 use crate::pipeline::message::{Batch, Delivery, MessageMeta, Outcome};
 use crate::shutdown::Shutdown;
@@ -311,14 +311,14 @@ fn fixture_dir() -> std::path::PathBuf {
 
 /// The fixture model on its thread, on the CPU.
 pub fn model() -> ModelHandle {
-    let embedder = Embedder::open(&fixture_dir(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
+    let embedder = Model::open(&fixture_dir(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
     spawn(embedder, None)
 }
 
 /// The fixture model on its thread, failing its first `faults` batches (`None`: every batch)
 /// with a device fault ([`crate::model::ModelError::Device`], not the input's).
 pub fn faulty_model(faults: Option<u64>) -> ModelHandle {
-    let embedder = Embedder::open(&fixture_dir(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
+    let embedder = Model::open(&fixture_dir(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
     spawn(
         embedder,
         Some(faults.map_or("always".into(), |n| n.to_string())),
@@ -331,7 +331,7 @@ pub fn faulty_model(faults: Option<u64>) -> ModelHandle {
 /// is set around the spawn and its first batch, one lock for every model thread the tests
 /// start: a thread started beside it never sees another's faults. The first batch, spent
 /// here, is one more fault when faults are asked for.
-fn spawn(embedder: Embedder, faults: Option<String>) -> ModelHandle {
+fn spawn(embedder: Model, faults: Option<String>) -> ModelHandle {
     static ENV: Mutex<()> = Mutex::new(());
     const VAR: &str = "SPOTINFER_TEST_DEVICE_FAULT";
     let _env = ENV
@@ -385,6 +385,6 @@ pub fn poisoned_model(word: &str) -> ModelHandle {
         x.copy_from_slice(&f32::NAN.to_le_bytes());
     }
     std::fs::write(dir.path().join("model.safetensors"), bytes).unwrap();
-    let embedder = Embedder::open(dir.path(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
+    let embedder = Model::open(dir.path(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
     spawn(embedder, None)
 }

@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use spotinfer::external::pubsub::PubsubConfig;
 use spotinfer::external::store::StoredEmbedding;
 use spotinfer::model::Backend;
-use spotinfer::model::{cosine, Embedder, Input, LoadOptions, ModelInfo, Output, Task};
+use spotinfer::model::{cosine, Input, LoadOptions, Model, ModelInfo, Output, Task};
 use spotinfer::record::{self, Record};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -169,10 +169,10 @@ fn unexpected_rows(
 
 /// The reference the stored results are checked against: the model on candle, so the check is
 /// independent of the fused encoder that computed them.
-async fn reference_model(args: &Args) -> Result<Embedder, LoadtestError> {
+async fn reference_model(args: &Args) -> Result<Model, LoadtestError> {
     let (model_dir, device) = (args.model.clone(), args.device);
     tokio::task::spawn_blocking(move || {
-        Embedder::open(
+        Model::open(
             &model_dir,
             &LoadOptions::new(device).backend(Backend::Candle),
         )
@@ -195,7 +195,7 @@ struct Sample {
 /// Recomputes `--verify-sample` stored results with the reference model.
 async fn recompute_sample(
     args: &Args,
-    reference: Embedder,
+    reference: Model,
     records: &[Record],
     rows: HashMap<String, StoredEmbedding>,
 ) -> Result<Sample, LoadtestError> {
