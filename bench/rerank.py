@@ -14,8 +14,8 @@ fp32 on a cross-encoder of ms-marco-MiniLM-L-6-v2's shape, side by side in one r
   the real model's, the scores mean nothing but are compared all the same;
 - the pairs: real text nobody here wrote, Debian's `fortunes` package (fetched with
   apt-get download, unpacked under .cache/bench): a query (a fortune's first line, at most 12
-  words) and a passage (the following fortunes) sized so that each pair is 64-256 tokens,
-  uniformly; deterministic for a seed;
+  words) and a passage (the following fortunes) cut so that each pair lands at, or a token or
+  two under, a length drawn uniformly from 64-256 tokens; deterministic for a seed;
 - spotinfer: `spotinfer bench` (fused encoder, --precision f32, and bf16 as a second line where
   the CPU has AVX-512 BF16), tokenization included, pairs sorted by length into batches;
 - ONNX Runtime: the model exported with torch.onnx.export (TorchScript exporter, opset 17,
