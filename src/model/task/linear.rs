@@ -1,43 +1,45 @@
-//! One dense layer of a task head, in f32 on the CPU: a head reads one row per text (or per
-//! token) of a few hundred floats, nothing beside the encoder's work.
+//! One dense layer of a head (an embedding's Dense modules, a classifier's or tagger's layers),
+//! in f32 on the CPU: a head reads one row per text (or per token) of a few hundred floats,
+//! nothing beside the encoder's work.
 
 use super::super::ModelError;
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device};
 use std::path::Path;
 
-/// What follows a head's hidden layer.
+/// What follows a layer's product.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Act {
-    /// Nothing (the output layer).
+    /// Nothing (an output layer, a Dense module's `Identity`).
     Identity,
-    /// `tanh` (BERT's pooler, RoBERTa's classifier.dense).
+    /// `tanh` (BERT's pooler, RoBERTa's classifier.dense, a Dense module's `Tanh`).
     Tanh,
     /// `max(0, x)` (DistilBERT's pre_classifier).
     Relu,
 }
 
-/// `y = act(W x + b)`, `W` as PyTorch stores it: `(out, in)` row-major.
+/// `y = act(W x (+ b))`, `W` as PyTorch stores it: `(out, in)` row-major.
 #[derive(Debug, Clone)]
 pub struct Linear {
     weight: Vec<f32>,
-    bias: Vec<f32>,
+    bias: Option<Vec<f32>>,
     inputs: usize,
     act: Act,
 }
 
 impl Linear {
-    /// `NAME.weight` `(out, in)` and `NAME.bias` `(out)` from the model's weights file.
+    /// `NAME.weight` `(out, in)` and, with `bias`, `NAME.bias` `(out)` from a weights file.
     pub fn read(
         file: &WeightsFile,
         name: &str,
-        inputs: usize,
-        outputs: usize,
+        (inputs, outputs): (usize, usize),
+        bias: bool,
         act: Act,
     ) -> Result<Self, ModelError> {
+        let bias = bias.then(|| file.read(&format!("{name}.bias"), &[outputs]));
         Ok(Self {
             weight: file.read(&format!("{name}.weight"), &[outputs, inputs])?,
-            bias: file.read(&format!("{name}.bias"), &[outputs])?,
+            bias: bias.transpose()?,
             inputs,
             act,
         })
@@ -45,16 +47,19 @@ impl Linear {
 
     /// Outputs.
     pub fn outputs(&self) -> usize {
-        self.bias.len()
+        self.weight.len() / self.inputs
     }
 
     /// The layer on one input row.
     pub fn forward(&self, x: &[f32]) -> Vec<f32> {
         self.weight
             .chunks_exact(self.inputs)
-            .zip(&self.bias)
-            .map(|(row, b)| {
-                let y = row.iter().zip(x).map(|(w, v)| w * v).sum::<f32>() + b;
+            .enumerate()
+            .map(|(o, row)| {
+                let mut y = row.iter().zip(x).map(|(w, v)| w * v).sum::<f32>();
+                if let Some(b) = &self.bias {
+                    y += b[o];
+                }
                 match self.act {
                     Act::Identity => y,
                     Act::Tanh => y.tanh(),
@@ -65,7 +70,7 @@ impl Linear {
     }
 }
 
-/// The model's weights file, mapped, for the few head tensors read from it.
+/// A weights file, mapped, for the few head tensors read from it.
 pub struct WeightsFile<'a> {
     path: &'a Path,
     tensors: MmapedSafetensors,
@@ -92,7 +97,7 @@ impl<'a> WeightsFile<'a> {
             message,
         };
         if !self.has(name) {
-            return Err(bad(format!("no tensor {name} (the task's head)")));
+            return Err(bad(format!("no tensor {name}")));
         }
         let t = self.tensors.load(name, &Device::Cpu)?;
         if t.dims() != shape {

@@ -33,17 +33,23 @@ impl SequenceHead {
                     .find(|p| file.has(&format!("{p}.weight")))
                     .unwrap_or("bert.pooler.dense");
                 (
-                    Linear::read(&file, pooler, h, h, Act::Tanh)?,
-                    Linear::read(&file, "classifier", h, labels, Act::Identity)?,
+                    Linear::read(&file, pooler, (h, h), true, Act::Tanh)?,
+                    Linear::read(&file, "classifier", (h, labels), true, Act::Identity)?,
                 )
             }
             Architecture::Roberta | Architecture::XlmRoberta => (
-                Linear::read(&file, "classifier.dense", h, h, Act::Tanh)?,
-                Linear::read(&file, "classifier.out_proj", h, labels, Act::Identity)?,
+                Linear::read(&file, "classifier.dense", (h, h), true, Act::Tanh)?,
+                Linear::read(
+                    &file,
+                    "classifier.out_proj",
+                    (h, labels),
+                    true,
+                    Act::Identity,
+                )?,
             ),
             Architecture::DistilBert => (
-                Linear::read(&file, "pre_classifier", h, h, Act::Relu)?,
-                Linear::read(&file, "classifier", h, labels, Act::Identity)?,
+                Linear::read(&file, "pre_classifier", (h, h), true, Act::Relu)?,
+                Linear::read(&file, "classifier", (h, labels), true, Act::Identity)?,
             ),
         };
         Ok(Self {

@@ -29,7 +29,7 @@ impl TokenHead {
         let file = WeightsFile::open(&spec.weights)?;
         let (h, n) = (spec.encoder.hidden, spec.task.labels.len());
         Ok(Self {
-            classifier: Linear::read(&file, "classifier", h, n, Act::Identity)?,
+            classifier: Linear::read(&file, "classifier", (h, n), true, Act::Identity)?,
             labels: spec.task.labels.clone(),
         })
     }
