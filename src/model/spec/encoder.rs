@@ -104,7 +104,7 @@ impl EncoderSpec {
                 "position_embedding_type {positions:?}: spotinfer implements \"absolute\" only"
             )));
         }
-        let size = |key: &str| size_of(&config, key, path);
+        let size = |key: &str| super::positive(&config, key, path);
         let pad_token_id = pad_token_id(&config, path)?;
         let position_offset = match architecture {
             Architecture::Bert => 0,
@@ -172,7 +172,7 @@ impl EncoderSpec {
                     .into(),
             ));
         }
-        let size = |key: &str| size_of(config, key, path);
+        let size = |key: &str| super::positive(config, key, path);
         let spec = Self {
             architecture: Architecture::DistilBert,
             hidden: size("dim")?,
@@ -193,19 +193,6 @@ impl EncoderSpec {
     pub fn max_tokens(&self) -> usize {
         self.max_positions - self.position_offset
     }
-}
-
-/// A positive integer of `config.json`.
-fn size_of(config: &Value, key: &str, path: &Path) -> Result<usize, ModelError> {
-    config
-        .get(key)
-        .and_then(Value::as_u64)
-        .filter(|&v| v > 0)
-        .map(|v| v as usize)
-        .ok_or_else(|| ModelError::Config {
-            path: path.to_path_buf(),
-            message: format!("{key} is missing or not a positive integer"),
-        })
 }
 
 /// `pad_token_id` (0 when absent, as transformers defaults it).

@@ -402,6 +402,19 @@ fn safetensors_dtypes(path: &Path) -> Result<Vec<String>, ModelError> {
     Ok(dtypes)
 }
 
+/// A positive integer of a config file (`hidden_size`, `out_features`), or why there is none.
+pub(super) fn positive(config: &Value, key: &str, path: &Path) -> Result<usize, ModelError> {
+    config
+        .get(key)
+        .and_then(Value::as_u64)
+        .filter(|&v| v > 0)
+        .map(|v| v as usize)
+        .ok_or_else(|| ModelError::Config {
+            path: path.to_path_buf(),
+            message: format!("{key} is missing or not a positive integer"),
+        })
+}
+
 /// A JSON file, or `null` when it does not exist.
 pub(super) fn read_optional(path: &Path) -> Result<Value, ModelError> {
     if path.is_file() {

@@ -258,17 +258,7 @@ impl DenseSpec {
             path: path.clone(),
             message,
         };
-        let size = |key: &str| {
-            config
-                .get(key)
-                .and_then(Value::as_u64)
-                .filter(|&v| v > 0)
-                .map(|v| v as usize)
-                .ok_or_else(|| ModelError::Config {
-                    path: path.clone(),
-                    message: format!("{key} is missing or not a positive integer"),
-                })
-        };
+        let size = |key: &str| super::positive(&config, key, &path);
         let activation = match config
             .get("activation_function")
             .and_then(Value::as_str)
