@@ -10,6 +10,7 @@ use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef, TimeUnit};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
+use serde_json::Value;
 use std::sync::Arc;
 
 /// A row an export can write: its columns as Arrow arrays and itself as a JSON object.
@@ -59,20 +60,58 @@ pub(super) fn timestamps(values: impl Iterator<Item = i64>) -> ArrayRef {
     Arc::new(b.finish())
 }
 
+/// The columns every result row ends with, whatever its task: which model and weights computed
+/// it, its job, its input's hash, the message that carried it and when it was committed.
+pub(super) fn provenance_fields() -> Vec<Field> {
+    vec![
+        Field::new("model", DataType::Utf8, false),
+        Field::new("model_hash", DataType::Utf8, false),
+        Field::new("job", DataType::Utf8, false),
+        Field::new("input_sha256", DataType::Utf8, false),
+        Field::new("message_id", DataType::Utf8, false),
+        Field::new("publish_time_us", DataType::Int64, false),
+        Field::new("processed_at", utc_micros(), false),
+    ]
+}
+
+/// The arrays of [`provenance_fields`] for `rows`.
+pub(super) fn provenance_columns<'a, I>(rows: I) -> Vec<ArrayRef>
+where
+    I: Iterator<Item = &'a ExportedResult> + Clone,
+{
+    let text =
+        |f: fn(&'a ExportedResult) -> &'a str| strings(rows.clone().map(move |r| Some(f(r))));
+    vec![
+        text(|r| &r.model),
+        text(|r| &r.model_hash),
+        text(|r| &r.job),
+        text(|r| &r.input_sha256),
+        text(|r| &r.message_id),
+        int64s(rows.clone().map(|r| r.publish_time_us)),
+        timestamps(rows.map(|r| r.processed_at_us)),
+    ]
+}
+
+/// The keys of [`provenance_fields`] in a JSON line.
+pub(super) fn provenance_json(r: &ExportedResult, line: &mut serde_json::Map<String, Value>) {
+    line.insert("model".into(), r.model.clone().into());
+    line.insert("model_hash".into(), r.model_hash.clone().into());
+    line.insert("job".into(), r.job.clone().into());
+    line.insert("input_sha256".into(), r.input_sha256.clone().into());
+    line.insert("message_id".into(), r.message_id.clone().into());
+    line.insert("publish_time_us".into(), r.publish_time_us.into());
+    line.insert("processed_at".into(), rfc3339(r.processed_at_us).into());
+}
+
 impl Table for ExportedResult {
     fn schema() -> SchemaRef {
         let item = Field::new("item", DataType::Float32, false);
-        Arc::new(Schema::new(vec![
+        let mut fields = vec![
             Field::new("id", DataType::Utf8, false),
             Field::new("embedding", DataType::List(Arc::new(item)), false),
-            Field::new("model", DataType::Utf8, false),
-            Field::new("model_hash", DataType::Utf8, false),
-            Field::new("job", DataType::Utf8, false),
-            Field::new("input_sha256", DataType::Utf8, false),
-            Field::new("message_id", DataType::Utf8, false),
-            Field::new("publish_time_us", DataType::Int64, false),
-            Field::new("processed_at", utc_micros(), false),
-        ]))
+        ];
+        fields.extend(provenance_fields());
+        Arc::new(Schema::new(fields))
     }
 
     fn batch(rows: &[Self]) -> Result<RecordBatch, ArrowError> {
@@ -82,32 +121,20 @@ impl Table for ExportedResult {
             vectors.values().append_slice(&r.embedding);
             vectors.append(true);
         }
-        let columns: Vec<ArrayRef> = vec![
+        let mut columns: Vec<ArrayRef> = vec![
             strings(rows.iter().map(|r| Some(r.id.as_str()))),
             Arc::new(vectors.finish()),
-            strings(rows.iter().map(|r| Some(r.model.as_str()))),
-            strings(rows.iter().map(|r| Some(r.model_hash.as_str()))),
-            strings(rows.iter().map(|r| Some(r.job.as_str()))),
-            strings(rows.iter().map(|r| Some(r.input_sha256.as_str()))),
-            strings(rows.iter().map(|r| Some(r.message_id.as_str()))),
-            int64s(rows.iter().map(|r| r.publish_time_us)),
-            timestamps(rows.iter().map(|r| r.processed_at_us)),
         ];
+        columns.extend(provenance_columns(rows.iter()));
         RecordBatch::try_new(Self::schema(), columns)
     }
 
-    fn json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "id": self.id,
-            "embedding": self.embedding,
-            "model": self.model,
-            "model_hash": self.model_hash,
-            "job": self.job,
-            "input_sha256": self.input_sha256,
-            "message_id": self.message_id,
-            "publish_time_us": self.publish_time_us,
-            "processed_at": rfc3339(self.processed_at_us),
-        })
+    fn json(&self) -> Value {
+        let mut line = serde_json::Map::new();
+        line.insert("id".into(), self.id.clone().into());
+        line.insert("embedding".into(), serde_json::json!(self.embedding));
+        provenance_json(self, &mut line);
+        Value::Object(line)
     }
 }
 

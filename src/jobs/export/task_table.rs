@@ -4,7 +4,7 @@
 //! start, end>>`) and arrays of objects in JSON lines; columns another task fills are null in
 //! Parquet and absent from JSON lines.
 
-use super::table::{int64s, rfc3339, strings, timestamps, utc_micros, Table};
+use super::table::{provenance_columns, provenance_fields, provenance_json, strings, Table};
 use crate::external::store::ExportedResult;
 use arrow_array::builder::{Float64Builder, Int64Builder, StringBuilder};
 use arrow_array::{ArrayRef, ListArray, RecordBatch, StructArray};
@@ -115,21 +115,16 @@ impl Column {
 
 impl Table for TaskResult {
     fn schema() -> SchemaRef {
-        Arc::new(Schema::new(vec![
+        let mut fields = vec![
             Field::new("id", DataType::Utf8, false),
             Field::new("task", DataType::Utf8, false),
             Field::new("label", DataType::Utf8, true),
             Field::new("score", DataType::Float64, true),
             Field::new("scores", list_of(score_fields()), true),
             Field::new("entities", list_of(entity_fields()), true),
-            Field::new("model", DataType::Utf8, false),
-            Field::new("model_hash", DataType::Utf8, false),
-            Field::new("job", DataType::Utf8, false),
-            Field::new("input_sha256", DataType::Utf8, false),
-            Field::new("message_id", DataType::Utf8, false),
-            Field::new("publish_time_us", DataType::Int64, false),
-            Field::new("processed_at", utc_micros(), false),
-        ]))
+        ];
+        fields.extend(provenance_fields());
+        Arc::new(Schema::new(fields))
     }
 
     fn batch(rows: &[Self]) -> Result<RecordBatch, ArrowError> {
@@ -144,21 +139,15 @@ impl Table for TaskResult {
         let entities: Vec<_> = r()
             .map(|x| objects(x.prediction.entities.as_deref()))
             .collect();
-        let columns: Vec<ArrayRef> = vec![
+        let mut columns: Vec<ArrayRef> = vec![
             strings(r().map(|x| Some(x.id.as_str()))),
             strings(r().map(|x| Some(x.prediction.task.as_str()))),
             strings(r().map(|x| x.prediction.label.as_deref())),
             Arc::new(score.finish()),
             struct_lists(&scores, score_fields())?,
             struct_lists(&entities, entity_fields())?,
-            strings(r().map(|x| Some(x.model.as_str()))),
-            strings(r().map(|x| Some(x.model_hash.as_str()))),
-            strings(r().map(|x| Some(x.job.as_str()))),
-            strings(r().map(|x| Some(x.input_sha256.as_str()))),
-            strings(r().map(|x| Some(x.message_id.as_str()))),
-            int64s(r().map(|x| x.publish_time_us)),
-            timestamps(r().map(|x| x.processed_at_us)),
         ];
+        columns.extend(provenance_columns(r()));
         RecordBatch::try_new(Self::schema(), columns)
     }
 
@@ -179,13 +168,7 @@ impl Table for TaskResult {
                 row.insert(key.into(), list.into());
             }
         }
-        row.insert("model".into(), r.model.clone().into());
-        row.insert("model_hash".into(), r.model_hash.clone().into());
-        row.insert("job".into(), r.job.clone().into());
-        row.insert("input_sha256".into(), r.input_sha256.clone().into());
-        row.insert("message_id".into(), r.message_id.clone().into());
-        row.insert("publish_time_us".into(), r.publish_time_us.into());
-        row.insert("processed_at".into(), rfc3339(r.processed_at_us).into());
+        provenance_json(r, &mut row);
         Value::Object(row)
     }
 }
