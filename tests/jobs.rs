@@ -202,11 +202,9 @@ fn check_exports(
         "export",
         &["--job", job, "--output", &jsonl.display().to_string()],
     );
-    let rows: Vec<(String, Vec<f32>)> = std::fs::read_to_string(&jsonl)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let v: Value = serde_json::from_str(l).unwrap();
+    let rows: Vec<(String, Vec<f32>)> = read_jsonl(&jsonl)
+        .into_iter()
+        .map(|v| {
             assert_eq!(v["model"], "tiny-bert");
             assert_eq!(v["job"], job);
             let e = v["embedding"].as_array().unwrap();
@@ -227,10 +225,8 @@ fn check_exports(
             &failed.display().to_string(),
         ],
     );
-    let (refused, failures): (Vec<Value>, Vec<Value>) = std::fs::read_to_string(&failed)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+    let (refused, failures): (Vec<Value>, Vec<Value>) = read_jsonl(&failed)
+        .into_iter()
         .partition(|f| !f["line"].is_null());
     let lines: HashSet<i64> = refused.iter().map(|f| int(f, "line")).collect();
     assert_eq!(&lines, bad, "the failure export holds every refused line");
@@ -814,11 +810,7 @@ async fn refused_lines_are_counted_and_exported(db: String) {
         said.contains(&format!("exported {n} failure rows")),
         "{said}"
     );
-    let rows: Vec<Value> = std::fs::read_to_string(&jsonl)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = read_jsonl(&jsonl);
     assert_eq!(rows.len(), refused.len());
     for (row, r) in rows.iter().zip(&refused) {
         assert_eq!(int(row, "line"), r.line, "{row}");

@@ -181,11 +181,7 @@ async fn a_task_job(model: &str, db: String) {
         "export",
         &["--job", &name, "--output", &jsonl.display().to_string()],
     );
-    let rows: Vec<Value> = std::fs::read_to_string(&jsonl)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = read_jsonl(&jsonl);
     assert_eq!(rows.len() as i64, good, "one row per record");
     let mut seen = HashSet::new();
     for row in &rows {
@@ -212,10 +208,8 @@ fn check_failures(env: &Env, job: &str, dir: &Path, poison: &[Value]) {
             &failed.display().to_string(),
         ],
     );
-    let reasons: HashMap<String, String> = std::fs::read_to_string(&failed)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+    let reasons: HashMap<String, String> = read_jsonl(&failed)
+        .into_iter()
         .map(|f| {
             (
                 f["record_id"].as_str().unwrap_or("").to_string(),

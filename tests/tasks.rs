@@ -4,6 +4,8 @@
 //! `pipeline("token-classification", aggregation_strategy="simple")` gave; and the task models
 //! spotinfer must refuse, refused with the reason.
 
+mod common;
+
 use spotinfer::model::{Backend, DeviceChoice, Input, LoadOptions, Model, Precision};
 use spotinfer::model::{Entity, ModelSpec, Output, Task};
 use std::path::{Path, PathBuf};
@@ -389,11 +391,7 @@ fn spotinfer_embed_writes_each_task_s_keys_offline() {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let rows: Vec<serde_json::Value> = std::fs::read_to_string(&output)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
+        let rows = common::read_jsonl(&output);
         // The empty text is refused on read (and reported), the rest computed in input order.
         let kept: Vec<&serde_json::Value> = cases.iter().filter(|c| c["text"] != "").collect();
         assert_eq!(rows.len(), kept.len(), "{model}");

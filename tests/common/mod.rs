@@ -567,3 +567,12 @@ impl Env {
         WorkerProcess::start_with_env(&self.args, &self.db, extra, &[("SPOTINFER_MODEL", model)])
     }
 }
+
+/// The objects of a JSON lines file (an export, `spotinfer embed`'s output), one per line.
+pub fn read_jsonl(path: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect()
+}
