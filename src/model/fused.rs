@@ -3,7 +3,7 @@
 
 use super::spec::{Architecture, EncoderSpec};
 use super::Precision;
-use super::{Engine, Model, ModelError, Output, Task};
+use super::{Engine, Model, ModelError, Task};
 use spotinfer_bert_cpu::{self as bert_cpu, BertError};
 
 impl From<BertError> for ModelError {
@@ -105,36 +105,28 @@ impl Model {
 
     /// Whether bf16 keeps every probe text's vector within [`BF16_MIN_COSINE`] of f32's.
     fn bf16_holds(&mut self) -> Result<bool, ModelError> {
-        let exact = self.probe()?;
+        let exact = self.embed(PROBES)?.vectors;
         if let Engine::Fused(bert) = &mut self.engine {
             bert.set_precision(bert_cpu::Precision::Bf16)?;
         }
-        let rounded = self.probe()?;
+        let rounded = self.embed(PROBES)?.vectors;
         let worst = exact
             .iter()
             .zip(&rounded)
-            .map(|(a, b)| a.drift(b))
-            .fold(0.0, f64::max);
-        let bound = 1.0 - BF16_MIN_COSINE;
-        if worst <= bound {
+            .map(|(a, b)| f64::from(super::cosine(a, b)))
+            .fold(f64::INFINITY, f64::min);
+        if worst >= BF16_MIN_COSINE {
             tracing::info!(
-                worst_drift = worst,
+                worst_cosine = worst,
                 "fused encoder in bf16 (checked against f32 at load)"
             );
             Ok(true)
         } else {
             tracing::warn!(
-                worst_drift = worst,
-                bound,
-                "fused encoder in f32: this model's bf16 vectors drift past the bound"
+                worst_cosine = worst,
+                "fused encoder in f32: this model's bf16 vectors drift past cosine {BF16_MIN_COSINE}"
             );
             Ok(false)
         }
-    }
-
-    /// The probe texts' vectors.
-    fn probe(&self) -> Result<Vec<Output>, ModelError> {
-        let vectors = self.embed(PROBES)?.vectors;
-        Ok(vectors.into_iter().map(Output::Embedding).collect())
     }
 }
