@@ -16,8 +16,9 @@ fp32 on a cross-encoder of ms-marco-MiniLM-L-6-v2's shape, side by side in one r
   apt-get download, unpacked under .cache/bench): a query (a fortune's first line, at most 12
   words) and a passage (the following fortunes) cut so that each pair lands at, or a token or
   two under, a length drawn uniformly from 64-256 tokens; deterministic for a seed;
-- spotinfer: `spotinfer bench` (fused encoder, --precision f32, and bf16 as a second line where
-  the CPU has AVX-512 BF16), tokenization included, pairs sorted by length into batches;
+- spotinfer: `spotinfer bench` (fused encoder, --precision f32, then bf16 where the CPU has
+  AVX-512 BF16 and int8 where it has AVX-512 VNNI, one line each), tokenization included, pairs
+  sorted by length into batches;
 - ONNX Runtime: the model exported with torch.onnx.export (TorchScript exporter, opset 17,
   logits output), every graph optimisation, one intra-op thread per core; tokenization by the
   same fast tokenizer (pairs, longest_first) included in the time, pairs sorted by length into
@@ -233,7 +234,9 @@ def main():
     reference = CrossEncoder(model, device="cpu").predict(pairs, batch_size=a.batch_size)
     ort = OrtScorer(model, onnx_path)
     ort_scores = ort.score(pairs, a.batch_size)
-    precisions = ["f32"] + (["bf16"] if "avx512_bf16" in cpu_flags() else [])
+    flags = cpu_flags()
+    precisions = (["f32"] + (["bf16"] if "avx512_bf16" in flags else [])
+                  + (["int8"] if "avx512_vnni" in flags else []))
     accuracy = {"onnxruntime": np.abs(ort_scores - reference)}
     for prec in precisions:
         accuracy[f"spotinfer-{prec}"] = np.abs(spotinfer_scores(a.spotinfer, model, pairs_file, prec)

@@ -97,40 +97,58 @@ fn a_token_budget_splits_batches_without_changing_a_vector() {
     }
 }
 
-/// The fused encoder's bf16 products (the CPU default where the CPU has AVX-512 BF16) hold
-/// the same bar; where the CPU lacks it, asking for bf16 is a clear error, and auto is f32.
+/// The fused encoder's reduced precisions hold the same bar where the CPU has them: int8 (the
+/// CPU default where the CPU has AVX-512 VNNI and the model passes the load-time check) and
+/// bf16; where the CPU lacks one, asking for it is a clear error. Auto picks int8 where it runs,
+/// else bf16 where it is full-rate, else f32.
 #[test]
-fn fused_in_bf16_matches_sentence_transformers_where_the_cpu_has_it() {
+fn fused_reduced_precisions_match_sentence_transformers_where_the_cpu_has_them() {
     let dir = common::model_dir();
-    let auto = Model::open(
-        &dir,
-        &LoadOptions::new(DeviceChoice::Cpu)
-            .backend(Backend::Auto)
-            .precision(Precision::Auto),
-    )
-    .unwrap();
-    if spotinfer_bert_cpu::bf16_supported() {
-        assert_eq!(auto.info().device, "Cpu (fused, bf16)");
-        matches_sentence_transformers(Backend::Fused, Precision::Bf16);
-    } else {
-        assert_eq!(auto.info().device, "Cpu (fused, f32)");
-        let err = Model::open(
+    let open = |precision| {
+        Model::open(
             &dir,
             &LoadOptions::new(DeviceChoice::Cpu)
                 .backend(Backend::Fused)
-                .precision(Precision::Bf16),
+                .precision(precision),
         )
-        .err()
-        .expect("bf16 without AVX-512 BF16");
-        assert!(err.to_string().contains("AVX-512 BF16"), "{err}");
+    };
+    let cases = [
+        (
+            Precision::Int8,
+            spotinfer_bert_cpu::int8_supported(),
+            "AVX-512 VNNI",
+        ),
+        (
+            Precision::Bf16,
+            spotinfer_bert_cpu::bf16_supported(),
+            "AVX-512 BF16",
+        ),
+    ];
+    for (precision, supported, instructions) in cases {
+        if supported {
+            matches_sentence_transformers(Backend::Fused, precision);
+        } else {
+            let err = open(precision).err().expect("a precision the CPU lacks");
+            assert!(err.to_string().contains(instructions), "{err}");
+        }
     }
-    let forced = Model::open(
-        &dir,
-        &LoadOptions::new(DeviceChoice::Cpu)
-            .backend(Backend::Fused)
-            .precision(Precision::F32),
+    let auto = open(Precision::Auto).unwrap();
+    let expected = if spotinfer_bert_cpu::int8_supported() {
+        "int8"
+    } else if spotinfer_bert_cpu::bf16_full_rate() {
+        "bf16"
+    } else {
+        "f32"
+    };
+    assert!(
+        auto.info()
+            .device
+            .starts_with(&format!("Cpu (fused, {expected} on ")),
+        "{}",
+        auto.info().device
     );
-    assert_eq!(forced.unwrap().info().device, "Cpu (fused, f32)");
+    let forced = open(Precision::F32).unwrap();
+    assert!(forced.info().device.starts_with("Cpu (fused, f32 on "));
 }
 
 #[test]
@@ -143,7 +161,7 @@ fn each_encoder_refuses_the_precision_it_does_not_compute_in() {
             .precision(Precision::F16),
     )
     .err()
-    .expect("the fused encoder computes in f32 or bf16");
+    .expect("the fused encoder computes in f32, bf16 or int8");
     assert!(err.to_string().contains("not f16"), "{err}");
     let err = Model::open(
         &dir,
@@ -195,9 +213,13 @@ fn matches_sentence_transformers(backend: Backend, precision: Precision) {
 /// the 256-token limit, in batches of mixed lengths (where padding would show) and alone.
 #[test]
 fn the_fused_encoder_agrees_with_candle_on_varied_lengths() {
+    // f32: this compares the two computations; what int8 and bf16 change is measured against
+    // sentence-transformers above.
     let fused = Model::open(
         &common::model_dir(),
-        &LoadOptions::new(DeviceChoice::Cpu).backend(Backend::Fused),
+        &LoadOptions::new(DeviceChoice::Cpu)
+            .backend(Backend::Fused)
+            .precision(Precision::F32),
     )
     .unwrap();
     let candle = Model::open(

@@ -134,11 +134,11 @@ pub struct ModelArgs {
     #[arg(long, env = "SPOTINFER_BACKEND", value_parser = choice::<Backend>(), default_value = "auto")]
     pub backend: Backend,
     /// Precision of the encoder's matrix products: `auto` (for an embedding model f16 on CUDA;
-    /// on the CPU bf16 where the CPU has AVX-512 BF16 and the model's bf16 vectors stay within
-    /// cosine 0.9995 of f32's on probe texts at load, else f32; for a classify, score or tag
-    /// model f32, whose labels a half-precision drift can flip), `f32`, `bf16` (fused CPU
-    /// encoder) or `f16` (candle). Softmax, layer norm, pooling, heads and normalisation are f32
-    /// whatever this says.
+    /// on the CPU int8 where the CPU has AVX-512 VNNI, else bf16 where it has full-rate AVX-512
+    /// BF16, whichever first keeps the model's vectors within cosine 0.9995 of f32's on probe
+    /// texts at load, else f32; for a classify, score or tag model f32, whose labels a drift can
+    /// flip), `f32`, `bf16` or `int8` (fused CPU encoder) or `f16` (candle). Softmax, layer
+    /// norm, pooling, heads and normalisation are f32 whatever this says.
     #[arg(long, env = "SPOTINFER_PRECISION", value_parser = choice::<Precision>(), default_value = "auto")]
     pub precision: Precision,
     /// Most padded token positions (texts × longest) in one encoder batch: the model splits a

@@ -135,7 +135,7 @@ pub(super) fn load_fused(
     }
     if precision == Precision::F16 {
         return Err(ModelError::Precision(
-            "the fused backend computes in f32 or bf16, not f16 (use --backend candle for f16)"
+            "the fused backend computes in f32, bf16 or int8, not f16 (use --backend candle for f16)"
                 .into(),
         ));
     }
@@ -154,8 +154,9 @@ pub(super) fn candle_dtype(precision: Precision, device: &Device) -> Result<DTyp
         Precision::F16 => Ok(DType::F16),
         Precision::Auto if device.is_cpu() => Ok(DType::F32),
         Precision::Auto => Ok(DType::F16),
-        Precision::Bf16 => Err(ModelError::Precision(
-            "bf16 is the fused CPU encoder's (--backend fused); candle computes in f32 or f16"
+        Precision::Bf16 | Precision::Int8 => Err(ModelError::Precision(
+            "bf16 and int8 are the fused CPU encoder's (--backend fused); candle computes in f32 \
+             or f16"
                 .into(),
         )),
     }

@@ -36,10 +36,10 @@ pub(super) fn dims(e: &EncoderSpec) -> bert_cpu::Dims {
     }
 }
 
-/// The least cosine between a probe's bf16 and f32 vectors for `--precision auto` to keep bf16
-/// (bench/accuracy.py measures whole corpora against sentence-transformers: the bar there is
-/// 0.999, so this leaves a margin).
-const BF16_MIN_COSINE: f64 = 0.9995;
+/// The least cosine between a probe's vector in a reduced precision (int8, bf16) and in f32 for
+/// `--precision auto` to keep the reduced one (bench/accuracy.py measures whole corpora against
+/// sentence-transformers: the bar there is 0.999, so this leaves a margin).
+const MIN_COSINE: f64 = 0.9995;
 
 /// Texts embedded both ways at load under `--precision auto`: short and long, prose, code,
 /// numbers, other scripts, repetition, so a model whose activations bf16 cannot hold shows it.
@@ -61,72 +61,147 @@ const PROBES: &[&str] = &[
      supply of water and nitrogen usually limits growth long before light does.",
 ];
 
+/// Texts whose activations int8 is calibrated on at load (each dense layer's largest input per
+/// channel, from which it smooths outliers): as varied as [`PROBES`] but not the same texts, so
+/// that the check on the probes is not a check on what was fitted.
+const CALIBRATION: &[&str] = &[
+    "Thanks for the quick reply! I'll try that tomorrow and let you know if it works.",
+    "SELECT id, name FROM users WHERE created_at > now() - interval '7 days' ORDER BY name;",
+    "The committee approved the budget for 2027 by a vote of 7 to 2, with one abstention.",
+    "Symptoms include fever, a dry cough and fatigue; most patients recover within two weeks.",
+    "Das Wetter ist heute schön. El tiempo es agradable hoy. Сегодня хорошая погода.",
+    "1. Preheat the oven to 200 °C. 2. Mix flour, sugar and eggs. 3. Bake for 25 minutes.",
+    "WARNING: disk /dev/sda1 is 97% full (48.5 GiB of 50 GiB); rotate the logs or resize it.",
+    "She looked out of the window at the rain, thinking of the summer they had spent by the \
+     sea, the long evenings on the terrace, the boats coming in at dusk, and wondered whether \
+     any of it had been as happy as she now remembered, or whether memory, as it does, had \
+     quietly kept the light and let the rest of it go.",
+    "ok ok ok ok ok ok ok ok ok ok ok ok ok ok ok ok ok ok ok ok ok ok ok ok ok ok ok ok",
+];
+
 impl Model {
-    /// Settles the fused encoder's precision: f32 or bf16 when asked for, and for `auto` bf16
-    /// where the CPU has it and the model's probe vectors stay within [`BF16_MIN_COSINE`] of
-    /// f32's, else f32 (with the reason logged). The weights the choice does not use are freed.
+    /// Settles the fused encoder's precision: the one asked for, or for `auto` the first of
+    /// [`reduced_candidates`] whose probe vectors stay within [`MIN_COSINE`] of f32's, else f32
+    /// (with the reason logged). The f32 weights are freed once a packed copy replaces them.
     pub(super) fn choose_cpu_precision(&mut self, asked: Precision) -> Result<(), ModelError> {
-        let bf16 = match asked {
-            Precision::F32 | Precision::F16 => false,
-            Precision::Bf16 => true,
-            Precision::Auto if !bert_cpu::bf16_supported() => {
-                tracing::info!("fused encoder in f32: this CPU has no AVX-512 BF16");
-                false
+        let chosen = match asked {
+            Precision::F32 | Precision::F16 => bert_cpu::Precision::F32,
+            Precision::Bf16 => bert_cpu::Precision::Bf16,
+            Precision::Int8 => {
+                self.calibrate(CALIBRATION)?;
+                bert_cpu::Precision::Int8
             }
             // A head turns a small drift of the encoder into a different label or entity span
             // for texts near a boundary, which no handful of probe texts can rule out: task
-            // models use bf16 only when --precision bf16 asks for it.
+            // models use a reduced precision only when --precision asks for it.
             Precision::Auto if self.info.task != Task::Embed => {
                 tracing::info!(
                     task = self.info.task.name(),
-                    "fused encoder in f32: a task model computes in bf16 only with --precision bf16"
+                    "fused encoder in f32: a task model computes in int8 or bf16 only when \
+                     --precision asks for it"
                 );
-                false
+                bert_cpu::Precision::F32
             }
-            Precision::Auto => self.bf16_holds()?,
+            Precision::Auto => self.first_that_holds()?,
         };
         let Engine::Fused(bert) = &mut self.engine else {
             return Ok(());
-        };
-        let chosen = if bf16 {
-            bert_cpu::Precision::Bf16
-        } else {
-            bert_cpu::Precision::F32
         };
         bert.set_precision(chosen)?;
         let freed = bert.release_unused();
         tracing::debug!(
             freed_mib = freed / (1 << 20),
-            "freed the weights of the precision not chosen"
+            "freed the f32 weights a packed copy replaced"
         );
-        self.info.device = format!("Cpu (fused, {})", if bf16 { "bf16" } else { "f32" });
+        self.info.device = format!(
+            "Cpu (fused, {} on {})",
+            precision_name(chosen),
+            bert.kernels()
+        );
         Ok(())
     }
 
-    /// Whether bf16 keeps every probe text's vector within [`BF16_MIN_COSINE`] of f32's.
-    fn bf16_holds(&mut self) -> Result<bool, ModelError> {
-        let exact = self.embed(PROBES)?.vectors;
-        if let Engine::Fused(bert) = &mut self.engine {
-            bert.set_precision(bert_cpu::Precision::Bf16)?;
-        }
-        let rounded = self.embed(PROBES)?.vectors;
-        let worst = exact
-            .iter()
-            .zip(&rounded)
-            .map(|(a, b)| f64::from(super::cosine(a, b)))
-            .fold(f64::INFINITY, f64::min);
-        if worst >= BF16_MIN_COSINE {
+    /// The first of [`reduced_candidates`] that keeps every probe text's vector within
+    /// [`MIN_COSINE`] of f32's, else f32.
+    fn first_that_holds(&mut self) -> Result<bert_cpu::Precision, ModelError> {
+        let candidates = reduced_candidates();
+        if candidates.is_empty() {
             tracing::info!(
-                worst_cosine = worst,
-                "fused encoder in bf16 (checked against f32 at load)"
+                "fused encoder in f32: this CPU has no int8 (AVX-512 VNNI) kernel and \
+                            no full-rate bf16"
             );
-            Ok(true)
-        } else {
+            return Ok(bert_cpu::Precision::F32);
+        }
+        let exact = self.embed(PROBES)?.vectors;
+        self.calibrate(CALIBRATION)?;
+        for candidate in candidates {
+            if let Engine::Fused(bert) = &mut self.engine {
+                bert.set_precision(candidate)?;
+            }
+            let reduced = self.embed(PROBES)?.vectors;
+            let worst = exact
+                .iter()
+                .zip(&reduced)
+                .map(|(a, b)| f64::from(super::cosine(a, b)))
+                .fold(f64::INFINITY, f64::min);
+            let name = precision_name(candidate);
+            if worst >= MIN_COSINE {
+                tracing::info!(
+                    worst_cosine = worst,
+                    "fused encoder in {name} (checked against f32 at load)"
+                );
+                return Ok(candidate);
+            }
             tracing::warn!(
                 worst_cosine = worst,
-                "fused encoder in f32: this model's bf16 vectors drift past cosine {BF16_MIN_COSINE}"
+                "fused encoder not in {name}: this model's {name} vectors drift past cosine {MIN_COSINE}"
             );
-            Ok(false)
         }
+        Ok(bert_cpu::Precision::F32)
+    }
+}
+
+impl Model {
+    /// Runs `texts` through the fused encoder (in f32) recording each dense layer's input
+    /// ranges, from which int8 smooths its inputs.
+    fn calibrate(&self, texts: &[&str]) -> Result<(), ModelError> {
+        let Engine::Fused(bert) = &self.engine else {
+            return Ok(());
+        };
+        let inputs: Vec<_> = texts.iter().map(|&t| super::plain(t)).collect();
+        let (encodings, skips) = self.tokenize_inputs(&inputs)?;
+        let tokens: Vec<bert_cpu::Tokens<'_>> = encodings
+            .iter()
+            .zip(skips)
+            .map(|(e, skip)| bert_cpu::Tokens {
+                ids: &e.ids,
+                type_ids: &e.type_ids,
+                skip,
+            })
+            .collect();
+        Ok(bert.calibrate(&tokens)?)
+    }
+}
+
+/// The reduced precisions `auto` tries on this CPU, fastest first: int8 where the CPU has
+/// AVX-512 VNNI (four times f32's multiply-adds per instruction), then bf16 where it is faster
+/// than f32 ([`bert_cpu::bf16_full_rate`]).
+fn reduced_candidates() -> Vec<bert_cpu::Precision> {
+    let mut candidates = Vec::new();
+    if bert_cpu::int8_supported() {
+        candidates.push(bert_cpu::Precision::Int8);
+    }
+    if bert_cpu::bf16_full_rate() {
+        candidates.push(bert_cpu::Precision::Bf16);
+    }
+    candidates
+}
+
+/// A precision's name as the flag spells it.
+pub(super) fn precision_name(p: bert_cpu::Precision) -> &'static str {
+    match p {
+        bert_cpu::Precision::F32 => "f32",
+        bert_cpu::Precision::Bf16 => "bf16",
+        bert_cpu::Precision::Int8 => "int8",
     }
 }

@@ -47,7 +47,8 @@ impl Choice for Backend {
 /// The precision of the encoder's matrix products (pooling and normalisation are always f32).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Precision {
-    /// f16 on CUDA (tensor cores); on the CPU bf16 where it is supported and checked, else f32.
+    /// f16 on CUDA (tensor cores); on the CPU the fastest of int8 and bf16 this CPU has whose
+    /// vectors pass the load-time check, else f32 (embedding models; task models f32).
     Auto,
     /// f32 everywhere.
     F32,
@@ -55,6 +56,8 @@ pub enum Precision {
     Bf16,
     /// f16 (candle backend only).
     F16,
+    /// int8 products with i32 sums (the fused CPU encoder on AVX-512 VNNI CPUs only).
+    Int8,
 }
 
 impl Choice for Precision {
@@ -63,6 +66,7 @@ impl Choice for Precision {
         ("f32", Self::F32),
         ("bf16", Self::Bf16),
         ("f16", Self::F16),
+        ("int8", Self::Int8),
     ];
 }
 
@@ -101,8 +105,9 @@ impl LoadOptions {
         Self { backend, ..self }
     }
 
-    /// The same options with `precision`: `auto` is f16 on CUDA and, on the CPU, bf16 where the
-    /// CPU has AVX-512 BF16 and the model passes the load-time check (see `fused`), else f32.
+    /// The same options with `precision`: `auto` is f16 on CUDA and, on the CPU, int8 or bf16
+    /// where the CPU runs them fast and the model passes the load-time check (see `fused`),
+    /// else f32.
     pub fn precision(self, precision: Precision) -> Self {
         Self { precision, ..self }
     }

@@ -46,6 +46,28 @@ pub(crate) fn linear(x: &[f32], k: usize, w: &[f32], b: Option<&[f32]>, out: &mu
         .for_each(|(out, x)| linear_block(x, k, w, b, out));
 }
 
+/// The widest instructions the `gemm` crate picks at run time on this CPU, as it picks them
+/// (stable Rust builds it without its AVX-512 kernels).
+pub(crate) fn gemm_instructions() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            "AVX2/FMA (gemm crate)"
+        } else {
+            "SSE (gemm crate)"
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        "NEON (gemm crate)"
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        "scalar (gemm crate)"
+    }
+}
+
 /// Most rows in one f32 block, as `MC` is for bf16: a large batch still cuts into blocks the
 /// pool can share out. Not much smaller, since each block packs the weights once.
 const F32_BLOCK_ROWS: usize = 256;

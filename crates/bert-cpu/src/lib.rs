@@ -19,16 +19,17 @@
 //! The matrix products are candle's own CPU engine (the `gemm` crate) called directly. Weights
 //! are read from a memory-mapped safetensors file into their final buffers (one copy in memory).
 
-mod bf16;
 mod kernels;
+mod packed;
 mod weights;
 
-pub use bf16::supported as bf16_supported;
-use bf16::PackedWeights;
 use kernels::{add_layer_norm, attention, bias_gelu, grow, layer_norm, linear};
+pub use packed::bf16::{full_rate as bf16_full_rate, supported as bf16_supported};
+use packed::{Format, PackedWeights};
 use rayon::prelude::*;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
 use weights::WeightsFile;
 
 /// Errors loading weights or running the encoder.
@@ -191,36 +192,79 @@ pub struct Tokens<'a> {
 }
 
 /// The arithmetic of the dense layers (about 95% of the work); attention, softmax, layer norm,
-/// GELU, the residual stream and pooling are f32 in both.
+/// GELU, the residual stream and pooling are f32 in every precision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Precision {
-    /// f32 products (AVX2/FMA where the CPU has it).
+    /// f32 products: AVX-512 where the CPU has it ([`avx512_supported`]), else AVX2/FMA.
     F32,
-    /// bf16 products with f32 sums, on CPUs with AVX-512 BF16 ([`bf16_supported`]): about
-    /// twice the multiply-adds per instruction, vectors within a cosine of about 0.9999 of f32's.
+    /// bf16 products with f32 sums, on CPUs with AVX-512 BF16 ([`bf16_supported`]).
     Bf16,
+    /// int8 products with i32 sums (weights per output column, activations per token), on
+    /// CPUs with AVX-512 VNNI ([`int8_supported`]): four times f32's multiply-adds per
+    /// instruction; how close its vectors stay to f32's depends on the model, so check them.
+    Int8,
+}
+
+impl Precision {
+    /// The packed format this precision multiplies in on this CPU (`None`: the `gemm` crate's
+    /// f32, where the CPU has no AVX-512).
+    fn format(self) -> Option<Format> {
+        match self {
+            Self::F32 => Format::F32.supported().then_some(Format::F32),
+            Self::Bf16 => Some(Format::Bf16),
+            Self::Int8 => Some(Format::Int8),
+        }
+    }
+}
+
+/// Whether this CPU runs the AVX-512 f32 kernel (AVX-512 F).
+pub fn avx512_supported() -> bool {
+    Format::F32.supported()
+}
+
+/// Whether this CPU runs the int8 kernel (AVX-512 F, BW and VNNI).
+pub fn int8_supported() -> bool {
+    Format::Int8.supported()
 }
 
 /// One dense layer's weight matrix, PyTorch's `(out, in)`, in the forms the precisions use.
 struct Dense {
     /// Inputs per output.
     k: usize,
-    /// f32 weights; empty once released for a bf16-only encoder.
+    /// f32 weights, as read; empty once released for packed weights.
     f32: Vec<f32>,
-    /// bf16 weights, packed for the kernel, once bf16 has been asked for.
-    bf16: Option<PackedWeights>,
+    /// The weights packed for the chosen precision's kernel, if it has one on this CPU.
+    packed: Option<PackedWeights>,
+    /// Each input's largest magnitude over the texts of [`CpuBert::calibrate`] (empty before),
+    /// from which int8 smooths its inputs.
+    ranges: Mutex<Vec<f32>>,
 }
 
 impl Dense {
     fn new(f32: Vec<f32>, k: usize) -> Self {
-        Self { k, f32, bf16: None }
+        Self {
+            k,
+            f32,
+            packed: None,
+            ranges: Mutex::new(Vec::new()),
+        }
     }
 
-    /// `out = x · wᵀ (+ b)` in `precision`, whose weights [`CpuBert::set_precision`] made.
-    fn apply(&self, x: &[f32], b: Option<&[f32]>, out: &mut [f32], precision: Precision) {
-        match (precision, &self.bf16) {
-            (Precision::Bf16, Some(w)) => bf16::linear(x, w, b, out),
-            _ => linear(x, self.k, &self.f32, b, out),
+    /// `out = x · wᵀ (+ b)` in the precision [`CpuBert::set_precision`] packed for; with
+    /// `record`, also widens [`Dense::ranges`] to `x`'s.
+    fn apply(&self, x: &[f32], b: Option<&[f32]>, out: &mut [f32], record: bool) {
+        if record {
+            let mut ranges = self.ranges.lock().unwrap_or_else(PoisonError::into_inner);
+            ranges.resize(self.k, 0.0);
+            for row in x.chunks_exact(self.k) {
+                for (r, v) in ranges.iter_mut().zip(row) {
+                    *r = r.max(v.abs());
+                }
+            }
+        }
+        match &self.packed {
+            Some(w) => packed::linear(x, w, b, out),
+            None => linear(x, self.k, &self.f32, b, out),
         }
     }
 }
@@ -274,6 +318,8 @@ pub struct CpuBert {
     emb_ln_b: Vec<f32>,
     layers: Vec<Layer>,
     precision: Precision,
+    /// Set by [`CpuBert::calibrate`] while its texts run: the dense layers record their inputs.
+    recording: AtomicBool,
     scratch: Mutex<Scratch>,
 }
 
@@ -338,7 +384,7 @@ impl CpuBert {
                 out_ln_b: part(on, "bias", &[h])?,
             });
         }
-        Ok(Self {
+        let mut bert = Self {
             dims,
             pooling,
             word,
@@ -348,8 +394,11 @@ impl CpuBert {
             emb_ln_b,
             layers,
             precision: Precision::F32,
+            recording: AtomicBool::new(false),
             scratch: Mutex::new(Scratch::default()),
-        })
+        };
+        bert.set_precision(Precision::F32)?;
+        Ok(bert)
     }
 
     /// The precision [`CpuBert::embed`] computes in (f32 until set).
@@ -357,53 +406,78 @@ impl CpuBert {
         self.precision
     }
 
-    /// Computes in `precision` from now on. bf16 needs AVX-512 BF16 ([`bf16_supported`]) and
-    /// rounds and packs every dense weight the first time (the f32 weights are kept until
-    /// [`CpuBert::release_unused`], so the two can be compared); f32 needs weights not released.
+    /// The instructions the dense layers run on in the current precision, for logs and
+    /// benchmarks (a figure means little without them).
+    pub fn kernels(&self) -> &'static str {
+        match self.precision.format() {
+            Some(Format::Int8) => "AVX-512 VNNI",
+            Some(Format::Bf16) => "AVX-512 BF16",
+            Some(Format::F32) => "AVX-512",
+            None => kernels::gemm_instructions(),
+        }
+    }
+
+    /// Computes in `precision` from now on, packing every dense weight for its kernel (the f32
+    /// weights as read are kept until [`CpuBert::release_unused`], so precisions can be
+    /// compared). bf16 needs AVX-512 BF16 ([`bf16_supported`]), int8 AVX-512 VNNI
+    /// ([`int8_supported`]).
     pub fn set_precision(&mut self, precision: Precision) -> Result<(), BertError> {
-        match precision {
-            Precision::Bf16 if !bf16_supported() => {
-                return Err(BertError::Unsupported(
-                    "bf16 needs a CPU with AVX-512 BF16 (avx512_bf16); this one has none".into(),
-                ))
-            }
-            Precision::Bf16 => {
-                for d in self.layers.iter_mut().flat_map(Layer::dense) {
-                    if d.bf16.is_none() {
-                        d.bf16 = Some(PackedWeights::pack(&d.f32, d.k));
+        let format = precision.format();
+        if let Some(f) = format.filter(|f| !f.supported()) {
+            return Err(BertError::Unsupported(
+                match f {
+                    Format::Int8 => {
+                        "int8 needs a CPU with AVX-512 VNNI (avx512_vnni); this one has none"
                     }
+                    _ => "bf16 needs a CPU with AVX-512 BF16 (avx512_bf16); this one has none",
                 }
+                .into(),
+            ));
+        }
+        for d in self.layers.iter_mut().flat_map(Layer::dense) {
+            if d.packed.as_ref().map(|p| p.format) == format {
+                continue;
             }
-            Precision::F32 => {
-                if self
-                    .layers
-                    .iter_mut()
-                    .flat_map(Layer::dense)
-                    .any(|d| d.f32.is_empty())
-                {
-                    return Err(BertError::Unsupported(
-                        "the f32 weights were released after choosing bf16".into(),
-                    ));
+            if d.f32.is_empty() {
+                return Err(BertError::Unsupported(format!(
+                    "the f32 weights were released after choosing {:?}",
+                    self.precision
+                )));
+            }
+            let ranges = d.ranges.get_mut().unwrap_or_else(PoisonError::into_inner);
+            let factors = match format {
+                Some(Format::Int8) if !ranges.is_empty() => {
+                    packed::int8::smoothing(&d.f32, d.k, ranges)
                 }
-            }
+                _ => Vec::new(),
+            };
+            d.packed = format.map(|f| PackedWeights::pack(f, &d.f32, d.k, &factors));
         }
         self.precision = precision;
         Ok(())
     }
 
-    /// Frees the dense weights the current precision does not use (f32's when computing in bf16,
-    /// bf16's when in f32), once the choice is final. Returns the bytes freed.
+    /// Frees the f32 weights as read once the chosen precision's kernel has its own packed
+    /// copy, the choice being final. Returns the bytes freed.
     pub fn release_unused(&mut self) -> usize {
         let mut freed = 0;
-        for l in &mut self.layers {
-            for d in l.dense() {
-                match self.precision {
-                    Precision::Bf16 => freed += std::mem::take(&mut d.f32).len() * 4,
-                    Precision::F32 => freed += d.bf16.take().map_or(0, |w| w.bytes()),
-                }
+        for d in self.layers.iter_mut().flat_map(Layer::dense) {
+            if d.packed.is_some() {
+                freed += std::mem::take(&mut d.f32).len() * 4;
             }
         }
         freed
+    }
+
+    /// Records, over `texts` computed in the current precision, each dense layer's largest
+    /// input per channel, from which int8 ([`Precision::Int8`], set after this) smooths the
+    /// channels whose outliers would otherwise take a token's whole int8 range. Call it in f32
+    /// on texts like the ones to come.
+    pub fn calibrate(&self, texts: &[Tokens<'_>]) -> Result<(), BertError> {
+        self.recording.store(true, Ordering::Relaxed);
+        let done = self.run(texts, |_, _| ());
+        self.recording.store(false, Ordering::Relaxed);
+        done.map(|_| ())
     }
 
     /// Embeds a batch of tokenized texts: one pooled vector per text (not normalised: that is
@@ -497,10 +571,7 @@ impl CpuBert {
             }
         }
         let n = rows.len();
-        let mut guard = self
-            .scratch
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut guard = self.scratch.lock().unwrap_or_else(PoisonError::into_inner);
         let s = &mut *guard;
         let x = grow(&mut s.x, n * h);
         let qkv = grow(&mut s.qkv, n * 3 * h);
@@ -524,15 +595,15 @@ impl CpuBert {
         for layer in &self.layers {
             // Biases are added by the pass that next reads each product (attention needs its
             // bias in place first), saving a write and a read of the product.
-            let p = self.precision;
-            layer.qkv_w.apply(x, Some(&layer.qkv_b), qkv, p);
+            let record = self.recording.load(Ordering::Relaxed);
+            layer.qkv_w.apply(x, Some(&layer.qkv_b), qkv, record);
             attention(qkv, ctx, &spans, h, d.heads);
-            layer.attn_out_w.apply(ctx, None, tmp, p);
+            layer.attn_out_w.apply(ctx, None, tmp, record);
             let (ln_w, ln_b) = (&layer.attn_ln_w, &layer.attn_ln_b);
             add_layer_norm(x, tmp, &layer.attn_out_b, ln_w, ln_b, d.eps);
-            layer.inter_w.apply(x, None, inter, p);
+            layer.inter_w.apply(x, None, inter, record);
             bias_gelu(inter, &layer.inter_b);
-            layer.out_w.apply(inter, None, tmp, p);
+            layer.out_w.apply(inter, None, tmp, record);
             let (ln_w, ln_b) = (&layer.out_ln_w, &layer.out_ln_b);
             add_layer_norm(x, tmp, &layer.out_b, ln_w, ln_b, d.eps);
         }

@@ -1,0 +1,495 @@
+//! The dense layers' matrix products on weights packed once at load, in the order this crate's
+//! own AVX-512 kernels read them: f32 ([`f32`]), bf16 ([`bf16`], AVX-512 BF16) and int8
+//! ([`int8`], AVX-512 VNNI).
+//!
+//! Why kernels of our own: the `gemm` crate keeps its AVX-512 kernels behind a nightly-only
+//! feature, so on stable Rust it multiplies f32 with 256-bit FMAs: half the multiply-adds per
+//! cycle of a core with two 512-bit FMA units (every Intel Xeon since Skylake-SP). And it has
+//! no bf16 or int8 products at all.
+//!
+//! One layout for the three: the `n` output columns in panels of [`PANEL`] (one register of
+//! 16 f32 or i32 sums; the last panel zero-padded), and within a panel, for each *step* of the
+//! inner dimension (1 f32, 2 bf16 or 4 int8 inputs: one 32-bit lane), the 16 columns' lanes
+//! side by side: one 64-byte register per step, loaded as is. The rows are converted to the
+//! same lanes ([`MC`] rows at a time: copied, rounded to bf16 or quantised) and each row's lane
+//! broadcast against the panel's register. The driver below (blocks, threads, tiles) is shared;
+//! each format brings its row conversion and its kernel.
+
+pub(crate) mod bf16;
+pub(crate) mod f32;
+pub(crate) mod int8;
+
+use rayon::prelude::*;
+use std::cell::RefCell;
+
+/// Columns in a packed panel: one AVX-512 register of 32-bit sums.
+pub(crate) const PANEL: usize = 16;
+/// Rows of the product one kernel call computes (the broadcast side).
+pub(crate) const MR: usize = 6;
+/// Panels one float kernel call computes: MR × NR sums in registers, 24 of AVX-512's 32.
+/// (int8's tiles are half as wide: each needs i32 sums for a group beside its f32 sums.)
+pub(crate) const NR: usize = 4;
+/// Rows converted and multiplied together, so their converted copy stays in the core's L2 while
+/// every panel passes over them.
+pub(crate) const MC: usize = 64;
+
+/// The number format of a packed weight matrix and of the products computed on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// f32 products and sums: the exact encoder, on AVX-512 F.
+    F32,
+    /// bf16 products, f32 sums, on AVX-512 BF16.
+    Bf16,
+    /// int8 products, i32 sums: weights per output column, rows per row, on AVX-512 VNNI.
+    Int8,
+}
+
+impl Format {
+    /// Inputs per 32-bit lane.
+    const fn per_lane(self) -> usize {
+        match self {
+            Self::F32 => 1,
+            Self::Bf16 => 2,
+            Self::Int8 => 4,
+        }
+    }
+
+    /// Panels in one kernel call's tile.
+    const fn tile_panels(self) -> usize {
+        match self {
+            Self::F32 | Self::Bf16 => NR,
+            Self::Int8 => NR / 2,
+        }
+    }
+
+    /// Whether this CPU runs this format's kernel, checked at run time.
+    pub(crate) fn supported(self) -> bool {
+        match self {
+            Self::F32 => f32::supported(),
+            Self::Bf16 => bf16::supported(),
+            Self::Int8 => int8::supported(),
+        }
+    }
+}
+
+/// A weight matrix (PyTorch's `(n, k)`) in a [`Format`], packed for its kernel.
+pub(crate) struct PackedWeights {
+    pub(crate) format: Format,
+    /// Output columns.
+    n: usize,
+    /// Inputs.
+    k: usize,
+    /// Lanes per column: `k` over the format's inputs per lane, rounded up (zero-padded).
+    steps: usize,
+    /// The lanes, panel after panel.
+    data: Vec<u32>,
+    /// int8: per column and group of inputs, its scale (quantised weight × scale ≈ weight),
+    /// laid out `[panel][group][lane]`.
+    scales: Vec<f32>,
+    /// int8: per column and group, its scale × its quantised weights' sum: the share of each
+    /// sum a row's zero point adds, taken off by the kernel; laid out as `scales`.
+    sums: Vec<f32>,
+    /// int8: what each input is multiplied by before a row is quantised (empty: 1), the inverse
+    /// of the factor its weights were multiplied by before theirs (see [`int8::smoothing`]).
+    input_scales: Vec<f32>,
+}
+
+impl PackedWeights {
+    /// Packs `w` (`(n, k)`, row-major) in `format`: as is, rounded to bf16 (nearest even), or
+    /// quantised to int8 per output column and group of inputs ([`int8::quantise_columns`]),
+    /// its inputs smoothed by `factors` (one per input; empty for none): weight column `j`
+    /// multiplied by `factors[j]` and input `j` divided by it when a row is quantised, which
+    /// leaves the product unchanged and moves part of an input channel's outliers into its
+    /// weights, where the weights' finer scales absorb them.
+    pub(crate) fn pack(format: Format, w: &[f32], k: usize, factors: &[f32]) -> Self {
+        assert!(
+            k > 0 && w.len().is_multiple_of(k),
+            "pack: inner size {k} of {}",
+            w.len()
+        );
+        let n = w.len() / k;
+        let per = format.per_lane();
+        let steps = k.div_ceil(per);
+        let panels = n.div_ceil(PANEL);
+        let smoothed: Vec<f32>;
+        let (w, input_scales) = match format {
+            Format::Int8 if !factors.is_empty() => {
+                assert_eq!(
+                    factors.len(),
+                    k,
+                    "pack: {} smoothing factors",
+                    factors.len()
+                );
+                smoothed = w
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| v * factors[i % k])
+                    .collect();
+                (&smoothed[..], factors.iter().map(|f| 1.0 / f).collect())
+            }
+            _ => (w, Vec::new()),
+        };
+        let (quantised, scales, sums) = match format {
+            Format::Int8 => int8::quantise_columns(w, k, panels * PANEL),
+            _ => (Vec::new(), Vec::new(), Vec::new()),
+        };
+        let lane = |col: usize, step: usize| -> u32 {
+            (0..per)
+                .map(|j| (j, step * per + j))
+                .filter(|&(_, i)| col < n && i < k)
+                .map(|(j, i)| {
+                    let v = w[col * k + i];
+                    match format {
+                        Format::F32 => v.to_bits(),
+                        Format::Bf16 => u32::from(half::bf16::from_f32(v).to_bits()) << (16 * j),
+                        Format::Int8 => u32::from(quantised[col * k + i] as u8) << (8 * j),
+                    }
+                })
+                .fold(0, |a, b| a | b)
+        };
+        let mut data = vec![0u32; panels * steps * PANEL];
+        for (panel, chunk) in data.chunks_exact_mut(steps * PANEL).enumerate() {
+            for (step, lanes) in chunk.chunks_exact_mut(PANEL).enumerate() {
+                for (c, v) in lanes.iter_mut().enumerate() {
+                    *v = lane(panel * PANEL + c, step);
+                }
+            }
+        }
+        Self {
+            format,
+            n,
+            k,
+            steps,
+            data,
+            scales,
+            sums,
+            input_scales,
+        }
+    }
+}
+
+/// One thread's buffers, reused between calls: converted rows, (int8) their quantisation
+/// parameters and one smoothed row.
+#[derive(Default)]
+struct Buffers {
+    rows: Vec<u32>,
+    params: Vec<f32>,
+    smoothed: Vec<f32>,
+}
+
+thread_local! {
+    static BUFFERS: RefCell<Buffers> = RefCell::new(Buffers::default());
+}
+
+/// `out = x · wᵀ (+ b)` in `w`'s format; `x` is `(rows, k)`, `out` `(rows, n)`.
+///
+/// Panics unless the shapes agree and the CPU has the format's instructions
+/// ([`Format::supported`]): the kernels write through raw pointers, so these checks keep them
+/// inside the slices in every build.
+pub(crate) fn linear(x: &[f32], w: &PackedWeights, b: Option<&[f32]>, out: &mut [f32]) {
+    let (n, k) = (w.n, w.k);
+    assert!(x.len().is_multiple_of(k), "packed linear: inner size {k}");
+    let m = x.len() / k;
+    assert_eq!(out.len(), m * n, "packed linear: output of {m}x{n}");
+    assert!(b.is_none_or(|b| b.len() == n), "packed linear: bias of {n}");
+    assert!(
+        w.format.supported(),
+        "packed linear: no {:?} kernel on this CPU",
+        w.format
+    );
+    let block = crate::kernels::block_rows(m, n * k, MR, MC);
+    out.par_chunks_mut(block * n)
+        .zip(x.par_chunks(block * k))
+        .for_each(|(out, x)| {
+            BUFFERS.with(|buf| {
+                // SAFETY: the format is supported and the shapes agree (checked above); each
+                // block holds whole rows of x and out.
+                unsafe { run_block(x, w, b, out, &mut buf.borrow_mut()) }
+            })
+        });
+}
+
+/// One thread's rows: converted `MC` at a time, then every panel over them, tile by tile.
+///
+/// # Safety
+/// The CPU has `w.format`'s instructions; `x` holds whole rows of `w.k`, `out` as many rows of
+/// `w.n`, and `b` is `None` or `w.n` long.
+unsafe fn run_block(
+    x: &[f32],
+    w: &PackedWeights,
+    b: Option<&[f32]>,
+    out: &mut [f32],
+    buffers: &mut Buffers,
+) {
+    let Buffers {
+        rows,
+        params,
+        smoothed,
+    } = buffers;
+    let (n, k, steps) = (w.n, w.k, w.steps);
+    let count_all = x.len() / k;
+    let panels = n.div_ceil(PANEL);
+    let per_row = match w.format {
+        Format::Int8 => int8::row_params(k),
+        _ => 0,
+    };
+    let groups = per_row / 2;
+    rows.resize(rows.len().max(MC * steps), 0);
+    params.resize(params.len().max(MC * per_row), 0.0);
+    for first in (0..count_all).step_by(MC) {
+        let count = MC.min(count_all - first);
+        for r in 0..count {
+            let mut row = &x[(first + r) * k..][..k];
+            if !w.input_scales.is_empty() {
+                smoothed.clear();
+                smoothed.extend(row.iter().zip(&w.input_scales).map(|(v, s)| v * s));
+                row = smoothed;
+            }
+            let dst = &mut rows[r * steps..][..steps];
+            match w.format {
+                Format::F32 => f32::convert(row, dst),
+                Format::Bf16 => bf16::convert(row, dst),
+                Format::Int8 => int8::convert(row, dst, &mut params[r * per_row..][..per_row]),
+            }
+        }
+        let mut panel = 0;
+        while panel < panels {
+            let take = w.format.tile_panels().min(panels - panel);
+            for r in (0..count).step_by(MR) {
+                let tile = Tile {
+                    rows: rows.as_ptr().add(r * steps),
+                    steps,
+                    weights: w.data.as_ptr().add(panel * steps * PANEL),
+                    out: out.as_mut_ptr().add((first + r) * n + panel * PANEL),
+                    n,
+                    cols: n - panel * PANEL,
+                    bias: b.map(|b| b.as_ptr().add(panel * PANEL)),
+                    row_params: params.as_ptr().wrapping_add(r * per_row),
+                    params_per_row: per_row,
+                    col_scales: w.scales.as_ptr().wrapping_add(panel * groups * PANEL),
+                    col_sums: w.sums.as_ptr().wrapping_add(panel * groups * PANEL),
+                };
+                let height = MR.min(count - r);
+                match w.format {
+                    Format::F32 => f32::tile(&tile, height, take),
+                    Format::Bf16 => bf16::tile(&tile, height, take),
+                    Format::Int8 => int8::tile(&tile, height, take),
+                }
+            }
+            panel += take;
+        }
+    }
+}
+
+/// Up to MR rows by up to NR panels of the product, and where they go.
+pub(crate) struct Tile {
+    /// The first row's converted lanes; rows `steps` apart.
+    pub(crate) rows: *const u32,
+    pub(crate) steps: usize,
+    /// The first panel's packed weights; panels `steps * PANEL` apart.
+    pub(crate) weights: *const u32,
+    /// The first row's first column in the output; rows `n` apart.
+    pub(crate) out: *mut f32,
+    pub(crate) n: usize,
+    /// Output columns left from this tile's first (the last panel may be partial).
+    pub(crate) cols: usize,
+    pub(crate) bias: Option<*const f32>,
+    /// int8: the first row's quantisation parameters (rows `params_per_row` apart), and the
+    /// first panel's column scales and sums (see [`PackedWeights`]); unused by the float
+    /// formats.
+    pub(crate) row_params: *const f32,
+    pub(crate) params_per_row: usize,
+    pub(crate) col_scales: *const f32,
+    pub(crate) col_sums: *const f32,
+}
+
+/// Calls `$kernel::<R, P>(tile)` for a tile of `$height` rows (1..=MR) and `$panels` panels
+/// (1..=NR): one kernel compiled per shape, so the sums live in registers.
+macro_rules! for_each_shape {
+    ($kernel:ident, $tile:expr, $height:expr, $panels:expr) => {
+        match $panels {
+            4 => $crate::packed::for_each_shape!(@rows $kernel, $tile, $height, 4),
+            3 => $crate::packed::for_each_shape!(@rows $kernel, $tile, $height, 3),
+            2 => $crate::packed::for_each_shape!(@rows $kernel, $tile, $height, 2),
+            _ => $crate::packed::for_each_shape!(@rows $kernel, $tile, $height, 1),
+        }
+    };
+    (@rows $kernel:ident, $tile:expr, $height:expr, $p:literal) => {
+        match $height {
+            6 => $kernel::<6, $p>($tile),
+            5 => $kernel::<5, $p>($tile),
+            4 => $kernel::<4, $p>($tile),
+            3 => $kernel::<3, $p>($tile),
+            2 => $kernel::<2, $p>($tile),
+            _ => $kernel::<1, $p>($tile),
+        }
+    };
+}
+pub(crate) use for_each_shape;
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod store {
+    use super::{Tile, PANEL};
+    use std::arch::x86_64::*;
+
+    /// Adds the bias to the tile's f32 sums and stores them, the last panel masked to the
+    /// columns that exist.
+    ///
+    /// # Safety
+    /// AVX-512 F; the tile's pointers cover `R` rows and `P` panels (the last up to `cols`).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub(crate) unsafe fn sums<const R: usize, const P: usize>(t: &Tile, acc: &[[__m512; P]; R]) {
+        for (i, acc) in acc.iter().enumerate() {
+            for (j, &sum) in acc.iter().enumerate() {
+                let left = t.cols.saturating_sub(j * PANEL);
+                let mask: __mmask16 = if left >= PANEL {
+                    0xffff
+                } else {
+                    (1u16 << left) - 1
+                };
+                let sum = match t.bias {
+                    Some(b) => _mm512_add_ps(sum, _mm512_maskz_loadu_ps(mask, b.add(j * PANEL))),
+                    None => sum,
+                };
+                _mm512_mask_storeu_ps(t.out.add(i * t.n + j * PANEL), mask, sum);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn random(count: usize, seed: &mut u32) -> Vec<f32> {
+        (0..count)
+            .map(|_| {
+                *seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (*seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+
+    /// What the format computes, in f64: the product of the values it multiplies (f32 as is,
+    /// bf16 rounded, int8 quantised and scaled back).
+    fn reference(format: Format, x: &[f32], w: &[f32], k: usize) -> (Vec<f64>, Vec<f64>) {
+        let round = |v: f32| f64::from(half::bf16::from_f32(v).to_f32());
+        let (m, n) = (x.len() / k, w.len() / k);
+        let per_row = |v: &[f32], activations: bool| -> Vec<f64> {
+            v.chunks(k)
+                .flat_map(|r| match format {
+                    Format::F32 => r.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(),
+                    Format::Bf16 => r.iter().map(|&v| round(v)).collect(),
+                    Format::Int8 if activations => r
+                        .chunks(int8::GROUP)
+                        .flat_map(|g| {
+                            let lo = g.iter().fold(0f32, |a, &v| a.min(v));
+                            let hi = g.iter().fold(0f32, |a, &v| a.max(v));
+                            let scale = (hi - lo) / 255.0;
+                            let (zero, inv) = ((-lo / scale).round_ties_even(), 1.0 / scale);
+                            g.iter().map(move |&v| {
+                                let q = ((v * inv).round_ties_even() + zero).clamp(0.0, 255.0);
+                                f64::from(q - zero) * f64::from(scale)
+                            })
+                        })
+                        .collect(),
+                    Format::Int8 => r
+                        .chunks(int8::GROUP)
+                        .flat_map(|g| {
+                            let amax = g.iter().fold(0f32, |a, v| a.max(v.abs()));
+                            let (scale, inv) = (amax / 127.0, 127.0 / amax);
+                            g.iter().map(move |&v| {
+                                f64::from((v * inv).round_ties_even()) * f64::from(scale)
+                            })
+                        })
+                        .collect(),
+                })
+                .collect()
+        };
+        let (xs, ws) = (per_row(x, true), per_row(w, false));
+        let exact = (0..m * n)
+            .map(|i| {
+                (0..k)
+                    .map(|j| f64::from(x[i / n * k + j]) * f64::from(w[i % n * k + j]))
+                    .sum()
+            })
+            .collect();
+        let modelled = (0..m * n)
+            .map(|i| (0..k).map(|j| xs[i / n * k + j] * ws[i % n * k + j]).sum())
+            .collect();
+        (exact, modelled)
+    }
+
+    /// Every shape the tails can take (rows not a multiple of MR or MC, columns not a multiple
+    /// of a panel or of NR panels, inputs not a multiple of a lane) in every format this CPU
+    /// runs, against the f64 product of the values the format multiplies; int8 also within a
+    /// percent of the exact product's scale.
+    #[test]
+    fn packed_products_compute_what_their_format_holds() {
+        let mut seed = 3u32;
+        for format in [Format::F32, Format::Bf16, Format::Int8] {
+            if !format.supported() {
+                eprintln!("skipped {format:?}: not on this CPU");
+                continue;
+            }
+            for (m, k, n) in [
+                (1, 1, 1),
+                (3, 7, 5),
+                (9, 33, 17),
+                (70, 64, 49),
+                (130, 40, 96),
+                (701, 24, 20),
+            ] {
+                let x = random(m * k, &mut seed);
+                let w = random(n * k, &mut seed);
+                let bias = random(n, &mut seed);
+                let packed = PackedWeights::pack(format, &w, k, &[]);
+                let mut out = vec![f32::NAN; m * n];
+                linear(&x, &packed, Some(&bias), &mut out);
+                let (exact, modelled) = reference(format, &x, &w, k);
+                for (i, &got) in out.iter().enumerate() {
+                    let got = f64::from(got) - f64::from(bias[i % n]);
+                    assert!(
+                        (got - modelled[i]).abs() < 1e-4,
+                        "{format:?} {m}x{k}x{n} at {i}: {got} want {}",
+                        modelled[i]
+                    );
+                    let scale = (k as f64).sqrt() * 0.25;
+                    assert!(
+                        (got - exact[i]).abs() < 0.01 * scale,
+                        "{format:?}: far from exact"
+                    );
+                }
+                let mut plain = vec![0.0; m * n];
+                linear(&x, &packed, None, &mut plain);
+                assert!(plain
+                    .iter()
+                    .zip(&out)
+                    .enumerate()
+                    .all(|(i, (p, o))| (p + bias[i % n] - o).abs() < 1e-5));
+            }
+        }
+    }
+
+    /// A row of zeros gives the bias, and a row with a non-finite value gives non-finite sums
+    /// in int8 too (quantising must not turn a NaN into a number the encoder's check misses).
+    #[test]
+    fn int8_keeps_zero_rows_exact_and_non_finite_rows_non_finite() {
+        if !Format::Int8.supported() {
+            eprintln!("skipped: no AVX-512 VNNI");
+            return;
+        }
+        let k = 40;
+        let mut seed = 9u32;
+        let w = random(3 * k, &mut seed);
+        let packed = PackedWeights::pack(Format::Int8, &w, k, &[]);
+        let mut x = vec![0.0f32; 3 * k];
+        x[k + 5] = f32::NAN;
+        x[2 * k + 7] = f32::INFINITY;
+        let mut out = vec![0.0; 9];
+        linear(&x, &packed, Some(&[1.0, 2.0, 3.0]), &mut out);
+        assert_eq!(&out[..3], &[1.0, 2.0, 3.0]);
+        assert!(out[3..].iter().all(|v| !v.is_finite()), "{out:?}");
+    }
+}
