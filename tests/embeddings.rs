@@ -4,7 +4,7 @@
 mod common;
 
 use spotinfer::model::{cosine, LoadOptions, Model};
-use spotinfer::model::{Backend, DeviceChoice, Precision};
+use spotinfer::model::{Backend, CpuKernels, DeviceChoice, Precision};
 
 struct Reference {
     text: String,
@@ -364,4 +364,37 @@ fn a_missing_model_is_a_clear_error() {
         err.contains("config.json") && err.contains("fetch-model.sh"),
         "{err}"
     );
+}
+
+/// `--cpu-kernels avx2` runs, on a CPU with AVX-512, what a CPU without it runs (the `gemm`
+/// crate's f32): the path such CPUs take is tested on every CI machine. It matches
+/// sentence-transformers as f32 does, auto stays f32, and int8 is refused with the reason.
+#[test]
+fn limited_to_avx2_the_fused_encoder_takes_the_path_of_cpus_without_avx512() {
+    let dir = common::model_dir();
+    let open = |precision| {
+        Model::open(
+            &dir,
+            &LoadOptions::new(DeviceChoice::Cpu)
+                .backend(Backend::Fused)
+                .precision(precision)
+                .cpu_kernels(CpuKernels::Avx2),
+        )
+    };
+    let auto = open(Precision::Auto).unwrap();
+    let device = &auto.info().device;
+    assert!(
+        device.starts_with("Cpu (fused, f32 on ") && device.ends_with("(gemm crate))"),
+        "{device}"
+    );
+    let refs = reference();
+    let texts: Vec<&str> = refs.iter().map(|r| r.text.as_str()).collect();
+    for (r, v) in refs.iter().zip(auto.embed(&texts).unwrap().vectors) {
+        let c = cosine(&v, &r.embedding);
+        assert!(c >= 0.99999, "cosine {c} for {:?}", r.text);
+    }
+    if spotinfer_bert_cpu::int8_supported() {
+        let err = open(Precision::Int8).err().expect("int8 limited to AVX2");
+        assert!(err.to_string().contains("limited to AVX2"), "{err}");
+    }
 }

@@ -57,6 +57,7 @@ pub fn load_embedder(dir: &Path, m: &ModelArgs) -> anyhow::Result<Model> {
         device: m.device,
         backend: m.backend,
         precision: m.precision,
+        cpu_kernels: m.cpu_kernels,
         name: m.source.model_name.clone(),
         prompt,
         max_seq_len: m.max_seq_length,

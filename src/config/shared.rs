@@ -5,7 +5,7 @@
 
 use super::values::{choice, duration_in, secs, MAX_BATCH_SIZE, MAX_MESSAGE_BYTES};
 use crate::external::pubsub::{PubsubConfig, SubscriptionPolicy};
-use crate::model::{default_model_name, Backend, DeviceChoice, Precision};
+use crate::model::{default_model_name, Backend, CpuKernels, DeviceChoice, Precision};
 use clap::builder::RangedU64ValueParser;
 use clap::Args;
 use std::path::PathBuf;
@@ -141,6 +141,11 @@ pub struct ModelArgs {
     /// norm, pooling, heads and normalisation are f32 whatever this says.
     #[arg(long, env = "SPOTINFER_PRECISION", value_parser = choice::<Precision>(), default_value = "auto")]
     pub precision: Precision,
+    /// The widest instructions the fused CPU encoder's dense layers may use: `auto` (the widest
+    /// the CPU has) or `avx2` (what a CPU without AVX-512 runs: f32 on AVX2/FMA, int8 and bf16
+    /// refused), to compare CPU classes on one machine.
+    #[arg(long, env = "SPOTINFER_CPU_KERNELS", value_parser = choice::<CpuKernels>(), default_value = "auto")]
+    pub cpu_kernels: CpuKernels,
     /// Most padded token positions (texts × longest) in one encoder batch: the model splits a
     /// larger batch, shortest texts first, so long texts cannot blow up GPU memory and short
     /// ones can come in large batches. 0: no limit.

@@ -6,7 +6,7 @@
 
 use super::candle_bert::{self, CandleBert};
 use super::spec::ModelSpec;
-use super::{DeviceChoice, ModelError, Precision, TokenIds};
+use super::{CpuKernels, DeviceChoice, LoadOptions, ModelError, Precision, TokenIds};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use spotinfer_bert_cpu::{self as bert_cpu, CpuBert, Pooling};
@@ -122,7 +122,7 @@ fn candle_embed(
 pub(super) fn load_fused(
     spec: &ModelSpec,
     device: &Device,
-    precision: Precision,
+    options: &LoadOptions,
 ) -> Result<Engine, ModelError> {
     let refuse = |message: &str| ModelError::Config {
         path: spec.dir.clone(),
@@ -133,17 +133,20 @@ pub(super) fn load_fused(
             "the fused backend runs on the CPU only (use --backend candle)",
         ));
     }
-    if precision == Precision::F16 {
+    if options.precision == Precision::F16 {
         return Err(ModelError::Precision(
             "the fused backend computes in f32, bf16 or int8, not f16 (use --backend candle for f16)"
                 .into(),
         ));
     }
-    let bert = CpuBert::load(
+    let mut bert = CpuBert::load(
         &spec.weights,
         super::fused::dims(&spec.encoder),
         spec.pooling.mode,
     )?;
+    if options.cpu_kernels == CpuKernels::Avx2 {
+        bert.limit_to_avx2()?;
+    }
     Ok(Engine::Fused(Box::new(bert)))
 }
 

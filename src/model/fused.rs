@@ -124,11 +124,17 @@ impl Model {
     /// The first of [`reduced_candidates`] that keeps every probe text's vector within
     /// [`MIN_COSINE`] of f32's, else f32.
     fn first_that_holds(&mut self) -> Result<bert_cpu::Precision, ModelError> {
-        let candidates = reduced_candidates();
+        let candidates: Vec<_> = match &self.engine {
+            Engine::Fused(bert) => reduced_candidates()
+                .into_iter()
+                .filter(|&p| bert.runs(p))
+                .collect(),
+            Engine::Candle(..) => Vec::new(),
+        };
         if candidates.is_empty() {
             tracing::info!(
-                "fused encoder in f32: this CPU has no int8 (AVX-512 VNNI) kernel and \
-                            no full-rate bf16"
+                "fused encoder in f32: no int8 (AVX-512 VNNI) kernel and no full-rate bf16 on \
+                 this CPU, or the kernels are limited to AVX2"
             );
             return Ok(bert_cpu::Precision::F32);
         }

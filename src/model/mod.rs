@@ -32,7 +32,7 @@ mod thread;
 mod tokenize;
 mod wordpiece;
 
-pub use options::{default_model_name, Backend, DeviceChoice, LoadOptions, Precision};
+pub use options::{default_model_name, Backend, CpuKernels, DeviceChoice, LoadOptions, Precision};
 pub use prompt::PromptChoice;
 pub use spec::{ModelSpec, Task};
 pub use task::{Entity, Output};
@@ -248,7 +248,7 @@ impl Model {
             Backend::Auto => device.is_cpu(),
         };
         let (engine, dtype) = if fused {
-            (load_fused(&spec, &device, options.precision)?, None)
+            (load_fused(&spec, &device, options)?, None)
         } else {
             let dtype = match (options.precision, spec.task.task) {
                 // As on the CPU (`choose_cpu_precision`): a task model's labels can flip with a

@@ -70,6 +70,21 @@ impl Choice for Precision {
     ];
 }
 
+/// The widest instructions the fused CPU encoder's dense layers may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuKernels {
+    /// The widest this CPU has.
+    Auto,
+    /// AVX2 at most: f32 on the `gemm` crate's AVX2/FMA kernels, what a CPU without AVX-512
+    /// runs (int8 and bf16 refused); to compare CPU classes on one machine, and to test that
+    /// path on a CPU that has AVX-512.
+    Avx2,
+}
+
+impl Choice for CpuKernels {
+    const NAMES: &'static [(&'static str, Self)] = &[("auto", Self::Auto), ("avx2", Self::Avx2)];
+}
+
 /// How to load a model, beyond what its own files say.
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
@@ -79,6 +94,8 @@ pub struct LoadOptions {
     pub backend: Backend,
     /// Precision of the encoder's matrix products.
     pub precision: Precision,
+    /// The widest instructions the fused CPU encoder may use.
+    pub cpu_kernels: CpuKernels,
     /// The name in result rows (default: the folder's name).
     pub name: Option<String>,
     /// The prompt when a record names none.
@@ -94,6 +111,7 @@ impl LoadOptions {
             device,
             backend: Backend::Auto,
             precision: Precision::Auto,
+            cpu_kernels: CpuKernels::Auto,
             name: None,
             prompt: PromptChoice::ModelDefault,
             max_seq_len: None,
@@ -110,6 +128,14 @@ impl LoadOptions {
     /// else f32.
     pub fn precision(self, precision: Precision) -> Self {
         Self { precision, ..self }
+    }
+
+    /// The same options with `cpu_kernels` (the fused CPU encoder's widest instructions).
+    pub fn cpu_kernels(self, cpu_kernels: CpuKernels) -> Self {
+        Self {
+            cpu_kernels,
+            ..self
+        }
     }
 }
 

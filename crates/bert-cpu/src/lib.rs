@@ -207,10 +207,10 @@ pub enum Precision {
 
 impl Precision {
     /// The packed format this precision multiplies in on this CPU (`None`: the `gemm` crate's
-    /// f32, where the CPU has no AVX-512).
-    fn format(self) -> Option<Format> {
+    /// f32, where the CPU has no AVX-512 or the encoder is limited to AVX2).
+    fn format(self, avx2_only: bool) -> Option<Format> {
         match self {
-            Self::F32 => Format::F32.supported().then_some(Format::F32),
+            Self::F32 => (!avx2_only && Format::F32.supported()).then_some(Format::F32),
             Self::Bf16 => Some(Format::Bf16),
             Self::Int8 => Some(Format::Int8),
         }
@@ -320,6 +320,8 @@ pub struct CpuBert {
     precision: Precision,
     /// Set by [`CpuBert::calibrate`] while its texts run: the dense layers record their inputs.
     recording: AtomicBool,
+    /// Set by [`CpuBert::limit_to_avx2`]: no AVX-512 kernel for the dense layers.
+    avx2_only: bool,
     scratch: Mutex<Scratch>,
 }
 
@@ -395,6 +397,7 @@ impl CpuBert {
             layers,
             precision: Precision::F32,
             recording: AtomicBool::new(false),
+            avx2_only: false,
             scratch: Mutex::new(Scratch::default()),
         };
         bert.set_precision(Precision::F32)?;
@@ -406,10 +409,27 @@ impl CpuBert {
         self.precision
     }
 
+    /// Computes the dense layers as a CPU without AVX-512 does (f32 on the `gemm` crate's
+    /// AVX2/FMA kernels; int8 and bf16 refused) from now on, whatever this CPU has: to compare
+    /// CPU classes on one machine, and to test that path on a CPU with AVX-512. Fails if the
+    /// current precision needs AVX-512 or its f32 weights were released.
+    pub fn limit_to_avx2(&mut self) -> Result<(), BertError> {
+        self.avx2_only = true;
+        self.set_precision(self.precision)
+    }
+
+    /// Whether [`CpuBert::set_precision`] can choose `precision` on this CPU and within
+    /// [`CpuBert::limit_to_avx2`].
+    pub fn runs(&self, precision: Precision) -> bool {
+        precision
+            .format(self.avx2_only)
+            .is_none_or(|f| f.supported() && (f == Format::F32 || !self.avx2_only))
+    }
+
     /// The instructions the dense layers run on in the current precision, for logs and
     /// benchmarks (a figure means little without them).
     pub fn kernels(&self) -> &'static str {
-        match self.precision.format() {
+        match self.precision.format(self.avx2_only) {
             Some(Format::Int8) => "AVX-512 VNNI",
             Some(Format::Bf16) => "AVX-512 BF16",
             Some(Format::F32) => "AVX-512",
@@ -422,7 +442,12 @@ impl CpuBert {
     /// compared). bf16 needs AVX-512 BF16 ([`bf16_supported`]), int8 AVX-512 VNNI
     /// ([`int8_supported`]).
     pub fn set_precision(&mut self, precision: Precision) -> Result<(), BertError> {
-        let format = precision.format();
+        let format = precision.format(self.avx2_only);
+        if format.is_some() && self.avx2_only {
+            return Err(BertError::Unsupported(format!(
+                "{precision:?} needs AVX-512, and this encoder is limited to AVX2"
+            )));
+        }
         if let Some(f) = format.filter(|f| !f.supported()) {
             return Err(BertError::Unsupported(
                 match f {
