@@ -3,7 +3,7 @@
 
 mod common;
 
-use spotinfer::model::{cosine, LoadOptions, Model};
+use spotinfer::model::{cosine, LoadOptions, Model, ModelError};
 use spotinfer::model::{Backend, CpuKernels, DeviceChoice, Precision};
 
 struct Reference {
@@ -103,15 +103,7 @@ fn a_token_budget_splits_batches_without_changing_a_vector() {
 /// else bf16 where it is full-rate, else f32.
 #[test]
 fn fused_reduced_precisions_match_sentence_transformers_where_the_cpu_has_them() {
-    let dir = common::model_dir();
-    let open = |precision| {
-        Model::open(
-            &dir,
-            &LoadOptions::new(DeviceChoice::Cpu)
-                .backend(Backend::Fused)
-                .precision(precision),
-        )
-    };
+    let open = |precision| fused(precision, CpuKernels::Auto);
     let cases = [
         (
             Precision::Int8,
@@ -371,16 +363,7 @@ fn a_missing_model_is_a_clear_error() {
 /// sentence-transformers as f32 does, auto stays f32, and int8 is refused with the reason.
 #[test]
 fn limited_to_avx2_the_fused_encoder_takes_the_path_of_cpus_without_avx512() {
-    let dir = common::model_dir();
-    let open = |precision| {
-        Model::open(
-            &dir,
-            &LoadOptions::new(DeviceChoice::Cpu)
-                .backend(Backend::Fused)
-                .precision(precision)
-                .cpu_kernels(CpuKernels::Avx2),
-        )
-    };
+    let open = |precision| fused(precision, CpuKernels::Avx2);
     let auto = open(Precision::Auto).unwrap();
     let device = &auto.info().device;
     assert!(
@@ -397,4 +380,15 @@ fn limited_to_avx2_the_fused_encoder_takes_the_path_of_cpus_without_avx512() {
         let err = open(Precision::Int8).err().expect("int8 limited to AVX2");
         assert!(err.to_string().contains("limited to AVX2"), "{err}");
     }
+}
+
+/// all-MiniLM-L6-v2 on the fused encoder in `precision`, its kernels limited by `kernels`.
+fn fused(precision: Precision, kernels: CpuKernels) -> Result<Model, ModelError> {
+    Model::open(
+        &common::model_dir(),
+        &LoadOptions::new(DeviceChoice::Cpu)
+            .backend(Backend::Fused)
+            .precision(precision)
+            .cpu_kernels(kernels),
+    )
 }

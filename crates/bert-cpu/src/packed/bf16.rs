@@ -82,21 +82,13 @@ unsafe fn to_bf16_wide(row: &[f32], dst: &mut [u32]) -> usize {
     chunks * 32
 }
 
-/// One tile of `height` rows and `panels` panels.
+/// R × P registers of sums over every input pair; then bias and store.
 ///
 /// # Safety
-/// [`supported`], and the tile's pointers cover its rows, steps and panels.
-pub(crate) unsafe fn tile(t: &Tile, height: usize, panels: usize) {
-    #[cfg(target_arch = "x86_64")]
-    super::for_each_shape!(kernel, t, height, panels);
-    #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("supported() is false off x86_64: {} {height} {panels}", t.n)
-}
-
-/// R × P registers of sums over every input pair; then bias and store.
+/// [`supported`], and the tile's pointers cover its `R` rows, its steps and its `P` panels.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn kernel<const R: usize, const P: usize>(t: &Tile) {
+pub(crate) unsafe fn kernel<const R: usize, const P: usize>(t: &Tile) {
     use super::PANEL;
     use std::arch::x86_64::*;
     let mut acc = [[_mm512_setzero_ps(); P]; R];

@@ -22,22 +22,14 @@ pub(crate) fn convert(row: &[f32], dst: &mut [u32]) {
     }
 }
 
-/// One tile of `height` rows and `panels` panels.
-///
-/// # Safety
-/// [`supported`], and the tile's pointers cover its rows, steps and panels.
-pub(crate) unsafe fn tile(t: &Tile, height: usize, panels: usize) {
-    #[cfg(target_arch = "x86_64")]
-    super::for_each_shape!(kernel, t, height, panels);
-    #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("supported() is false off x86_64: {} {height} {panels}", t.n)
-}
-
 /// R × P registers of sums over every input, each row's input broadcast against the P panels'
 /// registers; then bias and store.
+///
+/// # Safety
+/// [`supported`], and the tile's pointers cover its `R` rows, its steps and its `P` panels.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn kernel<const R: usize, const P: usize>(t: &Tile) {
+pub(crate) unsafe fn kernel<const R: usize, const P: usize>(t: &Tile) {
     use std::arch::x86_64::*;
     let mut acc = [[_mm512_setzero_ps(); P]; R];
     let stride = t.steps * super::PANEL;

@@ -204,23 +204,15 @@ unsafe fn quantise_group_wide(part: &[f32], out: &mut [u8]) -> (f32, f32) {
     (scale, zero)
 }
 
-/// One tile of `height` rows and `panels` panels.
-///
-/// # Safety
-/// [`supported`], and the tile's pointers cover its rows and their parameters, its steps, and
-/// its panels with their column scales and sums.
-pub(crate) unsafe fn tile(t: &Tile, height: usize, panels: usize) {
-    #[cfg(target_arch = "x86_64")]
-    super::for_each_shape!(kernel, t, height, panels);
-    #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("supported() is false off x86_64: {} {height} {panels}", t.n)
-}
-
 /// Per group: R × P registers of i32 sums over its lanes, then added to R × P f32 sums, scaled
 /// by the row's and the column's scales, less the zero point's share; then bias and store.
+///
+/// # Safety
+/// [`supported`], and the tile's pointers cover its `R` rows (with their parameters), its
+/// steps and its `P` panels (with their column scales and sums).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn kernel<const R: usize, const P: usize>(t: &Tile) {
+pub(crate) unsafe fn kernel<const R: usize, const P: usize>(t: &Tile) {
     use std::arch::x86_64::*;
     let groups = t.steps.div_ceil(GROUP_STEPS);
     let stride = t.steps * PANEL;

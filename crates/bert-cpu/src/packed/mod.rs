@@ -270,11 +270,14 @@ unsafe fn run_block(
                     col_sums: w.sums.as_ptr().wrapping_add(panel * groups * PANEL),
                 };
                 let height = MR.min(count - r);
+                #[cfg(target_arch = "x86_64")]
                 match w.format {
-                    Format::F32 => f32::tile(&tile, height, take),
-                    Format::Bf16 => bf16::tile(&tile, height, take),
-                    Format::Int8 => int8::tile(&tile, height, take),
+                    Format::F32 => for_each_shape!(f32::kernel, &tile, height, take),
+                    Format::Bf16 => for_each_shape!(bf16::kernel, &tile, height, take),
+                    Format::Int8 => for_each_shape!(int8::kernel, &tile, height, take),
                 }
+                #[cfg(not(target_arch = "x86_64"))]
+                unreachable!("no packed format runs off x86_64: {} {height}", tile.n);
             }
             panel += take;
         }
@@ -306,22 +309,22 @@ pub(crate) struct Tile {
 /// Calls `$kernel::<R, P>(tile)` for a tile of `$height` rows (1..=MR) and `$panels` panels
 /// (1..=NR): one kernel compiled per shape, so the sums live in registers.
 macro_rules! for_each_shape {
-    ($kernel:ident, $tile:expr, $height:expr, $panels:expr) => {
+    ($($kernel:ident)::+, $tile:expr, $height:expr, $panels:expr) => {
         match $panels {
-            4 => $crate::packed::for_each_shape!(@rows $kernel, $tile, $height, 4),
-            3 => $crate::packed::for_each_shape!(@rows $kernel, $tile, $height, 3),
-            2 => $crate::packed::for_each_shape!(@rows $kernel, $tile, $height, 2),
-            _ => $crate::packed::for_each_shape!(@rows $kernel, $tile, $height, 1),
+            4 => $crate::packed::for_each_shape!(@rows $($kernel)::+, $tile, $height, 4),
+            3 => $crate::packed::for_each_shape!(@rows $($kernel)::+, $tile, $height, 3),
+            2 => $crate::packed::for_each_shape!(@rows $($kernel)::+, $tile, $height, 2),
+            _ => $crate::packed::for_each_shape!(@rows $($kernel)::+, $tile, $height, 1),
         }
     };
-    (@rows $kernel:ident, $tile:expr, $height:expr, $p:literal) => {
+    (@rows $($kernel:ident)::+, $tile:expr, $height:expr, $p:literal) => {
         match $height {
-            6 => $kernel::<6, $p>($tile),
-            5 => $kernel::<5, $p>($tile),
-            4 => $kernel::<4, $p>($tile),
-            3 => $kernel::<3, $p>($tile),
-            2 => $kernel::<2, $p>($tile),
-            _ => $kernel::<1, $p>($tile),
+            6 => $($kernel)::+::<6, $p>($tile),
+            5 => $($kernel)::+::<5, $p>($tile),
+            4 => $($kernel)::+::<4, $p>($tile),
+            3 => $($kernel)::+::<3, $p>($tile),
+            2 => $($kernel)::+::<2, $p>($tile),
+            _ => $($kernel)::+::<1, $p>($tile),
         }
     };
 }
