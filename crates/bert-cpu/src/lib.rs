@@ -16,8 +16,10 @@
 //! - **no allocation per layer**: five scratch buffers, grown to the largest batch seen and
 //!   reused, so the allocator never maps and unmaps tens of megabytes per layer.
 //!
-//! The matrix products are candle's own CPU engine (the `gemm` crate) called directly. Weights
-//! are read from a memory-mapped safetensors file into their final buffers (one copy in memory).
+//! The matrix products are this crate's own AVX-512 kernels on weights packed at load
+//! (`packed`: f32, bf16, int8), or, without AVX-512 (or limited to AVX2), candle's CPU engine
+//! (the `gemm` crate) called directly on the f32 weights. Weights are read from a memory-mapped
+//! safetensors file.
 
 mod kernels;
 mod packed;
@@ -195,7 +197,7 @@ pub struct Tokens<'a> {
 /// GELU, the residual stream and pooling are f32 in every precision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Precision {
-    /// f32 products: AVX-512 where the CPU has it ([`avx512_supported`]), else AVX2/FMA.
+    /// f32 products: AVX-512 F where the CPU has it, else the `gemm` crate's AVX2/FMA.
     F32,
     /// bf16 products with f32 sums, on CPUs with AVX-512 BF16 ([`bf16_supported`]).
     Bf16,
@@ -215,11 +217,6 @@ impl Precision {
             Self::Int8 => Some(Format::Int8),
         }
     }
-}
-
-/// Whether this CPU runs the AVX-512 f32 kernel (AVX-512 F).
-pub fn avx512_supported() -> bool {
-    Format::F32.supported()
 }
 
 /// Whether this CPU runs the int8 kernel (AVX-512 F, BW and VNNI).
@@ -421,9 +418,27 @@ impl CpuBert {
     /// Whether [`CpuBert::set_precision`] can choose `precision` on this CPU and within
     /// [`CpuBert::limit_to_avx2`].
     pub fn runs(&self, precision: Precision) -> bool {
-        precision
-            .format(self.avx2_only)
-            .is_none_or(|f| f.supported() && (f == Format::F32 || !self.avx2_only))
+        self.refusal(precision).is_none()
+    }
+
+    /// Why this encoder cannot compute in `precision` (`None`: it can, as far as the CPU and
+    /// [`CpuBert::limit_to_avx2`] go).
+    fn refusal(&self, precision: Precision) -> Option<String> {
+        let format = precision.format(self.avx2_only)?;
+        if self.avx2_only {
+            return Some(format!(
+                "{precision:?} needs AVX-512, and this encoder is limited to AVX2"
+            ));
+        }
+        (!format.supported()).then(|| {
+            match format {
+                Format::Int8 => {
+                    "int8 needs a CPU with AVX-512 VNNI (avx512_vnni); this one has none"
+                }
+                _ => "bf16 needs a CPU with AVX-512 BF16 (avx512_bf16); this one has none",
+            }
+            .into()
+        })
     }
 
     /// The instructions the dense layers run on in the current precision, for logs and
@@ -442,23 +457,10 @@ impl CpuBert {
     /// compared). bf16 needs AVX-512 BF16 ([`bf16_supported`]), int8 AVX-512 VNNI
     /// ([`int8_supported`]).
     pub fn set_precision(&mut self, precision: Precision) -> Result<(), BertError> {
+        if let Some(reason) = self.refusal(precision) {
+            return Err(BertError::Unsupported(reason));
+        }
         let format = precision.format(self.avx2_only);
-        if format.is_some() && self.avx2_only {
-            return Err(BertError::Unsupported(format!(
-                "{precision:?} needs AVX-512, and this encoder is limited to AVX2"
-            )));
-        }
-        if let Some(f) = format.filter(|f| !f.supported()) {
-            return Err(BertError::Unsupported(
-                match f {
-                    Format::Int8 => {
-                        "int8 needs a CPU with AVX-512 VNNI (avx512_vnni); this one has none"
-                    }
-                    _ => "bf16 needs a CPU with AVX-512 BF16 (avx512_bf16); this one has none",
-                }
-                .into(),
-            ));
-        }
         for d in self.layers.iter_mut().flat_map(Layer::dense) {
             if d.packed.as_ref().map(|p| p.format) == format {
                 continue;
