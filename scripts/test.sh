@@ -18,5 +18,7 @@ export SPOTINFER_TEST_PG_URL=$pg_url
 export SPOTINFER_TEST_PGVECTOR_URL=$pgvector_url
 export SPOTINFER_TEST_PYTHON=$(scripts/pyarrow.sh | tail -n1)
 export SPOTINFER_MODEL=$PWD/models/all-MiniLM-L6-v2
-export RUST_BACKTRACE=1
+# No backtraces: CI keeps the tail of the output, and a page of frames would push the failing
+# assertion's message out of it. Rerun one test with RUST_BACKTRACE=1 to see where it panicked.
+export RUST_BACKTRACE=0
 cargo test --workspace --all-targets "$@"

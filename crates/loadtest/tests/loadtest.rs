@@ -73,9 +73,37 @@ fn loadtest_model(
                 String::from_utf8_lossy(&out.stderr)
             )
         });
-    assert!(out.status.success(), "loadtest failed: {stdout}");
+    assert!(
+        out.status.success(),
+        "loadtest failed: {}; worker logs end:\n{}",
+        report["problems"],
+        log_tails(dir.path())
+    );
     drawn(&report, &dir.path().join("report.svg"));
     report
+}
+
+/// The last lines of each worker's log in `workdir`, so a failed run says what the workers saw.
+fn log_tails(workdir: &std::path::Path) -> String {
+    let mut logs: Vec<_> = std::fs::read_dir(workdir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect();
+    logs.sort();
+    let mut out = String::new();
+    for log in logs {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        out.push_str(&format!("== {}\n", log.display()));
+        for line in &lines[lines.len().saturating_sub(15)..] {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// The run's timeline and its chart: every worker was scraped, every fault is on the timeline
