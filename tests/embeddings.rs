@@ -98,9 +98,9 @@ fn a_token_budget_splits_batches_without_changing_a_vector() {
 }
 
 /// The fused encoder's reduced precisions hold the same bar where the CPU has them: int8 (the
-/// CPU default where the CPU has AVX-512 VNNI and the model passes the load-time check) and
-/// bf16; where the CPU lacks one, asking for it is a clear error. Auto picks int8 where it runs,
-/// else bf16 where it is full-rate, else f32.
+/// CPU default where the CPU has integer dot products and the model passes the load-time check)
+/// and bf16; where the CPU lacks one, asking for it is a clear error. Auto picks int8 where it
+/// holds, else bf16 where it is full-rate, else f32.
 #[test]
 fn fused_reduced_precisions_match_sentence_transformers_where_the_cpu_has_them() {
     let open = |precision| fused(precision, CpuKernels::Auto);
@@ -108,7 +108,7 @@ fn fused_reduced_precisions_match_sentence_transformers_where_the_cpu_has_them()
         (
             Precision::Int8,
             spotinfer_bert_cpu::int8_supported(),
-            "AVX-512 VNNI",
+            "integer dot products",
         ),
         (
             Precision::Bf16,
@@ -125,7 +125,10 @@ fn fused_reduced_precisions_match_sentence_transformers_where_the_cpu_has_them()
         }
     }
     let auto = open(Precision::Auto).unwrap();
-    let expected = if spotinfer_bert_cpu::int8_supported() {
+    // On plain AVX2, int8's activations have half the levels and this model's probe vectors
+    // drift past the check (0.99925 measured), so auto stays exact there.
+    let int8_holds = spotinfer_bert_cpu::int8_kernels().is_some_and(|k| !k.starts_with("AVX2"));
+    let expected = if int8_holds {
         "int8"
     } else if spotinfer_bert_cpu::bf16_full_rate() {
         "bf16"
@@ -358,28 +361,34 @@ fn a_missing_model_is_a_clear_error() {
     );
 }
 
-/// `--cpu-kernels avx2` runs, on a CPU with AVX-512, what a CPU without it runs (the `gemm`
-/// crate's f32): the path such CPUs take is tested on every CI machine. It matches
-/// sentence-transformers as f32 does, auto stays f32, and int8 is refused with the reason.
+/// `--cpu-kernels avx2` runs, on a CPU with AVX-512, what a CPU with only AVX2 runs (f32 on
+/// AVX2/FMA, int8 on `vpmaddubsw`): the path such CPUs take is tested on every CI machine. f32
+/// matches sentence-transformers exactly, auto stays f32 (this model's int8 on AVX2 misses the
+/// load-time check), int8 when asked stays within 0.999, and bf16 is refused with the reason.
 #[test]
 fn limited_to_avx2_the_fused_encoder_takes_the_path_of_cpus_without_avx512() {
     let open = |precision| fused(precision, CpuKernels::Avx2);
-    let auto = open(Precision::Auto).unwrap();
-    let device = &auto.info().device;
-    assert!(
-        device.starts_with("Cpu (fused, f32 on ") && device.ends_with("(gemm crate))"),
-        "{device}"
-    );
     let refs = reference();
     let texts: Vec<&str> = refs.iter().map(|r| r.text.as_str()).collect();
-    for (r, v) in refs.iter().zip(auto.embed(&texts).unwrap().vectors) {
-        let c = cosine(&v, &r.embedding);
-        assert!(c >= 0.99999, "cosine {c} for {:?}", r.text);
-    }
-    if spotinfer_bert_cpu::int8_supported() {
-        let err = open(Precision::Int8).err().expect("int8 limited to AVX2");
-        assert!(err.to_string().contains("limited to AVX2"), "{err}");
-    }
+    let check = |model: &Model, device: &str, bar: f32| {
+        assert_eq!(model.info().device, device);
+        for (r, v) in refs.iter().zip(model.embed(&texts).unwrap().vectors) {
+            let c = cosine(&v, &r.embedding);
+            assert!(c >= bar, "{device}: cosine {c} for {:?}", r.text);
+        }
+    };
+    check(
+        &open(Precision::Auto).unwrap(),
+        "Cpu (fused, f32 on AVX2/FMA)",
+        0.99999,
+    );
+    check(
+        &open(Precision::Int8).unwrap(),
+        "Cpu (fused, int8 on AVX2 (vpmaddubsw))",
+        0.999,
+    );
+    let err = open(Precision::Bf16).err().expect("bf16 limited to AVX2");
+    assert!(err.to_string().contains("limited to AVX2"), "{err}");
 }
 
 /// all-MiniLM-L6-v2 on the fused encoder in `precision`, its kernels limited by `kernels`.

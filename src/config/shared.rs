@@ -134,16 +134,16 @@ pub struct ModelArgs {
     #[arg(long, env = "SPOTINFER_BACKEND", value_parser = choice::<Backend>(), default_value = "auto")]
     pub backend: Backend,
     /// Precision of the encoder's matrix products: `auto` (for an embedding model f16 on CUDA;
-    /// on the CPU int8 where the CPU has AVX-512 VNNI, else bf16 where it has full-rate AVX-512
-    /// BF16, whichever first keeps the model's vectors within cosine 0.9995 of f32's on probe
+    /// on the CPU int8 where the CPU has integer dot products (AVX-512 VNNI, AVX-VNNI, AVX2,
+    /// Arm's dotprod), else bf16 where it has full-rate AVX-512 BF16, whichever first keeps the model's vectors within cosine 0.9995 of f32's on probe
     /// texts at load, else f32; for a classify, score or tag model f32, whose labels a drift can
     /// flip), `f32`, `bf16` or `int8` (fused CPU encoder) or `f16` (candle). Softmax, layer
     /// norm, pooling, heads and normalisation are f32 whatever this says.
     #[arg(long, env = "SPOTINFER_PRECISION", value_parser = choice::<Precision>(), default_value = "auto")]
     pub precision: Precision,
     /// The widest instructions the fused CPU encoder's dense layers may use: `auto` (the widest
-    /// the CPU has) or `avx2` (what a CPU without AVX-512 runs: f32 on AVX2/FMA, int8 and bf16
-    /// refused), to compare CPU classes on one machine.
+    /// the CPU has) or `avx2` (what a CPU with neither AVX-512 nor AVX-VNNI runs: f32 on
+    /// AVX2/FMA, int8 on `vpmaddubsw`, bf16 refused), to compare CPU classes on one machine.
     #[arg(long, env = "SPOTINFER_CPU_KERNELS", value_parser = choice::<CpuKernels>(), default_value = "auto")]
     pub cpu_kernels: CpuKernels,
     /// Most padded token positions (texts × longest) in one encoder batch: the model splits a

@@ -133,8 +133,8 @@ impl Model {
         };
         if candidates.is_empty() {
             tracing::info!(
-                "fused encoder in f32: no int8 (AVX-512 VNNI) kernel and no full-rate bf16 on \
-                 this CPU, or the kernels are limited to AVX2"
+                "fused encoder in f32: no int8 kernel (integer dot products) and no full-rate \
+                 bf16 on this CPU"
             );
             return Ok(bert_cpu::Precision::F32);
         }
@@ -189,9 +189,10 @@ impl Model {
     }
 }
 
-/// The reduced precisions `auto` tries on this CPU, fastest first: int8 where the CPU has
-/// AVX-512 VNNI (four times f32's multiply-adds per instruction), then bf16 where it is faster
-/// than f32 ([`bert_cpu::bf16_full_rate`]).
+/// The reduced precisions `auto` tries on this CPU, fastest first: int8 where the CPU has integer
+/// dot products (AVX-512 VNNI, AVX-VNNI, AVX2, Arm's dotprod: two to four times f32's
+/// multiply-adds per instruction), then bf16 where it is faster than f32
+/// ([`bert_cpu::bf16_full_rate`]).
 fn reduced_candidates() -> Vec<bert_cpu::Precision> {
     let mut candidates = Vec::new();
     if bert_cpu::int8_supported() {

@@ -56,7 +56,8 @@ pub enum Precision {
     Bf16,
     /// f16 (candle backend only).
     F16,
-    /// int8 products with i32 sums (the fused CPU encoder on AVX-512 VNNI CPUs only).
+    /// int8 products with i32 sums (the fused CPU encoder, on CPUs with integer dot products:
+    /// AVX-512 VNNI, AVX-VNNI, AVX2 or Arm's dotprod).
     Int8,
 }
 
@@ -75,9 +76,9 @@ impl Choice for Precision {
 pub enum CpuKernels {
     /// The widest this CPU has.
     Auto,
-    /// AVX2 at most: f32 on the `gemm` crate's AVX2/FMA kernels, what a CPU without AVX-512
-    /// runs (int8 and bf16 refused); to compare CPU classes on one machine, and to test that
-    /// path on a CPU that has AVX-512.
+    /// AVX2 at most, what a CPU with neither AVX-512 nor AVX-VNNI runs (AMD's Zen 2 and 3):
+    /// f32 on AVX2/FMA, int8 on `vpmaddubsw`, bf16 refused; to compare CPU classes on one
+    /// machine, and to test that path on a CPU that has AVX-512.
     Avx2,
 }
 

@@ -16,9 +16,10 @@
 //! - **no allocation per layer**: five scratch buffers, grown to the largest batch seen and
 //!   reused, so the allocator never maps and unmaps tens of megabytes per layer.
 //!
-//! The matrix products are this crate's own AVX-512 kernels on weights packed at load
-//! (`packed`: f32, bf16, int8), or, without AVX-512 (or limited to AVX2), candle's CPU engine
-//! (the `gemm` crate) called directly on the f32 weights. Weights are read from a memory-mapped
+//! The matrix products are this crate's own kernels on weights packed at load (`packed`: f32
+//! on AVX-512 or AVX2; bf16 on AVX-512 BF16; int8 on AVX-512 VNNI, AVX-VNNI, AVX2 or Arm's
+//! dotprod), or, for f32 on CPUs with neither AVX-512 nor AVX2 (Arm's NEON among them), candle's
+//! CPU engine (the `gemm` crate) called directly on the f32 weights. Weights are read from a memory-mapped
 //! safetensors file.
 
 mod kernels;
@@ -27,7 +28,7 @@ mod weights;
 
 use kernels::{add_layer_norm, attention, bias_gelu, grow, layer_norm, linear};
 pub use packed::bf16::{full_rate as bf16_full_rate, supported as bf16_supported};
-use packed::{Format, PackedWeights};
+use packed::{Dot, Fma, Format, PackedWeights};
 use rayon::prelude::*;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -197,31 +198,51 @@ pub struct Tokens<'a> {
 /// GELU, the residual stream and pooling are f32 in every precision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Precision {
-    /// f32 products: AVX-512 F where the CPU has it, else the `gemm` crate's AVX2/FMA.
+    /// f32 products: AVX-512 F where the CPU has it, else AVX2/FMA (this crate's kernels), else
+    /// (Arm, older x86-64) the `gemm` crate's.
     F32,
     /// bf16 products with f32 sums, on CPUs with AVX-512 BF16 ([`bf16_supported`]).
     Bf16,
     /// int8 products with i32 sums (weights per output column, activations per token), on
-    /// CPUs with AVX-512 VNNI ([`int8_supported`]): four times f32's multiply-adds per
-    /// instruction; how close its vectors stay to f32's depends on the model, so check them.
+    /// CPUs with integer dot products ([`int8_supported`]: AVX-512 VNNI, AVX-VNNI, AVX2, Arm's
+    /// dotprod): two to four times f32's multiply-adds per instruction; how close its vectors
+    /// stay to f32's depends on the model (and AVX2's weights are coarser), so check them.
     Int8,
 }
 
 impl Precision {
     /// The packed format this precision multiplies in on this CPU (`None`: the `gemm` crate's
-    /// f32, where the CPU has no AVX-512 or the encoder is limited to AVX2).
-    fn format(self, avx2_only: bool) -> Option<Format> {
+    /// f32, where the CPU has neither AVX-512 nor AVX2: Arm's NEON, older x86-64), or why this CPU
+    /// (or the limit) cannot compute in it.
+    fn format(self, avx2_only: bool) -> Result<Option<Format>, String> {
         match self {
-            Self::F32 => (!avx2_only && Format::F32.supported()).then_some(Format::F32),
-            Self::Bf16 => Some(Format::Bf16),
-            Self::Int8 => Some(Format::Int8),
+            Self::F32 => Ok(Fma::best(avx2_only).map(Format::F32)),
+            Self::Bf16 if avx2_only => {
+                Err("bf16 needs AVX-512 BF16, and this encoder is limited to AVX2".into())
+            }
+            Self::Bf16 if !Format::Bf16.supported() => {
+                Err("bf16 needs a CPU with AVX-512 BF16 (avx512_bf16); this one has none".into())
+            }
+            Self::Bf16 => Ok(Some(Format::Bf16)),
+            Self::Int8 => Dot::best(avx2_only)
+                .map(|dot| Some(Format::Int8(dot)))
+                .ok_or_else(|| {
+                    "int8 needs integer dot products (AVX-512 VNNI, AVX-VNNI or AVX2 on x86-64, \
+                     dotprod on Arm); this CPU has none"
+                        .into()
+                }),
         }
     }
 }
 
-/// Whether this CPU runs the int8 kernel (AVX-512 F, BW and VNNI).
+/// Whether this CPU runs an int8 kernel (AVX-512 VNNI, AVX-VNNI, AVX2 or Arm's dotprod).
 pub fn int8_supported() -> bool {
-    Format::Int8.supported()
+    Dot::best(false).is_some()
+}
+
+/// The integer dot products int8 runs on here ("AVX-512 VNNI", "AVX2 (vpmaddubsw)", …), if any.
+pub fn int8_kernels() -> Option<&'static str> {
+    Dot::best(false).map(Dot::name)
 }
 
 /// One dense layer's weight matrix, PyTorch's `(out, in)`, in the forms the precisions use.
@@ -406,10 +427,11 @@ impl CpuBert {
         self.precision
     }
 
-    /// Computes the dense layers as a CPU without AVX-512 does (f32 on the `gemm` crate's
-    /// AVX2/FMA kernels; int8 and bf16 refused) from now on, whatever this CPU has: to compare
-    /// CPU classes on one machine, and to test that path on a CPU with AVX-512. Fails if the
-    /// current precision needs AVX-512 or its f32 weights were released.
+    /// Computes the dense layers as a CPU with AVX2 but neither AVX-512 nor AVX-VNNI does (AMD's
+    /// Zen 2 and 3: f32 on this crate's AVX2/FMA kernel, int8 on AVX2's `vpmaddubsw`, bf16
+    /// refused) from now on, whatever this CPU has: to compare CPU classes on one machine,
+    /// and to test that path on a CPU with AVX-512. Fails if the current precision needs
+    /// AVX-512 or its f32 weights were released.
     pub fn limit_to_avx2(&mut self) -> Result<(), BertError> {
         self.avx2_only = true;
         self.set_precision(self.precision)
@@ -424,31 +446,15 @@ impl CpuBert {
     /// Why this encoder cannot compute in `precision` (`None`: it can, as far as the CPU and
     /// [`CpuBert::limit_to_avx2`] go).
     fn refusal(&self, precision: Precision) -> Option<String> {
-        let format = precision.format(self.avx2_only)?;
-        if self.avx2_only {
-            return Some(format!(
-                "{precision:?} needs AVX-512, and this encoder is limited to AVX2"
-            ));
-        }
-        (!format.supported()).then(|| {
-            match format {
-                Format::Int8 => {
-                    "int8 needs a CPU with AVX-512 VNNI (avx512_vnni); this one has none"
-                }
-                _ => "bf16 needs a CPU with AVX-512 BF16 (avx512_bf16); this one has none",
-            }
-            .into()
-        })
+        precision.format(self.avx2_only).err()
     }
 
     /// The instructions the dense layers run on in the current precision, for logs and
     /// benchmarks (a figure means little without them).
     pub fn kernels(&self) -> &'static str {
         match self.precision.format(self.avx2_only) {
-            Some(Format::Int8) => "AVX-512 VNNI",
-            Some(Format::Bf16) => "AVX-512 BF16",
-            Some(Format::F32) => "AVX-512",
-            None => kernels::gemm_instructions(),
+            Ok(Some(format)) => format.kernels(),
+            _ => kernels::gemm_instructions(),
         }
     }
 
@@ -460,7 +466,9 @@ impl CpuBert {
         if let Some(reason) = self.refusal(precision) {
             return Err(BertError::Unsupported(reason));
         }
-        let format = precision.format(self.avx2_only);
+        let format = precision
+            .format(self.avx2_only)
+            .map_err(BertError::Unsupported)?;
         for d in self.layers.iter_mut().flat_map(Layer::dense) {
             if d.packed.as_ref().map(|p| p.format) == format {
                 continue;
@@ -473,7 +481,7 @@ impl CpuBert {
             }
             let ranges = d.ranges.get_mut().unwrap_or_else(PoisonError::into_inner);
             let factors = match format {
-                Some(Format::Int8) if !ranges.is_empty() => {
+                Some(Format::Int8(_)) if !ranges.is_empty() => {
                     packed::int8::smoothing(&d.f32, d.k, ranges)
                 }
                 _ => Vec::new(),

@@ -8,6 +8,7 @@
 //! (sums, bias, softmax, layer norm, GELU, pooling, the residual stream) stays f32, which is
 //! what keeps the vectors within a cosine of 0.999 of the f32 encoder's.
 
+#[cfg(target_arch = "x86_64")]
 use super::Tile;
 
 /// Whether this CPU runs the bf16 kernel (AVX-512 F, BW and BF16), checked at run time.

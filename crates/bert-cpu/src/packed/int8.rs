@@ -1,6 +1,8 @@
-//! The dense layers in int8 on AVX-512 VNNI: `vpdpbusd` multiplies 64 pairs of bytes (unsigned
-//! by signed) and adds each group of four products into 16 i32 sums: four times the
-//! multiply-adds per instruction of an f32 FMA, at the same rate.
+//! The dense layers in int8: the quantisation every int8 kernel shares, and the AVX-512 VNNI
+//! kernel, where `vpdpbusd` multiplies 64 pairs of bytes (unsigned by signed) and adds each
+//! group of four products into 16 i32 sums: four times the multiply-adds per instruction of an
+//! f32 FMA, at the same rate. The other instruction sets' kernels ([`Dot`]) read the same
+//! packed lanes: [`super::int8_x86`] (AVX-VNNI, AVX2) and [`super::int8_arm`] (`sdot`).
 //!
 //! How it stays close to f32 (each step measured on all-MiniLM-L6-v2 over real text: with
 //! none of them, int8 vectors fall to a cosine of 0.99 of f32's; see docs/performance.md):
@@ -21,31 +23,92 @@
 //! Bias, attention, softmax, layer norm, GELU and the residual stream stay f32. Whether a
 //! model's vectors survive this is checked at load, on probe texts against f32.
 
-use super::{Tile, PANEL};
+#[cfg(target_arch = "x86_64")]
+use super::Tile;
+use super::PANEL;
+
+/// The integer dot-product instructions an int8 product runs on: every kernel reads the same
+/// packed lanes (four bytes of one column per 32-bit lane), so this chooses only the kernel,
+/// the weights' range and how rows are converted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dot {
+    /// `vpdpbusd` on 512-bit registers (Intel since Cascade Lake, AMD since Zen 4).
+    Avx512Vnni,
+    /// `vpdpbusd` on 256-bit registers, for CPUs with AVX-VNNI but no AVX-512 (Intel's hybrid
+    /// cores from Alder Lake on).
+    AvxVnni,
+    /// `vpmaddubsw` then `vpmaddwd` on plain AVX2 (AMD's Zen 2 and 3, Intel's Haswell to Ice
+    /// Lake client): two instructions per four products, and the first adds pairs of products
+    /// into 16 bits with saturation, so activations take 0..=127 ([`Dot::levels`]) to keep
+    /// every pair (at most 2 × 127 × 127) from saturating. (Halving the activations' levels
+    /// rather than the weights' keeps all-MiniLM-L6-v2's vectors closer to f32: a worst probe
+    /// cosine of 0.99915 against 0.99875.)
+    Avx2,
+    /// `sdot` on Arm (Armv8.2 dotprod: Neoverse N1 and later, Graviton 2+, Ampere): signed by
+    /// signed, so a row's unsigned bytes are stored less 128 and the zero point moved to match.
+    Sdot,
+}
+
+impl Dot {
+    /// The fastest this CPU runs, within AVX2 when `avx2_only` (what a CPU without AVX-512 or
+    /// AVX-VNNI runs); `None` where it has none of them.
+    pub(crate) fn best(avx2_only: bool) -> Option<Self> {
+        [Self::Avx512Vnni, Self::AvxVnni, Self::Avx2, Self::Sdot]
+            .into_iter()
+            .filter(|d| !avx2_only || matches!(d, Self::Avx2 | Self::Sdot))
+            .find(|d| d.supported())
+    }
+
+    /// Whether this CPU has this kernel's instructions, checked at run time.
+    pub(crate) fn supported(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            match self {
+                Self::Avx512Vnni => has!("avx512f") && has!("avx512bw") && has!("avx512vnni"),
+                Self::AvxVnni => has!("avx2") && has!("fma") && has!("avxvnni"),
+                Self::Avx2 => has!("avx2") && has!("fma"),
+                Self::Sdot => false,
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            self == Self::Sdot && std::arch::is_aarch64_feature_detected!("dotprod")
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        {
+            false
+        }
+    }
+
+    /// The largest value a quantised activation takes (from 0).
+    pub(crate) fn levels(self) -> f32 {
+        match self {
+            Self::Avx2 => 127.0,
+            _ => 255.0,
+        }
+    }
+
+    /// The instructions' name, for logs and benchmarks.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Avx512Vnni => "AVX-512 VNNI",
+            Self::AvxVnni => "AVX-VNNI",
+            Self::Avx2 => "AVX2 (vpmaddubsw)",
+            Self::Sdot => "NEON dotprod (sdot)",
+        }
+    }
+}
 
 /// Inputs that share one scale (and, for activations, one zero point): 16 lanes of four.
 pub(crate) const GROUP: usize = 64;
 /// Lanes per group.
-const GROUP_STEPS: usize = GROUP / 4;
+pub(crate) const GROUP_STEPS: usize = GROUP / 4;
 
 /// How far smoothing moves an input channel's range into its weights: SmoothQuant's α
 /// (0: none, 1: all), the balance its authors found for BERT-like encoders, and the best of
 /// 0.3, 0.5 and 0.7 on all-MiniLM-L6-v2.
 const SMOOTHING: f32 = 0.5;
-
-/// Whether this CPU runs the int8 kernel (AVX-512 F, BW and VNNI), checked at run time.
-pub(crate) fn supported() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
 
 /// Groups in `k` inputs (the last may be short).
 pub(crate) fn groups(k: usize) -> usize {
@@ -110,30 +173,62 @@ pub(crate) fn row_params(k: usize) -> usize {
 }
 
 /// `row` quantised group by group into bytes, four per lane (the tail padded with the zero
-/// point), and each group's `(scale, scale × zero point)` into `params`. A row holding a NaN or
+/// point), and each group's `(scale, scale × zero point)` into `params`, for `dot`'s kernel
+/// (for `sdot`, signed: each byte less 128 and the zero point with it). A row holding a NaN or
 /// an infinity gets NaN parameters, so its sums are not finite either.
-pub(crate) fn convert(row: &[f32], dst: &mut [u32], params: &mut [f32]) {
+pub(crate) fn convert(row: &[f32], dst: &mut [u32], params: &mut [f32], dot: Dot) {
     let bytes = bytemuck_bytes(dst);
     for (g, (part, out)) in row.chunks(GROUP).zip(bytes.chunks_mut(GROUP)).enumerate() {
-        #[cfg(target_arch = "x86_64")]
-        if part.len() == GROUP && supported() {
-            // SAFETY: the instructions were just checked; both slices hold a whole group.
-            let (scale, zero) = unsafe { quantise_group_wide(part, out) };
-            params[2 * g] = scale;
-            params[2 * g + 1] = scale * zero;
-            continue;
-        }
-        let (scale, zero) = range(part.iter().copied());
-        let inv = 1.0 / scale;
-        for (o, v) in out
-            .iter_mut()
-            .zip(part.iter().chain(std::iter::repeat(&0.0)))
-        {
-            *o = ((v * inv).round_ties_even() + zero).clamp(0.0, 255.0) as u8;
-        }
+        let (scale, zero) = quantise_group(part, out, dot);
         params[2 * g] = scale;
-        params[2 * g + 1] = scale * zero;
+        params[2 * g + 1] = match dot {
+            Dot::Sdot => {
+                out.iter_mut().for_each(|b| *b ^= 0x80);
+                scale * (zero - 128.0)
+            }
+            _ => scale * zero,
+        };
     }
+}
+
+/// One group of a row onto 0..=[`Dot::levels`] (see [`range`]); returns its scale and zero
+/// point.
+fn quantise_group(part: &[f32], out: &mut [u8], dot: Dot) -> (f32, f32) {
+    #[cfg(target_arch = "x86_64")]
+    if part.len() == GROUP {
+        match dot {
+            // SAFETY: the kernel runs, so the CPU has its instructions; both slices hold a
+            // whole group.
+            Dot::Avx512Vnni => return unsafe { quantise_group_wide(part, out) },
+            // SAFETY: as above (both 256-bit kernels need AVX2 and FMA).
+            Dot::AvxVnni | Dot::Avx2 => {
+                return unsafe { quantise_group_avx2(part, out, dot.levels()) }
+            }
+            Dot::Sdot => {}
+        }
+    }
+    let _ = dot;
+    let levels = dot.levels();
+    let (scale, zero) = range(part.iter().copied(), levels);
+    let inv = 1.0 / scale;
+    for (o, v) in out
+        .iter_mut()
+        .zip(part.iter().chain(std::iter::repeat(&0.0)))
+    {
+        *o = (nearest_even(v * inv) + zero).clamp(0.0, levels) as u8;
+    }
+    (scale, zero)
+}
+
+/// `v` rounded to the nearest integer, ties to even, for |v| < 2²²: adding and taking away
+/// 1.5 × 2²³ leaves no fraction bits, so the addition rounds as the FPU rounds (to nearest
+/// even). `round_ties_even` gives the same but is a library call on CPUs compiled without
+/// SSE4.1, a fifth of the conversion's time; every value here is within ±255 (or NaN, which
+/// stays NaN).
+#[inline]
+fn nearest_even(v: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (v + MAGIC) - MAGIC
 }
 
 /// A lane buffer as its bytes (little-endian: a lane's first input in its low byte).
@@ -142,20 +237,20 @@ fn bytemuck_bytes(dst: &mut [u32]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast(), dst.len() * 4) }
 }
 
-/// A group's scale and zero point: `[min, max]` stretched to hold 0, onto 0..=255. NaN for a
+/// A group's scale and zero point: `[min, max]` stretched to hold 0, onto 0..=`levels`. NaN for a
 /// group with a NaN or an infinity; scale 1, zero 0 for a group of zeros.
-fn range(values: impl Iterator<Item = f32> + Clone) -> (f32, f32) {
+fn range(values: impl Iterator<Item = f32> + Clone, levels: f32) -> (f32, f32) {
     if !values.clone().all(f32::is_finite) {
         return (f32::NAN, f32::NAN);
     }
     let (lo, hi) = values.fold((0f32, 0f32), |(lo, hi), v| (lo.min(v), hi.max(v)));
-    scale_and_zero(lo, hi)
+    scale_and_zero(lo, hi, levels)
 }
 
-/// The scale and zero point mapping `[lo, hi]` (`lo ≤ 0 ≤ hi`) onto 0..=255.
-fn scale_and_zero(lo: f32, hi: f32) -> (f32, f32) {
+/// The scale and zero point mapping `[lo, hi]` (`lo ≤ 0 ≤ hi`) onto 0..=`levels`.
+pub(crate) fn scale_and_zero(lo: f32, hi: f32, levels: f32) -> (f32, f32) {
     if hi - lo > 0.0 {
-        let scale = (hi - lo) / 255.0;
+        let scale = (hi - lo) / levels;
         (scale, (-lo / scale).round_ties_even())
     } else {
         (1.0, 0.0)
@@ -189,7 +284,7 @@ unsafe fn quantise_group_wide(part: &[f32], out: &mut [u8]) -> (f32, f32) {
         out[..GROUP].fill(0);
         return (f32::NAN, f32::NAN);
     }
-    let (scale, zero) = scale_and_zero(_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi));
+    let (scale, zero) = scale_and_zero(_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi), 255.0);
     let (inv, z) = (_mm512_set1_ps(1.0 / scale), _mm512_set1_ps(zero));
     let (min, max) = (_mm512_setzero_ps(), _mm512_set1_ps(255.0));
     for (i, v) in v.into_iter().enumerate() {
@@ -204,12 +299,61 @@ unsafe fn quantise_group_wide(part: &[f32], out: &mut [u8]) -> (f32, f32) {
     (scale, zero)
 }
 
+/// [`quantise_group`] for one whole group on AVX2, as [`quantise_group_wide`] does it on
+/// AVX-512 (the scalar loop took half of the AVX2 int8 encoder's time: its NaN-aware minimum
+/// and maximum do not vectorise).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantise_group_avx2(part: &[f32], out: &mut [u8], levels: f32) -> (f32, f32) {
+    use std::arch::x86_64::*;
+    assert!(
+        part.len() == GROUP && out.len() >= GROUP,
+        "quantise: group of {}",
+        part.len()
+    );
+    let v: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(part.as_ptr().add(8 * i)));
+    let (mut lo, mut hi, mut bad) = (
+        _mm256_setzero_ps(),
+        _mm256_setzero_ps(),
+        _mm256_setzero_ps(),
+    );
+    for v in v {
+        lo = _mm256_min_ps(lo, v);
+        hi = _mm256_max_ps(hi, v);
+        // v - v is 0 for every finite v and NaN for a NaN or an infinity.
+        bad = _mm256_add_ps(bad, _mm256_sub_ps(v, v));
+    }
+    let lanes = |x: __m256| -> [f32; 8] { std::mem::transmute(x) };
+    if lanes(bad).iter().any(|b| *b != 0.0) {
+        out[..GROUP].fill(0);
+        return (f32::NAN, f32::NAN);
+    }
+    let lo = lanes(lo).into_iter().fold(0f32, f32::min);
+    let hi = lanes(hi).into_iter().fold(0f32, f32::max);
+    let (scale, zero) = scale_and_zero(lo, hi, levels);
+    let (inv, z) = (_mm256_set1_ps(1.0 / scale), _mm256_set1_ps(zero));
+    let (min, max) = (_mm256_setzero_ps(), _mm256_set1_ps(levels));
+    let mut q = [0i32; GROUP];
+    for (i, v) in v.into_iter().enumerate() {
+        // Rounded to nearest even, as the scalar path rounds.
+        let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(v, inv),
+        );
+        let r = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(r, z), min), max);
+        _mm256_storeu_si256(q.as_mut_ptr().add(8 * i).cast(), _mm256_cvtps_epi32(r));
+    }
+    for (o, q) in out.iter_mut().zip(q) {
+        *o = q as u8;
+    }
+    (scale, zero)
+}
+
 /// Per group: R × P registers of i32 sums over its lanes, then added to R × P f32 sums, scaled
 /// by the row's and the column's scales, less the zero point's share; then bias and store.
 ///
 /// # Safety
-/// [`supported`], and the tile's pointers cover its `R` rows (with their parameters), its
-/// steps and its `P` panels (with their column scales and sums).
+/// [`Dot::Avx512Vnni`] is supported, and the tile's pointers cover its `R` rows (with their
+/// parameters), its steps and its `P` panels (with their column scales and sums).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 pub(crate) unsafe fn kernel<const R: usize, const P: usize>(t: &Tile) {
