@@ -39,6 +39,8 @@ import uuid
 
 import psycopg
 
+from machine import describe
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -89,20 +91,26 @@ class Bench:
 
     # --- corpus ---------------------------------------------------------------------------
     def corpus(self):
-        path = os.path.join(self.work, f"corpus-{self.a.records}-{self.a.seed}.jsonl")
+        """--corpus real: bench/real_corpus.py (fortunes in eight languages, WordNet glosses,
+        man pages); synthetic: scripts/make-corpus.py (generated English sentences)."""
+        path = os.path.join(self.work,
+                            f"corpus-{self.a.corpus}-{self.a.records}-{self.a.seed}.jsonl")
+        script = {"real": os.path.join(ROOT, "bench", "real_corpus.py"),
+                  "synthetic": os.path.join(ROOT, "scripts", "make-corpus.py")}[self.a.corpus]
         with open(path, "w", encoding="utf-8") as f:
-            subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make-corpus.py"),
-                            str(self.a.records), str(self.a.seed)], stdout=f, check=True)
+            subprocess.run([sys.executable, script, str(self.a.records), str(self.a.seed)],
+                           stdout=f, check=True)
         words = [len(json.loads(l)["text"].split()) for l in open(path, encoding="utf-8")]
         words.sort()
-        self.corpus_info = {"records": len(words), "seed": self.a.seed,
+        self.corpus_info = {"source": self.a.corpus, "records": len(words), "seed": self.a.seed,
                             "words_min": words[0], "words_median": words[len(words) // 2],
                             "words_max": words[-1]}
         return path
 
     # --- 1: model throughput ----------------------------------------------------------------
     def model(self, corpus, rounds=None):
-        out = {"spotinfer": [], "spotinfer-f32": [], "pytorch": [], "ort": [], "candle": []}
+        out = {"spotinfer": [], "spotinfer-f32": [], "spotinfer-avx2": [],
+               "spotinfer-avx2-int8": [], "pytorch": [], "ort": [], "candle": []}
         bench = ["bench", "--model", self.a.model, "--input", corpus,
                  "--batch-size", str(self.a.batch_size), "--device", "cpu"]
         py = ["--model", self.a.model, "--input", corpus, "--batch-size", str(self.a.batch_size)]
@@ -112,11 +120,19 @@ class Bench:
             # The default picks bf16 on CPUs with AVX-512 BF16; this side forces f32.
             "spotinfer-f32": lambda: last_json(
                 self.spot(*bench, *self.a.bench_arg, "--precision", "f32").stdout),
+            # What a CPU with AVX2 but neither AVX-512 nor AVX-VNNI runs (AMD's Zen 2 and 3):
+            # the default precision, and int8 on vpmaddubsw asked for.
+            "spotinfer-avx2": lambda: last_json(
+                self.spot(*bench, *self.a.bench_arg, "--cpu-kernels", "avx2").stdout),
+            "spotinfer-avx2-int8": lambda: last_json(
+                self.spot(*bench, *self.a.bench_arg, "--cpu-kernels", "avx2",
+                          "--precision", "int8").stdout),
             "pytorch": lambda: last_json(self.py("st_encode.py", *py).stdout),
             "ort": lambda: last_json(self.py("ort_encode.py", *py, "--onnx", onnx).stdout),
         }
-        names = {"spotinfer": "spotinfer", "spotinfer-f32": "spotinfer f32", "pytorch": "PyTorch",
-                 "ort": "ONNX Runtime"}
+        names = {"spotinfer": "spotinfer", "spotinfer-f32": "spotinfer f32",
+                 "spotinfer-avx2": "spotinfer AVX2", "spotinfer-avx2-int8": "spotinfer AVX2 int8",
+                 "pytorch": "PyTorch", "ort": "ONNX Runtime"}
         sides = list(run)
         for r in (range(self.a.rounds) if rounds is None else rounds):
             if self.a.with_candle:
@@ -137,16 +153,18 @@ class Bench:
         fp32 on the CPU."""
         spot = os.path.join(self.work, "accuracy-spotinfer.jsonl")
         spot32 = os.path.join(self.work, "accuracy-spotinfer-f32.jsonl")
+        avx2 = os.path.join(self.work, "accuracy-spotinfer-avx2-int8.jsonl")
         ort = os.path.join(self.work, "accuracy-ort.jsonl")
         embed = ["embed", "--input", corpus, "--model", self.a.model, "--device", "cpu",
                  "--batch-size", str(self.a.batch_size), *self.a.embed_arg]
         self.spot(*embed, "--output", spot)
         self.spot(*embed, "--output", spot32, "--precision", "f32")
+        self.spot(*embed, "--output", avx2, "--precision", "int8", "--cpu-kernels", "avx2")
         self.py("ort_encode.py", "--model", self.a.model, "--input", corpus, "--batch-size",
                 str(self.a.batch_size), "--onnx", self.onnx(), "--vectors", ort)
         out = self.py("accuracy.py", "--model", self.a.model, "--input", corpus,
                       "--batch-size", str(self.a.batch_size), f"spotinfer={spot}",
-                      f"spotinfer-f32={spot32}", f"ort={ort}")
+                      f"spotinfer-f32={spot32}", f"spotinfer-avx2-int8={avx2}", f"ort={ort}")
         table = out.stderr[out.stderr.find("reference:"):] if "reference:" in out.stderr else ""
         log(table.rstrip())
         return last_json(out.stdout)
@@ -321,6 +339,8 @@ def main():
     p.add_argument("--emulator", default=os.environ.get("PUBSUB_EMULATOR_HOST", "127.0.0.1:8087"))
     p.add_argument("--pg-url", required=True, help="PostgreSQL URL of a role that can CREATE DATABASE")
     p.add_argument("--records", type=int, default=1000)
+    p.add_argument("--corpus", choices=["real", "synthetic"], default="real",
+                   help="real text (bench/real_corpus.py) or generated (scripts/make-corpus.py)")
     p.add_argument("--seed", type=int, default=11)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
@@ -351,7 +371,8 @@ def main():
     corpus = b.corpus()
     res = {"date": time.strftime("%Y-%m-%d %H:%M"), "corpus": b.corpus_info,
            "rounds": a.rounds, "batch_size": a.batch_size, "cpus": os.cpu_count(),
-           "model_dir": os.path.abspath(a.model)}
+           "model_dir": os.path.abspath(a.model), "cpu": describe()}
+    log(f"CPU: {res['cpu']['model']}, {os.cpu_count()} CPUs; {' '.join(res['cpu']['flags'])}")
     b.onnx()  # exported (or found up to date) before anything is timed
     res["onnx"] = b.onnx_info
     lines = []  # (figure, spotinfer, peer, ratio, target[, number format])
@@ -373,7 +394,14 @@ def main():
         lines.append(("1 model records/s (spotinfer / ONNX Runtime fp32)", s, o, s / o, 1.5))
         f = med(m["spotinfer-f32"], "records_per_s")
         lines.append(("  model records/s (spotinfer --precision f32 / ONNX Runtime fp32)",
-                      f, o, f / o, None))
+                      f, o, f / o, 1.0))
+        lines.append(("  model records/s (spotinfer --precision f32 / PyTorch)", f, t, f / t, 1.0))
+        v = med(m["spotinfer-avx2"], "records_per_s")
+        lines.append(("  AVX2 kernels: records/s (spotinfer --cpu-kernels avx2 / ONNX Runtime fp32)",
+                      v, o, v / o, 1.0))
+        v = med(m["spotinfer-avx2-int8"], "records_per_s")
+        lines.append(("  AVX2 kernels: records/s (spotinfer avx2 --precision int8 / ONNX Runtime fp32)",
+                      v, o, v / o, None))
         if m["candle"]:
             c = med(m["candle"], "records_per_s")
             lines.append(("  candle BertModel records/s (/ PyTorch)", c, t, c / t, None))
@@ -394,6 +422,11 @@ def main():
         f = acc["candidates"]["spotinfer-f32"]
         lines.append(("  worst cosine (spotinfer --precision f32 / ONNX Runtime)",
                       f["worst_cosine"], o["worst_cosine"], None, None, ".7f"))
+        v = acc["candidates"]["spotinfer-avx2-int8"]
+        lines.append(("  worst cosine (spotinfer AVX2 int8 / ONNX Runtime)",
+                      v["worst_cosine"], o["worst_cosine"], None, None, ".7f"))
+        lines.append(("  mean cosine (spotinfer AVX2 int8 / ONNX Runtime)",
+                      v["mean_cosine"], o["mean_cosine"], None, None, ".7f"))
     if "e2e" in only:
         e = interleaved[1] if interleaved else b.e2e(corpus)
         res["e2e"] = e

@@ -42,7 +42,6 @@ JSON to --out.
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -52,6 +51,8 @@ import time
 
 import numpy as np
 
+from machine import cpu_flags, cpu_model
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WORK = os.path.join(ROOT, ".cache", "bench", "rerank")
@@ -59,22 +60,6 @@ WORK = os.path.join(ROOT, ".cache", "bench", "rerank")
 
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
-
-
-def cpu_model():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
-def cpu_flags():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    return set()
 
 
 def fortunes():
