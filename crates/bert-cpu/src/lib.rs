@@ -206,7 +206,7 @@ pub enum Precision {
     /// int8 products with i32 sums (weights per output column, activations per token), on
     /// CPUs with integer dot products ([`int8_supported`]: AVX-512 VNNI, AVX-VNNI, AVX2, Arm's
     /// dotprod): two to four times f32's multiply-adds per instruction; how close its vectors
-    /// stay to f32's depends on the model (and AVX2's weights are coarser), so check them.
+    /// stay to f32's depends on the model (and AVX2's activations are coarser), so check them.
     Int8,
 }
 
@@ -338,7 +338,7 @@ pub struct CpuBert {
     precision: Precision,
     /// Set by [`CpuBert::calibrate`] while its texts run: the dense layers record their inputs.
     recording: AtomicBool,
-    /// Set by [`CpuBert::limit_to_avx2`]: no AVX-512 kernel for the dense layers.
+    /// Set by [`CpuBert::limit_to_avx2`]: no AVX-512 or AVX-VNNI kernel for the dense layers.
     avx2_only: bool,
     scratch: Mutex<Scratch>,
 }
@@ -440,13 +440,7 @@ impl CpuBert {
     /// Whether [`CpuBert::set_precision`] can choose `precision` on this CPU and within
     /// [`CpuBert::limit_to_avx2`].
     pub fn runs(&self, precision: Precision) -> bool {
-        self.refusal(precision).is_none()
-    }
-
-    /// Why this encoder cannot compute in `precision` (`None`: it can, as far as the CPU and
-    /// [`CpuBert::limit_to_avx2`] go).
-    fn refusal(&self, precision: Precision) -> Option<String> {
-        precision.format(self.avx2_only).err()
+        precision.format(self.avx2_only).is_ok()
     }
 
     /// The instructions the dense layers run on in the current precision, for logs and
@@ -460,12 +454,9 @@ impl CpuBert {
 
     /// Computes in `precision` from now on, packing every dense weight for its kernel (the f32
     /// weights as read are kept until [`CpuBert::release_unused`], so precisions can be
-    /// compared). bf16 needs AVX-512 BF16 ([`bf16_supported`]), int8 AVX-512 VNNI
-    /// ([`int8_supported`]).
+    /// compared). bf16 needs AVX-512 BF16 ([`bf16_supported`]), int8 integer dot products
+    /// ([`int8_supported`]); [`CpuBert::limit_to_avx2`] narrows both.
     pub fn set_precision(&mut self, precision: Precision) -> Result<(), BertError> {
-        if let Some(reason) = self.refusal(precision) {
-            return Err(BertError::Unsupported(reason));
-        }
         let format = precision
             .format(self.avx2_only)
             .map_err(BertError::Unsupported)?;

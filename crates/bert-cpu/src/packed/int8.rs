@@ -29,7 +29,7 @@ use super::PANEL;
 
 /// The integer dot-product instructions an int8 product runs on: every kernel reads the same
 /// packed lanes (four bytes of one column per 32-bit lane), so this chooses only the kernel,
-/// the weights' range and how rows are converted.
+/// the activations' range ([`Dot::levels`]) and how rows are converted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Dot {
     /// `vpdpbusd` on 512-bit registers (Intel since Cascade Lake, AMD since Zen 4).
@@ -207,7 +207,6 @@ fn quantise_group(part: &[f32], out: &mut [u8], dot: Dot) -> (f32, f32) {
             Dot::Sdot => {}
         }
     }
-    let _ = dot;
     let levels = dot.levels();
     let (scale, zero) = range(part.iter().copied(), levels);
     let inv = 1.0 / scale;
@@ -215,20 +214,9 @@ fn quantise_group(part: &[f32], out: &mut [u8], dot: Dot) -> (f32, f32) {
         .iter_mut()
         .zip(part.iter().chain(std::iter::repeat(&0.0)))
     {
-        *o = (nearest_even(v * inv) + zero).clamp(0.0, levels) as u8;
+        *o = ((v * inv).round_ties_even() + zero).clamp(0.0, levels) as u8;
     }
     (scale, zero)
-}
-
-/// `v` rounded to the nearest integer, ties to even, for |v| < 2²²: adding and taking away
-/// 1.5 × 2²³ leaves no fraction bits, so the addition rounds as the FPU rounds (to nearest
-/// even). `round_ties_even` gives the same but is a library call on CPUs compiled without
-/// SSE4.1, a fifth of the conversion's time; every value here is within ±255 (or NaN, which
-/// stays NaN).
-#[inline]
-fn nearest_even(v: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0;
-    (v + MAGIC) - MAGIC
 }
 
 /// A lane buffer as its bytes (little-endian: a lane's first input in its low byte).
@@ -248,7 +236,7 @@ fn range(values: impl Iterator<Item = f32> + Clone, levels: f32) -> (f32, f32) {
 }
 
 /// The scale and zero point mapping `[lo, hi]` (`lo ≤ 0 ≤ hi`) onto 0..=`levels`.
-pub(crate) fn scale_and_zero(lo: f32, hi: f32, levels: f32) -> (f32, f32) {
+fn scale_and_zero(lo: f32, hi: f32, levels: f32) -> (f32, f32) {
     if hi - lo > 0.0 {
         let scale = (hi - lo) / levels;
         (scale, (-lo / scale).round_ties_even())

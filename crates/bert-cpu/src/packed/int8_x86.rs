@@ -15,48 +15,50 @@ macro_rules! kernel_256 {
         $(#[$doc])*
         #[target_feature(enable = $features)]
         pub(crate) unsafe fn $name<const R: usize, const P: usize>(t: &Tile) {
-        let groups = t.steps.div_ceil(GROUP_STEPS);
-        let stride = t.steps * PANEL;
-        let mut sums = [[[_mm256_setzero_ps(); 2]; P]; R];
-        for g in 0..groups {
-            let mut acc = [[[_mm256_setzero_si256(); 2]; P]; R];
-            for s in g * GROUP_STEPS..t.steps.min((g + 1) * GROUP_STEPS) {
-                let mut w = [[_mm256_setzero_si256(); 2]; P];
-                for (j, w) in w.iter_mut().enumerate() {
-                    let at = t.weights.add(j * stride + s * PANEL);
-                    *w = [_mm256_loadu_si256(at.cast()), _mm256_loadu_si256(at.add(8).cast())];
+            let groups = t.steps.div_ceil(GROUP_STEPS);
+            let stride = t.steps * PANEL;
+            let mut sums = [[[_mm256_setzero_ps(); 2]; P]; R];
+            for g in 0..groups {
+                let mut acc = [[[_mm256_setzero_si256(); 2]; P]; R];
+                for s in g * GROUP_STEPS..t.steps.min((g + 1) * GROUP_STEPS) {
+                    let mut w = [[_mm256_setzero_si256(); 2]; P];
+                    for (j, w) in w.iter_mut().enumerate() {
+                        let at = t.weights.add(j * stride + s * PANEL);
+                        *w = [_mm256_loadu_si256(at.cast()), _mm256_loadu_si256(at.add(8).cast())];
+                    }
+                    for (i, acc) in acc.iter_mut().enumerate() {
+                        let a = _mm256_set1_epi32(*t.rows.add(i * t.steps + s) as i32);
+                        // Indexed, not iterated: constant bounds that LLVM unrolls, keeping every
+                        // sum in a register (flattened iterators kept them on the stack).
+                        for j in 0..P {
+                            for h in 0..2 {
+                                acc[j][h] = $dot(acc[j][h], a, w[j][h]);
+                            }
+                        }
+                    }
                 }
-                for (i, acc) in acc.iter_mut().enumerate() {
-                    let a = _mm256_set1_epi32(*t.rows.add(i * t.steps + s) as i32);
-                    // Indexed, not iterated: constant bounds that LLVM unrolls, keeping every
-                    // sum in a register (flattened iterators kept them on the stack).
-                    for j in 0..P {
-                        for h in 0..2 {
-                            acc[j][h] = $dot(acc[j][h], a, w[j][h]);
+                for j in 0..P {
+                    for h in 0..2 {
+                        let at = (j * groups + g) * PANEL + 8 * h;
+                        let scale = _mm256_loadu_ps(t.col_scales.add(at));
+                        let share = _mm256_loadu_ps(t.col_sums.add(at));
+                        for i in 0..R {
+                            let row = t.row_params.add(i * t.params_per_row + 2 * g);
+                            let both = _mm256_mul_ps(scale, _mm256_set1_ps(*row));
+                            let products = _mm256_cvtepi32_ps(acc[i][j][h]);
+                            let sum = _mm256_fmadd_ps(products, both, sums[i][j][h]);
+                            let zero = _mm256_set1_ps(*row.add(1));
+                            sums[i][j][h] = _mm256_fnmadd_ps(zero, share, sum);
                         }
                     }
                 }
             }
-            for j in 0..P {
-                for h in 0..2 {
-                    let at = (j * groups + g) * PANEL + 8 * h;
-                    let scale = _mm256_loadu_ps(t.col_scales.add(at));
-                    let share = _mm256_loadu_ps(t.col_sums.add(at));
-                    for i in 0..R {
-                        let row = t.row_params.add(i * t.params_per_row + 2 * g);
-                        let both = _mm256_mul_ps(scale, _mm256_set1_ps(*row));
-                        let sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i][j][h]), both, sums[i][j][h]);
-                        sums[i][j][h] = _mm256_fnmadd_ps(_mm256_set1_ps(*row.add(1)), share, sum);
-                    }
-                }
+            let mut out = [[[0f32; PANEL]; P]; R];
+            for (o, s) in out.iter_mut().flatten().zip(sums.iter().flatten()) {
+                _mm256_storeu_ps(o.as_mut_ptr(), s[0]);
+                _mm256_storeu_ps(o.as_mut_ptr().add(8), s[1]);
             }
-        }
-        let mut out = [[[0f32; PANEL]; P]; R];
-        for (o, s) in out.iter_mut().flatten().zip(sums.iter().flatten()) {
-            _mm256_storeu_ps(o.as_mut_ptr(), s[0]);
-            _mm256_storeu_ps(o.as_mut_ptr().add(8), s[1]);
-        }
-        store::lanes(t, &out);
+            store::lanes(t, &out);
         }
     };
 }

@@ -462,8 +462,8 @@ mod tests {
                             let lo = g.iter().fold(0f32, |a, &v| a.min(v));
                             let hi = g.iter().fold(0f32, |a, &v| a.max(v));
                             let levels = dot.levels();
-                            let (scale, zero) = int8::scale_and_zero(lo, hi, levels);
-                            let inv = 1.0 / scale;
+                            let scale = (hi - lo) / levels;
+                            let (zero, inv) = ((-lo / scale).round_ties_even(), 1.0 / scale);
                             g.iter().map(move |&v| {
                                 let q = ((v * inv).round_ties_even() + zero).clamp(0.0, levels);
                                 f64::from(q - zero) * f64::from(scale)
