@@ -117,7 +117,7 @@ class Bench:
         onnx = self.onnx()
         run = {
             "spotinfer": lambda: last_json(self.spot(*bench, *self.a.bench_arg).stdout),
-            # The default picks bf16 on CPUs with AVX-512 BF16; this side forces f32.
+            # The default picks int8 (or bf16) where the CPU has it; this side forces f32.
             "spotinfer-f32": lambda: last_json(
                 self.spot(*bench, *self.a.bench_arg, "--precision", "f32").stdout),
             # What a CPU with AVX2 but neither AVX-512 nor AVX-VNNI runs (AMD's Zen 2 and 3):

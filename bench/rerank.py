@@ -52,6 +52,7 @@ import time
 import numpy as np
 
 from machine import cpu_flags, cpu_model
+from real_corpus import unpacked
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -63,15 +64,8 @@ def log(msg):
 
 
 def fortunes():
-    """Every fortune of Debian's `fortunes` package, unpacked once under WORK."""
-    root = os.path.join(WORK, "fortunes")
-    data = os.path.join(root, "usr", "share", "games", "fortunes")
-    if not os.path.isdir(data):
-        os.makedirs(root, exist_ok=True)
-        subprocess.run(["apt-get", "download", "fortunes"], cwd=root, check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deb = next(f for f in os.listdir(root) if f.endswith(".deb"))
-        subprocess.run(["dpkg-deb", "-x", deb, "."], cwd=root, check=True)
+    """Every fortune of Debian's `fortunes` package (fetched once by bench/real_corpus.py)."""
+    data = os.path.join(unpacked("fortunes"), "usr", "share", "games", "fortunes")
     out = []
     for name in sorted(os.listdir(data)):
         path = os.path.join(data, name)
