@@ -94,7 +94,7 @@ impl Dot {
         match self {
             Self::Avx512Vnni => "AVX-512 VNNI",
             Self::AvxVnni => "AVX-VNNI",
-            Self::Avx2 => "AVX2 (vpmaddubsw)",
+            Self::Avx2 => "AVX2 (vpmaddubsw; feed-forward output f32)",
             Self::Sdot => "NEON dotprod (sdot)",
         }
     }
