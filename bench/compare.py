@@ -20,6 +20,7 @@ left running (PostgreSQL writing back, the emulator collecting garbage) is not c
           emulator and PostgreSQL, records/s from the first committed row to the last, and peak
           RSS (VmHWM);
 - overhead: spotinfer's end-to-end records/s over its own `bench` records/s;
+- pipeline: the same ratio alone: `spotinfer bench` then at once `spotinfer work`, each round;
 - cold:   `spotinfer work` process start to the first committed row, with a backlog waiting;
 - pull:   the emulator's own ceiling: examples/pull_ceiling.rs acking every message as it
           arrives (nothing behind it), with 8 streams and with 1, messages/s.
@@ -287,6 +288,21 @@ class Bench:
             c.execute(f"DROP DATABASE IF EXISTS {url.rsplit('/', 1)[1]}")
         return result
 
+    def pipeline(self, corpus):
+        """Figure 3 alone: each round `spotinfer bench`, then at once `spotinfer work` on the same
+        corpus through the emulator and PostgreSQL, so each end-to-end rate is compared with the
+        model rate measured just before it, not minutes apart among other sides."""
+        out = {"model": [], "e2e": []}
+        bench = ["bench", "--model", self.a.model, "--input", corpus,
+                 "--batch-size", str(self.a.batch_size), "--device", "cpu", *self.a.bench_arg]
+        for r in range(self.a.rounds):
+            settle()
+            out["model"].append(last_json(self.spot(*bench).stdout))
+            out["e2e"].append(self.run_worker("spotinfer", corpus))
+            log(f"pipeline round {r + 1}: model {out['model'][-1]['records_per_s']:.1f} rec/s, "
+                f"end to end {out['e2e'][-1]['records_per_s']:.1f} rec/s")
+        return out
+
     def pull(self, corpus):
         """The emulator's own delivery rate: examples/pull_ceiling.rs acks every message of the
         corpus as it arrives (no parsing, model or database), with the streams the worker picks
@@ -378,7 +394,7 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--only", default="model,accuracy,e2e",
-                   help="comma-separated: model, accuracy, e2e")
+                   help="comma-separated: model, accuracy, e2e, pipeline, pull")
     p.add_argument("--with-candle", action="store_true",
                    help="also time `spotinfer bench --backend candle` (the unfused reference)")
     p.add_argument("--spot-arg", action="append", default=[], help="extra `spotinfer work` flag")
@@ -393,7 +409,7 @@ def main():
     p.add_argument("--out", default=os.path.join(ROOT, ".cache", "bench", "results.json"))
     a = p.parse_args()
     only = set(a.only.split(","))
-    unknown = only - {"model", "accuracy", "e2e", "pull"}
+    unknown = only - {"model", "accuracy", "e2e", "pipeline", "pull"}
     for side in ("spotinfer", "python-sorted-ort"):
         if side not in a.e2e_sides.split(","):
             a.e2e_sides += f",{side}"
@@ -503,6 +519,19 @@ def main():
         s, o = med(e["spotinfer"], "cpu_us_per_record"), med(e["python-sorted-ort"], "cpu_us_per_record")
         lines.append(("  worker CPU us/record (spotinfer / Python sorted+ONNX Runtime)",
                       s, o, s / o, None, ".0f"))
+    if "pipeline" in only:
+        pp = b.pipeline(corpus)
+        res["pipeline"] = pp
+        ratios = [e["records_per_s"] / m["records_per_s"] for m, e in zip(pp["model"], pp["e2e"])]
+        log("pipeline per-round ratios: " + ", ".join(f"{x:.3f}" for x in ratios))
+        lines.append(("3 pipeline, adjacent runs: end-to-end / model, median of per-round ratios",
+                      med(pp["e2e"], "records_per_s"), med(pp["model"], "records_per_s"),
+                      statistics.median(ratios), 0.95))
+        lines.append(("  worker CPU us/record end to end / bench's CPU us/record",
+                      med(pp["e2e"], "cpu_us_per_record"),
+                      statistics.median(
+                          (m["cpu_user_s"] + m["cpu_sys_s"]) * 1e6 / m["records"] for m in pp["model"]),
+                      None, None, ".0f"))
     if "pull" in only:
         pl = b.pull(corpus)
         res["pull"] = pl

@@ -143,7 +143,8 @@ pub struct ModelArgs {
     pub precision: Precision,
     /// The widest instructions the fused CPU encoder's dense layers may use: `auto` (the widest
     /// the CPU has) or `avx2` (what a CPU with neither AVX-512 nor AVX-VNNI runs: f32 on
-    /// AVX2/FMA, int8 on `vpmaddubsw`, bf16 refused), to compare CPU classes on one machine.
+    /// AVX2/FMA, int8 on `vpmaddubsw` with the feed-forward output on AVX2/FMA, bf16 refused), to
+    /// compare CPU classes on one machine.
     #[arg(long, env = "SPOTINFER_CPU_KERNELS", value_parser = choice::<CpuKernels>(), default_value = "auto")]
     pub cpu_kernels: CpuKernels,
     /// Most padded token positions (texts × longest) in one encoder batch: the model splits a

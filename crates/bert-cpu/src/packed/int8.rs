@@ -41,8 +41,8 @@ pub(crate) enum Dot {
     /// Lake client): two instructions per four products, and the first adds pairs of products
     /// into 16 bits with saturation, so activations take 0..=127 ([`Dot::levels`]) to keep
     /// every pair (at most 2 × 127 × 127) from saturating. (Halving the activations' levels
-    /// rather than the weights' keeps all-MiniLM-L6-v2's vectors closer to f32: a worst probe
-    /// cosine of 0.99915 against 0.99875.)
+    /// rather than the weights' keeps all-MiniLM-L6-v2's vectors closer to f32; the model still
+    /// keeps its feed-forward output in f32 on this kernel's CPUs: see `Layer::formats`.)
     Avx2,
     /// `sdot` on Arm (Armv8.2 dotprod: Neoverse N1 and later, Graviton 2+, Ampere): signed by
     /// signed, so a row's unsigned bytes are stored less 128 and the zero point moved to match.
