@@ -15,12 +15,14 @@
 //!   reference the fused one is measured against.
 //!
 //! [`ModelHandle`] (in `thread`) runs a `Model` on its own OS thread; [`offline`] runs whole
-//! files without the pipeline.
+//! files without the pipeline. [`image`] turns image bytes into an image model's pixel values as
+//! its processor does (not yet wired to a task).
 
 mod budget;
 mod candle_bert;
 mod engine;
 mod fused;
+pub mod image;
 pub mod offline;
 mod options;
 mod predict;

@@ -1,0 +1,285 @@
+//! Images in: the fixture photographs (scikit-image's samples in every format read, made by
+//! tests/fixtures/images/make_images.py) decoded and preprocessed as transformers' processors
+//! (PIL backend) do, against what they computed; and the inputs that must be refused.
+
+use spotinfer::model::image::decode::decode;
+use spotinfer::model::image::resample::{resize, Filter, Rgb8};
+use spotinfer::model::image::Processor;
+use std::path::{Path, PathBuf};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/images")
+}
+
+fn reference() -> serde_json::Value {
+    let text = std::fs::read_to_string(fixtures().join("reference.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+const LIMIT: u64 = 50_000_000;
+
+fn photo(name: &str) -> Rgb8 {
+    let bytes = std::fs::read(fixtures().join("photos").join(name)).unwrap();
+    decode(&bytes, LIMIT).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// The processor's 8-bit output for `photo`, as make_images.py saved it (a lossless PNG).
+fn expected(processor: &str, photo: &str) -> Rgb8 {
+    let path = fixtures().join(format!("refs/{processor}/{photo}.png"));
+    let img = image::open(&path).unwrap().to_rgb8();
+    Rgb8 {
+        width: img.width() as usize,
+        height: img.height() as usize,
+        data: img.into_raw(),
+    }
+}
+
+/// Differing bytes and the largest difference.
+fn differences(a: &Rgb8, b: &Rgb8) -> (usize, u8) {
+    assert_eq!((a.width, a.height), (b.width, b.height));
+    a.data
+        .iter()
+        .zip(&b.data)
+        .filter(|(x, y)| x != y)
+        .fold((0, 0), |(n, most), (x, y)| {
+            (n + 1, most.max(x.abs_diff(*y)))
+        })
+}
+
+/// Files decoded here to Pillow's very pixels: every format but JPEG (zune-jpeg's IDCT and
+/// upsampling are not libjpeg-turbo's), lossy WebP included (image-webp and libwebp agree on
+/// these files). Any difference after preprocessing would be the resampler's.
+fn decoded_as_pillow_does(name: &str) -> bool {
+    !name.ends_with(".jpg")
+}
+
+/// Every photograph, through each of the three processors: the 8-bit image after resize and crop
+/// is Pillow's byte for byte where the file is lossless, and the first pixel values (rescaled and
+/// normalised) are transformers' within 1e-6. JPEG decodes with another decoder than Pillow's
+/// libjpeg-turbo: its differences are printed and bounded (a few levels in a fraction of bytes).
+#[test]
+fn every_photo_is_preprocessed_as_the_models_processor_does() {
+    let refs = reference();
+    let photos = refs["photos"].as_object().unwrap();
+    for processor in ["clip", "siglip", "vit"] {
+        let p = Processor::read(&fixtures().join("models").join(processor)).unwrap();
+        for (name, meta) in photos {
+            let img = photo(name);
+            assert_eq!(
+                (img.width as u64, img.height as u64),
+                (
+                    meta["width"].as_u64().unwrap(),
+                    meta["height"].as_u64().unwrap()
+                ),
+                "{name}: size after EXIF orientation"
+            );
+            let got = p.resized(&img).unwrap();
+            let (n, most) = differences(&got, &expected(processor, name));
+            eprintln!(
+                "{processor} {name:28} {n:5} of {} bytes differ, by at most {most}",
+                got.data.len()
+            );
+            if decoded_as_pillow_does(name) {
+                assert_eq!(n, 0, "{processor} {name}: not Pillow's bytes");
+                let values = p.pixel_values(&img).unwrap();
+                let want = &refs["pixels"][processor][name.as_str()]["first_values"];
+                for (i, w) in want.as_array().unwrap().iter().enumerate() {
+                    let w = w.as_f64().unwrap() as f32;
+                    assert!(
+                        (values[i] - w).abs() <= 1e-6,
+                        "{processor} {name}: value {i} {} against {w}",
+                        values[i]
+                    );
+                }
+            } else {
+                assert!(
+                    most <= 3 && n * 4 <= got.data.len(),
+                    "{processor} {name}: {n} bytes differ, by up to {most}"
+                );
+            }
+        }
+    }
+}
+
+/// What a decoder gives for the formats where Pillow's conversion to RGB is its own: a 16-bit PNG
+/// keeps the high byte of each sample, a palette its colours, alpha is dropped, gray repeated.
+#[test]
+fn conversions_to_rgb_follow_pillow() {
+    let coffee16 = photo("coffee-16bit.png");
+    let coffee = image::open(fixtures().join("photos/coffee-16bit.png"))
+        .unwrap()
+        .to_rgb16();
+    assert!(coffee16
+        .data
+        .iter()
+        .zip(coffee.iter())
+        .all(|(&a, &b)| a == (b >> 8) as u8));
+    let gray = photo("camera-gray.png");
+    assert!(gray
+        .data
+        .chunks_exact(3)
+        .all(|p| p[0] == p[1] && p[1] == p[2]));
+    let rotated = photo("astronaut-exif-rotated.jpg");
+    let upright = photo("astronaut.jpg");
+    assert_eq!(
+        (rotated.width, rotated.height),
+        (upright.width, upright.height)
+    );
+}
+
+/// Pillow's resampler against the crates that resize images, on the lossless photographs and the
+/// SigLIP processor's bicubic resize: why resample.rs is written here.
+#[test]
+fn the_crates_that_resize_images_do_not_give_pillows_bytes() {
+    let mut total = (0usize, 0usize, 0u8);
+    let mut fir_total = (0usize, 0u8);
+    for name in [
+        "chelsea.png",
+        "rocket.bmp",
+        "camera-gray.png",
+        "logo-alpha.png",
+    ] {
+        let img = photo(name);
+        let p = Processor::read(&fixtures().join("models/siglip")).unwrap();
+        let want = expected("siglip", name);
+        assert_eq!(p.resized(&img).unwrap(), want);
+        let buf = image::RgbImage::from_raw(img.width as u32, img.height as u32, img.data.clone())
+            .unwrap();
+        let theirs = image::imageops::resize(
+            &buf,
+            want.width as u32,
+            want.height as u32,
+            image::imageops::FilterType::CatmullRom,
+        );
+        let theirs = Rgb8 {
+            width: want.width,
+            height: want.height,
+            data: theirs.into_raw(),
+        };
+        let (n, most) = differences(&theirs, &want);
+        total = (total.0 + n, total.1 + want.data.len(), total.2.max(most));
+        let src = fast_image_resize::images::Image::from_vec_u8(
+            img.width as u32,
+            img.height as u32,
+            img.data.clone(),
+            fast_image_resize::PixelType::U8x3,
+        )
+        .unwrap();
+        let mut dst = fast_image_resize::images::Image::new(
+            want.width as u32,
+            want.height as u32,
+            fast_image_resize::PixelType::U8x3,
+        );
+        let bicubic = fast_image_resize::ResizeOptions::new().resize_alg(
+            fast_image_resize::ResizeAlg::Convolution(fast_image_resize::FilterType::CatmullRom),
+        );
+        fast_image_resize::Resizer::new()
+            .resize(&src, &mut dst, &bicubic)
+            .unwrap();
+        let fir = Rgb8 {
+            width: want.width,
+            height: want.height,
+            data: dst.into_vec(),
+        };
+        let (n, most) = differences(&fir, &want);
+        fir_total = (fir_total.0 + n, fir_total.1.max(most));
+        // Ours, on the same input, for the flat-field sanity of the comparison.
+        assert_eq!(resize(&img, want.width, want.height, Filter::Bicubic), want);
+    }
+    eprintln!(
+        "image::imageops::resize (CatmullRom): {} of {} bytes differ from Pillow's bicubic, by up to {}",
+        total.0, total.1, total.2
+    );
+    eprintln!(
+        "fast_image_resize (CatmullRom convolution): {} of {} bytes differ from Pillow's bicubic, by up to {}",
+        fir_total.0, total.1, fir_total.1
+    );
+    assert!(total.0 > 0 && fir_total.0 > 0);
+}
+
+/// Why `bytes` are refused (a decoded image fails the test with its size, not its pixels).
+fn refused(bytes: &[u8]) -> String {
+    match decode(bytes, LIMIT) {
+        Ok(img) => panic!("decoded a {}x{} image", img.width, img.height),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// A tiny PNG whose header declares `width` × `height` pixels, with a few bytes of image data.
+fn png_declaring(width: u32, height: u32) -> Vec<u8> {
+    fn chunk(out: &mut Vec<u8>, kind: &[u8], data: &[u8]) {
+        out.extend((data.len() as u32).to_be_bytes());
+        let start = out.len();
+        out.extend(kind);
+        out.extend(data);
+        let crc = crc32(&out[start..]);
+        out.extend(crc.to_be_bytes());
+    }
+    fn crc32(bytes: &[u8]) -> u32 {
+        let mut c = !0u32;
+        for &b in bytes {
+            c ^= u32::from(b);
+            for _ in 0..8 {
+                c = if c & 1 == 1 {
+                    0xEDB8_8320 ^ (c >> 1)
+                } else {
+                    c >> 1
+                };
+            }
+        }
+        !c
+    }
+    let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
+    let mut ihdr = width.to_be_bytes().to_vec();
+    ihdr.extend(height.to_be_bytes());
+    ihdr.extend([8, 2, 0, 0, 0]);
+    chunk(&mut out, b"IHDR", &ihdr);
+    // A zlib stream of zeros: what a bomb's data looks like, cut short.
+    chunk(
+        &mut out,
+        b"IDAT",
+        &[0x78, 0x9c, 0x63, 0x60, 0x18, 0x05, 0x00, 0x00],
+    );
+    chunk(&mut out, b"IEND", &[]);
+    out
+}
+
+/// Every kind of bad image is refused with its reason, before it costs memory: bytes that are no
+/// image, a truncated file, a bomb (a small file declaring 50,000 pixels a side) refused by the
+/// pixel limit from its header, an image declaring no pixels; a GIF of thousands of frames costs
+/// its first frame.
+#[test]
+fn bad_images_are_refused_with_their_reason() {
+    let err = refused(b"id,text\n1,hello\n");
+    assert!(err.contains("not an image"), "{err}");
+
+    let jpeg = std::fs::read(fixtures().join("photos/astronaut.jpg")).unwrap();
+    let err = refused(&jpeg[..jpeg.len() / 2]);
+    assert!(err.contains("truncated") || err.contains("broken"), "{err}");
+    let png = std::fs::read(fixtures().join("photos/chelsea.png")).unwrap();
+    let err = refused(&png[..png.len() / 2]);
+    assert!(err.contains("truncated") || err.contains("broken"), "{err}");
+
+    let bomb = png_declaring(50_000, 50_000);
+    assert!(bomb.len() < 100);
+    let err = refused(&bomb);
+    assert!(
+        err.contains("50000x50000") && err.contains("--max-image-pixels"),
+        "{err}"
+    );
+    let err = refused(&png_declaring(0, 10));
+    assert!(!err.is_empty());
+
+    let mut gif = Vec::new();
+    {
+        let mut enc = image::codecs::gif::GifEncoder::new(&mut gif);
+        let frames = (0..3000u32).map(|i| {
+            let px = image::Rgba([(i % 256) as u8, 0, 0, 255]);
+            image::Frame::new(image::RgbaImage::from_pixel(2, 2, px))
+        });
+        enc.encode_frames(frames).unwrap();
+    }
+    let first = decode(&gif, LIMIT).unwrap();
+    assert_eq!((first.width, first.height), (2, 2));
+    assert_eq!(&first.data[..3], &[0, 0, 0]);
+}
