@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::floats;
 use spotinfer::model::{cosine, Input, LoadOptions, Model, ModelSpec, PromptChoice};
 use spotinfer::model::{Backend, DeviceChoice, Precision};
 use std::path::{Path, PathBuf};
@@ -25,14 +26,6 @@ fn texts(reference: &serde_json::Value) -> Vec<&str> {
         .unwrap()
         .iter()
         .map(|t| t.as_str().unwrap())
-        .collect()
-}
-
-fn floats(v: &serde_json::Value) -> Vec<f32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
         .collect()
 }
 

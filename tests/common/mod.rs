@@ -576,3 +576,12 @@ pub fn read_jsonl(path: &std::path::Path) -> Vec<serde_json::Value> {
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
         .collect()
 }
+
+/// A reference file's JSON array of numbers as f32s.
+pub fn floats(v: &serde_json::Value) -> Vec<f32> {
+    v.as_array()
+        .expect("a JSON array")
+        .iter()
+        .map(|x| x.as_f64().expect("a number") as f32)
+        .collect()
+}

@@ -6,10 +6,13 @@
 //!   limit checked before anything is allocated;
 //! * `resample`: Pillow's resize, byte for byte;
 //! * [`Processor`]: the processor's steps in its order: resize by its size rule, center crop,
-//!   rescale, normalise, to channels-first f32.
+//!   rescale, normalise, to channels-first f32;
+//! * `towers`: the networks on candle (CLIP's and SigLIP's image and text towers, ViT's
+//!   classifier), loaded from the folder and refused where candle computes otherwise.
 
 pub mod decode;
 pub mod resample;
+pub mod towers;
 
 use resample::{Filter, Rgb8};
 use serde_json::Value;

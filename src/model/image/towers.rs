@@ -1,0 +1,277 @@
+//! The image models' networks on candle: CLIP's and SigLIP's image and text towers with their
+//! projections (an image and a text land in one space), and ViT's classifier. This is the
+//! engine side of images; what a record's result is (a vector, labels) is the task's.
+//!
+//! Each is candle-transformers' implementation, loaded from the folder's `config.json` and
+//! safetensors. Where candle computes differently from transformers for some configurations,
+//! those are refused at load (see [`ImageModel::load`]).
+
+use super::Processor;
+use crate::model::ModelError;
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::{clip, siglip, vit};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// The network of an image model folder.
+enum Towers {
+    Clip(clip::ClipModel),
+    Siglip(siglip::Model),
+    Vit(vit::Model),
+}
+
+/// An image model: its processor and its network, on one device.
+pub struct ImageModel {
+    towers: Towers,
+    /// The folder's image processor.
+    pub processor: Processor,
+    /// ViT's labels in id order (empty for CLIP and SigLIP).
+    pub labels: Vec<String>,
+    /// (height, width) the network takes.
+    input: (usize, usize),
+    /// SigLIP's text tower reads a fixed-length sequence (its pooled output is the last
+    /// position's), so texts are padded to this with the pad id; CLIP's is causal and pools at
+    /// its end-of-text token, so padding is never seen.
+    text_length: Option<(usize, u32)>,
+    device: Device,
+}
+
+impl ImageModel {
+    /// Loads `dir` (`config.json`, `preprocessor_config.json`, `model.safetensors`) for
+    /// `CLIPModel`, `SiglipModel` or `ViTForImageClassification`, refusing anything else.
+    pub fn load(dir: &Path, device: &Device) -> Result<Self, ModelError> {
+        let config_path = dir.join("config.json");
+        let unsupported = |message: String| ModelError::Unsupported {
+            path: config_path.clone(),
+            message,
+        };
+        let text = std::fs::read_to_string(&config_path).map_err(|source| ModelError::File {
+            path: config_path.clone(),
+            source,
+        })?;
+        let config: Value = serde_json::from_str(&text).map_err(|e| ModelError::Config {
+            path: config_path.clone(),
+            message: e.to_string(),
+        })?;
+        let processor = Processor::read(dir).map_err(|message| ModelError::Unsupported {
+            path: dir.join("preprocessor_config.json"),
+            message,
+        })?;
+        let weights = dir.join("model.safetensors");
+        // SAFETY: the file is mapped read-only and not changed while the model lives.
+        let vb = unsafe {
+            VarBuilder::from_mmaped_safetensors(std::slice::from_ref(&weights), DType::F32, device)
+        }?;
+        let architecture = config["architectures"][0].as_str().unwrap_or("none");
+        let (towers, labels, input, text_length) = match architecture {
+            "CLIPModel" => {
+                let c = clip_config(&config).map_err(unsupported)?;
+                let input = (c.vision_config.image_size, c.vision_config.image_size);
+                (
+                    Towers::Clip(clip::ClipModel::new(vb, &c)?),
+                    vec![],
+                    input,
+                    None,
+                )
+            }
+            "SiglipModel" => {
+                let c: siglip::Config = serde_json::from_value(config.clone())
+                    .map_err(|e| unsupported(format!("SiglipModel config: {e}")))?;
+                let input = (c.vision_config.image_size, c.vision_config.image_size);
+                let text = Some((
+                    c.text_config.max_position_embeddings,
+                    c.text_config.pad_token_id,
+                ));
+                (
+                    Towers::Siglip(siglip::Model::new(&c, vb)?),
+                    vec![],
+                    input,
+                    text,
+                )
+            }
+            "ViTForImageClassification" => {
+                let c: vit::Config = serde_json::from_value(config.clone())
+                    .map_err(|e| unsupported(format!("ViT config: {e}")))?;
+                let labels = labels(&config).map_err(unsupported)?;
+                let input = (c.image_size, c.image_size);
+                let model = vit::Model::new(&c, labels.len(), vb)?;
+                (Towers::Vit(model), labels, input, None)
+            }
+            other => {
+                return Err(unsupported(format!(
+                    "architecture {other} is not an image model spotinfer computes \
+                     (CLIPModel, SiglipModel, ViTForImageClassification)"
+                )))
+            }
+        };
+        let model = Self {
+            towers,
+            processor,
+            labels,
+            input,
+            text_length,
+            device: device.clone(),
+        };
+        model.check_input(dir)?;
+        Ok(model)
+    }
+
+    /// The processor must give the network's input size: a folder whose processor crops to
+    /// another size would fail on every image.
+    fn check_input(&self, dir: &Path) -> Result<(), ModelError> {
+        let probe = super::resample::Rgb8 {
+            width: 97,
+            height: 61,
+            data: vec![0; 97 * 61 * 3],
+        };
+        let got = self
+            .processor
+            .resized(&probe)
+            .map(|img| (img.height, img.width));
+        if got != Some(self.input) {
+            return Err(ModelError::Unsupported {
+                path: PathBuf::from(dir).join("preprocessor_config.json"),
+                message: format!(
+                    "the processor gives {got:?} images; the model takes {:?}",
+                    self.input
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether the model has a text tower (CLIP, SigLIP).
+    pub fn has_text(&self) -> bool {
+        !matches!(self.towers, Towers::Vit(_))
+    }
+
+    /// Per image (its pixel values from [`Processor::pixel_values`]): CLIP's and SigLIP's
+    /// projected image features (`get_image_features`, not normalised), ViT's logits.
+    pub fn images(&self, pixel_values: &[Vec<f32>]) -> Result<Vec<Vec<f32>>, ModelError> {
+        let (h, w) = self.input;
+        let flat: Vec<f32> = pixel_values.iter().flatten().copied().collect();
+        if flat.len() != pixel_values.len() * 3 * h * w {
+            return Err(ModelError::Input(format!(
+                "pixel values for {} images of 3x{h}x{w}",
+                pixel_values.len()
+            )));
+        }
+        let x = Tensor::from_vec(flat, (pixel_values.len(), 3, h, w), &self.device)?;
+        let out = match &self.towers {
+            Towers::Clip(m) => m.get_image_features(&x)?,
+            Towers::Siglip(m) => m.get_image_features(&x)?,
+            Towers::Vit(m) => m.forward(&x)?,
+        };
+        Ok(out.to_dtype(DType::F32)?.to_vec2()?)
+    }
+
+    /// Per text (its token ids, as the folder's tokenizer gives them): CLIP's and SigLIP's
+    /// projected text features (`get_text_features`). One text at a time, so CLIP's pooling at
+    /// the highest id (its end-of-text token: checked at load) never sees padding.
+    pub fn texts(&self, ids: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, ModelError> {
+        let mut out = Vec::with_capacity(ids.len());
+        for ids in ids {
+            let mut ids = ids.clone();
+            if let Some((length, pad)) = self.text_length {
+                if ids.len() > length {
+                    return Err(ModelError::Input(format!(
+                        "{} tokens; the text tower reads {length}",
+                        ids.len()
+                    )));
+                }
+                ids.resize(length, pad);
+            }
+            let x = Tensor::new(ids.as_slice(), &self.device)?.unsqueeze(0)?;
+            let v = match &self.towers {
+                Towers::Clip(m) => m.get_text_features(&x)?,
+                Towers::Siglip(m) => m.get_text_features(&x)?,
+                Towers::Vit(_) => {
+                    return Err(ModelError::Input(
+                        "a text record to an image classifier, which has no text tower".into(),
+                    ))
+                }
+            };
+            out.push(v.to_dtype(DType::F32)?.squeeze(0)?.to_vec1()?);
+        }
+        Ok(out)
+    }
+}
+
+/// candle's `ClipConfig` from transformers' `config.json`, refusing what candle's CLIP computes
+/// differently: its text tower always applies quick GELU and pools at the highest token id
+/// (transformers pools at `eos_token_id`, the same position only where that is the highest id),
+/// and both towers' layer norms use 1e-5.
+fn clip_config(v: &Value) -> Result<clip::ClipConfig, String> {
+    let (t, vi) = (&v["text_config"], &v["vision_config"]);
+    let n = |c: &Value, k: &str| -> Result<usize, String> {
+        c[k].as_u64()
+            .map(|x| x as usize)
+            .ok_or_else(|| format!("CLIP config: no {k}"))
+    };
+    for (tower, c) in [("text", t), ("vision", vi)] {
+        let act = c["hidden_act"].as_str().unwrap_or("quick_gelu");
+        if act != "quick_gelu" {
+            return Err(format!(
+                "CLIP {tower} hidden_act {act} (quick_gelu is computed)"
+            ));
+        }
+        let eps = c["layer_norm_eps"].as_f64().unwrap_or(1e-5);
+        if eps != 1e-5 {
+            return Err(format!(
+                "CLIP {tower} layer_norm_eps {eps} (1e-5 is computed)"
+            ));
+        }
+    }
+    let vocab = n(t, "vocab_size")?;
+    let eos = t["eos_token_id"].as_u64().unwrap_or(2) as usize;
+    if eos != 2 && eos + 1 != vocab {
+        return Err(format!(
+            "CLIP text eos_token_id {eos} is not the highest id ({}), where candle pools",
+            vocab - 1
+        ));
+    }
+    let projection = v["projection_dim"].as_u64().unwrap_or(512) as usize;
+    let image_size = n(vi, "image_size")?;
+    Ok(clip::ClipConfig {
+        text_config: clip::text_model::ClipTextConfig {
+            vocab_size: vocab,
+            embed_dim: n(t, "hidden_size")?,
+            activation: clip::text_model::Activation::QuickGelu,
+            intermediate_size: n(t, "intermediate_size")?,
+            max_position_embeddings: n(t, "max_position_embeddings")?,
+            pad_with: None,
+            num_hidden_layers: n(t, "num_hidden_layers")?,
+            num_attention_heads: n(t, "num_attention_heads")?,
+            projection_dim: projection,
+        },
+        vision_config: clip::vision_model::ClipVisionConfig {
+            embed_dim: n(vi, "hidden_size")?,
+            activation: clip::text_model::Activation::QuickGelu,
+            intermediate_size: n(vi, "intermediate_size")?,
+            num_hidden_layers: n(vi, "num_hidden_layers")?,
+            num_attention_heads: n(vi, "num_attention_heads")?,
+            projection_dim: projection,
+            num_channels: vi["num_channels"].as_u64().unwrap_or(3) as usize,
+            image_size,
+            patch_size: n(vi, "patch_size")?,
+        },
+        logit_scale_init_value: 2.6592,
+        image_size,
+    })
+}
+
+/// ViT's labels in id order from `id2label`.
+fn labels(config: &Value) -> Result<Vec<String>, String> {
+    let map = config["id2label"]
+        .as_object()
+        .ok_or("ViT config: no id2label")?;
+    (0..map.len())
+        .map(|i| {
+            map.get(&i.to_string())
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .ok_or_else(|| format!("ViT config: id2label has no label {i}"))
+        })
+        .collect()
+}

@@ -1,0 +1,139 @@
+//! The image models' networks (CLIP's and SigLIP's towers, ViT's classifier, candle) against
+//! what transformers computed for the fixture photographs and texts
+//! (tests/fixtures/images/reference.json), from this crate's own preprocessing.
+
+mod common;
+
+use common::floats;
+use spotinfer::model::image::decode::decode;
+use spotinfer::model::image::towers::ImageModel;
+use std::path::{Path, PathBuf};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/images")
+}
+
+fn reference() -> serde_json::Value {
+    let text = std::fs::read_to_string(fixtures().join("reference.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    dot / (norm(a) * norm(b))
+}
+
+fn model(name: &str) -> ImageModel {
+    ImageModel::load(
+        &fixtures().join("models").join(name),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap()
+}
+
+/// Every photograph's pixel values, decoded and preprocessed here, by name.
+fn pixel_values(m: &ImageModel) -> Vec<(String, Vec<f32>)> {
+    let refs = reference();
+    refs["photos"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|name| {
+            let bytes = std::fs::read(fixtures().join("photos").join(name)).unwrap();
+            let img = decode(&bytes, 50_000_000).unwrap();
+            (name.clone(), m.processor.pixel_values(&img).unwrap())
+        })
+        .collect()
+}
+
+/// CLIP and SigLIP: every photograph's image vector within cosine 0.999 of transformers' (JPEG
+/// files decode with another decoder: the bar covers them; the others are ≥ 0.99999), every
+/// text's within 0.9999, from the token ids transformers' tokenizer gave.
+#[test]
+fn clip_and_siglip_vectors_match_transformers() {
+    let refs = reference();
+    for name in ["clip", "siglip"] {
+        let m = model(name);
+        assert!(m.has_text());
+        let photos = pixel_values(&m);
+        let pixels: Vec<Vec<f32>> = photos.iter().map(|(_, p)| p.clone()).collect();
+        let got = m.images(&pixels).unwrap();
+        for ((photo, _), v) in photos.iter().zip(&got) {
+            let want = floats(&refs["models"][name]["images"][photo.as_str()]);
+            let c = cosine(v, &want);
+            eprintln!("{name} {photo:28} cosine {c:.7}");
+            let bar = if photo.ends_with(".jpg") {
+                0.999
+            } else {
+                0.99999
+            };
+            assert!(c >= bar, "{name} {photo}: cosine {c}");
+        }
+        let texts = refs["models"][name]["texts"].as_object().unwrap();
+        let ids: Vec<Vec<u32>> = texts
+            .values()
+            .map(|t| {
+                let ids: Vec<u32> = t["ids"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap() as u32)
+                    .collect();
+                ids
+            })
+            .collect();
+        let got = m.texts(&ids).unwrap();
+        for ((text, t), v) in texts.iter().zip(&got) {
+            let c = cosine(v, &floats(&t["embedding"]));
+            eprintln!("{name} text {text:?}: cosine {c:.7}");
+            assert!(c >= 0.9999, "{name} {text:?}: cosine {c}");
+        }
+    }
+}
+
+/// ViT: every photograph's probabilities within 1e-3 of transformers' and the same top label
+/// where the reference's top two are apart.
+#[test]
+fn vit_probabilities_match_transformers() {
+    let refs = reference();
+    let m = model("vit");
+    assert!(!m.has_text());
+    assert_eq!(m.labels, ["astronaut", "cat", "coffee", "rocket", "camera"]);
+    let photos = pixel_values(&m);
+    let pixels: Vec<Vec<f32>> = photos.iter().map(|(_, p)| p.clone()).collect();
+    let logits = m.images(&pixels).unwrap();
+    for ((photo, _), l) in photos.iter().zip(&logits) {
+        let most = l.iter().cloned().fold(f32::MIN, f32::max);
+        let e: Vec<f32> = l.iter().map(|x| (x - most).exp()).collect();
+        let sum: f32 = e.iter().sum();
+        let probs: Vec<f32> = e.iter().map(|x| x / sum).collect();
+        let want = &refs["models"]["vit"]["images"][photo.as_str()];
+        let wp = floats(&want["probabilities"]);
+        let diff = probs
+            .iter()
+            .zip(&wp)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        eprintln!("vit {photo:28} max probability difference {diff:.2e}");
+        let bar = if photo.ends_with(".jpg") { 1e-2 } else { 1e-3 };
+        assert!(diff <= bar, "{photo}: {probs:?} against {wp:?}");
+        let mut sorted = wp.clone();
+        sorted.sort_by(|a, b| b.partial_cmp(a).unwrap());
+        if sorted[0] - sorted[1] > 0.01 {
+            let top = probs
+                .iter()
+                .enumerate()
+                .max_by(|a, b| a.1.partial_cmp(b.1).unwrap())
+                .unwrap()
+                .0;
+            assert_eq!(m.labels[top], want["label"].as_str().unwrap(), "{photo}");
+        }
+    }
+    let err = m
+        .texts(&[vec![1, 2, 3]])
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("no text tower"), "{err}");
+}
