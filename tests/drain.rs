@@ -212,6 +212,15 @@ async fn a_notice_that_clears_resumes_pulling() {
         !a.ready().await
     })
     .await;
+    // Readiness goes first; the drain then finishes the commit in flight and hands the rest
+    // back. Once the rest is handed back, nothing more may commit.
+    wait_until(Duration::from_secs(10), "the rest handed back", || async {
+        a.metric("spotinfer_messages_released_on_shutdown_total")
+            .await
+            .unwrap_or(0.0)
+            > 0.0
+    })
+    .await;
     let during = committed().await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(committed().await, during, "still working while drained");
