@@ -24,14 +24,9 @@ const FORMATS: [ImageFormat; 5] = [
 ];
 
 /// Why bytes are not an image this service reads: the record's fault, recorded as its failure.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
 pub struct Undecodable(pub String);
-
-impl std::fmt::Display for Undecodable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
 
 /// Decodes `bytes` (JPEG, PNG, WebP, GIF's first frame, BMP) to upright RGB, refusing an image
 /// of more than `max_pixels` pixels before decoding it.
