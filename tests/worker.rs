@@ -219,10 +219,14 @@ async fn sigterm_mid_stream_exits_fast_and_a_second_worker_takes_over() {
             >= 32.0
     })
     .await;
+    // B waits out the ack deadline (10 s) before it calls itself idle: a message whose NACK
+    // never reached the emulator (one a stream was delivering as A stopped, say) comes back only
+    // when its lease expires. Once, with 4 s, B left before a batch came back: 2,984 of 3,000
+    // rows; which of A's messages those were was not recorded.
     let mut b = WorkerProcess::start(
         &args,
         &db,
-        &["--exit-when-idle", "4s", "--batch-size", "16"],
+        &["--exit-when-idle", "15s", "--batch-size", "16"],
     );
     wait_until(Duration::from_secs(60), "worker B ready", || b.ready()).await;
     let b_before = b
