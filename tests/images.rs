@@ -133,6 +133,7 @@ fn conversions_to_rgb_follow_pillow() {
 fn the_crates_that_resize_images_do_not_give_pillows_bytes() {
     let mut total = (0usize, 0usize, 0u8);
     let mut fir_total = (0usize, 0u8);
+    let p = Processor::read(&fixtures().join("models/siglip")).unwrap();
     for name in [
         "chelsea.png",
         "rocket.bmp",
@@ -140,7 +141,6 @@ fn the_crates_that_resize_images_do_not_give_pillows_bytes() {
         "logo-alpha.png",
     ] {
         let img = photo(name);
-        let p = Processor::read(&fixtures().join("models/siglip")).unwrap();
         let want = expected("siglip", name);
         assert_eq!(p.resized(&img).unwrap(), want);
         let buf = image::RgbImage::from_raw(img.width as u32, img.height as u32, img.data.clone())

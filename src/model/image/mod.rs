@@ -14,6 +14,8 @@ pub mod decode;
 pub mod resample;
 pub mod towers;
 
+use super::spec::read_json;
+use super::ModelError;
 use resample::{Filter, Rgb8};
 use serde_json::Value;
 use std::path::Path;
@@ -48,13 +50,10 @@ pub struct Processor {
 impl Processor {
     /// Reads `preprocessor_config.json` from `dir`; refuses, with the reason, a processor or a
     /// setting whose result this would not reproduce exactly.
-    pub fn read(dir: &Path) -> Result<Self, String> {
+    pub fn read(dir: &Path) -> Result<Self, ModelError> {
         let path = dir.join("preprocessor_config.json");
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let v: Value = serde_json::from_str(&text)
-            .map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
-        Self::from_config(&v)
+        let v: Value = read_json(&path)?;
+        Self::from_config(&v).map_err(|message| ModelError::Unsupported { path, message })
     }
 
     /// As [`Processor::read`], from the parsed file.

@@ -7,6 +7,7 @@
 //! those are refused at load (see [`ImageModel::load`]).
 
 use super::Processor;
+use crate::model::spec::read_json;
 use crate::model::ModelError;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
@@ -46,18 +47,8 @@ impl ImageModel {
             path: config_path.clone(),
             message,
         };
-        let text = std::fs::read_to_string(&config_path).map_err(|source| ModelError::File {
-            path: config_path.clone(),
-            source,
-        })?;
-        let config: Value = serde_json::from_str(&text).map_err(|e| ModelError::Config {
-            path: config_path.clone(),
-            message: e.to_string(),
-        })?;
-        let processor = Processor::read(dir).map_err(|message| ModelError::Unsupported {
-            path: dir.join("preprocessor_config.json"),
-            message,
-        })?;
+        let config: Value = read_json(&config_path)?;
+        let processor = Processor::read(dir)?;
         let weights = dir.join("model.safetensors");
         // SAFETY: the file is mapped read-only and not changed while the model lives.
         let vb = unsafe {
@@ -76,8 +67,8 @@ impl ImageModel {
                 )
             }
             "SiglipModel" => {
-                let c: siglip::Config = serde_json::from_value(config.clone())
-                    .map_err(|e| unsupported(format!("SiglipModel config: {e}")))?;
+                let c: siglip::Config =
+                    candle_config(&config, architecture).map_err(unsupported)?;
                 let input = (c.vision_config.image_size, c.vision_config.image_size);
                 let text = Some((
                     c.text_config.max_position_embeddings,
@@ -91,8 +82,7 @@ impl ImageModel {
                 )
             }
             "ViTForImageClassification" => {
-                let c: vit::Config = serde_json::from_value(config.clone())
-                    .map_err(|e| unsupported(format!("ViT config: {e}")))?;
+                let c: vit::Config = candle_config(&config, architecture).map_err(unsupported)?;
                 let labels = labels(&config).map_err(unsupported)?;
                 let input = (c.image_size, c.image_size);
                 let model = vit::Model::new(&c, labels.len(), vb)?;
@@ -259,6 +249,15 @@ fn clip_config(v: &Value) -> Result<clip::ClipConfig, String> {
         logit_scale_init_value: 2.6592,
         image_size,
     })
+}
+
+/// A candle-transformers config read from `config.json` as is (SigLIP's and ViT's take
+/// transformers' keys).
+fn candle_config<T: serde::de::DeserializeOwned>(
+    config: &Value,
+    architecture: &str,
+) -> Result<T, String> {
+    T::deserialize(config).map_err(|e| format!("{architecture} config: {e}"))
 }
 
 /// ViT's labels in id order from `id2label`.
