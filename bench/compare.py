@@ -133,12 +133,16 @@ class Bench:
         return path
 
     # --- 1: model throughput ----------------------------------------------------------------
+    def bench_cmd(self, corpus):
+        """`spotinfer bench` on the corpus as every model-rate side runs it (--bench-arg apart)."""
+        return ["bench", "--model", self.a.model, "--input", corpus,
+                "--batch-size", str(self.a.batch_size), "--device", "cpu"]
+
     def model(self, corpus, rounds=None):
         out = {"spotinfer": [], "spotinfer-f32": [], "spotinfer-avx2": [],
                "spotinfer-avx2-f32": [], "pytorch": [], "ort": [], "pytorch-avx2": [],
                "ort-avx2": [], "candle": []}
-        bench = ["bench", "--model", self.a.model, "--input", corpus,
-                 "--batch-size", str(self.a.batch_size), "--device", "cpu"]
+        bench = self.bench_cmd(corpus)
         py = ["--model", self.a.model, "--input", corpus, "--batch-size", str(self.a.batch_size)]
         onnx = self.onnx()
         run = {
@@ -293,11 +297,10 @@ class Bench:
         corpus through the emulator and PostgreSQL, so each end-to-end rate is compared with the
         model rate measured just before it, not minutes apart among other sides."""
         out = {"model": [], "e2e": []}
-        bench = ["bench", "--model", self.a.model, "--input", corpus,
-                 "--batch-size", str(self.a.batch_size), "--device", "cpu", *self.a.bench_arg]
+        bench = self.bench_cmd(corpus)
         for r in range(self.a.rounds):
             settle()
-            out["model"].append(last_json(self.spot(*bench).stdout))
+            out["model"].append(last_json(self.spot(*bench, *self.a.bench_arg).stdout))
             out["e2e"].append(self.run_worker("spotinfer", corpus))
             log(f"pipeline round {r + 1}: model {out['model'][-1]['records_per_s']:.1f} rec/s, "
                 f"end to end {out['e2e'][-1]['records_per_s']:.1f} rec/s")
