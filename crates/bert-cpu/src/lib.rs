@@ -446,9 +446,9 @@ impl CpuBert {
 
     /// Computes the dense layers as a CPU with AVX2 but neither AVX-512 nor AVX-VNNI does (AMD's
     /// Zen 2 and 3: f32 on this crate's AVX2/FMA kernel, int8 on AVX2's `vpmaddubsw` with the
-    /// feed-forward output in f32, bf16 refused) from now on, whatever this CPU has: to compare CPU classes on one machine,
-    /// and to test that path on a CPU with AVX-512. Fails if the current precision needs
-    /// AVX-512 or its f32 weights were released.
+    /// feed-forward output in f32, bf16 refused) from now on, whatever this CPU has: to compare
+    /// CPU classes on one machine, and to test that path on a CPU with AVX-512. Fails if the
+    /// current precision needs AVX-512 or its f32 weights were released.
     pub fn limit_to_avx2(&mut self) -> Result<(), BertError> {
         self.avx2_only = true;
         self.set_precision(self.precision)
