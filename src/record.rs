@@ -1,7 +1,8 @@
 //! The message contract: what a Pub/Sub message's data must hold, and why it is refused.
 //!
 //! Data is a UTF-8 JSON object `{"id": string, "text": string, "job"?: string, "prompt_name"?:
-//! string}` (or `"uri"` instead of `"text"`). Anything else is
+//! string, "text_pair"?: string}`, with `"uri"` (a `gs://` object: its text, or its image for
+//! an image model) or `"image_base64"` (an image inline) instead of `"text"`. Anything else is
 //! a [`RecordError`], which the worker records in `failed_records` and acks: a bad payload never
 //! becomes a redelivery loop and is never dropped silently.
 
@@ -19,8 +20,9 @@ pub const MAX_URI_BYTES: usize = 1280;
 /// How much of a bad value an error message quotes.
 const QUOTE_CHARS: usize = 80;
 
-/// One unit of work: a text (or a pair of texts) for the model, under a caller-chosen id.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One unit of work: a text (or a pair of texts) or an image for the model, under a
+/// caller-chosen id.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Record {
     /// The caller's key; the result row is UPSERTed under it.
     pub id: String,
@@ -36,6 +38,39 @@ pub struct Record {
     /// The second text of a pair (a cross-encoder's passage, an NLI hypothesis), for the models
     /// that read pairs.
     pub text_pair: Option<String>,
+    /// The picture of an image record (`image_base64`, or a `uri` read for an image model).
+    pub image: Option<Image>,
+}
+
+/// An image record's picture: its encoded bytes until the model stage decodes them, then the
+/// model's pixel values; the hash of the bytes stays for the result row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Image {
+    /// Hex SHA-256 of the encoded bytes (the result row's `input_sha256`).
+    pub sha256: String,
+    /// The bytes or, once decoded, the pixel values.
+    pub data: ImageData,
+}
+
+/// What an [`Image`] holds now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ImageData {
+    /// The file as it came (JPEG, PNG, ...).
+    Encoded(std::sync::Arc<[u8]>),
+    /// The processor's pixel values (channels, then rows): what the model reads. Shared, so a
+    /// batch retried record by record does not copy them.
+    Pixels(std::sync::Arc<[f32]>),
+}
+
+impl Image {
+    /// An image from its encoded bytes.
+    pub fn encoded(bytes: Vec<u8>) -> Self {
+        use sha2::Digest;
+        Self {
+            sha256: hex::encode(sha2::Sha256::digest(&bytes)),
+            data: ImageData::Encoded(bytes.into()),
+        }
+    }
 }
 
 /// Why a payload is not a valid record. The message is final: redelivering it cannot help.
@@ -72,9 +107,20 @@ pub enum RecordError {
         /// The limit.
         max: usize,
     },
-    /// Both `text` and `uri` are given.
-    #[error("give either \"text\" or \"uri\", not both")]
+    /// More than one of `text`, `uri` and `image_base64` is given.
+    #[error("give one of \"text\", \"uri\" and \"image_base64\", not several")]
     TextAndUri,
+    /// `image_base64` is not base64.
+    #[error("field \"image_base64\" is not base64 (RFC 4648's standard alphabet): {0}")]
+    Base64(String),
+    /// The image cannot be used: not an image, truncated, too many pixels (the decoder's
+    /// reason).
+    #[error("image: {0}")]
+    Image(String),
+    /// The record's input is not what the model reads: a text to an image classifier, an image
+    /// to a text model.
+    #[error("{0}")]
+    WrongInput(String),
     /// The `uri` is not a gs:// object (the value quoted is cut to 80 characters).
     #[error("field \"uri\" must be gs://BUCKET/OBJECT, got {0:?}")]
     BadUri(String),
@@ -136,8 +182,25 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
         Some(Value::String(s)) => Some(s.clone()),
         Some(_) => return Err(RecordError::NotString("text_pair")),
     };
-    let has_text = !matches!(map.get("text"), None | Some(Value::Null));
-    if !has_text && !matches!(map.get("uri"), None | Some(Value::Null)) {
+    let given = |k: &str| !matches!(map.get(k), None | Some(Value::Null));
+    let has_text = given("text");
+    let inputs = ["text", "uri", "image_base64"];
+    if inputs.iter().filter(|k| given(k)).count() > 1 {
+        return Err(RecordError::TextAndUri);
+    }
+    if given("image_base64") {
+        let image = inline_image(required_string(&map, "image_base64")?)?;
+        return Ok(Record {
+            id: id.to_owned(),
+            text: String::new(),
+            uri: None,
+            job,
+            prompt_name,
+            text_pair,
+            image: Some(image),
+        });
+    }
+    if !has_text && given("uri") {
         let uri = within("uri", required_string(&map, "uri")?, MAX_URI_BYTES)?;
         let Some((bucket, _)) = split_gs_uri(uri) else {
             return Err(RecordError::BadUri(uri.chars().take(QUOTE_CHARS).collect()));
@@ -154,10 +217,8 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
             job,
             prompt_name,
             text_pair,
+            image: None,
         });
-    }
-    if has_text && !matches!(map.get("uri"), None | Some(Value::Null)) {
-        return Err(RecordError::TextAndUri);
     }
     let text = required_string(&map, "text")?;
     let len = text.len() + text_pair.as_ref().map_or(0, String::len);
@@ -174,7 +235,26 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
         job,
         prompt_name,
         text_pair,
+        image: None,
     })
+}
+
+/// An `image_base64` value's bytes. Padding may be left out; whitespace (a line-wrapped
+/// encoder's) is not base64 and is refused like any other stray character. Its size needs no
+/// limit of its own: Pub/Sub caps a message at 10 MB, and `--max-image-pixels` bounds what it
+/// decodes to.
+fn inline_image(b64: &str) -> Result<Image, RecordError> {
+    use base64::engine::{general_purpose::GeneralPurpose, DecodePaddingMode};
+    const STANDARD_ANY_PADDING: GeneralPurpose = GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        base64::engine::GeneralPurposeConfig::new()
+            .with_decode_padding_mode(DecodePaddingMode::Indifferent),
+    );
+    use base64::Engine;
+    let bytes = STANDARD_ANY_PADDING
+        .decode(b64)
+        .map_err(|e| RecordError::Base64(e.to_string()))?;
+    Ok(Image::encoded(bytes))
 }
 
 /// An optional string field of at most `max` bytes.

@@ -2,6 +2,9 @@
 //! tests/fixtures/images/make_images.py) decoded and preprocessed as transformers' processors
 //! (PIL backend) do, against what they computed; and the inputs that must be refused.
 
+mod common;
+
+use common::png_declaring;
 use spotinfer::model::image::decode::decode;
 use spotinfer::model::image::resample::{resize, Filter, Rgb8};
 use spotinfer::model::image::Processor;
@@ -203,45 +206,6 @@ fn refused(bytes: &[u8]) -> String {
         Ok(img) => panic!("decoded a {}x{} image", img.width, img.height),
         Err(e) => e.to_string(),
     }
-}
-
-/// A tiny PNG whose header declares `width` × `height` pixels, with a few bytes of image data.
-fn png_declaring(width: u32, height: u32) -> Vec<u8> {
-    fn chunk(out: &mut Vec<u8>, kind: &[u8], data: &[u8]) {
-        out.extend((data.len() as u32).to_be_bytes());
-        let start = out.len();
-        out.extend(kind);
-        out.extend(data);
-        let crc = crc32(&out[start..]);
-        out.extend(crc.to_be_bytes());
-    }
-    fn crc32(bytes: &[u8]) -> u32 {
-        let mut c = !0u32;
-        for &b in bytes {
-            c ^= u32::from(b);
-            for _ in 0..8 {
-                c = if c & 1 == 1 {
-                    0xEDB8_8320 ^ (c >> 1)
-                } else {
-                    c >> 1
-                };
-            }
-        }
-        !c
-    }
-    let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
-    let mut ihdr = width.to_be_bytes().to_vec();
-    ihdr.extend(height.to_be_bytes());
-    ihdr.extend([8, 2, 0, 0, 0]);
-    chunk(&mut out, b"IHDR", &ihdr);
-    // A zlib stream of zeros: what a bomb's data looks like, cut short.
-    chunk(
-        &mut out,
-        b"IDAT",
-        &[0x78, 0x9c, 0x63, 0x60, 0x18, 0x05, 0x00, 0x00],
-    );
-    chunk(&mut out, b"IEND", &[]);
-    out
 }
 
 /// Every kind of bad image is refused with its reason, before it costs memory: bytes that are no

@@ -12,7 +12,7 @@ pub mod work;
 use anyhow::Context;
 use spotinfer::config::ModelArgs;
 use spotinfer::external::gcs::{FileList, Gcs};
-use spotinfer::model::{LoadOptions, Model, ModelHandle, PromptChoice, Reload};
+use spotinfer::model::{ImageTask, LoadOptions, Model, ModelHandle, Predict, PromptChoice, Reload};
 use std::path::Path;
 use std::time::Instant;
 
@@ -46,14 +46,34 @@ pub async fn fetch_model(
     Ok(fetched.dir)
 }
 
-/// The model as `m` describes it, from `dir` (what [`model_dir`] returned), on this thread.
+/// The text model as `m` describes it, from `dir` (what [`model_dir`] returned), on this thread.
 pub fn load_embedder(dir: &Path, m: &ModelArgs) -> anyhow::Result<Model> {
+    if spotinfer::model::is_image_model(dir)? {
+        anyhow::bail!(
+            "{} is an image model: `embed` and `bench` read files of texts; run image records \
+             through `work` (examples/image_speed.rs measures the model alone)",
+            dir.display()
+        );
+    }
+    Ok(Model::open(dir, &load_options(m))?.with_max_batch_tokens(m.max_batch_tokens))
+}
+
+/// Whatever model `dir` holds (a text model, or an image model), as `m` describes it.
+fn load_any(dir: &Path, m: &ModelArgs) -> anyhow::Result<Box<dyn Predict>> {
+    if spotinfer::model::is_image_model(dir)? {
+        return Ok(Box::new(ImageTask::open(dir, &load_options(m))?));
+    }
+    Ok(Box::new(load_embedder(dir, m)?))
+}
+
+/// How `m` asks for the model to be loaded.
+fn load_options(m: &ModelArgs) -> LoadOptions {
     let prompt = match (&m.prompt_name, &m.prompt) {
         (Some(name), _) => PromptChoice::Named(name.clone()),
         (None, Some(text)) => PromptChoice::Text(text.clone()),
         (None, None) => PromptChoice::ModelDefault,
     };
-    let options = LoadOptions {
+    LoadOptions {
         device: m.device,
         backend: m.backend,
         precision: m.precision,
@@ -61,9 +81,7 @@ pub fn load_embedder(dir: &Path, m: &ModelArgs) -> anyhow::Result<Model> {
         name: m.source.model_name.clone(),
         prompt,
         max_seq_len: m.max_seq_length,
-    };
-    let embedder = Model::open(dir, &options)?;
-    Ok(embedder.with_max_batch_tokens(m.max_batch_tokens))
+    }
 }
 
 /// The model on its own thread, for the worker.
@@ -71,7 +89,7 @@ pub async fn load_model(m: &ModelArgs) -> anyhow::Result<ModelHandle> {
     let dir = model_dir(m).await?;
     let m = m.clone();
     let (d, a) = (dir.clone(), m.clone());
-    let embedder = tokio::task::spawn_blocking(move || load_embedder(&d, &a)).await??;
-    let reload: Reload = Box::new(move || load_embedder(&dir, &m).map_err(|e| format!("{e:#}")));
-    ModelHandle::spawn_with_reload(embedder, Some(reload)).context("cannot start the model thread")
+    let model = tokio::task::spawn_blocking(move || load_any(&d, &a)).await??;
+    let reload: Reload = Box::new(move || load_any(&dir, &m).map_err(|e| format!("{e:#}")));
+    ModelHandle::spawn_with_reload(model, Some(reload)).context("cannot start the model thread")
 }

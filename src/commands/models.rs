@@ -3,7 +3,8 @@
 //! is refused.
 
 use spotinfer::config::{ModelsArgs, ModelsCommand};
-use spotinfer::model::DeviceChoice;
+use spotinfer::model::image::resample::Rgb8;
+use spotinfer::model::{Backend, DeviceChoice, ImageTask, Item, Predict, Text};
 use spotinfer::model::{Input, LoadOptions, Model, ModelSpec, Output};
 
 /// Runs a `models` subcommand.
@@ -11,6 +12,9 @@ pub async fn run(a: ModelsArgs) -> anyhow::Result<()> {
     match a.action {
         ModelsCommand::Check(c) => {
             let dir = super::fetch_model(&c.dir, &c.storage).await?;
+            if spotinfer::model::is_image_model(&dir)? {
+                return check_image_model(dir, c.backend).await;
+            }
             let spec = ModelSpec::read(&dir)?;
             print!("{spec}");
             let options = LoadOptions {
@@ -39,6 +43,47 @@ pub async fn run(a: ModelsArgs) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// The check for an image model: loaded, then run on one generated image (and one text, for
+/// CLIP and SigLIP).
+async fn check_image_model(dir: std::path::PathBuf, backend: Backend) -> anyhow::Result<()> {
+    let options = LoadOptions {
+        backend,
+        ..LoadOptions::new(DeviceChoice::Cpu)
+    };
+    let (model, outputs) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+        let model = ImageTask::open(&dir, &options)?;
+        let processor = model.info().processor.clone();
+        let probe = Rgb8 {
+            width: 320,
+            height: 240,
+            data: (0..320 * 240 * 3).map(|i| (i % 251) as u8).collect(),
+        };
+        let pixels = processor
+            .and_then(|p| p.pixel_values(&probe))
+            .ok_or_else(|| anyhow::anyhow!("the processor gives no pixel values"))?;
+        let mut items = vec![Item::Pixels(pixels.into())];
+        if model.info().reads.texts() {
+            items.push(Item::Text(Text::from("a photograph".to_string())));
+        }
+        let outputs = model.predict_items(&items)?.outputs;
+        Ok((model, outputs))
+    })
+    .await??;
+    let info = model.info();
+    println!("image model:    {:?} reads {:?}", info.task, info.reads);
+    if !info.labels.is_empty() {
+        println!("labels:         {}", info.labels.join(", "));
+    }
+    println!("name:           {}", info.name);
+    println!("weights hash:   {}", info.hash);
+    println!("loaded on:      {} and ran one image", info.device);
+    for output in &outputs {
+        println!("computed:       {}", summary(output));
+    }
+    println!("ok");
+    Ok(())
 }
 
 /// One line on what the model computed for the check's input.

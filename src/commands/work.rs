@@ -182,6 +182,7 @@ async fn work(
         storage_emulator_host: a.model.storage.storage_emulator_host.clone(),
         max_object_bytes: a.model.storage.max_object_bytes,
         allowed_buckets: a.model.storage.allowed_buckets.clone(),
+        max_image_pixels: a.model.max_image_pixels,
     };
     if let Some(job) = &a.exit_when_job_complete {
         let watch = exit_when_job_complete(

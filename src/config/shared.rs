@@ -69,8 +69,8 @@ pub struct StorageArgs {
     /// Local cache for models fetched from gs:// (an emptyDir on Kubernetes).
     #[arg(long, env = "SPOTINFER_CACHE_DIR", default_value_os_t = std::env::temp_dir().join("spotinfer-cache"))]
     pub cache_dir: PathBuf,
-    /// Largest object a record's `uri` may point to (and at most --max-text-bytes); larger ones
-    /// are recorded as failed without being read.
+    /// Largest object a record's `uri` may point to (a text: at most --max-text-bytes too);
+    /// larger ones are recorded as failed without being read.
     #[arg(long, env = "SPOTINFER_MAX_OBJECT_BYTES", default_value_t = 10 << 20, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_object_bytes: u64,
     /// Buckets a record's `uri` may name, comma-separated (empty: any). A `uri` in another
@@ -167,6 +167,12 @@ pub struct ModelArgs {
     /// truncated to the model's token limit, as sentence-transformers does.
     #[arg(long, env = "SPOTINFER_MAX_TEXT_BYTES", default_value_t = 1 << 20, value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_MESSAGE_BYTES))]
     pub max_text_bytes: usize,
+    /// Most pixels (width × height) an image record may have, checked from its header before
+    /// anything is decoded; an image model's resize may not make more either. Larger images,
+    /// decompression bombs among them, are recorded as failed. Each decode in flight (one per
+    /// core) needs up to 3 bytes per pixel: the default, 50 megapixels, is 150 MB.
+    #[arg(long, env = "SPOTINFER_MAX_IMAGE_PIXELS", default_value_t = 50_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_image_pixels: u64,
 }
 
 /// Model batching settings, shared by `work`, `embed` and `bench`.

@@ -248,9 +248,21 @@ fn message_data(line: &[u8], job: Option<&str>) -> Result<Option<(String, String
 
 /// The message data for a parsed record: what the worker's contract reads, nothing else.
 fn record_json(rec: &record::Record) -> serde_json::Value {
-    let mut data = match &rec.uri {
-        Some(uri) => serde_json::json!({"id": rec.id, "uri": uri, "job": rec.job}),
-        None => serde_json::json!({"id": rec.id, "text": rec.text, "job": rec.job}),
+    let inline = match &rec.image {
+        Some(record::Image {
+            data: record::ImageData::Encoded(bytes),
+            ..
+        }) => Some(bytes),
+        _ => None,
+    };
+    let mut data = match (&rec.uri, inline) {
+        (Some(uri), _) => serde_json::json!({"id": rec.id, "uri": uri, "job": rec.job}),
+        (None, Some(bytes)) => {
+            use base64::Engine;
+            let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
+            serde_json::json!({"id": rec.id, "image_base64": b64, "job": rec.job})
+        }
+        (None, None) => serde_json::json!({"id": rec.id, "text": rec.text, "job": rec.job}),
     };
     if let Some(name) = &rec.prompt_name {
         data["prompt_name"] = serde_json::Value::from(name.as_str());

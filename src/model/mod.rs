@@ -14,9 +14,13 @@
 //! * `candle_bert`: candle on CUDA (f16 by default for embeddings) and on the CPU as the
 //!   reference the fused one is measured against.
 //!
-//! [`ModelHandle`] (in `thread`) runs a `Model` on its own OS thread; [`offline`] runs whole
-//! files without the pipeline. [`image`] turns image bytes into an image model's pixel values as
-//! its processor does (not yet wired to a task).
+//! Image models (CLIP, SigLIP, ViT) are [`ImageTask`]s: [`image`] turns image bytes into their
+//! pixel values as the folder's processor does and holds their networks on candle; the task
+//! (`task::image`) turns texts and pixels into vectors or labels. `ImageTask::open` loads an
+//! image model, [`Model::open`] a text model; [`is_image_model`] says which a folder holds.
+//!
+//! [`ModelHandle`] (in `thread`) runs a model of either kind ([`Predict`]) on its own OS thread;
+//! [`offline`] runs whole files of texts without the pipeline.
 
 mod budget;
 mod candle_bert;
@@ -37,8 +41,9 @@ mod wordpiece;
 pub use options::{default_model_name, Backend, CpuKernels, DeviceChoice, LoadOptions, Precision};
 pub use prompt::PromptChoice;
 pub use spec::{ModelSpec, Task};
+pub use task::image::{is_image_model, ImageTask};
 pub use task::{Entity, Output};
-pub use thread::{ModelHandle, Reload, Reply, Text};
+pub use thread::{Item, ModelHandle, Predict, Reload, Reply, Text};
 
 use engine::{candle_dtype, load_candle, load_fused, select_device, Engine};
 use prompt::Prompts;
@@ -150,6 +155,34 @@ pub struct ModelInfo {
     pub task: Task,
     /// The head's labels in id order (empty for embeddings).
     pub labels: Vec<String>,
+    /// Which records it takes: texts, images, or both (CLIP, SigLIP).
+    pub reads: Reads,
+    /// An image model's processor: the model stage turns image bytes into pixel values with it,
+    /// off the model thread.
+    pub processor: Option<std::sync::Arc<image::Processor>>,
+}
+
+/// The inputs a model reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reads {
+    /// Texts (and pairs, for the tasks that take them): the text models.
+    Texts,
+    /// Images only: an image classifier (ViT).
+    Images,
+    /// Images and texts, into one space: CLIP, SigLIP.
+    ImagesAndTexts,
+}
+
+impl Reads {
+    /// Whether a text record fits.
+    pub fn texts(self) -> bool {
+        self != Self::Images
+    }
+
+    /// Whether an image record fits (and a `uri` names an image, not a text).
+    pub fn images(self) -> bool {
+        self != Self::Texts
+    }
 }
 
 /// One input: a text, optionally a second text for a pair task, and optionally the name of the
@@ -276,6 +309,8 @@ impl Model {
             prompts: prompts.names(),
             task: spec.task.task,
             labels: spec.task.labels.clone(),
+            reads: Reads::Texts,
+            processor: None,
         };
         let head = match spec.task.task {
             Task::Embed => TaskHead::Embed(Head::load(&spec)?),

@@ -1,9 +1,60 @@
-//! The model thread: an [`Model`] on a dedicated OS thread behind a channel, so a batch that
+//! The model thread: a loaded model on a dedicated OS thread behind a channel, so a batch that
 //! computes for seconds never stalls the async runtime that keeps Pub/Sub leases, acks and nacks
-//! flowing.
+//! flowing. Text models ([`Model`]) and image models (`task::image::ImageTask`) sit behind one
+//! trait, [`Predict`], so the pipeline never asks which it has.
 
 use super::{Input, Model, ModelError, ModelInfo, Predicted};
+use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
+
+/// What the model thread runs: a loaded model of any kind.
+pub trait Predict: Send {
+    /// What the model is and reads.
+    fn info(&self) -> &ModelInfo;
+    /// Computes the model's task for a batch, results in input order. An item the model does
+    /// not read (an image to a text model) fails the batch as the input's fault
+    /// ([`ModelError::Input`]); the pipeline refuses such records before they get here.
+    fn predict_items(&self, items: &[Item]) -> Result<Predicted, ModelError>;
+}
+
+/// One input for the model thread.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Item {
+    /// A text (or a pair).
+    Text(Text),
+    /// An image's pixel values from the model's processor (channels, then rows).
+    Pixels(Arc<[f32]>),
+}
+
+impl From<Text> for Item {
+    fn from(text: Text) -> Self {
+        Self::Text(text)
+    }
+}
+
+impl Predict for Model {
+    fn info(&self) -> &ModelInfo {
+        Model::info(self)
+    }
+
+    fn predict_items(&self, items: &[Item]) -> Result<Predicted, ModelError> {
+        let inputs = items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| match item {
+                Item::Text(t) => Ok(Input {
+                    text: &t.text,
+                    text_pair: t.text_pair.as_deref(),
+                    prompt_name: t.prompt_name.as_deref(),
+                }),
+                Item::Pixels(_) => Err(ModelError::Input(format!(
+                    "input {i}: an image, but this model reads texts"
+                ))),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        self.predict(&inputs)
+    }
+}
 
 /// One input for the model thread: a text, the second text of a pair, and the name of the
 /// prompt it asks for.
@@ -28,13 +79,13 @@ impl From<String> for Text {
 }
 
 struct Job {
-    texts: Vec<Text>,
+    items: Vec<Item>,
     reply: oneshot::Sender<Result<Predicted, ModelError>>,
 }
 
 /// Reloads the model from its files: how the model thread rebuilds itself after a device
 /// fault. Its error is only logged (the thread then keeps the model it has).
-pub type Reload = Box<dyn Fn() -> Result<Model, String> + Send>;
+pub type Reload = Box<dyn Fn() -> Result<Box<dyn Predict>, String> + Send>;
 
 /// A handle to the model thread. Cheap to clone; the thread stops when every handle is dropped.
 #[derive(Clone)]
@@ -44,23 +95,26 @@ pub struct ModelHandle {
 }
 
 impl ModelHandle {
-    /// Moves `embedder` onto a new thread named `model` and returns a handle to it.
-    pub fn spawn(embedder: Model) -> std::io::Result<Self> {
-        Self::spawn_with_reload(embedder, None)
+    /// Moves `model` onto a new thread named `model` and returns a handle to it.
+    pub fn spawn(model: impl Predict + 'static) -> std::io::Result<Self> {
+        Self::spawn_with_reload(Box::new(model), None)
     }
 
     /// [`ModelHandle::spawn`], and after a batch fails for a reason that is not its input's
     /// ([`ModelError::blames_input`]: a panic that may have left the encoder's buffers half
     /// written, a device error), the thread replaces its model by `reload`'s before the next
     /// batch, so a retry does not run on the state that just failed.
-    pub fn spawn_with_reload(embedder: Model, reload: Option<Reload>) -> std::io::Result<Self> {
-        let info = embedder.info().clone();
+    pub fn spawn_with_reload(
+        model: Box<dyn Predict>,
+        reload: Option<Reload>,
+    ) -> std::io::Result<Self> {
+        let info = model.info().clone();
         // One job queued while one computes: enough to keep the model busy, little to discard
         // on shutdown.
         let (tx, rx) = mpsc::channel::<Job>(1);
         std::thread::Builder::new()
             .name("model".into())
-            .spawn(move || serve(embedder, reload, rx))?;
+            .spawn(move || serve(model, reload, rx))?;
         Ok(Self { tx, info })
     }
     /// What the model is.
@@ -68,18 +122,21 @@ impl ModelHandle {
         &self.info
     }
 
-    /// Computes the model's task for `texts` on the model thread.
-    pub async fn predict(&self, texts: Vec<Text>) -> Result<Predicted, ModelError> {
-        self.submit(texts).await?.wait().await
+    /// Computes the model's task for `items` (texts, or [`Item`]s) on the model thread.
+    pub async fn predict(&self, items: Vec<impl Into<Item>>) -> Result<Predicted, ModelError> {
+        self.submit(items.into_iter().map(Into::into).collect())
+            .await?
+            .wait()
+            .await
     }
 
-    /// Queues `texts` for the model thread and returns at once with the [`Reply`] to wait on, so
+    /// Queues `items` for the model thread and returns at once with the [`Reply`] to wait on, so
     /// the caller can queue the next batch while this one computes. Waits only while the model
     /// already has a batch computing and one queued.
-    pub async fn submit(&self, texts: Vec<Text>) -> Result<Reply, ModelError> {
+    pub async fn submit(&self, items: Vec<Item>) -> Result<Reply, ModelError> {
         let (reply, rx) = oneshot::channel();
         self.tx
-            .send(Job { texts, reply })
+            .send(Job { items, reply })
             .await
             .map_err(|_| ModelError::Stopped)?;
         Ok(Reply(rx))
@@ -99,7 +156,7 @@ impl Reply {
 }
 
 /// The model thread's loop: one job at a time until every handle is gone.
-fn serve(mut embedder: Model, reload: Option<Reload>, mut rx: mpsc::Receiver<Job>) {
+fn serve(mut model: Box<dyn Predict>, reload: Option<Reload>, mut rx: mpsc::Receiver<Job>) {
     let mut faults = fault::Injected::from_env();
     while let Some(job) = rx.blocking_recv() {
         if job.reply.is_closed() {
@@ -107,12 +164,12 @@ fn serve(mut embedder: Model, reload: Option<Reload>, mut rx: mpsc::Receiver<Job
         }
         let result = faults
             .next()
-            .map_or_else(|| run(&embedder, &job.texts), Err);
+            .map_or_else(|| run(model.as_ref(), &job.items), Err);
         if let (Err(e), Some(reload)) = (&result, &reload) {
             if !e.blames_input() {
                 tracing::warn!(error = %e, "rebuilding the model after a fault that is not the input's");
                 match reload() {
-                    Ok(fresh) => embedder = fresh,
+                    Ok(fresh) => model = fresh,
                     Err(r) => {
                         tracing::error!(error = %r, "cannot rebuild the model; keeping the one that failed")
                     }
@@ -123,17 +180,9 @@ fn serve(mut embedder: Model, reload: Option<Reload>, mut rx: mpsc::Receiver<Job
     }
 }
 
-/// Computes one job's texts, a panic caught as [`ModelError::Panic`].
-fn run(embedder: &Model, texts: &[Text]) -> Result<Predicted, ModelError> {
-    let inputs: Vec<Input<'_>> = texts
-        .iter()
-        .map(|t| Input {
-            text: &t.text,
-            text_pair: t.text_pair.as_deref(),
-            prompt_name: t.prompt_name.as_deref(),
-        })
-        .collect();
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| embedder.predict(&inputs)))
+/// Computes one job's items, a panic caught as [`ModelError::Panic`].
+fn run(model: &dyn Predict, items: &[Item]) -> Result<Predicted, ModelError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model.predict_items(items)))
         .unwrap_or_else(|p| {
             Err(ModelError::Panic(crate::shutdown::panic_message(
                 p.as_ref(),

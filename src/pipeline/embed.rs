@@ -12,9 +12,11 @@
 //! for a broken device.
 
 use crate::external::telemetry::Metrics;
-use crate::model::{ModelError, ModelHandle, Predicted, Reply, Text};
+use crate::model::image::decode::Undecodable;
+use crate::model::image::Processor;
+use crate::model::{Item, ModelError, ModelHandle, Predicted, Reads, Reply, Text};
 use crate::pipeline::message::{Batch, Delivery, HandBack, Outcome, Pending, Rejected};
-use crate::record::RecordError;
+use crate::record::{Image, ImageData, RecordError};
 use crate::shutdown::{self, Shutdown};
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,7 +38,8 @@ impl AtModel {
 }
 
 /// Runs the model stage (the two tasks of the module documentation) until shutdown or `rx`
-/// closes; on shutdown what the stage holds goes to `handback`. An error: the model kept failing
+/// closes; on shutdown what the stage holds goes to `handback`. Image records are decoded and
+/// preprocessed here, refusing images past `max_image_pixels` (`--max-image-pixels`). An error: the model kept failing
 /// for a reason that is not its input's, and the stage began the shutdown.
 pub async fn run(
     mut rx: mpsc::Receiver<Batch>,
@@ -45,11 +48,12 @@ pub async fn run(
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
     handback: HandBack,
+    max_image_pixels: u64,
 ) -> Result<(), ModelError> {
     let (qtx, mut qrx) = mpsc::channel(1);
     let (m, h) = (model.clone(), metrics.clone());
     let submit = async {
-        submit_batches(&mut rx, qtx, m, h, &shutdown, &handback).await;
+        submit_batches(&mut rx, qtx, m, h, &shutdown, &handback, max_image_pixels).await;
         handback.put_queued(&mut rx, Batch::into_deliveries);
     };
     let collect = async {
@@ -60,6 +64,8 @@ pub async fn run(
     tokio::join!(submit, collect).1
 }
 
+/// The submitting task: refuses what the model cannot take, prepares images, queues each batch
+/// at the model thread and passes it on to the collecting task.
 async fn submit_batches(
     rx: &mut mpsc::Receiver<Batch>,
     tx: mpsc::Sender<AtModel>,
@@ -67,6 +73,7 @@ async fn submit_batches(
     metrics: Arc<Metrics>,
     shutdown: &Shutdown,
     handback: &HandBack,
+    max_image_pixels: u64,
 ) {
     loop {
         let Some(batch) = shutdown::recv(rx, shutdown).await else {
@@ -77,6 +84,24 @@ async fn submit_batches(
             mut rejected,
         } = batch;
         refuse_unfit(&mut records, &mut rejected, &model);
+        if let Some(processor) = &model.info().processor {
+            records = match prepare_images(
+                records,
+                &mut rejected,
+                processor,
+                max_image_pixels,
+                shutdown,
+            )
+            .await
+            {
+                Ok(records) => records,
+                Err(records) => {
+                    let held = Batch { records, rejected };
+                    handback.put(held.into_deliveries());
+                    return;
+                }
+            };
+        }
         let mut at = AtModel {
             records,
             rejected,
@@ -84,11 +109,11 @@ async fn submit_batches(
         };
         if !at.records.is_empty() {
             metrics.batch_size.observe(at.records.len() as f64);
-            let texts = at.records.iter().map(model_text).collect();
+            let items = model_items(&at.records);
             let reply = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => None,
-                r = model.submit(texts) => Some(r),
+                r = model.submit(items) => Some(r),
             };
             let Some(reply) = reply else {
                 handback.put(at.into_deliveries());
@@ -103,22 +128,126 @@ async fn submit_batches(
     }
 }
 
-/// What the model thread embeds for a record.
-fn model_text(p: &Pending) -> Text {
-    Text {
+/// What the model thread computes for a record: its image's pixel values (decoded by
+/// [`prepare_images`] before the batch is queued), else its text.
+fn model_item(p: &Pending) -> Item {
+    if let Some(Image {
+        data: ImageData::Pixels(pixels),
+        ..
+    }) = &p.record.image
+    {
+        return Item::Pixels(pixels.clone());
+    }
+    Item::Text(Text {
         text: p.record.text.clone(),
         text_pair: p.record.text_pair.clone(),
         prompt_name: p.record.prompt_name.clone(),
+    })
+}
+
+/// The model items of `records`, in order.
+fn model_items(records: &[Pending]) -> Vec<Item> {
+    records.iter().map(model_item).collect()
+}
+
+/// Decodes and preprocesses the batch's images with the model's processor, on blocking
+/// threads, one slice of the batch per core, so the model thread only ever sees pixel values and
+/// the next batch's decoding overlaps this one's compute. An image that cannot be used (not an
+/// image, truncated, past `max_pixels`) moves to `rejected` with the reason. `None`: shutdown
+/// began first (the records are as they were, still holding their bytes).
+async fn prepare_images(
+    records: Vec<Pending>,
+    rejected: &mut Vec<Rejected>,
+    processor: &Arc<Processor>,
+    max_pixels: u64,
+    shutdown: &Shutdown,
+) -> Result<Vec<Pending>, Vec<Pending>> {
+    let encoded = |p: &Pending| match &p.record.image {
+        Some(Image {
+            data: ImageData::Encoded(bytes),
+            ..
+        }) => Some(bytes.clone()),
+        _ => None,
+    };
+    let work: Vec<(usize, Arc<[u8]>)> = records
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| encoded(p).map(|b| (i, b)))
+        .collect();
+    if work.is_empty() {
+        return Ok(records);
     }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per_task = work.len().div_ceil(cores);
+    let mut tasks = Vec::new();
+    let parts: Vec<Vec<usize>> = work
+        .chunks(per_task)
+        .map(|part| part.iter().map(|(i, _)| *i).collect())
+        .collect();
+    for part in work.chunks(per_task) {
+        let (part, processor) = (part.to_vec(), processor.clone());
+        tasks.push(tokio::task::spawn_blocking(move || {
+            part.into_iter()
+                .map(|(i, bytes)| (i, processor.prepare(&bytes, max_pixels)))
+                .collect::<Vec<_>>()
+        }));
+    }
+    let done = tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => return Err(records),
+        done = futures::future::join_all(tasks) => done,
+    };
+    let mut prepared: Vec<Option<Result<Vec<f32>, String>>> = vec![None; records.len()];
+    for (result, part) in done.into_iter().zip(parts) {
+        // A decoder that panics fails the images of its slice, with the reason.
+        let results = result.unwrap_or_else(|e| {
+            let why = format!("the image decoder panicked: {e}");
+            part.iter()
+                .map(|&i| (i, Err(Undecodable(why.clone()))))
+                .collect()
+        });
+        for (i, r) in results {
+            prepared[i] = Some(r.map_err(|e| e.0));
+        }
+    }
+    let mut kept = Vec::with_capacity(records.len());
+    for (mut p, prep) in records.into_iter().zip(prepared) {
+        match (prep, p.record.image.as_mut()) {
+            (Some(Ok(pixels)), Some(image)) => {
+                image.data = ImageData::Pixels(pixels.into());
+                kept.push(p);
+            }
+            (Some(Err(why)), _) => rejected.push(p.into_rejected(RecordError::Image(why))),
+            _ => kept.push(p),
+        }
+    }
+    Ok(kept)
 }
 
 /// Moves the records the model cannot take to `rejected`, each a final failure recorded with
-/// the reason, never a batch failure: a prompt the model lacks (with its prompt names), a
-/// `text_pair` for a model that reads single texts, a single text for a cross-encoder.
+/// the reason, never a batch failure: an image for a text model, a text for an image
+/// classifier, a prompt the model lacks (with its prompt names), a `text_pair` for a model that
+/// reads single texts, a single text for a cross-encoder.
 fn refuse_unfit(records: &mut Vec<Pending>, rejected: &mut Vec<Rejected>, model: &ModelHandle) {
     let info = model.info();
     let why = |p: &Pending| -> Option<RecordError> {
         let r = &p.record;
+        match (r.image.is_some(), info.reads) {
+            (true, Reads::Texts) => {
+                return Some(RecordError::WrongInput(format!(
+                    "an image, but the model {} reads texts",
+                    info.name
+                )))
+            }
+            (false, Reads::Images) => {
+                return Some(RecordError::WrongInput(format!(
+                    "a text, but the model {} is an image classifier: it reads images \
+                     (\"uri\" or \"image_base64\")",
+                    info.name
+                )))
+            }
+            _ => {}
+        }
         if let Some(name) = r.prompt_name.as_ref().filter(|n| !info.prompts.contains(n)) {
             return Some(RecordError::UnknownPrompt(format!(
                 "the model has no prompt named {name:?} (its prompts: {})",
@@ -310,7 +439,7 @@ async fn retry_device_faults(
             _ = shutdown.cancelled() => return Err(Halt::Shutdown),
             r = async {
                 tokio::time::sleep(pause).await;
-                model.predict(records.iter().map(model_text).collect()).await
+                model.submit(model_items(records)).await?.wait().await
             } => r,
         };
     }
@@ -343,7 +472,7 @@ async fn isolate(
             biased;
             _ = shutdown.cancelled() => Err(Halt::Shutdown),
             r = async {
-                let alone = model.predict(vec![model_text(&p)]).await;
+                let alone = async { model.submit(vec![model_item(&p)]).await?.wait().await }.await;
                 retry_device_faults(alone, std::slice::from_ref(&p), model, metrics, shutdown).await
             } => r,
         };
@@ -398,6 +527,7 @@ mod tests {
             kit.metrics.clone(),
             kit.shutdown.clone(),
             handback.clone(),
+            50_000_000,
         ));
         (btx, orx, handback, stage)
     }

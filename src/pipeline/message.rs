@@ -40,11 +40,12 @@ pub struct Delivery {
 
 impl Delivery {
     /// Whether the worker can finish it as it is: an invalid payload (its failure row) or a
-    /// record with its text (a `uri` record drained unread at shutdown has none yet).
+    /// record with its text or image (a `uri` record drained unread at shutdown has neither
+    /// yet).
     pub fn ready(&self) -> bool {
-        self.payload
-            .as_ref()
-            .map_or(true, |r| r.uri.is_none() || !r.text.is_empty())
+        self.payload.as_ref().map_or(true, |r| {
+            r.uri.is_none() || !r.text.is_empty() || r.image.is_some()
+        })
     }
 }
 

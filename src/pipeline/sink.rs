@@ -261,9 +261,13 @@ fn rows(outcome: &Outcome, cfg: &SinkConfig) -> (Vec<ResultRow>, Vec<FailureRow>
     (results, failures)
 }
 
-/// Hex SHA-256 of what the model read: the text, or for a pair the text, a NUL byte and the
-/// `text_pair` (so no two different pairs share a hash unless their texts hold NULs).
+/// Hex SHA-256 of what the model read: the image's bytes, the text, or for a pair the text, a
+/// NUL byte and the `text_pair` (so no two different pairs share a hash unless their texts hold
+/// NULs).
 fn input_sha256(record: &crate::record::Record) -> String {
+    if let Some(image) = &record.image {
+        return image.sha256.clone();
+    }
     let mut hash = Sha256::new();
     hash.update(record.text.as_bytes());
     if let Some(pair) = &record.text_pair {

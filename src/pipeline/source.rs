@@ -2,7 +2,8 @@
 //!
 //! Each stream runs in its own task. A message becomes a [`Delivery`] carrying its [`Ack`]; bad
 //! payloads are parsed into a [`RecordError`] here, not dropped, so the sink can record them,
-//! and a `uri` record's text is read from Cloud Storage here. On shutdown the task stops
+//! and a `uri` record's object is read from Cloud Storage here (its text, or for an image model
+//! its image's bytes, decoded later by the model stage). On shutdown the task stops
 //! pulling, reads out what the server already pushed and closes its streaming pull (step 1 of
 //! the shutdown in [`crate::pipeline::ack`], which also says how a failed read ends).
 
@@ -52,6 +53,8 @@ pub struct SourceContext {
     /// be read on that delivery attempt is recorded as failed rather than NACKed into the
     /// dead-letter topic.
     pub dead_letter_limit: Option<u32>,
+    /// Whether a `uri` names an image (the model reads images) rather than a text.
+    pub objects_are_images: bool,
 }
 
 /// Pulls from `stream` into `tx` until shutdown, the stream ends, or the receiver goes away.
@@ -68,6 +71,7 @@ pub async fn run(
         subscription,
         nack_hold,
         dead_letter_limit,
+        objects_are_images,
     } = ctx;
     metrics.set_stream_open(true);
     // A delivery in hand when the shutdown came: handed back with the drained ones.
@@ -92,7 +96,7 @@ pub async fn run(
         crate::pipeline::fault::point(crate::pipeline::fault::Stage::Source);
         let payload = match record::parse(&message.data, max_text_bytes) {
             Ok(rec) if rec.uri.is_some() => {
-                match resolve_uri(rec, &*inputs, &shutdown).await {
+                match resolve_uri(rec, &*inputs, objects_are_images, &shutdown).await {
                     Ok(Some(p)) => p,
                     // Shutdown: the read is abandoned. The message, dropped here with no text
                     // to finish it with, is parked and NACKed with the rest.
@@ -157,22 +161,22 @@ fn received(
     (meta, Ack::new(handler, metrics.clone(), nack_hold.clone()))
 }
 
-/// Where the texts of `uri` records are read from: Cloud Storage ([`InputReader`]) in the
+/// Where the objects of `uri` records are read from: Cloud Storage ([`InputReader`]) in the
 /// worker, a fake in the unit tests.
-trait ObjectText: Sync {
-    /// The object's text; an error [`StorageError::is_permanent`] says whether a retry can help.
-    fn text(
+trait Objects: Sync {
+    /// The object's bytes; an error [`StorageError::is_permanent`] says whether a retry can help.
+    fn bytes(
         &self,
         uri: &str,
-    ) -> impl std::future::Future<Output = Result<String, StorageError>> + Send;
+    ) -> impl std::future::Future<Output = Result<Vec<u8>, StorageError>> + Send;
 }
 
-impl ObjectText for InputReader {
-    fn text(
+impl Objects for InputReader {
+    fn bytes(
         &self,
         uri: &str,
-    ) -> impl std::future::Future<Output = Result<String, StorageError>> + Send {
-        InputReader::text(self, uri)
+    ) -> impl std::future::Future<Output = Result<Vec<u8>, StorageError>> + Send {
+        InputReader::bytes(self, uri)
     }
 }
 
@@ -193,27 +197,36 @@ fn unreadable(
     })
 }
 
-/// Fills a `uri` record's text from Cloud Storage. `Ok(Some(Err(_)))`: the object can never be
-/// used (the record fails); `Err(_)`: a transient error (the message is retried); `Ok(None)`:
-/// shutdown began first.
+/// Fills a `uri` record's text (or, with `images`, its image) from Cloud Storage.
+/// `Ok(Some(Err(_)))`: the object can never be used (the record fails); `Err(_)`: a transient
+/// error (the message is retried); `Ok(None)`: shutdown began first.
 async fn resolve_uri(
     mut rec: Record,
-    inputs: &impl ObjectText,
+    inputs: &impl Objects,
+    images: bool,
     shutdown: &Shutdown,
 ) -> Result<Option<Result<Record, RecordError>>, StorageError> {
     let uri = rec.uri.clone().unwrap_or_default();
     let Some(read) = read_with_retries(&uri, inputs, shutdown).await else {
         return Ok(None);
     };
+    let failed = |e: StorageError| Ok(Some(Err(RecordError::Object(e.to_string()))));
     match read {
-        Ok(text) if text.is_empty() => {
+        Ok(bytes) if bytes.is_empty() => {
             Ok(Some(Err(RecordError::Object(format!("{uri} is empty")))))
         }
-        Ok(text) => {
-            rec.text = text;
+        Ok(bytes) if images => {
+            rec.image = Some(crate::record::Image::encoded(bytes));
             Ok(Some(Ok(rec)))
         }
-        Err(e) if e.is_permanent() => Ok(Some(Err(RecordError::Object(e.to_string())))),
+        Ok(bytes) => match String::from_utf8(bytes) {
+            Ok(text) => {
+                rec.text = text;
+                Ok(Some(Ok(rec)))
+            }
+            Err(_) => failed(StorageError::NotUtf8(uri)),
+        },
+        Err(e) if e.is_permanent() => failed(e),
         Err(e) => Err(e),
     }
 }
@@ -230,19 +243,19 @@ const READ_RETRY_START: Duration = if cfg!(test) {
     Duration::from_millis(250)
 };
 
-/// Reads `uri`'s text, retrying transient failures [`READ_RETRIES`] times with backoff; `None`
+/// Reads `uri`'s bytes, retrying transient failures [`READ_RETRIES`] times with backoff; `None`
 /// once shutdown begins.
 async fn read_with_retries(
     uri: &str,
-    inputs: &impl ObjectText,
+    inputs: &impl Objects,
     shutdown: &Shutdown,
-) -> Option<Result<String, StorageError>> {
+) -> Option<Result<Vec<u8>, StorageError>> {
     let mut pauses = crate::external::store::retry_schedule(READ_RETRY_START).take(READ_RETRIES);
     loop {
         let read = tokio::select! {
             biased;
             _ = shutdown.cancelled() => return None,
-            r = inputs.text(uri) => r,
+            r = inputs.bytes(uri) => r,
         };
         let pause = match &read {
             Err(e) if !e.is_permanent() => pauses.next(),
@@ -307,13 +320,13 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// An object store whose reads fail with `fails` (in order) and then return `text`.
-    struct Objects {
+    struct Fake {
         fails: Vec<fn(&str) -> StorageError>,
         text: &'static str,
         reads: AtomicUsize,
     }
 
-    impl Objects {
+    impl Fake {
         fn new(fails: Vec<fn(&str) -> StorageError>, text: &'static str) -> Self {
             Self {
                 fails,
@@ -323,12 +336,12 @@ mod tests {
         }
     }
 
-    impl ObjectText for Objects {
-        async fn text(&self, uri: &str) -> Result<String, StorageError> {
+    impl Objects for Fake {
+        async fn bytes(&self, uri: &str) -> Result<Vec<u8>, StorageError> {
             let n = self.reads.fetch_add(1, Ordering::SeqCst);
             match self.fails.get(n) {
                 Some(fail) => Err(fail(uri)),
-                None => Ok(self.text.to_string()),
+                None => Ok(self.text.as_bytes().to_vec()),
             }
         }
     }
@@ -345,15 +358,13 @@ mod tests {
         record::parse(br#"{"id":"u","uri":"gs://bucket/object"}"#, 1 << 20).unwrap()
     }
 
-    async fn resolve(
-        objects: &Objects,
-    ) -> Result<Option<Result<Record, RecordError>>, StorageError> {
-        resolve_uri(uri_record(), objects, &Shutdown::new()).await
+    async fn resolve(objects: &Fake) -> Result<Option<Result<Record, RecordError>>, StorageError> {
+        resolve_uri(uri_record(), objects, false, &Shutdown::new()).await
     }
 
     #[tokio::test]
     async fn a_transient_read_is_retried_in_place_three_times_then_given_up() {
-        let objects = Objects::new(vec![transient; 4], "never");
+        let objects = Fake::new(vec![transient; 4], "never");
         let read = resolve(&objects).await;
         assert!(matches!(read, Err(StorageError::Timeout(_))), "{read:?}");
         assert_eq!(objects.reads.load(Ordering::SeqCst), 1 + READ_RETRIES);
@@ -362,7 +373,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_read_that_passes_within_the_retries_fills_the_record() {
-        let objects = Objects::new(vec![transient; 3], "the text");
+        let objects = Fake::new(vec![transient; 3], "the text");
         let read = resolve(&objects).await.unwrap().unwrap().unwrap();
         assert_eq!(read.text, "the text");
         assert_eq!(objects.reads.load(Ordering::SeqCst), 4);
@@ -370,7 +381,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_object_that_can_never_be_used_is_a_failure_at_once() {
-        let objects = Objects::new(vec![transient, missing], "never");
+        let objects = Fake::new(vec![transient, missing], "never");
         let read = resolve(&objects).await.unwrap().unwrap();
         assert!(
             matches!(read, Err(RecordError::Object(ref e)) if e.contains("does not exist")),
@@ -381,7 +392,7 @@ mod tests {
             2,
             "a permanent error is not retried"
         );
-        let empty = Objects::new(vec![], "");
+        let empty = Fake::new(vec![], "");
         let read = resolve(&empty).await.unwrap().unwrap();
         assert!(
             matches!(read, Err(RecordError::Object(ref e)) if e.contains("is empty")),
@@ -393,8 +404,8 @@ mod tests {
     async fn a_shutdown_abandons_the_read() {
         let shutdown = Shutdown::new();
         shutdown.cancel();
-        let objects = Objects::new(vec![], "text");
-        let read = resolve_uri(uri_record(), &objects, &shutdown)
+        let objects = Fake::new(vec![], "text");
+        let read = resolve_uri(uri_record(), &objects, false, &shutdown)
             .await
             .unwrap();
         assert!(read.is_none());

@@ -347,7 +347,9 @@ fn spawn(embedder: Model, faults: Option<String>) -> ModelHandle {
     }
     let model = ModelHandle::spawn(embedder).unwrap();
     // Blocks this thread for one tiny batch: once it is back, the thread has read the variable.
-    let first = futures::executor::block_on(model.predict(vec!["warm up".to_string().into()]));
+    let first = futures::executor::block_on(
+        model.predict(vec![crate::model::Text::from("warm up".to_string())]),
+    );
     std::env::remove_var(VAR);
     assert_eq!(
         first.is_err(),

@@ -87,12 +87,17 @@ impl Window {
 /// within about a second, as a slow first batch would under-size a fast model's window and
 /// streams.
 pub async fn measure_rate(model: &ModelHandle, batch_size: usize) -> Result<f64, ModelError> {
-    let words = CALIBRATION_WORDS.min(model.info().max_seq_len).max(1);
+    let info = model.info();
+    let words = CALIBRATION_WORDS.min(info.max_seq_len).max(1);
     let text = calibration_text(words);
-    // A cross-encoder reads pairs: the text paired with itself.
-    let input = crate::model::Text {
-        text_pair: model.info().task.needs_pairs().then(|| text.clone()),
-        ..crate::model::Text::from(text)
+    let input = match info.processor.as_ref().and_then(|p| p.output_len()) {
+        // An image model is timed on images (gray, of the size its processor gives).
+        Some(len) => crate::model::Item::Pixels(vec![0.0; len].into()),
+        // A cross-encoder reads pairs: the text paired with itself.
+        None => crate::model::Item::Text(crate::model::Text {
+            text_pair: info.task.needs_pairs().then(|| text.clone()),
+            ..crate::model::Text::from(text)
+        }),
     };
     model.predict(vec![input.clone()]).await?;
     let batch = vec![input; batch_size.clamp(1, 64)];

@@ -68,6 +68,9 @@ pub struct WorkerConfig {
     pub max_object_bytes: u64,
     /// Buckets `uri` records may name (empty: any).
     pub allowed_buckets: Vec<String>,
+    /// Most pixels an image may declare, and its processor's resize may make
+    /// (`--max-image-pixels`): the bound on a decode's memory.
+    pub max_image_pixels: u64,
 }
 
 /// What a finished worker did.
@@ -177,6 +180,7 @@ struct LastChance {
     store: Store,
     sink: SinkConfig,
     metrics: Arc<Metrics>,
+    max_image_pixels: u64,
 }
 
 impl LastChance {
@@ -206,6 +210,7 @@ impl LastChance {
             self.metrics.clone(),
             lane.clone(),
             handback.clone(),
+            self.max_image_pixels,
         );
         let sink = sink::run(
             orx,
@@ -260,7 +265,8 @@ async fn start(
     let (dtx, drx) = mpsc::channel(max * 2);
     let nack_hold = NackHold::new(shutdown.clone());
     let held_nacks = nack_hold.release_on_drop();
-    let (sources, leases) = open_streams(cfg, dtx, nack_hold, limit, metrics, shutdown).await?;
+    let objects = (limit, model.info().reads.images());
+    let (sources, leases) = open_streams(cfg, dtx, nack_hold, objects, metrics, shutdown).await?;
     let (btx, brx) = mpsc::channel(1);
     let batcher = batcher::run(drx, btx, cfg.batch, shutdown.clone());
     let batcher = shutdown::spawn_supervised("batcher", batcher, shutdown);
@@ -274,6 +280,7 @@ async fn start(
         metrics.clone(),
         shutdown.clone(),
         handback.clone(),
+        cfg.max_image_pixels,
     );
     let stage = shutdown::spawn_supervised("model stage", stage, shutdown);
     let sink_cfg = SinkConfig {
@@ -292,6 +299,7 @@ async fn start(
         store: store.clone(),
         sink: sink_cfg.clone(),
         metrics: metrics.clone(),
+        max_image_pixels: cfg.max_image_pixels,
     };
     let sink = sink::run(
         orx,
@@ -323,25 +331,31 @@ async fn open_streams(
     cfg: &WorkerConfig,
     tx: mpsc::Sender<Delivery>,
     nack_hold: NackHold,
-    dead_letter_limit: Option<u32>,
+    (dead_letter_limit, objects_are_images): (Option<u32>, bool),
     metrics: &Arc<Metrics>,
     shutdown: &Shutdown,
 ) -> Result<(Vec<Task<source::Stopped>>, Vec<Box<dyn LeaseLoop>>), WorkerError> {
     let subscriber = cfg.pubsub.subscriber(cfg.window.streams).await?;
+    // An object's text is a record's text: --max-text-bytes bounds it as it bounds inline text,
+    // before any of it is read into memory. An image is bounded by --max-object-bytes alone.
+    let max_bytes = match objects_are_images {
+        true => cfg.max_object_bytes,
+        false => cfg
+            .max_object_bytes
+            .min(u64::try_from(cfg.max_text_bytes).unwrap_or(u64::MAX)),
+    };
     let ctx = source::SourceContext {
         max_text_bytes: cfg.max_text_bytes,
-        // An object's text is a record's text: --max-text-bytes bounds it as it bounds inline
-        // text, before any of it is read into memory.
         inputs: Arc::new(InputReader::new(
             cfg.storage_emulator_host.clone(),
-            cfg.max_object_bytes
-                .min(u64::try_from(cfg.max_text_bytes).unwrap_or(u64::MAX)),
+            max_bytes,
             cfg.allowed_buckets.clone(),
         )),
         metrics: metrics.clone(),
         subscription: cfg.pubsub.subscription.clone(),
         nack_hold,
         dead_letter_limit,
+        objects_are_images,
     };
     let mut sources = Vec::new();
     let mut leases: Vec<Box<dyn LeaseLoop>> = Vec::new();
@@ -499,6 +513,7 @@ mod tests {
                 confirm_acks: false,
             },
             metrics: kit.metrics.clone(),
+            max_image_pixels: 50_000_000,
         }
     }
 

@@ -372,6 +372,7 @@ pub fn worker_config(pubsub: PubsubConfig) -> WorkerConfig {
         storage_emulator_host: None,
         max_object_bytes: 1 << 20,
         allowed_buckets: Vec::new(),
+        max_image_pixels: 50_000_000,
     }
 }
 
@@ -584,4 +585,43 @@ pub fn floats(v: &serde_json::Value) -> Vec<f32> {
         .iter()
         .map(|x| x.as_f64().expect("a number") as f32)
         .collect()
+}
+
+/// A tiny PNG whose header declares `width` × `height` pixels, with a few bytes of image data.
+pub fn png_declaring(width: u32, height: u32) -> Vec<u8> {
+    fn chunk(out: &mut Vec<u8>, kind: &[u8], data: &[u8]) {
+        out.extend((data.len() as u32).to_be_bytes());
+        let start = out.len();
+        out.extend(kind);
+        out.extend(data);
+        let crc = crc32(&out[start..]);
+        out.extend(crc.to_be_bytes());
+    }
+    fn crc32(bytes: &[u8]) -> u32 {
+        let mut c = !0u32;
+        for &b in bytes {
+            c ^= u32::from(b);
+            for _ in 0..8 {
+                c = if c & 1 == 1 {
+                    0xEDB8_8320 ^ (c >> 1)
+                } else {
+                    c >> 1
+                };
+            }
+        }
+        !c
+    }
+    let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
+    let mut ihdr = width.to_be_bytes().to_vec();
+    ihdr.extend(height.to_be_bytes());
+    ihdr.extend([8, 2, 0, 0, 0]);
+    chunk(&mut out, b"IHDR", &ihdr);
+    // A zlib stream of zeros: what a bomb's data looks like, cut short.
+    chunk(
+        &mut out,
+        b"IDAT",
+        &[0x78, 0x9c, 0x63, 0x60, 0x18, 0x05, 0x00, 0x00],
+    );
+    chunk(&mut out, b"IEND", &[]);
+    out
 }

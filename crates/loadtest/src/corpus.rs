@@ -5,7 +5,8 @@ use crate::{Args, LoadtestError};
 use google_cloud_pubsub::model::Message;
 use rand::{Rng, SeedableRng};
 use spotinfer::external::pubsub::{PubsubConfig, QueueError};
-use spotinfer::record::Record;
+use spotinfer::record::{Image, ImageData, Record};
+use std::path::{Path, PathBuf};
 
 /// What was published, for the drive and the verification.
 pub struct Published {
@@ -31,8 +32,9 @@ pub async fn publish(
     name: &str,
     rng: &mut rand::rngs::StdRng,
 ) -> Result<Published, LoadtestError> {
-    let records = match &args.input {
-        Some(path) => {
+    let records = match (&args.input, &args.images) {
+        (_, Some(dir)) => image_corpus(dir, args.records, name)?,
+        (Some(path), None) => {
             let mut r = spotinfer::model::offline::read_records(path, usize::MAX)?;
             for rec in &mut r {
                 rec.id = format!("{name}-{}", rec.id);
@@ -40,15 +42,12 @@ pub async fn publish(
             }
             r
         }
-        None => corpus(args.records, args.seed, name),
+        (None, None) => corpus(args.records, args.seed, name),
     };
     let poison = poison_payloads(args.poison, name);
     let mut payloads: Vec<(bool, Vec<u8>)> = records
         .iter()
-        .map(|r| {
-            let json = serde_json::json!({"id": r.id, "text": r.text, "job": r.job});
-            (false, json.to_string().into_bytes())
-        })
+        .map(|r| (false, payload(r).to_string().into_bytes()))
         .chain(poison.iter().map(|p| (true, p.clone())))
         .collect();
     // Interleave poison with records, reproducibly.
@@ -68,6 +67,51 @@ pub async fn publish(
         records,
         poison_ids,
     })
+}
+
+/// A record's message: its text, or its image inline.
+fn payload(r: &Record) -> serde_json::Value {
+    use base64::Engine;
+    match &r.image {
+        Some(Image {
+            data: ImageData::Encoded(bytes),
+            ..
+        }) => {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
+            serde_json::json!({"id": r.id, "image_base64": b64, "job": r.job})
+        }
+        _ => serde_json::json!({"id": r.id, "text": r.text, "job": r.job}),
+    }
+}
+
+/// `n` image records, the files of `dir` in name order, cycled.
+fn image_corpus(dir: &Path, n: usize, prefix: &str) -> Result<Vec<Record>, LoadtestError> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(LoadtestError::Io(format!(
+            "--images {}: no files",
+            dir.display()
+        )));
+    }
+    let images: Vec<Image> = files
+        .iter()
+        .map(|f| std::fs::read(f).map(Image::encoded))
+        .collect::<Result<_, _>>()?;
+    Ok((0..n)
+        .map(|i| Record {
+            id: format!("{prefix}-{i:07}"),
+            text: String::new(),
+            uri: None,
+            job: Some(prefix.to_string()),
+            prompt_name: None,
+            text_pair: None,
+            image: Some(images[i % images.len()].clone()),
+        })
+        .collect())
 }
 
 const SUBJECTS: &[&str] = &[
@@ -163,6 +207,7 @@ pub fn corpus(n: usize, seed: u64, prefix: &str) -> Vec<Record> {
                 job: Some(prefix.to_string()),
                 prompt_name: None,
                 text_pair: None,
+                image: None,
             }
         })
         .collect()

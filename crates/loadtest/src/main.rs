@@ -66,6 +66,11 @@ pub struct Args {
     /// Read records from this JSONL file instead of generating them.
     #[arg(long)]
     pub input: Option<PathBuf>,
+    /// Publish images instead of texts: the files in this folder (JPEG, PNG, WebP, GIF, BMP),
+    /// inline (`image_base64`), cycled to --records records. For an image model (CLIP, SigLIP,
+    /// ViT).
+    #[arg(long, conflicts_with = "input")]
+    pub images: Option<PathBuf>,
     /// Poison payloads to publish among the records.
     #[arg(long, default_value_t = 20)]
     pub poison: usize,

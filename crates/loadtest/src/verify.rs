@@ -12,8 +12,9 @@ use sha2::{Digest, Sha256};
 use spotinfer::external::pubsub::PubsubConfig;
 use spotinfer::external::store::StoredEmbedding;
 use spotinfer::model::Backend;
-use spotinfer::model::{cosine, Input, LoadOptions, Model, ModelInfo, Output, Task};
-use spotinfer::record::{self, Record};
+use spotinfer::model::{cosine, is_image_model, ImageTask, Item, LoadOptions, Model, ModelError};
+use spotinfer::model::{ModelInfo, Output, Predict, Task, Text};
+use spotinfer::record::{self, ImageData, Record};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
@@ -145,7 +146,11 @@ fn missing_and_wrong(
                     Task::Embed => s.embedding.len() == model.dim,
                     _ => s.embedding.is_empty() && (s.label.is_some() || s.score.is_some()),
                 };
-                if s.input_sha256 != hex::encode(Sha256::digest(r.text.as_bytes())) || !result {
+                let input = match &r.image {
+                    Some(image) => image.sha256.clone(),
+                    None => hex::encode(Sha256::digest(r.text.as_bytes())),
+                };
+                if s.input_sha256 != input || !result {
                     wrong += 1;
                 }
             }
@@ -167,15 +172,17 @@ fn unexpected_rows(
         .count()
 }
 
-/// The reference the stored results are checked against: the model on candle, so the check is
-/// independent of the fused encoder that computed them.
-async fn reference_model(args: &Args) -> Result<Model, LoadtestError> {
+/// The reference the stored results are checked against: a text model on candle, so the check
+/// is independent of the fused encoder that computed them; an image model (which has one engine)
+/// recomputed from the record's bytes, so the check covers what the pipeline did with them.
+async fn reference_model(args: &Args) -> Result<Box<dyn Predict>, LoadtestError> {
     let (model_dir, device) = (args.model.clone(), args.device);
-    tokio::task::spawn_blocking(move || {
-        Model::open(
-            &model_dir,
-            &LoadOptions::new(device).backend(Backend::Candle),
-        )
+    tokio::task::spawn_blocking(move || -> Result<Box<dyn Predict>, ModelError> {
+        let options = LoadOptions::new(device).backend(Backend::Candle);
+        if is_image_model(&model_dir)? {
+            return Ok(Box::new(ImageTask::open(&model_dir, &options)?));
+        }
+        Ok(Box::new(Model::open(&model_dir, &options)?))
     })
     .await
     .map_err(|e| LoadtestError::Io(e.to_string()))?
@@ -195,7 +202,7 @@ struct Sample {
 /// Recomputes `--verify-sample` stored results with the reference model.
 async fn recompute_sample(
     args: &Args,
-    reference: Model,
+    reference: Box<dyn Predict>,
     records: &[Record],
     rows: HashMap<String, StoredEmbedding>,
 ) -> Result<Sample, LoadtestError> {
@@ -213,15 +220,11 @@ async fn recompute_sample(
             bad: 0,
         };
         for chunk in sample.chunks(16) {
-            let inputs: Vec<Input<'_>> = chunk
+            let items = chunk
                 .iter()
-                .map(|r| Input {
-                    text: &r.text,
-                    text_pair: r.text_pair.as_deref(),
-                    prompt_name: r.prompt_name.as_deref(),
-                })
-                .collect();
-            let out = reference.predict(&inputs)?;
+                .map(|r| item(r, reference.info()))
+                .collect::<Result<Vec<_>, _>>()?;
+            let out = reference.predict_items(&items)?;
             for (r, output) in chunk.iter().zip(out.outputs) {
                 if let Some(stored) = rows.get(&r.id) {
                     s.compare(stored, &output);
@@ -232,6 +235,25 @@ async fn recompute_sample(
     })
     .await
     .map_err(|e| LoadtestError::Io(e.to_string()))?
+}
+
+/// What the reference computes for a record: its image decoded and preprocessed by the model's
+/// processor, or its text.
+fn item(r: &Record, info: &ModelInfo) -> Result<Item, ModelError> {
+    let (Some(image), Some(processor)) = (&r.image, &info.processor) else {
+        return Ok(Item::Text(Text {
+            text: r.text.clone(),
+            text_pair: r.text_pair.clone(),
+            prompt_name: r.prompt_name.clone(),
+        }));
+    };
+    let ImageData::Encoded(bytes) = &image.data else {
+        return Err(ModelError::Input(format!("{}: no image bytes", r.id)));
+    };
+    let pixels = processor
+        .prepare(bytes, u64::MAX)
+        .map_err(|e| ModelError::Input(format!("{}: {e}", r.id)))?;
+    Ok(Item::Pixels(pixels.into()))
 }
 
 impl Sample {

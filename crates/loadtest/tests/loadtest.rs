@@ -262,3 +262,43 @@ async fn a_classifier_on_postgres_under_sigterms_sigkills_and_a_db_outage_loses_
         "{report}"
     );
 }
+
+/// An image model (the random-weight CLIP fixture) under SIGTERMs and SIGKILLs: the fixture
+/// photographs inline, every record's vector committed once and equal to one recomputed from
+/// the published bytes.
+#[test]
+fn an_image_model_on_sqlite_under_sigterms_and_sigkills_loses_nothing() {
+    let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/images");
+    let photos = fixtures.join("photos").display().to_string();
+    let report = loadtest_model(
+        &[
+            "--images",
+            &photos,
+            "--records",
+            "600",
+            "--poison",
+            "6",
+            "--workers",
+            "2",
+            "--seed",
+            "11",
+            "--chaos-interval",
+            "2s",
+            "--sigkill-ratio",
+            "0.3",
+            "--verify-sample",
+            "34",
+            "--worker-arg=--batch-size=8",
+        ],
+        None,
+        true,
+        &fixtures.join("models/clip"),
+    );
+    assert_eq!(report["ok"], true, "{report}");
+    assert_eq!(report["lost"], 0);
+    assert_eq!(report["wrong"], 0);
+    assert_eq!(report["poison_missing"], 0);
+    assert!(report["verified_vectors"].as_u64().unwrap() >= 30);
+    assert!(report["min_cosine"].as_f64().unwrap() >= 0.999, "{report}");
+    assert!(report["sigterms"].as_u64().unwrap() >= 2, "{report}");
+}

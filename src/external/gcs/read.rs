@@ -111,9 +111,10 @@ impl InputReader {
         })
     }
 
-    /// The object's text. Permanent errors ([`StorageError::is_permanent`]) mean the record can
-    /// never succeed; any other error may pass on a retry.
-    pub async fn text(&self, uri: &str) -> Result<String, StorageError> {
+    /// The object's bytes (a text, or an image for an image model). Permanent errors
+    /// ([`StorageError::is_permanent`]) mean the record can never succeed; any other error may
+    /// pass on a retry.
+    pub async fn bytes(&self, uri: &str) -> Result<Vec<u8>, StorageError> {
         // The client retries transient errors with backoff for a long time; one read must give
         // up well before the message's lease matters (the source retries it a few times, then
         // NACKs). The first call builds the client, inside the same limit.
@@ -123,7 +124,7 @@ impl InputReader {
                 .client
                 .get_or_try_init(|| Gcs::new(self.emulator_host.as_deref()))
                 .await?;
-            client.read_text(uri, self.max_bytes).await
+            client.read(uri, Some(self.max_bytes)).await
         };
         tokio::time::timeout(INPUT_TIMEOUT, read)
             .await

@@ -16,6 +16,7 @@ pub mod towers;
 
 use super::spec::read_json;
 use super::ModelError;
+use decode::Undecodable;
 use resample::{Filter, Rgb8};
 use serde_json::Value;
 use std::path::Path;
@@ -119,6 +120,40 @@ impl Processor {
             rescale,
             normalize,
         })
+    }
+
+    /// A record's image bytes to the model's input: decoded ([`decode::decode`], refusing more
+    /// than `max_pixels`), resized, cropped, rescaled and normalised. A resize that would itself
+    /// make more than `max_pixels` (a 1 × 40,000 strip whose short side goes to 224) is refused
+    /// before it allocates, as is an image smaller than a crop the processor never pads.
+    pub fn prepare(&self, bytes: &[u8], max_pixels: u64) -> Result<Vec<f32>, Undecodable> {
+        let image = decode::decode(bytes, max_pixels)?;
+        if let Some((size, _)) = self.resize {
+            let (h, w) = target(size, image.height, image.width);
+            if (h as u64).saturating_mul(w as u64) > max_pixels {
+                return Err(Undecodable(format!(
+                    "{}x{} pixels would be resized to {w}x{h}, more than the {max_pixels} pixels \
+                     allowed (--max-image-pixels)",
+                    image.width, image.height
+                )));
+            }
+        }
+        self.pixel_values(&image).ok_or_else(|| {
+            Undecodable(format!(
+                "{}x{} pixels is smaller than the processor's crop, which it does not pad",
+                image.width, image.height
+            ))
+        })
+    }
+
+    /// How many values [`Processor::pixel_values`] gives per image (3 × height × width).
+    pub fn output_len(&self) -> Option<usize> {
+        let probe = Rgb8 {
+            width: 97,
+            height: 61,
+            data: vec![0; 97 * 61 * 3],
+        };
+        self.resized(&probe).map(|i| 3 * i.width * i.height)
     }
 
     /// The 8-bit image after the processor's resize and crop: what the model sees, before

@@ -29,6 +29,10 @@ pub struct ImageModel {
     pub processor: Processor,
     /// ViT's labels in id order (empty for CLIP and SigLIP).
     pub labels: Vec<String>,
+    /// Values per result: the projection's width (CLIP, SigLIP), the labels (ViT).
+    pub dim: usize,
+    /// Most tokens the text tower reads (its position embeddings; 0 without one).
+    pub max_text_tokens: usize,
     /// (height, width) the network takes.
     input: (usize, usize),
     /// SigLIP's text tower reads a fixed-length sequence (its pooled output is the last
@@ -40,8 +44,13 @@ pub struct ImageModel {
 
 impl ImageModel {
     /// Loads `dir` (`config.json`, `preprocessor_config.json`, `model.safetensors`) for
-    /// `CLIPModel`, `SiglipModel` or `ViTForImageClassification`, refusing anything else.
+    /// `CLIPModel`, `SiglipModel` or `ViTForImageClassification` in f32, refusing anything else.
     pub fn load(dir: &Path, device: &Device) -> Result<Self, ModelError> {
+        Self::load_as(dir, device, DType::F32)
+    }
+
+    /// [`ImageModel::load`] with the weights in `dtype` (f16 on CUDA).
+    pub fn load_as(dir: &Path, device: &Device, dtype: DType) -> Result<Self, ModelError> {
         let config_path = dir.join("config.json");
         let unsupported = |message: String| ModelError::Unsupported {
             path: config_path.clone(),
@@ -52,18 +61,20 @@ impl ImageModel {
         let weights = dir.join("model.safetensors");
         // SAFETY: the file is mapped read-only and not changed while the model lives.
         let vb = unsafe {
-            VarBuilder::from_mmaped_safetensors(std::slice::from_ref(&weights), DType::F32, device)
+            VarBuilder::from_mmaped_safetensors(std::slice::from_ref(&weights), dtype, device)
         }?;
         let architecture = config["architectures"][0].as_str().unwrap_or("none");
-        let (towers, labels, input, text_length) = match architecture {
+        let (towers, labels, input, text_length, dim) = match architecture {
             "CLIPModel" => {
                 let c = clip_config(&config).map_err(unsupported)?;
                 let input = (c.vision_config.image_size, c.vision_config.image_size);
+                let dim = c.vision_config.projection_dim;
                 (
                     Towers::Clip(clip::ClipModel::new(vb, &c)?),
                     vec![],
                     input,
                     None,
+                    dim,
                 )
             }
             "SiglipModel" => {
@@ -74,19 +85,22 @@ impl ImageModel {
                     c.text_config.max_position_embeddings,
                     c.text_config.pad_token_id,
                 ));
+                let dim = c.vision_config.hidden_size;
                 (
                     Towers::Siglip(siglip::Model::new(&c, vb)?),
                     vec![],
                     input,
                     text,
+                    dim,
                 )
             }
             "ViTForImageClassification" => {
                 let c: vit::Config = candle_config(&config, architecture).map_err(unsupported)?;
-                let labels = labels(&config).map_err(unsupported)?;
+                let labels = crate::model::spec::labels(&config, &config_path)?;
                 let input = (c.image_size, c.image_size);
                 let model = vit::Model::new(&c, labels.len(), vb)?;
-                (Towers::Vit(model), labels, input, None)
+                let dim = labels.len();
+                (Towers::Vit(model), labels, input, None, dim)
             }
             other => {
                 return Err(unsupported(format!(
@@ -95,10 +109,19 @@ impl ImageModel {
                 )))
             }
         };
+        let max_text_tokens = match &towers {
+            Towers::Clip(_) => config["text_config"]["max_position_embeddings"]
+                .as_u64()
+                .unwrap_or(77) as usize,
+            Towers::Siglip(_) => text_length.map_or(0, |(n, _)| n),
+            Towers::Vit(_) => 0,
+        };
         let model = Self {
+            max_text_tokens,
             towers,
             processor,
             labels,
+            dim,
             input,
             text_length,
             device: device.clone(),
@@ -138,9 +161,16 @@ impl ImageModel {
 
     /// Per image (its pixel values from [`Processor::pixel_values`]): CLIP's and SigLIP's
     /// projected image features (`get_image_features`, not normalised), ViT's logits.
-    pub fn images(&self, pixel_values: &[Vec<f32>]) -> Result<Vec<Vec<f32>>, ModelError> {
+    pub fn images<P: AsRef<[f32]>>(&self, pixel_values: &[P]) -> Result<Vec<Vec<f32>>, ModelError> {
+        if pixel_values.is_empty() {
+            return Ok(vec![]);
+        }
         let (h, w) = self.input;
-        let flat: Vec<f32> = pixel_values.iter().flatten().copied().collect();
+        let flat: Vec<f32> = pixel_values
+            .iter()
+            .flat_map(|p| p.as_ref())
+            .copied()
+            .collect();
         if flat.len() != pixel_values.len() * 3 * h * w {
             return Err(ModelError::Input(format!(
                 "pixel values for {} images of 3x{h}x{w}",
@@ -258,19 +288,4 @@ fn candle_config<T: serde::de::DeserializeOwned>(
     architecture: &str,
 ) -> Result<T, String> {
     T::deserialize(config).map_err(|e| format!("{architecture} config: {e}"))
-}
-
-/// ViT's labels in id order from `id2label`.
-fn labels(config: &Value) -> Result<Vec<String>, String> {
-    let map = config["id2label"]
-        .as_object()
-        .ok_or("ViT config: no id2label")?;
-    (0..map.len())
-        .map(|i| {
-            map.get(&i.to_string())
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-                .ok_or_else(|| format!("ViT config: id2label has no label {i}"))
-        })
-        .collect()
 }

@@ -14,6 +14,7 @@ mod task;
 
 pub use encoder::{Architecture, EncoderSpec};
 pub use modules::{Activation, DenseSpec, PoolingSpec};
+pub(crate) use task::{classification_function, labels};
 pub use task::{ScoreFunction, Task, TaskSpec};
 
 use super::ModelError;

@@ -209,7 +209,7 @@ fn cross_encoder(
 /// `pipeline("text-classification")`'s default function: none for regression; sigmoid for
 /// multi-label and for one logit; softmax for single-label and for several logits. A
 /// `problem_type` transformers does not define is refused.
-fn classification_function(
+pub(crate) fn classification_function(
     config: &Value,
     path: &Path,
     labels: usize,
@@ -231,7 +231,7 @@ fn classification_function(
 
 /// The labels in id order: `id2label` where it names them, `LABEL_i` for the rest, as many as
 /// `id2label` has, else `num_labels`, else transformers' default of 2.
-fn labels(config: &Value, path: &Path) -> Result<Vec<String>, ModelError> {
+pub(crate) fn labels(config: &Value, path: &Path) -> Result<Vec<String>, ModelError> {
     let bad = |message: String| ModelError::Config {
         path: path.to_path_buf(),
         message,

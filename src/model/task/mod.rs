@@ -5,12 +5,15 @@
 //! * `embed`: pooled rows through the model's Dense layers and Normalize: a vector;
 //! * `sequence`: the first token's row through a classification head: labels with scores
 //!   (classify, and a CrossEncoder's pair score);
-//! * `tokens`: every token's row through a token head, grouped into entities (tag).
+//! * `tokens`: every token's row through a token head, grouped into entities (tag);
+//! * `image`: an image model's towers (`super::image`) read images and texts: CLIP's and
+//!   SigLIP's vectors, ViT's labels.
 //!
 //! Which task a folder is for is decided by `spec::TaskSpec`; the record's input (a text, or a
 //! text and a `text_pair`) by the pipeline, which refuses a pair the task cannot take.
 
 mod embed;
+pub(super) mod image;
 mod linear;
 mod sequence;
 mod tokens;

@@ -1,0 +1,210 @@
+//! The image tasks: what goes into an image model and what comes out.
+//!
+//! * CLIP and SigLIP (`CLIPModel`, `SiglipModel`) embed: an image (its pixel values, from the
+//!   folder's processor) through the image tower, a text (tokenized by the folder's
+//!   `tokenizer.json`) through the text tower, both projected into one space. The vectors are
+//!   `get_image_features` / `get_text_features` as transformers returns them, not normalised:
+//!   cosine distance (pgvector's `<=>`) does not need it, and a normalised vector would not be
+//!   what the model's own library computes.
+//! * ViT (`ViTForImageClassification`) classifies: the logits through the function
+//!   `pipeline("image-classification")` applies (softmax; sigmoid for multi-label or one
+//!   label), the same `label`, `score` and `scores` as text classification.
+//!
+//! The networks are the engine's ([`ImageModel`]); the bytes-to-pixels step runs in the
+//! pipeline, off the model thread, with the processor this hands out in [`ModelInfo`].
+
+use super::Output;
+use crate::model::image::towers::ImageModel;
+use crate::model::spec::{classification_function, read_optional, ScoreFunction, Task};
+use crate::model::thread::{Item, Predict};
+use crate::model::{
+    default_model_name, engine, weights_hash, Backend, LoadOptions, ModelError, ModelInfo,
+    Precision, Predicted, PromptChoice, Reads,
+};
+use std::path::Path;
+use std::sync::Arc;
+use tokenizers::Tokenizer;
+
+/// The `architectures` an image model folder may name.
+pub const ARCHITECTURES: [&str; 3] = ["CLIPModel", "SiglipModel", "ViTForImageClassification"];
+
+/// Whether `dir`'s `config.json` names an image model (so [`ImageTask::open`] loads it).
+pub fn is_image_model(dir: &Path) -> Result<bool, ModelError> {
+    let config = read_optional(&dir.join("config.json"))?;
+    let arch = config["architectures"][0].as_str().unwrap_or("");
+    Ok(ARCHITECTURES.contains(&arch))
+}
+
+/// A loaded image model and its task's head.
+pub struct ImageTask {
+    towers: ImageModel,
+    /// The text tower's tokenizer; none for ViT, and for a CLIP or SigLIP folder saved without
+    /// `tokenizer.json` (it then reads images only).
+    tokenizer: Option<Tokenizer>,
+    /// ViT's function from logits to scores.
+    function: ScoreFunction,
+    info: ModelInfo,
+}
+
+impl ImageTask {
+    /// Loads the image model in `dir` as `options` say. Image models run on candle in f32 (f16
+    /// on CUDA when asked); they take no prompt and no token limit.
+    pub fn open(dir: &Path, options: &LoadOptions) -> Result<Self, ModelError> {
+        let refuse = |what: &str| ModelError::Unsupported {
+            path: dir.to_path_buf(),
+            message: format!("{what} (image models run on candle in f32, f16 on CUDA)"),
+        };
+        if options.backend == Backend::Fused {
+            return Err(refuse("--backend fused computes BERT-family text encoders"));
+        }
+        if options.prompt != PromptChoice::ModelDefault || options.max_seq_len.is_some() {
+            return Err(refuse(
+                "--prompt, --prompt-name and --max-seq-length are for text models",
+            ));
+        }
+        let device = engine::select_device(options.device)?;
+        let dtype = match options.precision {
+            Precision::Auto | Precision::F32 => candle_core::DType::F32,
+            Precision::F16 if !device.is_cpu() => candle_core::DType::F16,
+            other => return Err(refuse(&format!("--precision {other:?}"))),
+        };
+        let towers = ImageModel::load_as(dir, &device, dtype)?;
+        let tokenizer = match towers.has_text() {
+            true => text_tokenizer(dir, towers.max_text_tokens)?,
+            false => None,
+        };
+        let config_path = dir.join("config.json");
+        let (task, reads, function) = match (towers.has_text(), &tokenizer) {
+            (true, Some(_)) => (Task::Embed, Reads::ImagesAndTexts, ScoreFunction::Identity),
+            (true, None) => (Task::Embed, Reads::Images, ScoreFunction::Identity),
+            (false, _) => {
+                let config = read_optional(&config_path)?;
+                let f = classification_function(&config, &config_path, towers.labels.len())?;
+                (Task::Classify, Reads::Images, f)
+            }
+        };
+        let info = ModelInfo {
+            name: options
+                .name
+                .clone()
+                .unwrap_or_else(|| default_model_name(dir)),
+            hash: weights_hash(&[&dir.join("model.safetensors")])?,
+            dim: if task == Task::Embed { towers.dim } else { 0 },
+            max_seq_len: towers.max_text_tokens,
+            device: format!("{device:?} (candle, {dtype:?})"),
+            prompts: vec![],
+            task,
+            labels: towers.labels.clone(),
+            reads,
+            processor: Some(Arc::new(towers.processor.clone())),
+        };
+        Ok(Self {
+            towers,
+            tokenizer,
+            function,
+            info,
+        })
+    }
+
+    /// The text items' results, tokenized and through the text tower, and their token count.
+    fn texts(&self, texts: &[&str]) -> Result<(Vec<Vec<f32>>, usize), ModelError> {
+        if texts.is_empty() {
+            return Ok((vec![], 0));
+        }
+        let Some(tokenizer) = &self.tokenizer else {
+            return Err(ModelError::Input(format!(
+                "a text, but {} reads images only (its folder has no tokenizer.json{})",
+                self.info.name,
+                if self.towers.has_text() {
+                    ", so its text tower cannot be fed"
+                } else {
+                    ""
+                }
+            )));
+        };
+        let encodings = tokenizer
+            .encode_batch(texts.to_vec(), true)
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        let ids: Vec<Vec<u32>> = encodings.iter().map(|e| e.get_ids().to_vec()).collect();
+        let tokens = ids.iter().map(Vec::len).sum();
+        Ok((self.towers.texts(&ids)?, tokens))
+    }
+
+    /// An image's result from the tower's output: the vector, or ViT's labels.
+    fn image_output(&self, v: Vec<f32>) -> Output {
+        if self.info.task == Task::Embed {
+            return Output::Embedding(v);
+        }
+        let scores = self.function.apply(&v);
+        // numpy's argmax: the first of equal maxima.
+        let best = (0..scores.len()).fold(0, |b, i| if scores[i] > scores[b] { i } else { b });
+        Output::Classes {
+            label: self.info.labels[best].clone(),
+            score: scores[best],
+            scores,
+        }
+    }
+}
+
+/// The folder's `tokenizer.json`, truncating at the text tower's length (as
+/// `processor(text=..., truncation=True)` does) and never padding (the tower pads where it
+/// must); none when the folder has no `tokenizer.json`.
+fn text_tokenizer(dir: &Path, max_tokens: usize) -> Result<Option<Tokenizer>, ModelError> {
+    let path = dir.join("tokenizer.json");
+    if !path.exists() {
+        tracing::warn!(path = %path.display(), "no tokenizer.json: the model will read images only");
+        return Ok(None);
+    }
+    let mut tokenizer =
+        Tokenizer::from_file(&path).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+    tokenizer
+        .with_truncation(Some(tokenizers::TruncationParams {
+            max_length: max_tokens,
+            ..Default::default()
+        }))
+        .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+    tokenizer.with_padding(None);
+    Ok(Some(tokenizer))
+}
+
+impl Predict for ImageTask {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn predict_items(&self, items: &[Item]) -> Result<Predicted, ModelError> {
+        let started = std::time::Instant::now();
+        let mut pixels: Vec<&[f32]> = Vec::new();
+        let mut texts: Vec<&str> = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            match item {
+                Item::Pixels(p) => pixels.push(p),
+                Item::Text(t) if t.text_pair.is_some() || t.prompt_name.is_some() => {
+                    return Err(ModelError::Input(format!(
+                        "input {i}: a text_pair or a prompt, which an image model does not take"
+                    )))
+                }
+                Item::Text(t) => texts.push(&t.text),
+            }
+        }
+        let mut images = self.towers.images(&pixels)?.into_iter();
+        let (texts, tokens) = self.texts(&texts)?;
+        let mut texts = texts.into_iter();
+        let outputs: Vec<Output> = items
+            .iter()
+            .map(|item| match item {
+                Item::Pixels(_) => images.next().map(|v| self.image_output(v)),
+                Item::Text(_) => texts.next().map(Output::Embedding),
+            })
+            .collect::<Option<_>>()
+            .ok_or_else(|| ModelError::Input("the towers returned too few results".into()))?;
+        if let Some(index) = outputs.iter().position(|o| !o.is_finite()) {
+            return Err(ModelError::NonFinite { index });
+        }
+        Ok(Predicted {
+            outputs,
+            tokens,
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+}
