@@ -137,3 +137,62 @@ fn vit_probabilities_match_transformers() {
         .unwrap_or_default();
     assert!(err.contains("no text tower"), "{err}");
 }
+
+/// The image task as the worker loads it: CLIP's and SigLIP's texts tokenized from the folder's
+/// `tokenizer.json` as transformers did (the same ids, padding aside), a text past the tower's
+/// positions truncated rather than failed, and the load options that mean nothing for an image
+/// model refused with the reason.
+#[test]
+fn the_image_task_tokenizes_as_transformers_and_refuses_text_model_options() {
+    use spotinfer::model::{
+        Backend, DeviceChoice, ImageTask, Item, LoadOptions, Predict, PromptChoice, Reads, Text,
+    };
+    let refs = reference();
+    for name in ["clip", "siglip"] {
+        let task = ImageTask::open(
+            &fixtures().join("models").join(name),
+            &LoadOptions::new(DeviceChoice::Cpu),
+        )
+        .unwrap();
+        assert_eq!(task.info().reads, Reads::ImagesAndTexts);
+        let texts = refs["models"][name]["texts"].as_object().unwrap();
+        let items: Vec<Item> = texts
+            .keys()
+            .map(|t| Item::Text(Text::from(t.clone())))
+            .collect();
+        let got = task.predict_items(&items).unwrap().outputs;
+        for ((text, t), out) in texts.iter().zip(&got) {
+            let spotinfer::model::Output::Embedding(v) = out else {
+                panic!("{out:?}")
+            };
+            let c = cosine(v, &floats(&t["embedding"]));
+            assert!(c >= 0.9999, "{name} {text:?}: cosine {c}");
+        }
+        let long = "a very long caption about an astronaut ".repeat(40);
+        let out = task.predict_items(&[Item::Text(Text::from(long))]).unwrap();
+        assert!(out.outputs[0].is_finite(), "{name}: a long text is truncated");
+    }
+    let vit = ImageTask::open(
+        &fixtures().join("models/vit"),
+        &LoadOptions::new(DeviceChoice::Cpu),
+    )
+    .unwrap();
+    assert_eq!(vit.info().reads, Reads::Images);
+    let dir = fixtures().join("models/clip");
+    for (options, says) in [
+        (
+            LoadOptions::new(DeviceChoice::Cpu).backend(Backend::Fused),
+            "--backend fused",
+        ),
+        (
+            LoadOptions {
+                prompt: PromptChoice::Text("query: ".into()),
+                ..LoadOptions::new(DeviceChoice::Cpu)
+            },
+            "--prompt",
+        ),
+    ] {
+        let err = ImageTask::open(&dir, &options).err().unwrap().to_string();
+        assert!(err.contains(says), "{err}");
+    }
+}

@@ -400,6 +400,37 @@ mod tests {
         );
     }
 
+    /// For an image model the object's bytes are the record's image (hashed, not read as UTF-8);
+    /// for a text model bytes that are not UTF-8 are a failure at once.
+    #[tokio::test]
+    async fn an_image_models_object_is_its_image_and_a_text_models_must_be_utf8() {
+        let objects = Fake::new(vec![], "\u{fffd} bytes");
+        let shutdown = Shutdown::new();
+        let read = resolve_uri(uri_record(), &objects, true, &shutdown).await;
+        let rec = read.unwrap().unwrap().unwrap();
+        assert!(rec.text.is_empty());
+        let image = rec.image.unwrap();
+        assert_eq!(
+            image.data,
+            crate::record::ImageData::Encoded("\u{fffd} bytes".as_bytes().into())
+        );
+        let latin1 = FakeBytes(vec![0xe9, 0x74, 0xe9]);
+        let read = resolve_uri(uri_record(), &latin1, false, &Shutdown::new()).await;
+        assert!(
+            matches!(read, Ok(Some(Err(RecordError::Object(ref e)))) if e.contains("UTF-8")),
+            "{read:?}"
+        );
+    }
+
+    /// Always the same bytes.
+    struct FakeBytes(Vec<u8>);
+
+    impl Objects for FakeBytes {
+        async fn bytes(&self, _: &str) -> Result<Vec<u8>, StorageError> {
+            Ok(self.0.clone())
+        }
+    }
+
     #[tokio::test]
     async fn a_shutdown_abandons_the_read() {
         let shutdown = Shutdown::new();
