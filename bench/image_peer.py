@@ -57,6 +57,7 @@ def main():
         return make_model(a.make_model)
     if a.make_photos:
         return make_photos(a.make_photos)
+    import numpy as np
     import torch
     import transformers
     from PIL import Image, ImageOps
@@ -83,7 +84,7 @@ def main():
                 pixels.append(proc(images=img, return_tensors="np")["pixel_values"][0])
                 prep_s += time.perf_counter() - t
             t = time.perf_counter()
-            features(torch.tensor(pixels))
+            features(torch.from_numpy(np.stack(pixels)))
             net_s += time.perf_counter() - t
         total = time.perf_counter() - start
     print(json.dumps({"images": len(files), "decode_s": decode_s, "preprocess_s": prep_s,

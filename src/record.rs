@@ -409,16 +409,25 @@ mod tests {
     fn accepts_an_inline_image_and_refuses_bad_base64() {
         let r = parse(br#"{"id":"a","image_base64":"iVBORw0KGgo="}"#, MAX).unwrap();
         let image = r.image.unwrap();
-        assert_eq!(image.data, ImageData::Encoded(b"\x89PNG\r\n\x1a\n".to_vec().into()));
+        assert_eq!(
+            image.data,
+            ImageData::Encoded(b"\x89PNG\r\n\x1a\n".to_vec().into())
+        );
         use sha2::Digest;
-        assert_eq!(image.sha256, hex::encode(sha2::Sha256::digest(b"\x89PNG\r\n\x1a\n")));
+        assert_eq!(
+            image.sha256,
+            hex::encode(sha2::Sha256::digest(b"\x89PNG\r\n\x1a\n"))
+        );
         let unpadded = parse(br#"{"id":"a","image_base64":"iVBORw0KGgo"}"#, MAX).unwrap();
         assert_eq!(unpadded.image.unwrap().data, image.data);
         for both in [
             r#"{"id":"a","image_base64":"AAAA","text":"t"}"#,
             r#"{"id":"a","image_base64":"AAAA","uri":"gs://b/o"}"#,
         ] {
-            assert_eq!(parse(both.as_bytes(), MAX).unwrap_err(), RecordError::TextAndUri);
+            assert_eq!(
+                parse(both.as_bytes(), MAX).unwrap_err(),
+                RecordError::TextAndUri
+            );
         }
         let err = parse(br#"{"id":"a","image_base64":"not base64!"}"#, MAX).unwrap_err();
         assert!(matches!(err, RecordError::Base64(_)), "{err}");

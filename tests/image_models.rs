@@ -170,7 +170,10 @@ fn the_image_task_tokenizes_as_transformers_and_refuses_text_model_options() {
         }
         let long = "a very long caption about an astronaut ".repeat(40);
         let out = task.predict_items(&[Item::Text(Text::from(long))]).unwrap();
-        assert!(out.outputs[0].is_finite(), "{name}: a long text is truncated");
+        assert!(
+            out.outputs[0].is_finite(),
+            "{name}: a long text is truncated"
+        );
     }
     let vit = ImageTask::open(
         &fixtures().join("models/vit"),
@@ -194,5 +197,60 @@ fn the_image_task_tokenizes_as_transformers_and_refuses_text_model_options() {
     ] {
         let err = ImageTask::open(&dir, &options).err().unwrap().to_string();
         assert!(err.contains(says), "{err}");
+    }
+}
+
+/// CLIP's and ViT's image towers on the CPU encoder's kernels (the CPU default) against
+/// transformers, with the same bars as candle's, and against candle's towers on the same pixel
+/// values (a lossless comparison: the same input, two engines).
+#[test]
+fn the_cpu_image_towers_match_transformers_and_candle() {
+    use spotinfer::model::{DeviceChoice, ImageTask, Item, LoadOptions, Output, Predict};
+    let refs = reference();
+    for name in ["clip", "vit"] {
+        let dir = fixtures().join("models").join(name);
+        let task = ImageTask::open(&dir, &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
+        assert!(
+            task.info().device.contains("fused image tower"),
+            "{}",
+            task.info().device
+        );
+        let candle = model(name);
+        let photos = pixel_values(&candle);
+        let items: Vec<Item> = photos
+            .iter()
+            .map(|(_, p)| Item::Pixels(p.clone().into()))
+            .collect();
+        let got = task.predict_items(&items).unwrap().outputs;
+        let pixels: Vec<Vec<f32>> = photos.iter().map(|(_, p)| p.clone()).collect();
+        let by_candle = candle.images(&pixels).unwrap();
+        for (((photo, _), out), c) in photos.iter().zip(&got).zip(&by_candle) {
+            match out {
+                Output::Embedding(v) => {
+                    let want = floats(&refs["models"][name]["images"][photo.as_str()]);
+                    let (t, k) = (cosine(v, &want), cosine(v, c));
+                    eprintln!("{name} {photo:28} cosine {t:.7} to transformers, {k:.7} to candle");
+                    let bar = if photo.ends_with(".jpg") {
+                        0.999
+                    } else {
+                        0.99999
+                    };
+                    assert!(t >= bar && k >= 0.99999, "{name} {photo}: {t} {k}");
+                }
+                Output::Classes { scores, .. } => {
+                    let want =
+                        floats(&refs["models"][name]["images"][photo.as_str()]["probabilities"]);
+                    let diff = scores
+                        .iter()
+                        .zip(&want)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0f32, f32::max);
+                    eprintln!("{name} {photo:28} max probability difference {diff:.2e}");
+                    let bar = if photo.ends_with(".jpg") { 1e-2 } else { 1e-3 };
+                    assert!(diff <= bar, "{name} {photo}: {diff}");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
     }
 }

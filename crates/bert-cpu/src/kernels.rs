@@ -367,6 +367,24 @@ fn bias_gelu_row(xs: &mut [f32], bias: &[f32]) {
     }
 }
 
+/// Exact (erf) GELU in place, as ViT's `"gelu"` (its product's bias is already added).
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
+pub(crate) fn gelu(xs: &mut [f32]) {
+    for v in xs.iter_mut() {
+        let x = *v;
+        *v = 0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2));
+    }
+}
+
+/// CLIP's quick GELU in place: `x · sigmoid(1.702 x)`.
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
+pub(crate) fn quick_gelu(xs: &mut [f32]) {
+    for v in xs.iter_mut() {
+        let x = *v;
+        *v = x / (1.0 + exp(-1.702 * x));
+    }
+}
+
 /// erf to within 1.5e-7 (Abramowitz & Stegun 7.1.26), branch-free so it vectorises.
 #[inline(always)]
 pub(crate) fn erf(x: f32) -> f32 {

@@ -24,7 +24,10 @@
 
 mod kernels;
 mod packed;
+mod vision;
 mod weights;
+
+pub use vision::{CpuVision, VisionDims, VisionLayout};
 
 use kernels::{add_layer_norm, attention, bias_gelu, grow, layer_norm, linear};
 pub use packed::bf16::{full_rate as bf16_full_rate, supported as bf16_supported};

@@ -8,9 +8,11 @@
 //! * [`Processor`]: the processor's steps in its order: resize by its size rule, center crop,
 //!   rescale, normalise, to channels-first f32;
 //! * `towers`: the networks on candle (CLIP's and SigLIP's image and text towers, ViT's
-//!   classifier), loaded from the folder and refused where candle computes otherwise.
+//!   classifier), loaded from the folder and refused where candle computes otherwise;
+//! * `fused`: CLIP's and ViT's image towers on the CPU encoder's kernels, the CPU default.
 
 pub mod decode;
+pub mod fused;
 pub mod resample;
 pub mod towers;
 

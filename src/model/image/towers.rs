@@ -40,6 +40,9 @@ pub struct ImageModel {
     /// its end-of-text token, so padding is never seen.
     text_length: Option<(usize, u32)>,
     device: Device,
+    /// CLIP's or ViT's image tower on the CPU encoder's kernels, when chosen
+    /// ([`ImageModel::use_cpu_tower`]): images go through it rather than candle's.
+    cpu_tower: Option<super::fused::FusedImages>,
 }
 
 impl ImageModel {
@@ -125,6 +128,7 @@ impl ImageModel {
             input,
             text_length,
             device: device.clone(),
+            cpu_tower: None,
         };
         model.check_input(dir)?;
         Ok(model)
@@ -154,6 +158,19 @@ impl ImageModel {
         Ok(())
     }
 
+    /// Computes images on the CPU encoder's kernels from now on, where the architecture has
+    /// that tower (CLIP, ViT); returns whether it does.
+    pub fn use_cpu_tower(&mut self, dir: &Path) -> Result<bool, ModelError> {
+        let config: Value = read_json(&dir.join("config.json"))?;
+        self.cpu_tower = super::fused::FusedImages::load(dir, &config)?;
+        Ok(self.cpu_tower.is_some())
+    }
+
+    /// The CPU tower, if in use.
+    pub fn cpu_tower(&mut self) -> Option<&mut super::fused::FusedImages> {
+        self.cpu_tower.as_mut()
+    }
+
     /// Whether the model has a text tower (CLIP, SigLIP).
     pub fn has_text(&self) -> bool {
         !matches!(self.towers, Towers::Vit(_))
@@ -164,6 +181,10 @@ impl ImageModel {
     pub fn images<P: AsRef<[f32]>>(&self, pixel_values: &[P]) -> Result<Vec<Vec<f32>>, ModelError> {
         if pixel_values.is_empty() {
             return Ok(vec![]);
+        }
+        if let Some(tower) = &self.cpu_tower {
+            let images: Vec<&[f32]> = pixel_values.iter().map(|p| p.as_ref()).collect();
+            return tower.images(&images);
         }
         let (h, w) = self.input;
         let flat: Vec<f32> = pixel_values

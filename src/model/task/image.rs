@@ -47,12 +47,15 @@ pub struct ImageTask {
 }
 
 impl ImageTask {
-    /// Loads the image model in `dir` as `options` say. Image models run on candle in f32 (f16
-    /// on CUDA when asked); they take no prompt and no token limit.
+    /// Loads the image model in `dir` as `options` say: on the CPU, CLIP's and ViT's image towers
+    /// on the CPU encoder's kernels (f32; bf16 when asked, on AVX-512 BF16), everything else on
+    /// candle in f32 (f16 on CUDA when asked). Image models take no prompt and no token limit.
     pub fn open(dir: &Path, options: &LoadOptions) -> Result<Self, ModelError> {
-        let refuse = |what: &str| ModelError::Unsupported {
+        let refuse = |what: &str| {
+            ModelError::Unsupported {
             path: dir.to_path_buf(),
-            message: format!("{what} (image models run on candle in f32, f16 on CUDA)"),
+            message: format!("{what} (image models compute in f32: bf16 on the CPU image tower, f16 on CUDA, when asked)"),
+        }
         };
         if options.backend == Backend::Fused {
             return Err(refuse("--backend fused computes BERT-family text encoders"));
@@ -64,11 +67,26 @@ impl ImageTask {
         }
         let device = engine::select_device(options.device)?;
         let dtype = match options.precision {
-            Precision::Auto | Precision::F32 => candle_core::DType::F32,
+            Precision::Auto | Precision::F32 | Precision::Bf16 => candle_core::DType::F32,
             Precision::F16 if !device.is_cpu() => candle_core::DType::F16,
             other => return Err(refuse(&format!("--precision {other:?}"))),
         };
-        let towers = ImageModel::load_as(dir, &device, dtype)?;
+        let mut towers = ImageModel::load_as(dir, &device, dtype)?;
+        // On the CPU, CLIP's and ViT's image towers run on the CPU encoder's kernels unless
+        // candle is asked for; SigLIP's (and the text towers) stay on candle.
+        let cpu_tower =
+            device.is_cpu() && options.backend != Backend::Candle && towers.use_cpu_tower(dir)?;
+        match (options.precision, towers.cpu_tower()) {
+            (Precision::Bf16, Some(tower)) => {
+                tower.set_precision(spotinfer_bert_cpu::Precision::Bf16)?
+            }
+            (Precision::Bf16, None) => {
+                return Err(refuse(
+                    "--precision bf16 is the CPU image tower's (CLIP, ViT)",
+                ))
+            }
+            _ => {}
+        }
         let tokenizer = match towers.has_text() {
             true => text_tokenizer(dir, towers.max_text_tokens)?,
             false => None,
@@ -91,7 +109,13 @@ impl ImageTask {
             hash: weights_hash(&[&dir.join("model.safetensors")])?,
             dim: if task == Task::Embed { towers.dim } else { 0 },
             max_seq_len: towers.max_text_tokens,
-            device: format!("{device:?} (candle, {dtype:?})"),
+            device: match towers.cpu_tower() {
+                Some(t) if cpu_tower => format!(
+                    "Cpu (fused image tower, {}; candle text tower)",
+                    t.describe()
+                ),
+                _ => format!("{device:?} (candle, {dtype:?})"),
+            },
             prompts: vec![],
             task,
             labels: towers.labels.clone(),

@@ -14,7 +14,7 @@
 
 mod embed;
 pub(super) mod image;
-mod linear;
+pub(in crate::model) mod linear;
 mod sequence;
 mod tokens;
 
