@@ -6,6 +6,7 @@ folder's processor, PIL backend) and network (PyTorch fp32, no_grad, batches).
     python bench/image_peer.py --model DIR --photos DIR [--batch 16] [--rounds 4]
     python bench/image_peer.py --make-model DIR      # CLIP ViT-B/32's shape, random weights
     python bench/image_peer.py --make-photos DIR     # scikit-image's photographs as JPEG, full size
+    python bench/image_peer.py --make-large FROM DIR # those, upscaled to 4000 x 3000 (12 MP)
 
 Prints one JSON line shaped like image_speed's.
 """
@@ -44,6 +45,17 @@ def make_photos(out):
         print(name, img.size, file=sys.stderr)
 
 
+def make_large(src, out):
+    """The photographs of `src` at 4000 x 3000 pixels (12 megapixels, bicubic), JPEG quality 90:
+    the largest images a worker run with --max-image-pixels 12000000 takes."""
+    from PIL import Image
+    os.makedirs(out, exist_ok=True)
+    for f in sorted(os.listdir(src)):
+        img = Image.open(Path(src) / f).convert("RGB").resize((4000, 3000), Image.BICUBIC)
+        img.save(Path(out) / f, quality=90)
+        print(f, (Path(out) / f).stat().st_size, file=sys.stderr)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model")
@@ -52,7 +64,10 @@ def main():
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--make-model")
     p.add_argument("--make-photos")
+    p.add_argument("--make-large", nargs=2, metavar=("FROM", "DIR"))
     a = p.parse_args()
+    if a.make_large:
+        return make_large(*a.make_large)
     if a.make_model:
         return make_model(a.make_model)
     if a.make_photos:

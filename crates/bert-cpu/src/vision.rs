@@ -110,8 +110,17 @@ pub struct CpuVision {
 }
 
 impl CpuVision {
-    /// Loads the tower from a safetensors file, named as `dims.layout` says, in f32.
-    pub fn load(path: &Path, dims: VisionDims) -> Result<Self, BertError> {
+    /// Loads the tower from a safetensors file, named as `dims.layout` says, to compute in
+    /// `precision`: f32, or bf16 on AVX-512 BF16. Each weight is packed for its kernel as it is
+    /// read and the f32 copy dropped, so loading never holds the tower twice. int8 is refused:
+    /// its per-channel smoothing is calibrated on texts, and images were not measured with it.
+    pub fn load(path: &Path, dims: VisionDims, precision: Precision) -> Result<Self, BertError> {
+        if precision == Precision::Int8 {
+            return Err(BertError::Unsupported(
+                "int8 is not offered for image towers".into(),
+            ));
+        }
+        let format = precision.format(false).map_err(BertError::Unsupported)?;
         let file = WeightsFile::open(path)?;
         let st = file.tensors()?;
         let (h, p) = (dims.hidden, dims.patch);
@@ -141,8 +150,15 @@ impl CpuVision {
                 bias: get(&format!("{name}.bias"), &[n])?,
             })
         };
+        let packed = |mut d: Dense| {
+            if let Some(f) = format {
+                d.packed = Some(PackedWeights::pack(f, &d.f32, d.k, &[]));
+                d.f32 = Vec::new();
+            }
+            d
+        };
         let patch_k = 3 * p * p;
-        let patch = Dense {
+        let patch = packed(Dense {
             k: patch_k,
             f32: get(&format!("{}.weight", names.patch), &[h, 3, p, p])?,
             packed: None,
@@ -150,7 +166,7 @@ impl CpuVision {
                 true => get(&format!("{}.bias", names.patch), &[h])?,
                 false => vec![0.0; h],
             },
-        };
+        });
         let mut layers = Vec::with_capacity(dims.layers);
         for i in 0..dims.layers {
             let at = |part: &str| format!("{}.{i}.{part}", names.layer);
@@ -162,15 +178,15 @@ impl CpuVision {
             }
             layers.push(VisionLayer {
                 norm1: norm(&at(names.norm1))?,
-                qkv,
-                out: dense(&at(names.out), h, h)?,
+                qkv: packed(qkv),
+                out: packed(dense(&at(names.out), h, h)?),
                 norm2: norm(&at(names.norm2))?,
-                fc1: dense(&at(names.fc1), dims.intermediate, h)?,
-                fc2: dense(&at(names.fc2), h, dims.intermediate)?,
+                fc1: packed(dense(&at(names.fc1), dims.intermediate, h)?),
+                fc2: packed(dense(&at(names.fc2), h, dims.intermediate)?),
             });
         }
         let tokens = dims.tokens();
-        let mut vision = Self {
+        Ok(Self {
             dims,
             patch,
             class: get(names.class, &names.class_shape(h))?,
@@ -178,38 +194,14 @@ impl CpuVision {
             pre_norm: names.pre_norm.map(norm).transpose()?,
             layers,
             post_norm: norm(names.post_norm)?,
-            precision: Precision::F32,
+            precision,
             scratch: Mutex::new(Scratch::default()),
-        };
-        vision.set_precision(Precision::F32)?;
-        Ok(vision)
+        })
     }
 
     /// The precision the dense layers compute in.
     pub fn precision(&self) -> Precision {
         self.precision
-    }
-
-    /// Computes the dense layers in `precision` from now on: f32 or bf16 (on AVX-512 BF16). int8
-    /// is refused: its per-channel smoothing is calibrated on texts, and images were not
-    /// measured with it.
-    pub fn set_precision(&mut self, precision: Precision) -> Result<(), BertError> {
-        if precision == Precision::Int8 {
-            return Err(BertError::Unsupported(
-                "int8 is not offered for image towers".into(),
-            ));
-        }
-        let format = precision.format(false).map_err(BertError::Unsupported)?;
-        let dense = std::iter::once(&mut self.patch).chain(
-            self.layers
-                .iter_mut()
-                .flat_map(|l| [&mut l.qkv, &mut l.out, &mut l.fc1, &mut l.fc2]),
-        );
-        for d in dense {
-            d.packed = format.map(|f| PackedWeights::pack(f, &d.f32, d.k, &[]));
-        }
-        self.precision = precision;
-        Ok(())
     }
 
     /// The instructions the dense layers run on, for logs and benchmarks.

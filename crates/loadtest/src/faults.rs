@@ -40,6 +40,10 @@ pub struct Driven {
     pub processing_seconds: f64,
     /// Highest worker peak RSS, KiB.
     pub peak_rss_kb: u64,
+    /// Largest resident set sampled from a live worker once records were being committed,
+    /// KiB: the working memory, without a model load's transient peak (its mapped weight file,
+    /// the weights as read before packing) that `peak_rss_kb` keeps.
+    pub running_rss_kb: u64,
     /// What went wrong during the drive.
     pub problems: Vec<String>,
     /// Worker slots.
@@ -145,6 +149,7 @@ impl<'a> Drive<'a> {
                 commit_gaps: Vec::new(),
                 processing_seconds: 0.0,
                 peak_rss_kb: 0,
+                running_rss_kb: 0,
                 problems: Vec::new(),
                 workers: slots.len(),
                 outages_unix: Vec::new(),
@@ -247,6 +252,10 @@ impl<'a> Drive<'a> {
                 continue;
             };
             self.out.peak_rss_kb = self.out.peak_rss_kb.max(workers::peak_rss(w.child.id()));
+            if self.done > 0 {
+                let now_kb = workers::rss(w.child.id());
+                self.out.running_rss_kb = self.out.running_rss_kb.max(now_kb);
+            }
             if let Ok(Some(status)) = w.child.try_wait() {
                 let log = self.slots[i].log.display().to_string();
                 self.out.problems.push(format!(

@@ -72,8 +72,11 @@ pub struct LoadtestReport {
     pub processing_seconds: f64,
     /// Records (and poison) per second over that time.
     pub records_per_s: f64,
-    /// Highest peak RSS of any worker process, MiB.
+    /// Highest peak RSS of any worker process, MiB (a model load's transient peak included).
     pub worker_peak_rss_mib: f64,
+    /// Largest resident set sampled from a worker while records were being committed, MiB.
+    #[serde(default)]
+    pub worker_running_rss_mib: f64,
     /// What happened when: the faults, and each worker's counters scraped from its `/metrics`
     /// every `--sample-every` (drawn in `<report>.svg`).
     #[serde(default)]
@@ -122,6 +125,7 @@ impl LoadtestReport {
             processing_seconds: driven.processing_seconds,
             records_per_s: total as f64 / driven.processing_seconds.max(1e-9),
             worker_peak_rss_mib: driven.peak_rss_kb as f64 / 1024.0,
+            worker_running_rss_mib: driven.running_rss_kb as f64 / 1024.0,
             timeline: driven.timeline,
         }
     }
@@ -135,7 +139,7 @@ pub fn summary(r: &LoadtestReport) -> String {
          dead-lettered {dl} (policy: {mda} attempts); committed twice after a graceful stop {twice} (committed more than once for any reason: {anyredo})\n\
          faults: {st} SIGTERM, {sk} SIGKILL, {dbo} database outage(s), {sd} stream drop(s)\n\
          graceful exits: {ne}, slowest {maxexit:.3} s; longest stall after a SIGTERM {stall:.3} s (over {sm} isolated SIGTERMs; median gap between commits {gap:.3} s)\n\
-         throughput {rps:.1} records/s over {secs:.1} s; worker peak RSS {rss:.0} MiB{problems}",
+         throughput {rps:.1} records/s over {secs:.1} s; worker peak RSS {rss:.0} MiB ({running:.0} MiB while committing){problems}",
         verdict = if r.ok { "PASS" } else { "FAIL" },
         records = r.records,
         poison = r.poison,
@@ -164,6 +168,7 @@ pub fn summary(r: &LoadtestReport) -> String {
         rps = r.records_per_s,
         secs = r.processing_seconds,
         rss = r.worker_peak_rss_mib,
+        running = r.worker_running_rss_mib,
         problems = if r.problems.is_empty() { String::new() } else { format!("\nproblems:\n  - {}", r.problems.join("\n  - ")) },
     )
 }

@@ -154,11 +154,21 @@ pub fn sigkill(mut child: Child) {
 
 /// Peak resident set (VmHWM) of a live process, KiB; 0 when unreadable.
 pub fn peak_rss(pid: u32) -> u64 {
+    status_kb(pid, "VmHWM:")
+}
+
+/// The resident set of `pid` now, KiB (0 once it is gone).
+pub fn rss(pid: u32) -> u64 {
+    status_kb(pid, "VmRSS:")
+}
+
+/// A KiB line of `/proc/PID/status`.
+fn status_kb(pid: u32, key: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
+                .find(|l| l.starts_with(key))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|v| v.parse().ok())
         })

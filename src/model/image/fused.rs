@@ -19,8 +19,13 @@ pub struct FusedImages {
 
 impl FusedImages {
     /// The tower of `CLIPModel` or `ViTForImageClassification` in `dir`, from its parsed
-    /// `config.json`; `None` for an architecture it does not compute (SigLIP).
-    pub fn load(dir: &Path, config: &Value) -> Result<Option<Self>, ModelError> {
+    /// `config.json`, to compute in `precision` (f32, or bf16 on AVX-512 BF16); `None` for an
+    /// architecture it does not compute (SigLIP).
+    pub fn load(
+        dir: &Path,
+        config: &Value,
+        precision: Precision,
+    ) -> Result<Option<Self>, ModelError> {
         let architecture = config["architectures"][0].as_str().unwrap_or("");
         let (layout, c) = match architecture {
             "CLIPModel" => (VisionLayout::Clip, &config["vision_config"]),
@@ -59,8 +64,13 @@ impl FusedImages {
             layout,
         };
         let weights = dir.join("model.safetensors");
-        let tower =
-            CpuVision::load(&weights, dims).map_err(|e| ModelError::Input(e.to_string()))?;
+        let tower = CpuVision::load(&weights, dims, precision).map_err(|e| match e {
+            spotinfer_bert_cpu::BertError::Unsupported(m) => ModelError::Precision(m),
+            other => ModelError::Unsupported {
+                path: weights.clone(),
+                message: other.to_string(),
+            },
+        })?;
         let file = WeightsFile::open(&weights)?;
         let head = match layout {
             VisionLayout::Clip => {
@@ -99,12 +109,5 @@ impl FusedImages {
     /// The tower's precision and kernels, for the model's description.
     pub fn describe(&self) -> String {
         format!("{:?} on {}", self.tower.precision(), self.tower.kernels())
-    }
-
-    /// Computes in `precision` from now on (f32, or bf16 on AVX-512 BF16).
-    pub fn set_precision(&mut self, precision: Precision) -> Result<(), ModelError> {
-        self.tower
-            .set_precision(precision)
-            .map_err(|e| ModelError::Precision(e.to_string()))
     }
 }

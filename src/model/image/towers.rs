@@ -13,13 +13,18 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::{clip, siglip, vit};
 use serde_json::Value;
+use spotinfer_bert_cpu::Precision;
 use std::path::{Path, PathBuf};
 
 /// The network of an image model folder.
 enum Towers {
     Clip(clip::ClipModel),
+    /// CLIP's text tower and projection alone: its image tower is the CPU one.
+    ClipText(clip::text_model::ClipTextTransformer, candle_nn::Linear),
     Siglip(siglip::Model),
     Vit(vit::Model),
+    /// No candle network: ViT's image tower is the CPU one.
+    CpuOnly,
 }
 
 /// An image model: its processor and its network, on one device.
@@ -41,7 +46,7 @@ pub struct ImageModel {
     text_length: Option<(usize, u32)>,
     device: Device,
     /// CLIP's or ViT's image tower on the CPU encoder's kernels, when chosen
-    /// ([`ImageModel::use_cpu_tower`]): images go through it rather than candle's.
+    /// ([`ImageModel::load_with_cpu_tower`]): images go through it rather than candle's.
     cpu_tower: Option<super::fused::FusedImages>,
 }
 
@@ -54,6 +59,23 @@ impl ImageModel {
 
     /// [`ImageModel::load`] with the weights in `dtype` (f16 on CUDA).
     pub fn load_as(dir: &Path, device: &Device, dtype: DType) -> Result<Self, ModelError> {
+        Self::load_parts(dir, device, dtype, None)
+    }
+
+    /// [`ImageModel::load`] on the CPU with CLIP's or ViT's image tower on the CPU encoder's
+    /// kernels (`super::fused`) in `precision`, where the architecture has one; candle keeps
+    /// what else the model needs (CLIP's text tower, SigLIP), so no tower is held twice.
+    pub fn load_with_cpu_tower(dir: &Path, precision: Precision) -> Result<Self, ModelError> {
+        Self::load_parts(dir, &Device::Cpu, DType::F32, Some(precision))
+    }
+
+    /// Loads the model; with `cpu_precision`, the image tower on the CPU encoder's kernels.
+    fn load_parts(
+        dir: &Path,
+        device: &Device,
+        dtype: DType,
+        cpu_precision: Option<Precision>,
+    ) -> Result<Self, ModelError> {
         let config_path = dir.join("config.json");
         let unsupported = |message: String| ModelError::Unsupported {
             path: config_path.clone(),
@@ -61,6 +83,13 @@ impl ImageModel {
         };
         let config: Value = read_json(&config_path)?;
         let processor = Processor::read(dir)?;
+        // The CPU tower first: its reader maps the file and lets it go before candle maps it
+        // for the rest, so the two mappings never add up in the worker's peak memory.
+        let cpu_tower = match cpu_precision {
+            Some(p) => super::fused::FusedImages::load(dir, &config, p)?,
+            None => None,
+        };
+        let cpu_images = cpu_tower.is_some();
         let weights = dir.join("model.safetensors");
         // SAFETY: the file is mapped read-only and not changed while the model lives.
         let vb = unsafe {
@@ -72,13 +101,21 @@ impl ImageModel {
                 let c = clip_config(&config).map_err(unsupported)?;
                 let input = (c.vision_config.image_size, c.vision_config.image_size);
                 let dim = c.vision_config.projection_dim;
-                (
-                    Towers::Clip(clip::ClipModel::new(vb, &c)?),
-                    vec![],
-                    input,
-                    None,
-                    dim,
-                )
+                let towers = match cpu_images {
+                    true => Towers::ClipText(
+                        clip::text_model::ClipTextTransformer::new(
+                            vb.pp("text_model"),
+                            &c.text_config,
+                        )?,
+                        candle_nn::linear_no_bias(
+                            c.text_config.embed_dim,
+                            c.text_config.projection_dim,
+                            vb.pp("text_projection"),
+                        )?,
+                    ),
+                    false => Towers::Clip(clip::ClipModel::new(vb, &c)?),
+                };
+                (towers, vec![], input, None, dim)
             }
             "SiglipModel" => {
                 let c: siglip::Config =
@@ -101,9 +138,12 @@ impl ImageModel {
                 let c: vit::Config = candle_config(&config, architecture).map_err(unsupported)?;
                 let labels = crate::model::spec::labels(&config, &config_path)?;
                 let input = (c.image_size, c.image_size);
-                let model = vit::Model::new(&c, labels.len(), vb)?;
+                let towers = match cpu_images {
+                    true => Towers::CpuOnly,
+                    false => Towers::Vit(vit::Model::new(&c, labels.len(), vb)?),
+                };
                 let dim = labels.len();
-                (Towers::Vit(model), labels, input, None, dim)
+                (towers, labels, input, None, dim)
             }
             other => {
                 return Err(unsupported(format!(
@@ -113,11 +153,12 @@ impl ImageModel {
             }
         };
         let max_text_tokens = match &towers {
-            Towers::Clip(_) => config["text_config"]["max_position_embeddings"]
+            Towers::Clip(_) | Towers::ClipText(..) => config["text_config"]
+                ["max_position_embeddings"]
                 .as_u64()
                 .unwrap_or(77) as usize,
             Towers::Siglip(_) => text_length.map_or(0, |(n, _)| n),
-            Towers::Vit(_) => 0,
+            Towers::Vit(_) | Towers::CpuOnly => 0,
         };
         let model = Self {
             max_text_tokens,
@@ -128,7 +169,7 @@ impl ImageModel {
             input,
             text_length,
             device: device.clone(),
-            cpu_tower: None,
+            cpu_tower,
         };
         model.check_input(dir)?;
         Ok(model)
@@ -158,22 +199,14 @@ impl ImageModel {
         Ok(())
     }
 
-    /// Computes images on the CPU encoder's kernels from now on, where the architecture has
-    /// that tower (CLIP, ViT); returns whether it does.
-    pub fn use_cpu_tower(&mut self, dir: &Path) -> Result<bool, ModelError> {
-        let config: Value = read_json(&dir.join("config.json"))?;
-        self.cpu_tower = super::fused::FusedImages::load(dir, &config)?;
-        Ok(self.cpu_tower.is_some())
-    }
-
     /// The CPU tower, if in use.
-    pub fn cpu_tower(&mut self) -> Option<&mut super::fused::FusedImages> {
-        self.cpu_tower.as_mut()
+    pub fn cpu_tower(&self) -> Option<&super::fused::FusedImages> {
+        self.cpu_tower.as_ref()
     }
 
     /// Whether the model has a text tower (CLIP, SigLIP).
     pub fn has_text(&self) -> bool {
-        !matches!(self.towers, Towers::Vit(_))
+        !matches!(self.towers, Towers::Vit(_) | Towers::CpuOnly)
     }
 
     /// Per image (its pixel values from [`Processor::pixel_values`]): CLIP's and SigLIP's
@@ -203,6 +236,9 @@ impl ImageModel {
             Towers::Clip(m) => m.get_image_features(&x)?,
             Towers::Siglip(m) => m.get_image_features(&x)?,
             Towers::Vit(m) => m.forward(&x)?,
+            Towers::ClipText(..) | Towers::CpuOnly => {
+                return Err(ModelError::Input("no image tower on candle".into()))
+            }
         };
         Ok(out.to_dtype(DType::F32)?.to_vec2()?)
     }
@@ -226,8 +262,9 @@ impl ImageModel {
             let x = Tensor::new(ids.as_slice(), &self.device)?.unsqueeze(0)?;
             let v = match &self.towers {
                 Towers::Clip(m) => m.get_text_features(&x)?,
+                Towers::ClipText(m, projection) => x.apply(m)?.apply(projection)?,
                 Towers::Siglip(m) => m.get_text_features(&x)?,
-                Towers::Vit(_) => {
+                Towers::Vit(_) | Towers::CpuOnly => {
                     return Err(ModelError::Input(
                         "a text record to an image classifier, which has no text tower".into(),
                     ))

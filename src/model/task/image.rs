@@ -71,21 +71,20 @@ impl ImageTask {
             Precision::F16 if !device.is_cpu() => candle_core::DType::F16,
             other => return Err(refuse(&format!("--precision {other:?}"))),
         };
-        let mut towers = ImageModel::load_as(dir, &device, dtype)?;
         // On the CPU, CLIP's and ViT's image towers run on the CPU encoder's kernels unless
         // candle is asked for; SigLIP's (and the text towers) stay on candle.
-        let cpu_tower =
-            device.is_cpu() && options.backend != Backend::Candle && towers.use_cpu_tower(dir)?;
-        match (options.precision, towers.cpu_tower()) {
-            (Precision::Bf16, Some(tower)) => {
-                tower.set_precision(spotinfer_bert_cpu::Precision::Bf16)?
-            }
-            (Precision::Bf16, None) => {
-                return Err(refuse(
-                    "--precision bf16 is the CPU image tower's (CLIP, ViT)",
-                ))
-            }
-            _ => {}
+        let cpu_precision = match options.precision {
+            Precision::Bf16 => spotinfer_bert_cpu::Precision::Bf16,
+            _ => spotinfer_bert_cpu::Precision::F32,
+        };
+        let towers = match device.is_cpu() && options.backend != Backend::Candle {
+            true => ImageModel::load_with_cpu_tower(dir, cpu_precision)?,
+            false => ImageModel::load_as(dir, &device, dtype)?,
+        };
+        if options.precision == Precision::Bf16 && towers.cpu_tower().is_none() {
+            return Err(refuse(
+                "--precision bf16 is the CPU image tower's (CLIP, ViT)",
+            ));
         }
         let tokenizer = match towers.has_text() {
             true => text_tokenizer(dir, towers.max_text_tokens)?,
@@ -101,6 +100,7 @@ impl ImageTask {
                 (Task::Classify, Reads::Images, f)
             }
         };
+        let has_text = towers.has_text();
         let info = ModelInfo {
             name: options
                 .name
@@ -110,9 +110,10 @@ impl ImageTask {
             dim: if task == Task::Embed { towers.dim } else { 0 },
             max_seq_len: towers.max_text_tokens,
             device: match towers.cpu_tower() {
-                Some(t) if cpu_tower => format!(
-                    "Cpu (fused image tower, {}; candle text tower)",
-                    t.describe()
+                Some(t) => format!(
+                    "Cpu (fused image tower, {}{})",
+                    t.describe(),
+                    if has_text { "; candle text tower" } else { "" }
                 ),
                 _ => format!("{device:?} (candle, {dtype:?})"),
             },
