@@ -2,8 +2,8 @@
 """Images: spotinfer against transformers (PyTorch) on this CPU, then the worker's pipeline and
 its memory. Run by bench/images.sh, which builds the binaries and makes the inputs.
 
-1. The model alone, side by side, alternated, medians: examples/image_speed (the CPU image tower,
-   then candle) and bench/image_peer.py (Pillow + the PIL processor + PyTorch fp32), each over the
+1. The model alone, side by side, alternated, medians: examples/image_speed (the CPU image tower
+   in f32 and, asked for, int8; then candle) and bench/image_peer.py (Pillow + the PIL processor + PyTorch fp32), each over the
    same photographs, with the share of decode, preprocess and network.
 2. The pipeline: `spotinfer loadtest --images` on the same model, no faults: Pub/Sub in,
    decode and preprocess on the model stage's blocking threads, the database out; images/s
@@ -38,6 +38,7 @@ def side_by_side(a, rounds):
     """Median figures of each side over `rounds` alternated runs."""
     sides = {
         "spotinfer": [a.image_speed, "--backend", "auto", "--precision", "f32"],
+        "spotinfer-int8": [a.image_speed, "--backend", "auto", "--precision", "int8"],
         "spotinfer-candle": [a.image_speed, "--backend", "candle"],
         "pytorch": [sys.executable, str(ROOT / "bench" / "image_peer.py")],
     }
@@ -88,7 +89,7 @@ def main():
     p.add_argument("--large", required=True)
     p.add_argument("--large-pixels", type=int, required=True)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--records", type=int, default=400)
+    p.add_argument("--records", type=int, default=600)
     p.add_argument("--out")
     a = p.parse_args()
     result = {"machine": machine.describe(), "cores": os.cpu_count(), "model": a.model}
@@ -113,8 +114,9 @@ def main():
               f"{d['network_images_per_s']:6.2f}); decode {d['decode_share']:.1%}, "
               f"preprocess {d['preprocess_share']:.1%}, network {d['network_share']:.1%}; "
               f"{d['engine']}")
-    print(f"spotinfer / PyTorch: {m['spotinfer']['images_per_s'] / m['pytorch']['images_per_s']:.2f}x "
-          f"(network alone {m['spotinfer']['network_images_per_s'] / m['pytorch']['network_images_per_s']:.2f}x)")
+    for side in ("spotinfer", "spotinfer-int8"):
+        print(f"{side} / PyTorch: {m[side]['images_per_s'] / m['pytorch']['images_per_s']:.2f}x "
+              f"(network alone {m[side]['network_images_per_s'] / m['pytorch']['network_images_per_s']:.2f}x)")
     print(f"pipeline (Pub/Sub, decode on the model stage's threads, SQLite): "
           f"{pipe['records_per_s']:.2f} images/s = "
           f"{pipe['records_per_s'] / m['spotinfer']['network_images_per_s']:.0%} of the network alone; "

@@ -47,6 +47,7 @@ fn main() -> anyhow::Result<()> {
         precision: match a.precision.as_str() {
             "f32" => Precision::F32,
             "bf16" => Precision::Bf16,
+            "int8" => Precision::Int8,
             _ => Precision::Auto,
         },
         ..LoadOptions::new(DeviceChoice::Cpu)

@@ -254,3 +254,66 @@ fn the_cpu_image_towers_match_transformers_and_candle() {
         }
     }
 }
+
+/// bf16 and int8 on the CPU image tower, when asked: each is checked at load against f32 on the
+/// probe pictures and either refused with the cosine it reached (ViT's int8 here: 0.9988) or
+/// stays within the bars on the photographs (vectors within cosine 0.999 of transformers',
+/// probabilities within 1e-2). CLIP's int8 must load wherever the CPU has an int8 kernel.
+#[test]
+fn reduced_precisions_on_the_cpu_image_tower_are_checked_and_close() {
+    use spotinfer::model::{
+        DeviceChoice, ImageTask, Item, LoadOptions, Output, Precision, Predict,
+    };
+    let refs = reference();
+    for precision in [Precision::Bf16, Precision::Int8] {
+        for name in ["clip", "vit"] {
+            let dir = fixtures().join("models").join(name);
+            let options = LoadOptions {
+                precision,
+                ..LoadOptions::new(DeviceChoice::Cpu)
+            };
+            let task = match ImageTask::open(&dir, &options) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("{name} {precision:?}: {e}");
+                    assert!(e.to_string().contains("--precision"), "{e}");
+                    let int8 = precision == Precision::Int8 && spotinfer_bert_cpu::int8_supported();
+                    assert!(!(name == "clip" && int8), "CLIP int8 refused: {e}");
+                    continue;
+                }
+            };
+            let photos = pixel_values(&model(name));
+            let items: Vec<Item> = photos
+                .iter()
+                .map(|(_, p)| Item::Pixels(p.clone().into()))
+                .collect();
+            let got = task.predict_items(&items).unwrap().outputs;
+            let mut worst = 0f32;
+            for ((photo, _), out) in photos.iter().zip(&got) {
+                let want = &refs["models"][name]["images"][photo.as_str()];
+                match out {
+                    Output::Embedding(v) => {
+                        let c = cosine(v, &floats(want));
+                        worst = worst.max(1.0 - c);
+                        assert!(c >= 0.999, "{name} {precision:?} {photo}: cosine {c}");
+                    }
+                    Output::Classes { scores, .. } => {
+                        let p = floats(&want["probabilities"]);
+                        let d = scores
+                            .iter()
+                            .zip(&p)
+                            .map(|(a, b)| (a - b).abs())
+                            .fold(0f32, f32::max);
+                        worst = worst.max(d);
+                        assert!(d <= 1e-2, "{name} {precision:?} {photo}: {d}");
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+            eprintln!(
+                "{name} {precision:?} on {}: worst {worst:.2e}",
+                task.info().device
+            );
+        }
+    }
+}

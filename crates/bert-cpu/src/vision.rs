@@ -111,15 +111,11 @@ pub struct CpuVision {
 
 impl CpuVision {
     /// Loads the tower from a safetensors file, named as `dims.layout` says, to compute in
-    /// `precision`: f32, or bf16 on AVX-512 BF16. Each weight is packed for its kernel as it is
-    /// read and the f32 copy dropped, so loading never holds the tower twice. int8 is refused:
-    /// its per-channel smoothing is calibrated on texts, and images were not measured with it.
+    /// `precision`: f32, bf16 (AVX-512 BF16) or int8 (weights per output column, activations per
+    /// token, without the text encoder's smoothing: how close it stays to f32 depends on the
+    /// model, so the caller checks). Each weight is packed for its kernel as it is read and the
+    /// f32 copy dropped, so loading never holds the tower twice.
     pub fn load(path: &Path, dims: VisionDims, precision: Precision) -> Result<Self, BertError> {
-        if precision == Precision::Int8 {
-            return Err(BertError::Unsupported(
-                "int8 is not offered for image towers".into(),
-            ));
-        }
         let format = precision.format(false).map_err(BertError::Unsupported)?;
         let file = WeightsFile::open(path)?;
         let st = file.tensors()?;

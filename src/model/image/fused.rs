@@ -5,6 +5,8 @@
 //! copied head-major); the packed kernels and fused passes compute the same function without
 //! that. SigLIP (its attention-pooling head) stays on candle.
 
+use super::resample::Rgb8;
+use super::Processor;
 use crate::model::task::linear::{Act, Linear, WeightsFile};
 use crate::model::ModelError;
 use serde_json::Value;
@@ -106,8 +108,82 @@ impl FusedImages {
         Ok(rows.iter().map(|r| self.head.forward(r)).collect())
     }
 
+    /// The lowest cosine between this tower's outputs and `reference`'s (the same model in f32)
+    /// over [`probe_images`]: how far a reduced precision moved them.
+    pub fn worst_cosine(&self, reference: &Self, processor: &Processor) -> Result<f32, ModelError> {
+        let probes = probe_images(processor);
+        let probes: Vec<&[f32]> = probes.iter().map(Vec::as_slice).collect();
+        let (got, want) = (self.images(&probes)?, reference.images(&probes)?);
+        Ok(got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| crate::model::cosine(a, b))
+            .fold(1.0, f32::min))
+    }
+
     /// The tower's precision and kernels, for the model's description.
     pub fn describe(&self) -> String {
         format!("{:?} on {}", self.tower.precision(), self.tower.kernels())
     }
+}
+
+/// Eight generated 320 × 240 pictures, through the model's processor: gradients, stripes,
+/// checks, rings and noise in several colours, smooth and sharp. They stand in for photographs
+/// (none ship with the binary) when a reduced precision is checked against f32 at load.
+pub fn probe_images(processor: &Processor) -> Vec<Vec<f32>> {
+    let (w, h) = (320usize, 240usize);
+    let mut seed = 0x9e37_79b9_u32;
+    let mut noise = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 17;
+        seed ^= seed << 5;
+        (seed >> 24) as f32
+    };
+    let patterns: [&dyn Fn(f32, f32, usize) -> f32; 8] = [
+        &|x, y, c| (x * 255.0 * (c as f32 + 1.0) / 3.0 + y * 80.0) % 256.0,
+        &|x, _, c| {
+            if ((x * 24.0) as usize + c) % 2 == 0 {
+                230.0
+            } else {
+                20.0
+            }
+        },
+        &|x, y, c| (((x * 8.0) as usize + (y * 6.0) as usize + c) % 2) as f32 * 200.0 + 30.0,
+        &|x, y, c| 128.0 + 120.0 * (((x - 0.5).hypot(y - 0.5) * 40.0) + c as f32).sin(),
+        &|x, y, c| 128.0 + 60.0 * (x * 9.0 + c as f32).sin() + 60.0 * (y * 7.0).cos(),
+        &|_, y, c| [250.0, 120.0, 10.0][c] * y,
+        &|x, y, _| {
+            if (x - 0.3).hypot(y - 0.6) < 0.2 {
+                240.0
+            } else {
+                35.0
+            }
+        },
+        &|x, y, c| [90.0, 160.0, 60.0][c] + 40.0 * (x * y * 30.0).sin(),
+    ];
+    patterns
+        .iter()
+        .enumerate()
+        .filter_map(|(i, f)| {
+            let mut data = Vec::with_capacity(w * h * 3);
+            for py in 0..h {
+                for px in 0..w {
+                    let (x, y) = (px as f32 / w as f32, py as f32 / h as f32);
+                    for c in 0..3 {
+                        let grain = if i % 2 == 0 {
+                            noise() / 16.0 - 8.0
+                        } else {
+                            0.0
+                        };
+                        data.push((f(x, y, c) + grain).clamp(0.0, 255.0) as u8);
+                    }
+                }
+            }
+            processor.pixel_values(&Rgb8 {
+                width: w,
+                height: h,
+                data,
+            })
+        })
+        .collect()
 }

@@ -14,6 +14,7 @@
 //! pipeline, off the model thread, with the processor this hands out in [`ModelInfo`].
 
 use super::Output;
+use crate::model::image::fused::FusedImages;
 use crate::model::image::towers::ImageModel;
 use crate::model::spec::{classification_function, read_optional, ScoreFunction, Task};
 use crate::model::thread::{Item, Predict};
@@ -67,7 +68,9 @@ impl ImageTask {
         }
         let device = engine::select_device(options.device)?;
         let dtype = match options.precision {
-            Precision::Auto | Precision::F32 | Precision::Bf16 => candle_core::DType::F32,
+            Precision::Auto | Precision::F32 | Precision::Bf16 | Precision::Int8 => {
+                candle_core::DType::F32
+            }
             Precision::F16 if !device.is_cpu() => candle_core::DType::F16,
             other => return Err(refuse(&format!("--precision {other:?}"))),
         };
@@ -75,16 +78,15 @@ impl ImageTask {
         // candle is asked for; SigLIP's (and the text towers) stay on candle.
         let cpu_precision = match options.precision {
             Precision::Bf16 => spotinfer_bert_cpu::Precision::Bf16,
+            Precision::Int8 => spotinfer_bert_cpu::Precision::Int8,
             _ => spotinfer_bert_cpu::Precision::F32,
         };
         let towers = match device.is_cpu() && options.backend != Backend::Candle {
             true => ImageModel::load_with_cpu_tower(dir, cpu_precision)?,
             false => ImageModel::load_as(dir, &device, dtype)?,
         };
-        if options.precision == Precision::Bf16 && towers.cpu_tower().is_none() {
-            return Err(refuse(
-                "--precision bf16 is the CPU image tower's (CLIP, ViT)",
-            ));
+        if matches!(options.precision, Precision::Bf16 | Precision::Int8) {
+            check_reduced_precision(dir, &towers, options.precision)?;
         }
         let tokenizer = match towers.has_text() {
             true => text_tokenizer(dir, towers.max_text_tokens)?,
@@ -169,6 +171,42 @@ impl ImageTask {
             scores,
         }
     }
+}
+
+/// Worst cosine allowed between a reduced-precision image tower's outputs and f32's on the probe
+/// images, as the text encoder's automatic choice allows.
+const MIN_PROBE_COSINE: f32 = 0.9995;
+
+/// bf16 and int8 are the CPU image tower's and are chosen, never automatic: each is checked at
+/// load against the same tower in f32 on generated probe pictures and refused, with the
+/// cosine, when it strays.
+fn check_reduced_precision(
+    dir: &Path,
+    towers: &ImageModel,
+    precision: Precision,
+) -> Result<(), ModelError> {
+    let fail = |message: String| ModelError::Precision(message);
+    let Some(tower) = towers.cpu_tower() else {
+        return Err(fail(format!(
+            "{precision:?} is the CPU image tower's (CLIP, ViT on the CPU without --backend candle)"
+        )));
+    };
+    let config: serde_json::Value = read_optional(&dir.join("config.json"))?;
+    let reference = FusedImages::load(dir, &config, spotinfer_bert_cpu::Precision::F32)?
+        .ok_or_else(|| fail("no f32 tower to check against".into()))?;
+    let worst = tower.worst_cosine(&reference, &towers.processor)?;
+    tracing::info!(
+        ?precision,
+        worst_cosine = worst,
+        "image tower checked against f32 on probe pictures"
+    );
+    if worst < MIN_PROBE_COSINE {
+        return Err(fail(format!(
+            "{precision:?} moves this model's image vectors to cosine {worst:.5} of f32's on probe \
+             pictures (at least {MIN_PROBE_COSINE} is required): use f32"
+        )));
+    }
+    Ok(())
 }
 
 /// The folder's `tokenizer.json`, truncating at the text tower's length (as
