@@ -4,7 +4,7 @@
 
 use spotinfer::config::{ModelsArgs, ModelsCommand};
 use spotinfer::model::image::resample::Rgb8;
-use spotinfer::model::{Backend, DeviceChoice, ImageTask, Item, Predict, Text};
+use spotinfer::model::{Backend, DeviceChoice, ImageTask, Item, Predict, Reads, Text};
 use spotinfer::model::{Input, LoadOptions, Model, ModelSpec, Output};
 
 /// Runs a `models` subcommand.
@@ -72,7 +72,14 @@ async fn check_image_model(dir: std::path::PathBuf, backend: Backend) -> anyhow:
     })
     .await??;
     let info = model.info();
-    println!("image model:    {:?} reads {:?}", info.task, info.reads);
+    let reads = match info.reads {
+        Reads::Images => "images",
+        _ => "images and texts",
+    };
+    println!(
+        "task:           {} (an image model: reads {reads})",
+        info.task.name()
+    );
     if !info.labels.is_empty() {
         println!("labels:         {}", info.labels.join(", "));
     }

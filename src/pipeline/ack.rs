@@ -27,14 +27,16 @@
 //! * **Invalid payload** (not the data contract of [`crate::record`]): a failure row, acked once
 //!   committed ([`crate::pipeline::source`] parses it; the batcher sends it along with the next
 //!   batch).
-//! * **`uri` record**: its text is read from Cloud Storage by the source. An object that can
-//!   never be used (missing, empty, too large, a refusal such as 403, a bucket outside
+//! * **`uri` record**: its text (an image model: its image's bytes) is read from Cloud Storage
+//!   by the source. An object that can never be used (missing, empty, too large, not UTF-8 for
+//!   a text model, a refusal such as 403, a bucket outside
 //!   `--allowed-buckets`) is a failure row. A transient read error is retried in place 3 times
 //!   (from 250 ms, doubling with jitter) and then the message is NACKed; on the subscription's
 //!   last delivery attempt (its dead-letter limit) it is a failure row saying so instead, as a
 //!   NACK would dead-letter it unrecorded.
-//! * **Model** ([`crate::pipeline::embed`]): a record naming a prompt the model lacks is a
-//!   failure row. A batch the model fails on because of its input
+//! * **Model** ([`crate::pipeline::embed`]): a record naming a prompt the model lacks, an image
+//!   for a text model, a text for an image classifier, an image that cannot be decoded or is
+//!   past `--max-image-pixels` is a failure row. A batch the model fails on because of its input
 //!   ([`crate::model::ModelError::blames_input`]) is embedded again record by record: the
 //!   records that embed alone go on, each one that fails alone is a failure row quoting the
 //!   model. A fault that is not the input's (the device, a panic, a model thread that is gone)

@@ -142,7 +142,7 @@ pub fn probe_images(processor: &Processor) -> Vec<Vec<f32>> {
     let patterns: [&dyn Fn(f32, f32, usize) -> f32; 8] = [
         &|x, y, c| (x * 255.0 * (c as f32 + 1.0) / 3.0 + y * 80.0) % 256.0,
         &|x, _, c| {
-            if ((x * 24.0) as usize + c) % 2 == 0 {
+            if ((x * 24.0) as usize + c).is_multiple_of(2) {
                 230.0
             } else {
                 20.0
