@@ -91,9 +91,15 @@ def main():
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--records", type=int, default=600)
     p.add_argument("--out")
+    p.add_argument("--keep-model-alone", action="store_true",
+                   help="reuse the model-alone figures of --out (an earlier run on this machine) "
+                        "and run only the pipeline and memory parts")
     a = p.parse_args()
     result = {"machine": machine.describe(), "cores": os.cpu_count(), "model": a.model}
-    result["model_alone"] = side_by_side(a, a.rounds)
+    if a.keep_model_alone:
+        result["model_alone"] = json.loads(Path(a.out).read_text())["model_alone"]
+    else:
+        result["model_alone"] = side_by_side(a, a.rounds)
     batch = ["--batch-size=16"]
     pipe = loadtest(a, a.photos, a.records, batch)
     result["pipeline"] = {"images_per_s": pipe["records_per_s"],

@@ -184,20 +184,23 @@ fn check_clip_rows(rows: &[Value], reference: &Value) {
     eprintln!("worst cosine to transformers: {:.7} ({})", worst.0, worst.1);
 }
 
-/// Every poison record is a failure row with its reason.
-fn check_failures(env: &Env, job: &str, dir: &Path, poison: &[(Value, &str)]) {
+/// `export --failed` of the job: each failure's reason by record id.
+fn failure_reasons(env: &Env, job: &str, dir: &Path) -> HashMap<String, String> {
     let failed = dir.join("failed.jsonl");
     let out = failed.display().to_string();
     env.ok("export", &["--job", job, "--failed", "--output", &out]);
-    let reasons: HashMap<String, String> = read_jsonl(&failed)
+    read_jsonl(&failed)
         .into_iter()
         .map(|f| {
-            (
-                f["record_id"].as_str().unwrap_or("").to_string(),
-                f["error"].to_string(),
-            )
+            let id = f["record_id"].as_str().unwrap_or("").to_string();
+            (id, f["error"].as_str().unwrap_or("").to_string())
         })
-        .collect();
+        .collect()
+}
+
+/// Every poison record is a failure row with its reason.
+fn check_failures(env: &Env, job: &str, dir: &Path, poison: &[(Value, &str)]) {
+    let reasons = failure_reasons(env, job, dir);
     assert_eq!(reasons.len(), poison.len(), "{reasons:?}");
     for (record, expected) in poison {
         let id = record["id"].as_str().unwrap();
@@ -384,21 +387,12 @@ async fn a_vit_job_classifies_inline_images_and_refuses_texts() {
         }
     }
     eprintln!("largest probability difference: {worst:.2e}");
-    let failed = dir.path().join("failed.jsonl");
-    env.ok(
-        "export",
-        &[
-            "--job",
-            &name,
-            "--failed",
-            "--output",
-            &failed.display().to_string(),
-        ],
+    let reasons = failure_reasons(&env, &name, dir.path());
+    assert_eq!(reasons.len(), 1, "{reasons:?}");
+    assert!(
+        reasons["a-text"].contains("image classifier"),
+        "{reasons:?}"
     );
-    let failures = read_jsonl(&failed);
-    assert_eq!(failures.len(), 1);
-    let reason = failures[0]["error"].as_str().unwrap();
-    assert!(reason.contains("image classifier"), "{reason}");
 }
 
 /// An image to a text model is a failure row saying so; the texts beside it are embedded.
@@ -431,18 +425,7 @@ async fn an_image_to_a_text_model_is_a_failure_row() {
     assert!(status.success(), "{status}");
     let end = env.status(&name);
     assert_eq!((int(&end, "done"), int(&end, "failed")), (2, 1), "{end}");
-    let failed = dir.path().join("failed.jsonl");
-    env.ok(
-        "export",
-        &[
-            "--job",
-            &name,
-            "--failed",
-            "--output",
-            &failed.display().to_string(),
-        ],
-    );
-    let reason = read_jsonl(&failed)[0]["error"].to_string();
+    let reason = &failure_reasons(&env, &name, dir.path())["cat"];
     assert!(
         reason.contains("an image, but the model") && reason.contains("reads texts"),
         "{reason}"

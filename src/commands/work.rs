@@ -325,6 +325,14 @@ async fn model_and_window(a: &WorkArgs) -> anyhow::Result<(ModelHandle, Window)>
                 .context("cannot measure the model's speed")?,
         ),
     };
+    // An image model's rate is timed on pixel values alone; its window is capped at a few
+    // batches (`window::IMAGE_WINDOW_BATCHES`), and its streams follow that cap.
+    let images = model.info().reads.images();
+    let cap = window::IMAGE_WINDOW_BATCHES * a.batch.batch_size;
+    let rate = match (rate, images) {
+        (Some(r), true) => Some(r.min(cap as f64 / window::WINDOW_SECONDS)),
+        (r, _) => r,
+    };
     let streams = a
         .streams
         .unwrap_or_else(|| window::streams_for(rate.unwrap_or(0.0)));

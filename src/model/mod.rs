@@ -208,6 +208,25 @@ pub struct Predicted {
     pub seconds: f64,
 }
 
+impl Predicted {
+    /// A batch's results computed since `started`, refused when any holds a NaN or an infinity
+    /// (never written: [`ModelError::NonFinite`] names the input).
+    pub(crate) fn checked(
+        outputs: Vec<Output>,
+        tokens: usize,
+        started: std::time::Instant,
+    ) -> Result<Self, ModelError> {
+        if let Some(index) = outputs.iter().position(|o| !o.is_finite()) {
+            return Err(ModelError::NonFinite { index });
+        }
+        Ok(Self {
+            outputs,
+            tokens,
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+}
+
 /// The head a model's task runs on the encoder's output.
 enum TaskHead {
     /// Pooled vectors through Dense and Normalize.

@@ -21,14 +21,7 @@ impl Model {
             TaskHead::Sequence(head) => self.classify(head, inputs)?,
             TaskHead::Tokens(head) => self.tag(head, inputs)?,
         };
-        if let Some(index) = outputs.iter().position(|o| !o.is_finite()) {
-            return Err(ModelError::NonFinite { index });
-        }
-        Ok(Predicted {
-            outputs,
-            tokens,
-            seconds: started.elapsed().as_secs_f64(),
-        })
+        Predicted::checked(outputs, tokens, started)
     }
 
     /// Refuses what this model's task cannot take: a `text_pair` for a model that reads single

@@ -15,6 +15,14 @@ use std::time::Instant;
 
 /// Seconds of work a worker holds.
 pub const WINDOW_SECONDS: f64 = 2.0;
+/// Batches an image model's worker holds at most, whatever its measured rate: the rate is timed
+/// on pixel values, and a record's decoding and resizing, which depend on the picture's size
+/// (ten times longer for a 12-megapixel photograph than for a 1-megapixel one), come on top.
+/// Sized from the network alone the window held ten times its two seconds, and every SIGTERM
+/// handed that much back, a delivery attempt each (the CLIP load test dead-lettered healthy
+/// records). Four batches keep one computing, one decoded and two arriving: the rate a window
+/// is sized from is capped at four batches per [`WINDOW_SECONDS`].
+pub const IMAGE_WINDOW_BATCHES: usize = 4;
 /// The most messages a worker holds, however fast its model.
 pub const MAX_WINDOW: usize = 10_000;
 /// Words in each calibration text: a long sentence, a short paragraph.

@@ -261,13 +261,6 @@ impl Predict for ImageTask {
             })
             .collect::<Option<_>>()
             .ok_or_else(|| ModelError::Input("the towers returned too few results".into()))?;
-        if let Some(index) = outputs.iter().position(|o| !o.is_finite()) {
-            return Err(ModelError::NonFinite { index });
-        }
-        Ok(Predicted {
-            outputs,
-            tokens,
-            seconds: started.elapsed().as_secs_f64(),
-        })
+        Predicted::checked(outputs, tokens, started)
     }
 }
