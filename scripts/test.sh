@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh machine: fetches the model, starts PostgreSQL 15 (Debian's),
-# PostgreSQL 16 with pgvector (from the pgserver wheel) and the Pub/Sub emulator (with the
-# stream-cancel fix), installs the Cloud Storage emulator (the tests start it) and pyarrow (the
-# Parquet round trip), then runs every test against them.
+# The whole test suite, from a fresh machine: fetches the models (all-MiniLM-L6-v2, the SmolLM2
+# GGUF), starts PostgreSQL 15 (Debian's), PostgreSQL 16 with pgvector (from the pgserver wheel)
+# and the Pub/Sub emulator (with the stream-cancel fix), installs the Cloud Storage emulator (the
+# tests start it) and pyarrow (the Parquet round trip), then runs every test against them.
 #
 #   scripts/test.sh [extra cargo test args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-model.sh
+scripts/fetch-llm.sh >/dev/null
 pg_url=$(scripts/postgres.sh start | tail -n1)
 pgvector_url=$(scripts/pgvector.sh start | tail -n1)
 emulator=${SPOTINFER_TEST_EMULATOR:-127.0.0.1:8086}

@@ -26,6 +26,7 @@ mod budget;
 mod candle_bert;
 mod engine;
 mod fused;
+pub mod generate;
 pub mod image;
 pub mod offline;
 mod options;
