@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""llama.cpp's greedy continuations of chat prompts on the SmolLM2 GGUF, for
+examples/gguf_greedy.rs to compare candle's quantised model against, token by token.
+
+    .cache/llm-venv/bin/python bench/llm_greedy.py N OUT.json   # N prompts from bench/real_corpus.py
+
+Each prompt is a real text (Debian's fortunes in eight languages, WordNet, man pages) as the user
+turn of SmolLM2's chat format, with the system turn its template adds when none is given;
+llama.cpp tokenizes it (special tokens on) and decodes 32 tokens greedily (temperature 0).
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GGUF = ROOT / "models" / "SmolLM2-135M-Instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+NEW_TOKENS = 32
+
+
+def main():
+    import llama_cpp
+    n, out = int(sys.argv[1]), sys.argv[2]
+    llm = llama_cpp.Llama(model_path=str(GGUF), n_ctx=2048, n_threads=2, verbose=False)
+    lines = subprocess.run([sys.executable, str(ROOT / "bench" / "real_corpus.py"), str(n), "31"],
+                           check=True, capture_output=True, text=True).stdout.splitlines()
+    cases = []
+    for line in lines:
+        text = " ".join(json.loads(line)["text"].split()[:120])
+        prompt = (f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{text}<|im_end|>\n"
+                  "<|im_start|>assistant\n")
+        ids = llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
+        llm.reset()
+        got = []
+        for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+            got.append(tok)
+            if len(got) == NEW_TOKENS:
+                break
+        cases.append({"prompt_ids": ids, "greedy": got})
+    Path(out).write_text(json.dumps({"llama_cpp_python": llama_cpp.__version__,
+                                     "cases": cases}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
