@@ -6,7 +6,8 @@ examples/gguf_greedy.rs to compare candle's quantised model against, token by to
 
 Each prompt is a real text (Debian's fortunes in eight languages, WordNet, man pages) as the user
 turn of SmolLM2's chat format, with the system turn its template adds when none is given;
-llama.cpp tokenizes it (special tokens on) and decodes 32 tokens greedily (temperature 0).
+llama.cpp tokenizes it (special tokens on) and decodes 32 tokens greedily (temperature 0), its KV
+cache in f32 as candle's is (llama.cpp's default is f16).
 """
 import json
 import subprocess
@@ -17,12 +18,15 @@ ROOT = Path(__file__).resolve().parents[1]
 GGUF = ROOT / "models" / "SmolLM2-135M-Instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 NEW_TOKENS = 32
+# ggml's type id for f32: llama.cpp keeps its KV cache in f16 unless told, candle in f32.
+KV_F32 = 0
 
 
 def main():
     import llama_cpp
     n, out = int(sys.argv[1]), sys.argv[2]
-    llm = llama_cpp.Llama(model_path=str(GGUF), n_ctx=2048, n_threads=2, verbose=False)
+    llm = llama_cpp.Llama(model_path=str(GGUF), n_ctx=2048, n_threads=2, verbose=False,
+                          type_k=KV_F32, type_v=KV_F32)
     lines = subprocess.run([sys.executable, str(ROOT / "bench" / "real_corpus.py"), str(n), "31"],
                            check=True, capture_output=True, text=True).stdout.splitlines()
     cases = []
