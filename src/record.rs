@@ -109,7 +109,7 @@ pub enum RecordError {
     },
     /// More than one of `text`, `uri` and `image_base64` is given.
     #[error("give one of \"text\", \"uri\" and \"image_base64\", not several")]
-    TextAndUri,
+    SeveralInputs,
     /// `image_base64` is not base64.
     #[error("field \"image_base64\" is not base64 (RFC 4648's standard alphabet): {0}")]
     Base64(String),
@@ -186,7 +186,7 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
     let has_text = given("text");
     let inputs = ["text", "uri", "image_base64"];
     if inputs.iter().filter(|k| given(k)).count() > 1 {
-        return Err(RecordError::TextAndUri);
+        return Err(RecordError::SeveralInputs);
     }
     if given("image_base64") {
         let image = inline_image(required_string(&map, "image_base64")?)?;
@@ -395,7 +395,7 @@ mod tests {
         assert!(r.text.is_empty());
         assert_eq!(
             parse(br#"{"id":"a","text":"t","uri":"gs://b/o"}"#, MAX).unwrap_err(),
-            RecordError::TextAndUri
+            RecordError::SeveralInputs
         );
         assert!(matches!(
             parse(br#"{"id":"a","uri":"http://x/y"}"#, MAX).unwrap_err(),
@@ -426,7 +426,7 @@ mod tests {
         ] {
             assert_eq!(
                 parse(both.as_bytes(), MAX).unwrap_err(),
-                RecordError::TextAndUri
+                RecordError::SeveralInputs
             );
         }
         let err = parse(br#"{"id":"a","image_base64":"not base64!"}"#, MAX).unwrap_err();

@@ -55,6 +55,11 @@ pub fn load_embedder(dir: &Path, m: &ModelArgs) -> anyhow::Result<Model> {
             dir.display()
         );
     }
+    open_text_model(dir, m)
+}
+
+/// The text model in `dir` as `m` describes it.
+fn open_text_model(dir: &Path, m: &ModelArgs) -> anyhow::Result<Model> {
     Ok(Model::open(dir, &load_options(m))?.with_max_batch_tokens(m.max_batch_tokens))
 }
 
@@ -63,7 +68,7 @@ fn load_any(dir: &Path, m: &ModelArgs) -> anyhow::Result<Box<dyn Predict>> {
     if spotinfer::model::is_image_model(dir)? {
         return Ok(Box::new(ImageTask::open(dir, &load_options(m))?));
     }
-    Ok(Box::new(load_embedder(dir, m)?))
+    Ok(Box::new(open_text_model(dir, m)?))
 }
 
 /// How `m` asks for the model to be loaded.

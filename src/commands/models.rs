@@ -3,7 +3,7 @@
 //! is refused.
 
 use spotinfer::config::{ModelsArgs, ModelsCommand};
-use spotinfer::model::image::resample::Rgb8;
+use spotinfer::model::image::fused::probe_images;
 use spotinfer::model::{Backend, DeviceChoice, ImageTask, Item, Predict, Reads, Text};
 use spotinfer::model::{Input, LoadOptions, Model, ModelSpec, Output};
 
@@ -54,14 +54,11 @@ async fn check_image_model(dir: std::path::PathBuf, backend: Backend) -> anyhow:
     };
     let (model, outputs) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
         let model = ImageTask::open(&dir, &options)?;
-        let processor = model.info().processor.clone();
-        let probe = Rgb8 {
-            width: 320,
-            height: 240,
-            data: (0..320 * 240 * 3).map(|i| (i % 251) as u8).collect(),
-        };
-        let pixels = processor
-            .and_then(|p| p.pixel_values(&probe))
+        let pixels = model
+            .info()
+            .processor
+            .as_ref()
+            .and_then(|p| probe_images(p).into_iter().next())
             .ok_or_else(|| anyhow::anyhow!("the processor gives no pixel values"))?;
         let mut items = vec![Item::Pixels(pixels.into())];
         if model.info().reads.texts() {

@@ -39,8 +39,8 @@ impl AtModel {
 
 /// Runs the model stage (the two tasks of the module documentation) until shutdown or `rx`
 /// closes; on shutdown what the stage holds goes to `handback`. Image records are decoded and
-/// preprocessed here, refusing images past `max_image_pixels` (`--max-image-pixels`). An error: the model kept failing
-/// for a reason that is not its input's, and the stage began the shutdown.
+/// preprocessed here, refusing images past `max_image_pixels` (`--max-image-pixels`). An error:
+/// the model kept failing for a reason that is not its input's, and the stage began the shutdown.
 pub async fn run(
     mut rx: mpsc::Receiver<Batch>,
     tx: mpsc::Sender<Outcome>,
@@ -153,7 +153,7 @@ fn model_items(records: &[Pending]) -> Vec<Item> {
 /// Decodes and preprocesses the batch's images with the model's processor, on blocking
 /// threads, one slice of the batch per core, so the model thread only ever sees pixel values and
 /// the next batch's decoding overlaps this one's compute. An image that cannot be used (not an
-/// image, truncated, past `max_pixels`) moves to `rejected` with the reason. `None`: shutdown
+/// image, truncated, past `max_pixels`) moves to `rejected` with the reason. `Err`: shutdown
 /// began first (the records are as they were, still holding their bytes).
 async fn prepare_images(
     records: Vec<Pending>,
@@ -179,12 +179,9 @@ async fn prepare_images(
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let per_task = work.len().div_ceil(cores);
-    let mut tasks = Vec::new();
-    let parts: Vec<Vec<usize>> = work
-        .chunks(per_task)
-        .map(|part| part.iter().map(|(i, _)| *i).collect())
-        .collect();
+    let (mut parts, mut tasks) = (Vec::new(), Vec::new());
     for part in work.chunks(per_task) {
+        parts.push(part.iter().map(|(i, _)| *i).collect::<Vec<_>>());
         let (part, processor) = (part.to_vec(), processor.clone());
         tasks.push(tokio::task::spawn_blocking(move || {
             part.into_iter()
@@ -439,7 +436,7 @@ async fn retry_device_faults(
             _ = shutdown.cancelled() => return Err(Halt::Shutdown),
             r = async {
                 tokio::time::sleep(pause).await;
-                model.submit(model_items(records)).await?.wait().await
+                model.predict(model_items(records)).await
             } => r,
         };
     }
@@ -472,7 +469,7 @@ async fn isolate(
             biased;
             _ = shutdown.cancelled() => Err(Halt::Shutdown),
             r = async {
-                let alone = async { model.submit(vec![model_item(&p)]).await?.wait().await }.await;
+                let alone = model.predict(vec![model_item(&p)]).await;
                 retry_device_faults(alone, std::slice::from_ref(&p), model, metrics, shutdown).await
             } => r,
         };

@@ -59,12 +59,6 @@ impl Gcs {
         let size = resp.object().size.max(0) as u64;
         Ok((resp, size))
     }
-
-    /// Reads an object as UTF-8 text.
-    pub async fn read_text(&self, uri: &str, max_bytes: u64) -> Result<String, StorageError> {
-        let bytes = self.read(uri, Some(max_bytes)).await?;
-        String::from_utf8(bytes).map_err(|_| StorageError::NotUtf8(uri.to_string()))
-    }
 }
 
 /// Longest one input read may take before it counts as a transient failure (the source retries

@@ -148,14 +148,20 @@ impl Processor {
         })
     }
 
-    /// How many values [`Processor::pixel_values`] gives per image (3 × height × width).
-    pub fn output_len(&self) -> Option<usize> {
+    /// (height, width) of what [`Processor::pixel_values`] gives, whatever the picture: the
+    /// size of a small probe after the resize and crop (`None`: the crop would pad it).
+    pub fn output_size(&self) -> Option<(usize, usize)> {
         let probe = Rgb8 {
             width: 97,
             height: 61,
             data: vec![0; 97 * 61 * 3],
         };
-        self.resized(&probe).map(|i| 3 * i.width * i.height)
+        self.resized(&probe).map(|i| (i.height, i.width))
+    }
+
+    /// How many values [`Processor::pixel_values`] gives per image (3 × height × width).
+    pub fn output_len(&self) -> Option<usize> {
+        self.output_size().map(|(h, w)| 3 * h * w)
     }
 
     /// The 8-bit image after the processor's resize and crop: what the model sees, before

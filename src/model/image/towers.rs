@@ -178,15 +178,7 @@ impl ImageModel {
     /// The processor must give the network's input size: a folder whose processor crops to
     /// another size would fail on every image.
     fn check_input(&self, dir: &Path) -> Result<(), ModelError> {
-        let probe = super::resample::Rgb8 {
-            width: 97,
-            height: 61,
-            data: vec![0; 97 * 61 * 3],
-        };
-        let got = self
-            .processor
-            .resized(&probe)
-            .map(|img| (img.height, img.width));
+        let got = self.processor.output_size();
         if got != Some(self.input) {
             return Err(ModelError::Unsupported {
                 path: PathBuf::from(dir).join("preprocessor_config.json"),

@@ -52,11 +52,12 @@ impl ImageTask {
     /// on the CPU encoder's kernels (f32; bf16 when asked, on AVX-512 BF16), everything else on
     /// candle in f32 (f16 on CUDA when asked). Image models take no prompt and no token limit.
     pub fn open(dir: &Path, options: &LoadOptions) -> Result<Self, ModelError> {
-        let refuse = |what: &str| {
-            ModelError::Unsupported {
+        let refuse = |what: &str| ModelError::Unsupported {
             path: dir.to_path_buf(),
-            message: format!("{what} (image models compute in f32: bf16 on the CPU image tower, f16 on CUDA, when asked)"),
-        }
+            message: format!(
+                "{what} (image models compute in f32; bf16 or int8 on the CPU image tower and \
+                 f16 on CUDA when asked)"
+            ),
         };
         if options.backend == Backend::Fused {
             return Err(refuse("--backend fused computes BERT-family text encoders"));
