@@ -41,7 +41,8 @@ def main():
             got.append(tok)
             if len(got) == NEW_TOKENS:
                 break
-        cases.append({"prompt_ids": ids, "greedy": got})
+        cases.append({"messages": [{"role": "user", "content": text}], "prompt_ids": ids,
+                      "greedy": got})
     Path(out).write_text(json.dumps({"llama_cpp_python": llama_cpp.__version__,
                                      "cases": cases}) + "\n")
 

@@ -81,7 +81,7 @@ const BLOCKS_PER_THREAD: usize = 4;
 
 /// Least multiply-adds in one block (tens of microseconds on one core): below it, handing the
 /// block to another thread costs more than it saves (a tiny model's products).
-const MIN_BLOCK_MACS: usize = 1 << 20;
+pub(crate) const MIN_BLOCK_MACS: usize = 1 << 20;
 
 /// Rows per block for a product over `m` rows of `row_macs` multiply-adds each: about
 /// [`BLOCKS_PER_THREAD`] blocks per pool thread but not less than [`MIN_BLOCK_MACS`] of work, a

@@ -22,11 +22,13 @@
 //! CPU engine (the `gemm` crate) called directly on the f32 weights. Weights are read from a memory-mapped
 //! safetensors file.
 
+mod decoder;
 mod kernels;
 mod packed;
 mod vision;
 mod weights;
 
+pub use decoder::{CpuDecoder, DecoderDims, KvCache, Step};
 pub use vision::{CpuVision, VisionDims, VisionLayout};
 
 use kernels::{add_layer_norm, attention, bias_gelu, grow, layer_norm, linear};

@@ -213,12 +213,70 @@ thread_local! {
     static BUFFERS: RefCell<Buffers> = RefCell::new(Buffers::default());
 }
 
-/// `out = x · wᵀ (+ b)` in `w`'s format; `x` is `(rows, k)`, `out` `(rows, n)`.
+/// `out = x · wᵀ (+ b)` in `w`'s format; `x` is `(rows, k)`, `out` `(rows, n)`. The rows are
+/// split between the pool's threads.
 ///
 /// Panics unless the shapes agree and the CPU has the format's instructions
 /// ([`Format::supported`]): the kernels write through raw pointers, so these checks keep them
 /// inside the slices in every build.
 pub(crate) fn linear(x: &[f32], w: &PackedWeights, b: Option<&[f32]>, out: &mut [f32]) {
+    let m = check_shapes(x, w, b, out);
+    let (n, k) = (w.n, w.k);
+    let block = crate::kernels::block_rows(m, n * k, MR, MC);
+    let panels = n.div_ceil(PANEL);
+    out.par_chunks_mut(block * n)
+        .zip(x.par_chunks(block * k))
+        .for_each(|(out, x)| {
+            BUFFERS.with(|buf| {
+                // SAFETY: the format is supported and the shapes agree (checked above); each
+                // block holds whole rows of x and out.
+                unsafe { run_block(x, w, b, out.as_mut_ptr(), 0..panels, &mut buf.borrow_mut()) }
+            })
+        });
+}
+
+/// [`linear`] for a few rows and many columns (a decoder's step: one row per sequence): the
+/// columns are split between the threads instead of the rows, so every core streams its share
+/// of the weights. Each sum is computed exactly as [`linear`] computes it (the same kernel over
+/// the same inputs in the same order), so a row's result does not depend on the split, nor on
+/// the other rows beside it.
+pub(crate) fn linear_wide(x: &[f32], w: &PackedWeights, b: Option<&[f32]>, out: &mut [f32]) {
+    let m = check_shapes(x, w, b, out);
+    let panels = w.n.div_ceil(PANEL);
+    let threads = rayon::current_num_threads().max(1);
+    if m > MC || threads == 1 || m * w.n * w.k < crate::kernels::MIN_BLOCK_MACS {
+        return linear(x, w, b, out);
+    }
+    // Whole tiles of panels, a few per thread so an uneven core still finishes with the rest.
+    let tile = w.format.tile_panels();
+    let per = panels.div_ceil(threads * 2).div_ceil(tile).max(1) * tile;
+    let base = OutPtr(out.as_mut_ptr());
+    (0..panels.div_ceil(per)).into_par_iter().for_each(|i| {
+        let range = i * per..((i + 1) * per).min(panels);
+        BUFFERS.with(|buf| {
+            // SAFETY: as in `linear`; each task writes only its own panels' columns of out's
+            // rows, which no other task touches.
+            unsafe { run_block(x, w, b, base.get(), range, &mut buf.borrow_mut()) }
+        })
+    });
+}
+
+/// The output of [`linear_wide`], shared by tasks that write disjoint columns.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: see `linear_wide`: each task writes its own columns.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The pointer (a method, so closures capture the Sync wrapper, not its field).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// Checks what the kernels rely on and returns the number of rows.
+fn check_shapes(x: &[f32], w: &PackedWeights, b: Option<&[f32]>, out: &[f32]) -> usize {
     let (n, k) = (w.n, w.k);
     assert!(x.len().is_multiple_of(k), "packed linear: inner size {k}");
     let m = x.len() / k;
@@ -229,28 +287,21 @@ pub(crate) fn linear(x: &[f32], w: &PackedWeights, b: Option<&[f32]>, out: &mut 
         "packed linear: no {:?} kernel on this CPU",
         w.format
     );
-    let block = crate::kernels::block_rows(m, n * k, MR, MC);
-    out.par_chunks_mut(block * n)
-        .zip(x.par_chunks(block * k))
-        .for_each(|(out, x)| {
-            BUFFERS.with(|buf| {
-                // SAFETY: the format is supported and the shapes agree (checked above); each
-                // block holds whole rows of x and out.
-                unsafe { run_block(x, w, b, out, &mut buf.borrow_mut()) }
-            })
-        });
+    m
 }
 
-/// One thread's rows: converted `MC` at a time, then every panel over them, tile by tile.
+/// One thread's rows: converted `MC` at a time, then the panels in `panels` over them, tile by
+/// tile.
 ///
 /// # Safety
-/// The CPU has `w.format`'s instructions; `x` holds whole rows of `w.k`, `out` as many rows of
-/// `w.n`, and `b` is `None` or `w.n` long.
+/// The CPU has `w.format`'s instructions; `x` holds whole rows of `w.k`, `out` points at as many
+/// rows of `w.n`, `panels` is within `w`'s, and `b` is `None` or `w.n` long.
 unsafe fn run_block(
     x: &[f32],
     w: &PackedWeights,
     b: Option<&[f32]>,
-    out: &mut [f32],
+    out: *mut f32,
+    panels: std::ops::Range<usize>,
     buffers: &mut Buffers,
 ) {
     let Buffers {
@@ -260,7 +311,6 @@ unsafe fn run_block(
     } = buffers;
     let (n, k, steps) = (w.n, w.k, w.steps);
     let count_all = x.len() / k;
-    let panels = n.div_ceil(PANEL);
     let per_row = match w.format {
         Format::Int8(_) => int8::row_params(k),
         _ => 0,
@@ -286,16 +336,16 @@ unsafe fn run_block(
                 }
             }
         }
-        let mut panel = 0;
-        while panel < panels {
-            let take = w.format.tile_panels().min(panels - panel);
+        let mut panel = panels.start;
+        while panel < panels.end {
+            let take = w.format.tile_panels().min(panels.end - panel);
             let tall = w.format.tile_rows();
             for r in (0..count).step_by(tall) {
                 let tile = Tile {
                     rows: rows.as_ptr().add(r * steps),
                     steps,
                     weights: w.data.as_ptr().add(panel * steps * PANEL),
-                    out: out.as_mut_ptr().add((first + r) * n + panel * PANEL),
+                    out: out.add((first + r) * n + panel * PANEL),
                     n,
                     cols: n - panel * PANEL,
                     bias: b.map(|b| b.as_ptr().add(panel * PANEL)),

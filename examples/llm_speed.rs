@@ -1,0 +1,64 @@
+//! spotinfer's generation speed on a model, batched as the worker batches: B requests given to
+//! the decode loop at once (each prompt read whole when it joins, then one token per sequence
+//! per step), greedy, each stopping at its end token or after N new tokens. The counterpart of
+//! `bench/llm_speed.py` (llama.cpp) on the same prompt ids.
+//!
+//!     cargo run --release --example llm_speed -- MODEL PROMPTS.json B N
+//!
+//! PROMPTS.json: {"cases": [{"messages": [...]}, ...]} as `bench/llm_greedy.py` writes it. Prints
+//! one JSON line: generated tokens, seconds (prompt processing included), tokens/s.
+
+use spotinfer::model::generate::{
+    Generation, Interrupt, LanguageModel, Message, Prompt, Request, Sampling,
+};
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let [_, model, prompts, b, n] = args.as_slice() else {
+        anyhow::bail!("usage: llm_speed MODEL PROMPTS.json B N");
+    };
+    let (b, n): (usize, usize) = (b.parse()?, n.parse()?);
+    let model = LanguageModel::open(std::path::Path::new(model))?;
+    let refs: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(prompts)?)?;
+    let requests: Vec<Request> = refs["cases"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .take(b)
+        .map(|c| -> anyhow::Result<Request> {
+            let messages: Vec<Message> = serde_json::from_value(c["messages"].clone())?;
+            Ok(Request {
+                prompt: Prompt::Chat(messages),
+                max_new_tokens: n,
+                sampling: Sampling {
+                    temperature: 0.0,
+                    top_p: 1.0,
+                    top_k: 0,
+                    seed: 0,
+                },
+                stop: Vec::new(),
+                resume: Vec::new(),
+                truncate_prompt: false,
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let started = std::time::Instant::now();
+    let out = model.generate(&requests, 0, &Interrupt::new(), None);
+    let seconds = started.elapsed().as_secs_f64();
+    let tokens: usize = out
+        .iter()
+        .map(|g| match g {
+            Generation::Done(c) => c.completion_tokens,
+            _ => 0,
+        })
+        .sum();
+    println!(
+        "{}",
+        serde_json::json!({
+            "side": "spotinfer", "batch": b, "tokens": tokens, "seconds": seconds,
+            "tokens_per_s": tokens as f64 / seconds, "kernels": model.kernels(),
+            "format": model.format, "threads": rayon::current_num_threads(),
+        })
+    );
+    Ok(())
+}

@@ -1,0 +1,211 @@
+//! Generation against transformers: random-weight Llama, Qwen2 (bf16 weights) and Qwen3
+//! folders saved by transformers 5.23 (tests/fixtures/llm/make_llm_models.py), each with twelve
+//! conversations of real text. spotinfer must render each chat template as
+//! `apply_chat_template` did, tokenize it to the same ids, and generate greedily the same tokens
+//! as `generate(do_sample=False)`, for all 24 new tokens (or up to the end token where the
+//! reference wrote one) — alone, in a batch, under a small cache budget, and resumed from any
+//! point of an interrupted run.
+
+use spotinfer::model::generate::{
+    FinishReason, Generation, Interrupt, LanguageModel, Message, Prompt, Request, Sampling,
+};
+use std::path::{Path, PathBuf};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm")
+}
+
+fn reference() -> serde_json::Value {
+    let text = std::fs::read_to_string(fixtures().join("models.json")).expect("models.json");
+    serde_json::from_str(&text).expect("json")
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .expect("ids")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}
+
+const EOS: u32 = 2;
+
+/// The reference's greedy tokens up to and including its first end token.
+fn expected(case: &serde_json::Value) -> Vec<u32> {
+    let mut want = ids(&case["greedy"]);
+    if let Some(at) = want.iter().position(|&t| t == EOS) {
+        want.truncate(at + 1);
+    }
+    want
+}
+
+fn greedy(messages: Vec<Message>, resume: Vec<u32>) -> Request {
+    Request {
+        prompt: Prompt::Chat(messages),
+        max_new_tokens: 24,
+        sampling: Sampling {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: 0,
+        },
+        stop: Vec::new(),
+        resume,
+        truncate_prompt: false,
+    }
+}
+
+fn messages(case: &serde_json::Value) -> Vec<Message> {
+    serde_json::from_value(case["messages"].clone()).expect("messages")
+}
+
+fn tokens(g: &Generation) -> Vec<u32> {
+    match g {
+        Generation::Done(c) => c.tokens.clone(),
+        other => panic!("not done: {other:?}"),
+    }
+}
+
+#[test]
+fn templates_ids_and_greedy_tokens_equal_transformers_for_every_family() {
+    let refs = reference();
+    for (name, cases) in refs["models"].as_object().expect("models") {
+        let model = LanguageModel::open(&fixtures().join("models").join(name)).expect("load");
+        let cases = cases.as_array().expect("cases");
+        let requests: Vec<Request> = cases.iter().map(|c| greedy(messages(c), vec![])).collect();
+        for (case, request) in cases.iter().zip(&requests) {
+            assert_eq!(
+                model.render(&request.prompt).expect("render"),
+                case["rendered"].as_str().expect("rendered"),
+                "{name}: the template's rendering"
+            );
+            assert_eq!(
+                model.prompt_ids(&request.prompt).expect("ids"),
+                ids(&case["prompt_ids"]),
+                "{name}: prompt ids"
+            );
+        }
+        let out = model.generate(&requests, 0, &Interrupt::new(), None);
+        for (i, (case, g)) in cases.iter().zip(&out).enumerate() {
+            let want = expected(case);
+            assert_eq!(tokens(g), want, "{name} prompt {i}: greedy tokens");
+            let Generation::Done(c) = g else {
+                unreachable!()
+            };
+            let stopped = want.last() == Some(&EOS);
+            assert_eq!(
+                c.finish_reason,
+                if stopped {
+                    FinishReason::Stop
+                } else {
+                    FinishReason::Length
+                }
+            );
+            assert_eq!(c.prompt_tokens, ids(&case["prompt_ids"]).len());
+            if !stopped {
+                assert_eq!(
+                    c.text,
+                    case["text"].as_str().expect("text"),
+                    "{name} prompt {i}: text"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_generation_is_the_same_alone_in_a_batch_under_a_budget_and_resumed() {
+    let refs = reference();
+    let cases = refs["models"]["qwen3"].as_array().expect("cases");
+    let model = LanguageModel::open(&fixtures().join("models/qwen3")).expect("load");
+    let all: Vec<Request> = cases.iter().map(|c| greedy(messages(c), vec![])).collect();
+    // A budget of about two sequences: the rest wait and join as others finish.
+    let budget = 2 * (ids(&cases[5]["prompt_ids"]).len() + 24);
+    let squeezed = model.generate(&all, budget, &Interrupt::new(), None);
+    for (i, case) in cases.iter().enumerate() {
+        let want = expected(case);
+        assert_eq!(tokens(&squeezed[i]), want, "prompt {i} under a budget");
+        let alone = model.generate(&all[i..=i], 0, &Interrupt::new(), None);
+        assert_eq!(tokens(&alone[0]), want, "prompt {i} alone");
+        for cut in [1, want.len() / 2, want.len() - 1] {
+            let resumed = greedy(messages(case), want[..cut].to_vec());
+            let out = model.generate(&[resumed], 0, &Interrupt::new(), None);
+            assert_eq!(
+                tokens(&out[0]),
+                want,
+                "prompt {i} resumed after {cut} tokens"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_interrupted_batch_hands_back_what_each_sequence_had() {
+    let refs = reference();
+    let cases = refs["models"]["llama"].as_array().expect("cases");
+    let model = LanguageModel::open(&fixtures().join("models/llama")).expect("load");
+    let interrupt = Interrupt::new();
+    interrupt.set();
+    let resumed = greedy(messages(&cases[0]), vec![5, 6]);
+    let out = model.generate(
+        &[greedy(messages(&cases[1]), vec![]), resumed],
+        0,
+        &interrupt,
+        None,
+    );
+    assert_eq!(
+        out,
+        vec![
+            Generation::Interrupted(vec![]),
+            Generation::Interrupted(vec![5, 6])
+        ]
+    );
+}
+
+#[test]
+fn prompts_past_the_context_and_template_refusals_are_reasons_not_panics() {
+    let model = LanguageModel::open(&fixtures().join("models/qwen3")).expect("load");
+    let user = |text: &str| {
+        vec![Message {
+            role: "user".into(),
+            content: text.into(),
+        }]
+    };
+    let long = "a spot node went away ".repeat(400);
+    let mut cut = greedy(user(&long), vec![]);
+    let refused = model.generate(&[cut.clone()], 0, &Interrupt::new(), None);
+    let Generation::Refused(why) = &refused[0] else {
+        panic!("{refused:?}")
+    };
+    assert!(
+        why.contains("exceed the model's context of 512 tokens"),
+        "{why}"
+    );
+    cut.truncate_prompt = true;
+    let Generation::Done(c) = &model.generate(&[cut], 0, &Interrupt::new(), None)[0] else {
+        panic!()
+    };
+    assert_eq!(
+        c.prompt_tokens + 24,
+        512,
+        "the prompt's start is cut to leave room for the answer"
+    );
+
+    let mut huge = greedy(user("hi"), vec![]);
+    huge.max_new_tokens = 512;
+    let Generation::Refused(why) = &model.generate(&[huge], 0, &Interrupt::new(), None)[0] else {
+        panic!()
+    };
+    assert!(why.contains("below the model's context of 512"), "{why}");
+
+    let critic = vec![Message {
+        role: "critic".into(),
+        content: "no".into(),
+    }];
+    let Generation::Refused(why) =
+        &model.generate(&[greedy(critic, vec![])], 0, &Interrupt::new(), None)[0]
+    else {
+        panic!()
+    };
+    assert_eq!(why, "chat template: unknown role: critic");
+}
