@@ -9,7 +9,7 @@
 //! one JSON line: generated tokens, seconds (prompt processing included), tokens/s.
 
 use spotinfer::model::generate::{
-    Generation, Interrupt, LanguageModel, Message, Prompt, Request, Sampling,
+    Generated, Interrupt, LanguageModel, Message, Prompt, Request, Sampling,
 };
 
 fn main() -> anyhow::Result<()> {
@@ -48,7 +48,7 @@ fn main() -> anyhow::Result<()> {
     let tokens: usize = out
         .iter()
         .map(|g| match g {
-            Generation::Done(c) => c.completion_tokens,
+            Generated::Done(c) => c.completion_tokens,
             _ => 0,
         })
         .sum();

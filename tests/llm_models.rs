@@ -1,4 +1,4 @@
-//! Generation against transformers: random-weight Llama, Qwen2 (bf16 weights) and Qwen3
+//! Generated against transformers: random-weight Llama, Qwen2 (bf16 weights) and Qwen3
 //! folders saved by transformers 5.23 (tests/fixtures/llm/make_llm_models.py), each with twelve
 //! conversations of real text. spotinfer must render each chat template as
 //! `apply_chat_template` did, tokenize it to the same ids, and generate greedily the same tokens
@@ -7,7 +7,7 @@
 //! point of an interrupted run.
 
 use spotinfer::model::generate::{
-    FinishReason, Generation, Interrupt, LanguageModel, Message, Prompt, Request, Sampling,
+    FinishReason, Generated, Interrupt, LanguageModel, Message, Prompt, Request, Sampling,
 };
 use std::path::{Path, PathBuf};
 
@@ -59,9 +59,9 @@ fn messages(case: &serde_json::Value) -> Vec<Message> {
     serde_json::from_value(case["messages"].clone()).expect("messages")
 }
 
-fn tokens(g: &Generation) -> Vec<u32> {
+fn tokens(g: &Generated) -> Vec<u32> {
     match g {
-        Generation::Done(c) => c.tokens.clone(),
+        Generated::Done(c) => c.tokens.clone(),
         other => panic!("not done: {other:?}"),
     }
 }
@@ -89,7 +89,7 @@ fn templates_ids_and_greedy_tokens_equal_transformers_for_every_family() {
         for (i, (case, g)) in cases.iter().zip(&out).enumerate() {
             let want = expected(case);
             assert_eq!(tokens(g), want, "{name} prompt {i}: greedy tokens");
-            let Generation::Done(c) = g else {
+            let Generated::Done(c) = g else {
                 unreachable!()
             };
             let stopped = want.last() == Some(&EOS);
@@ -156,8 +156,8 @@ fn an_interrupted_batch_hands_back_what_each_sequence_had() {
     assert_eq!(
         out,
         vec![
-            Generation::Interrupted(vec![]),
-            Generation::Interrupted(vec![5, 6])
+            Generated::Interrupted(vec![]),
+            Generated::Interrupted(vec![5, 6])
         ]
     );
 }
@@ -174,7 +174,7 @@ fn prompts_past_the_context_and_template_refusals_are_reasons_not_panics() {
     let long = "a spot node went away ".repeat(400);
     let mut cut = greedy(user(&long), vec![]);
     let refused = model.generate(&[cut.clone()], 0, &Interrupt::new(), None);
-    let Generation::Refused(why) = &refused[0] else {
+    let Generated::Refused(why) = &refused[0] else {
         panic!("{refused:?}")
     };
     assert!(
@@ -182,7 +182,7 @@ fn prompts_past_the_context_and_template_refusals_are_reasons_not_panics() {
         "{why}"
     );
     cut.truncate_prompt = true;
-    let Generation::Done(c) = &model.generate(&[cut], 0, &Interrupt::new(), None)[0] else {
+    let Generated::Done(c) = &model.generate(&[cut], 0, &Interrupt::new(), None)[0] else {
         panic!()
     };
     assert_eq!(
@@ -193,7 +193,7 @@ fn prompts_past_the_context_and_template_refusals_are_reasons_not_panics() {
 
     let mut huge = greedy(user("hi"), vec![]);
     huge.max_new_tokens = 512;
-    let Generation::Refused(why) = &model.generate(&[huge], 0, &Interrupt::new(), None)[0] else {
+    let Generated::Refused(why) = &model.generate(&[huge], 0, &Interrupt::new(), None)[0] else {
         panic!()
     };
     assert!(why.contains("below the model's context of 512"), "{why}");
@@ -202,7 +202,7 @@ fn prompts_past_the_context_and_template_refusals_are_reasons_not_panics() {
         role: "critic".into(),
         content: "no".into(),
     }];
-    let Generation::Refused(why) =
+    let Generated::Refused(why) =
         &model.generate(&[greedy(critic, vec![])], 0, &Interrupt::new(), None)[0]
     else {
         panic!()

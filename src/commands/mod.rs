@@ -12,6 +12,8 @@ pub mod work;
 use anyhow::Context;
 use spotinfer::config::ModelArgs;
 use spotinfer::external::gcs::{FileList, Gcs};
+use spotinfer::model::generate::{is_generation_model, Interrupt};
+use spotinfer::model::{GenerateTask, GenerationDefaults};
 use spotinfer::model::{ImageTask, LoadOptions, Model, ModelHandle, Predict, PromptChoice, Reload};
 use std::path::Path;
 use std::time::Instant;
@@ -48,6 +50,13 @@ pub async fn fetch_model(
 
 /// The text model as `m` describes it, from `dir` (what [`model_dir`] returned), on this thread.
 pub fn load_embedder(dir: &Path, m: &ModelArgs) -> anyhow::Result<Model> {
+    if is_generation_model(dir) {
+        anyhow::bail!(
+            "{} is a generation model: `embed` and `bench` run encoders; run prompt records \
+             through `work` (examples/llm_speed.rs measures its speed)",
+            dir.display()
+        );
+    }
     if spotinfer::model::is_image_model(dir)? {
         anyhow::bail!(
             "{} is an image model: `embed` and `bench` read files of texts; run image records \
@@ -63,10 +72,25 @@ fn open_text_model(dir: &Path, m: &ModelArgs) -> anyhow::Result<Model> {
     Ok(Model::open(dir, &load_options(m))?.with_max_batch_tokens(m.max_batch_tokens))
 }
 
-/// Whatever model `dir` holds (a text model, or an image model), as `m` describes it.
-fn load_any(dir: &Path, m: &ModelArgs) -> anyhow::Result<Box<dyn Predict>> {
+/// Whatever model `dir` holds (a text model, an image model, or a generation model, which
+/// stops its batch when `interrupt` is set), as `m` describes it.
+fn load_any(dir: &Path, m: &ModelArgs, interrupt: &Interrupt) -> anyhow::Result<Box<dyn Predict>> {
     if spotinfer::model::is_image_model(dir)? {
         return Ok(Box::new(ImageTask::open(dir, &load_options(m))?));
+    }
+    if is_generation_model(dir) {
+        let g = &m.generation;
+        let defaults = GenerationDefaults {
+            max_new_tokens: g.max_new_tokens,
+            temperature: g.temperature,
+            top_p: g.top_p,
+            top_k: g.top_k,
+            truncate_prompt: g.truncate_prompt,
+            max_seconds: (!g.max_generation_seconds.is_zero()).then_some(g.max_generation_seconds),
+            max_batch_tokens: m.max_batch_tokens,
+        };
+        let task = GenerateTask::open(dir, &load_options(m), defaults, interrupt.clone())?;
+        return Ok(Box::new(task));
     }
     Ok(Box::new(open_text_model(dir, m)?))
 }
@@ -89,12 +113,14 @@ fn load_options(m: &ModelArgs) -> LoadOptions {
     }
 }
 
-/// The model on its own thread, for the worker.
-pub async fn load_model(m: &ModelArgs) -> anyhow::Result<ModelHandle> {
+/// The model on its own thread, for the worker; a generation model stops its batch when
+/// `interrupt` is set (the worker sets it at shutdown).
+pub async fn load_model(m: &ModelArgs, interrupt: Interrupt) -> anyhow::Result<ModelHandle> {
     let dir = model_dir(m).await?;
     let m = m.clone();
-    let (d, a) = (dir.clone(), m.clone());
-    let model = tokio::task::spawn_blocking(move || load_any(&d, &a)).await??;
-    let reload: Reload = Box::new(move || load_any(&dir, &m).map_err(|e| format!("{e:#}")));
+    let (d, a, i) = (dir.clone(), m.clone(), interrupt.clone());
+    let model = tokio::task::spawn_blocking(move || load_any(&d, &a, &i)).await??;
+    let reload: Reload =
+        Box::new(move || load_any(&dir, &m, &interrupt).map_err(|e| format!("{e:#}")));
     ModelHandle::spawn_with_reload(model, Some(reload)).context("cannot start the model thread")
 }

@@ -15,6 +15,9 @@ pub async fn run(a: ModelsArgs) -> anyhow::Result<()> {
             if spotinfer::model::is_image_model(&dir)? {
                 return check_image_model(dir, c.backend).await;
             }
+            if spotinfer::model::generate::is_generation_model(&dir) {
+                return check_generation_model(dir).await;
+            }
             let spec = ModelSpec::read(&dir)?;
             print!("{spec}");
             let options = LoadOptions {
@@ -90,6 +93,48 @@ async fn check_image_model(dir: std::path::PathBuf, backend: Backend) -> anyhow:
     Ok(())
 }
 
+/// The check for a generation model: loaded, then asked for eight greedy tokens of a chat
+/// answer (a raw prompt where it has no chat template).
+async fn check_generation_model(path: std::path::PathBuf) -> anyhow::Result<()> {
+    use spotinfer::model::generate::{Input, Interrupt, Message, Prompt};
+    use spotinfer::model::{GenerateTask, GenerationDefaults};
+    let (task, output) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+        let options = LoadOptions::new(DeviceChoice::Cpu);
+        let defaults = GenerationDefaults {
+            max_new_tokens: 8,
+            ..GenerationDefaults::default()
+        };
+        let task = GenerateTask::open(&path, &options, defaults, Interrupt::new())?;
+        let input = Input {
+            prompt: Prompt::Chat(vec![Message {
+                role: "user".into(),
+                content: "What is a spot node?".into(),
+            }]),
+            max_new_tokens: None,
+            temperature: None,
+            top_p: None,
+            top_k: None,
+            seed: 0,
+            stop: Vec::new(),
+        };
+        let mut out = task
+            .predict_items(&[Item::Generate(input.into(), Vec::new())])?
+            .outputs;
+        let output = out.pop().unwrap_or(Output::Refused("no output".into()));
+        Ok((task, output))
+    })
+    .await??;
+    let info = task.info();
+    println!("task:           generate (a decoder LLM: reads prompts and conversations)");
+    println!("context:        {} tokens", info.max_seq_len);
+    println!("name:           {}", info.name);
+    println!("weights hash:   {}", info.hash);
+    println!("loaded on:      {} and answered one chat turn", info.device);
+    println!("computed:       {}", summary(&output));
+    println!("ok");
+    Ok(())
+}
+
 /// One line on what the model computed for the check's input.
 fn summary(output: &Output) -> String {
     match output {
@@ -97,5 +142,13 @@ fn summary(output: &Output) -> String {
         Output::Classes { label, score, .. } => format!("label {label} (score {score:.4})"),
         Output::Score(s) => format!("score {s:.4}"),
         Output::Entities(e) => format!("{} entities", e.len()),
+        Output::Generated(c) => format!(
+            "{} tokens ({}): {:?}",
+            c.completion_tokens,
+            c.finish_reason.as_str(),
+            c.text
+        ),
+        Output::Refused(why) => format!("refused: {why}"),
+        Output::Interrupted(t) => format!("interrupted after {} tokens", t.len()),
     }
 }

@@ -17,7 +17,8 @@ use spotinfer::config::WorkArgs;
 use spotinfer::external::drain::{self, DrainConfig, Notice};
 use spotinfer::external::store::{self, Store, StoreError};
 use spotinfer::external::telemetry::{self, Metrics};
-use spotinfer::model::ModelHandle;
+use spotinfer::model::generate::Interrupt;
+use spotinfer::model::{ModelHandle, Reads};
 use spotinfer::pipeline::batcher::BatchConfig;
 use spotinfer::pipeline::window::{self, Window};
 use spotinfer::pipeline::worker::{self, WorkerConfig};
@@ -133,10 +134,17 @@ async fn work(
     metrics.set_store_ok(true);
     // The model download (gs://), load and measurement give way to SIGTERM: the worker holds no
     // message yet.
+    // A generation model stops its batch at the shutdown, so what it wrote is checkpointed.
+    let interrupt = Interrupt::new();
+    let (s, i) = (shutdown.clone(), interrupt.clone());
+    tokio::spawn(async move {
+        s.cancelled().await;
+        i.set();
+    });
     let model = tokio::select! {
         biased;
         _ = shutdown.cancelled() => None,
-        m = model_and_window(a) => Some(m?),
+        m = model_and_window(a, interrupt) => Some(m?),
     };
     let Some((model, window)) = model else {
         return Ok(("stopped before the model was loaded".into(), Some(store)));
@@ -147,6 +155,14 @@ async fn work(
         let measured = window::CALIBRATION_WORDS.min(max_tokens);
         telemetry::longest_batch(a.batch.batch_size, rate, max_tokens, measured)
     });
+    // A generation batch may run as long as its records may, one after another at worst.
+    let generating = model.info().reads == Reads::Prompts;
+    let longest_batch = match a.model.generation.max_generation_seconds {
+        limit if generating && !limit.is_zero() => {
+            Some(limit.saturating_mul(a.batch.batch_size as u32))
+        }
+        _ => longest_batch,
+    };
     let stall_threshold = telemetry::stall_threshold(
         a.stall_timeout,
         a.batch.batch_wait,
@@ -315,8 +331,18 @@ async fn exit_when_job_complete(
 }
 
 /// The model, and the window sized from its measured speed (or as `--max-outstanding` sets it).
-async fn model_and_window(a: &WorkArgs) -> anyhow::Result<(ModelHandle, Window)> {
-    let model = load_model(&a.model).await?;
+async fn model_and_window(
+    a: &WorkArgs,
+    interrupt: Interrupt,
+) -> anyhow::Result<(ModelHandle, Window)> {
+    let model = load_model(&a.model, interrupt).await?;
+    if model.info().reads == Reads::Prompts && a.max_outstanding.is_none() {
+        // A generation takes seconds to minutes and its speed depends on what it writes: the
+        // worker holds a fixed number of batches instead of a measured rate's worth.
+        let n = window::GENERATION_WINDOW_BATCHES * a.batch.batch_size;
+        let streams = a.streams.unwrap_or(1);
+        return Ok((model, Window::fixed((n / streams).max(1) as i64, streams)));
+    }
     let rate = match (a.max_outstanding, a.streams) {
         (Some(_), Some(_)) => None,
         _ => Some(

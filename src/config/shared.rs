@@ -173,6 +173,49 @@ pub struct ModelArgs {
     /// core) needs up to 3 bytes per pixel: the default, 50 megapixels, is 150 MB.
     #[arg(long, env = "SPOTINFER_MAX_IMAGE_PIXELS", default_value_t = 50_000_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_image_pixels: u64,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub generation: GenerationArgs,
+}
+
+/// A generation model's defaults for what a record leaves out, and its limits.
+#[derive(Debug, Clone, Args)]
+pub struct GenerationArgs {
+    /// Tokens a generation writes at most when its record gives no `max_new_tokens`.
+    #[arg(long, env = "SPOTINFER_MAX_NEW_TOKENS", default_value_t = 256, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_new_tokens: usize,
+    /// Sampling temperature when a record gives none: 0 is greedy (the same text every time).
+    #[arg(long, env = "SPOTINFER_TEMPERATURE", default_value_t = 0.0, value_parser = temperature)]
+    pub temperature: f32,
+    /// Nucleus sampling's probability mass when a record gives no `top_p` (1: off).
+    #[arg(long, env = "SPOTINFER_TOP_P", default_value_t = 1.0, value_parser = top_p)]
+    pub top_p: f32,
+    /// Likeliest tokens sampled from when a record gives no `top_k` (0: all).
+    #[arg(long, env = "SPOTINFER_TOP_K", default_value_t = 0)]
+    pub top_k: usize,
+    /// Cut the start of a prompt that, with its `max_new_tokens`, exceeds the model's context,
+    /// instead of recording it as failed.
+    #[arg(long, env = "SPOTINFER_TRUNCATE_PROMPT")]
+    pub truncate_prompt: bool,
+    /// Longest one record may generate for; past it the record is recorded as failed with the
+    /// tokens it reached (0s: no limit).
+    #[arg(long, env = "SPOTINFER_MAX_GENERATION_SECONDS", value_parser = duration_in(Duration::ZERO, secs(24 * 3600)), default_value = "10m")]
+    pub max_generation_seconds: Duration,
+}
+
+fn temperature(s: &str) -> Result<f32, String> {
+    let t: f32 = s.parse().map_err(|e| format!("{e}"))?;
+    (0.0..=2.0)
+        .contains(&t)
+        .then_some(t)
+        .ok_or_else(|| format!("{t} is not from 0 to 2"))
+}
+
+fn top_p(s: &str) -> Result<f32, String> {
+    let p: f32 = s.parse().map_err(|e| format!("{e}"))?;
+    (p > 0.0 && p <= 1.0)
+        .then_some(p)
+        .ok_or_else(|| format!("{p} is not above 0 and at most 1"))
 }
 
 /// Model batching settings, shared by `work`, `embed` and `bench`.

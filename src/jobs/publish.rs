@@ -255,6 +255,9 @@ fn record_json(rec: &record::Record) -> serde_json::Value {
         }) => Some(bytes),
         _ => None,
     };
+    if let Some(g) = &rec.generation {
+        return generation_json(rec, g);
+    }
     let mut data = match (&rec.uri, inline) {
         (Some(uri), _) => serde_json::json!({"id": rec.id, "uri": uri, "job": rec.job}),
         (None, Some(bytes)) => {
@@ -269,6 +272,35 @@ fn record_json(rec: &record::Record) -> serde_json::Value {
     }
     if let Some(pair) = &rec.text_pair {
         data["text_pair"] = serde_json::Value::from(pair.as_str());
+    }
+    data
+}
+
+/// A generation record's message data: its prompt or messages and the options it gave (its
+/// seed written out, the one the worker would derive from the id when it gave none).
+fn generation_json(rec: &record::Record, g: &crate::model::generate::Input) -> serde_json::Value {
+    use crate::model::generate::Prompt;
+    let mut data = serde_json::json!({"id": rec.id, "job": rec.job, "seed": g.seed});
+    match &g.prompt {
+        Prompt::Raw(p) => data["prompt"] = p.as_str().into(),
+        Prompt::Chat(m) => data["messages"] = serde_json::json!(m),
+    }
+    let options = [
+        (
+            "max_new_tokens",
+            g.max_new_tokens.map(serde_json::Value::from),
+        ),
+        ("temperature", g.temperature.map(serde_json::Value::from)),
+        ("top_p", g.top_p.map(serde_json::Value::from)),
+        ("top_k", g.top_k.map(serde_json::Value::from)),
+    ];
+    for (key, value) in options {
+        if let Some(v) = value {
+            data[key] = v;
+        }
+    }
+    if !g.stop.is_empty() {
+        data["stop"] = serde_json::json!(g.stop);
     }
     data
 }

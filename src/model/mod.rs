@@ -42,6 +42,7 @@ mod wordpiece;
 pub use options::{default_model_name, Backend, CpuKernels, DeviceChoice, LoadOptions, Precision};
 pub use prompt::PromptChoice;
 pub use spec::{ModelSpec, Task};
+pub use task::generate::{GenerateTask, GenerationDefaults};
 pub use task::image::{is_image_model, ImageTask};
 pub use task::{Entity, Output};
 pub use thread::{Item, ModelHandle, Predict, Reload, Reply, Text};
@@ -172,17 +173,19 @@ pub enum Reads {
     Images,
     /// Images and texts, into one space: CLIP, SigLIP.
     ImagesAndTexts,
+    /// Prompts and conversations (`prompt`, `messages`): a generation model.
+    Prompts,
 }
 
 impl Reads {
     /// Whether a text record fits.
     pub fn texts(self) -> bool {
-        self != Self::Images
+        matches!(self, Self::Texts | Self::ImagesAndTexts)
     }
 
     /// Whether an image record fits (and a `uri` names an image, not a text).
     pub fn images(self) -> bool {
-        self != Self::Texts
+        matches!(self, Self::Images | Self::ImagesAndTexts)
     }
 }
 
@@ -336,6 +339,12 @@ impl Model {
             Task::Embed => TaskHead::Embed(Head::load(&spec)?),
             Task::Classify | Task::Score => TaskHead::Sequence(SequenceHead::load(&spec)?),
             Task::Tag => TaskHead::Tokens(TokenHead::load(&spec)?),
+            Task::Generate => {
+                return Err(ModelError::Unsupported {
+                    path: dir.to_path_buf(),
+                    message: "a generation model: GenerateTask::open loads it".into(),
+                })
+            }
         };
         let mut embedder = Self {
             engine,

@@ -24,6 +24,9 @@ pub enum Item {
     Text(Text),
     /// An image's pixel values from the model's processor (channels, then rows).
     Pixels(Arc<[f32]>),
+    /// A generation record's prompt and options, and the tokens a checkpoint of an interrupted
+    /// run holds (empty: start over).
+    Generate(Arc<super::generate::Input>, Vec<u32>),
 }
 
 impl From<Text> for Item {
@@ -49,6 +52,9 @@ impl Predict for Model {
                 }),
                 Item::Pixels(_) => Err(ModelError::Input(format!(
                     "input {i}: an image, but this model reads texts"
+                ))),
+                Item::Generate(..) => Err(ModelError::Input(format!(
+                    "input {i}: a prompt to generate from, but this model reads texts"
                 ))),
             })
             .collect::<Result<Vec<_>, _>>()?;

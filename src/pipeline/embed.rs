@@ -11,10 +11,12 @@
 //! (`retry_device_faults`), so Kubernetes reschedules the pod instead of records being blamed
 //! for a broken device.
 
+use crate::external::store::Store;
 use crate::external::telemetry::Metrics;
 use crate::model::image::decode::Undecodable;
 use crate::model::image::Processor;
 use crate::model::{Item, ModelError, ModelHandle, Predicted, Reads, Reply, Text};
+use crate::pipeline::generation;
 use crate::pipeline::message::{Batch, Delivery, HandBack, Outcome, Pending, Rejected};
 use crate::record::{Image, ImageData, RecordError};
 use crate::shutdown::{self, Shutdown};
@@ -39,8 +41,11 @@ impl AtModel {
 
 /// Runs the model stage (the two tasks of the module documentation) until shutdown or `rx`
 /// closes; on shutdown what the stage holds goes to `handback`. Image records are decoded and
-/// preprocessed here, refusing images past `max_image_pixels` (`--max-image-pixels`). An error:
-/// the model kept failing for a reason that is not its input's, and the stage began the shutdown.
+/// preprocessed here, refusing images past `max_image_pixels` (`--max-image-pixels`);
+/// generation records resume from their checkpoints in `checkpoints` (see
+/// [`crate::pipeline::generation`]). An error: the model kept failing for a reason that is not
+/// its input's, and the stage began the shutdown.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     mut rx: mpsc::Receiver<Batch>,
     tx: mpsc::Sender<Outcome>,
@@ -49,11 +54,16 @@ pub async fn run(
     shutdown: Shutdown,
     handback: HandBack,
     max_image_pixels: u64,
+    checkpoints: Option<Store>,
 ) -> Result<(), ModelError> {
     let (qtx, mut qrx) = mpsc::channel(1);
     let (m, h) = (model.clone(), metrics.clone());
     let submit = async {
-        submit_batches(&mut rx, qtx, m, h, &shutdown, &handback, max_image_pixels).await;
+        let limits = Limits {
+            max_image_pixels,
+            checkpoints,
+        };
+        submit_batches(&mut rx, qtx, m, h, &shutdown, &handback, &limits).await;
         handback.put_queued(&mut rx, Batch::into_deliveries);
     };
     let collect = async {
@@ -64,8 +74,15 @@ pub async fn run(
     tokio::join!(submit, collect).1
 }
 
-/// The submitting task: refuses what the model cannot take, prepares images, queues each batch
-/// at the model thread and passes it on to the collecting task.
+/// What the submitting task needs beyond the model: the image limit and where generation
+/// checkpoints are kept.
+struct Limits {
+    max_image_pixels: u64,
+    checkpoints: Option<Store>,
+}
+
+/// The submitting task: refuses what the model cannot take, prepares images, resumes
+/// generations, queues each batch at the model thread and passes it on to the collecting task.
 async fn submit_batches(
     rx: &mut mpsc::Receiver<Batch>,
     tx: mpsc::Sender<AtModel>,
@@ -73,7 +90,7 @@ async fn submit_batches(
     metrics: Arc<Metrics>,
     shutdown: &Shutdown,
     handback: &HandBack,
-    max_image_pixels: u64,
+    limits: &Limits,
 ) {
     loop {
         let Some(batch) = shutdown::recv(rx, shutdown).await else {
@@ -89,7 +106,7 @@ async fn submit_batches(
                 records,
                 &mut rejected,
                 processor,
-                max_image_pixels,
+                limits.max_image_pixels,
                 shutdown,
             )
             .await
@@ -101,6 +118,18 @@ async fn submit_batches(
                     return;
                 }
             };
+        }
+        if let (Some(store), Reads::Prompts) = (&limits.checkpoints, model.info().reads) {
+            let name = &model.info().name;
+            let read = generation::resume(&mut records, store, name);
+            if tokio::time::timeout(generation::INTERRUPT_GRACE, read)
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    "reading the generation checkpoints timed out; these records start over"
+                );
+            }
         }
         let mut at = AtModel {
             records,
@@ -131,6 +160,9 @@ async fn submit_batches(
 /// What the model thread computes for a record: its image's pixel values (decoded by
 /// [`prepare_images`] before the batch is queued), else its text.
 fn model_item(p: &Pending) -> Item {
+    if let Some(g) = &p.record.generation {
+        return Item::Generate(g.clone(), p.record.checkpoint.clone());
+    }
     if let Some(Image {
         data: ImageData::Pixels(pixels),
         ..
@@ -229,6 +261,25 @@ fn refuse_unfit(records: &mut Vec<Pending>, rejected: &mut Vec<Rejected>, model:
     let info = model.info();
     let why = |p: &Pending| -> Option<RecordError> {
         let r = &p.record;
+        match (r.generation.is_some(), info.reads == Reads::Prompts) {
+            (true, false) => {
+                return Some(RecordError::WrongInput(format!(
+                    "a \"prompt\" or \"messages\" to generate from, but the model {} is a {} \
+                     model",
+                    info.name,
+                    info.task.name()
+                )))
+            }
+            (false, true) => {
+                return Some(RecordError::WrongInput(format!(
+                    "the model {} generates: send \"prompt\" or \"messages\", not a text or an \
+                     image",
+                    info.name
+                )))
+            }
+            (true, true) => return None,
+            (false, false) => {}
+        }
         match (r.image.is_some(), info.reads) {
             (true, Reads::Texts) => {
                 return Some(RecordError::WrongInput(format!(
@@ -309,8 +360,10 @@ async fn collect_results(
             let first = match reply {
                 Ok(reply) => tokio::select! {
                     biased;
-                    // The model thread skips or finishes the work; the records go back.
-                    _ = shutdown.cancelled() => Err(ModelError::Stopped),
+                    // The model thread skips or finishes the work; the records go back. A
+                    // generation batch is waited for a little longer: the shutdown interrupts
+                    // it, and what it wrote comes back to be checkpointed.
+                    _ = given_up(shutdown, model.info().reads) => Err(ModelError::Stopped),
                     r = reply.wait() => r,
                 },
                 Err(e) => Err(e),
@@ -329,6 +382,7 @@ async fn collect_results(
                     metrics.inference_seconds.observe(embedded.seconds);
                     metrics.tokens(embedded.tokens as u64);
                     outcome.done = records.into_iter().zip(embedded.outputs).collect();
+                    generation::settle(&mut outcome, handback);
                 }
                 Err(e) => {
                     metrics.model_error();
@@ -347,6 +401,7 @@ async fn collect_results(
                         handback.put(outcome.into_deliveries());
                         return halt.into_result(shutdown);
                     }
+                    generation::settle(&mut outcome, handback);
                 }
             }
         }
@@ -357,6 +412,15 @@ async fn collect_results(
             handback.put(outcome.into_deliveries());
             return Ok(());
         }
+    }
+}
+
+/// Resolves when the stage stops waiting for a batch's results: at the shutdown, or, for a
+/// generation model, [`generation::INTERRUPT_GRACE`] later.
+async fn given_up(shutdown: &Shutdown, reads: Reads) {
+    shutdown.cancelled().await;
+    if reads == Reads::Prompts {
+        tokio::time::sleep(generation::INTERRUPT_GRACE).await;
     }
 }
 
@@ -525,6 +589,7 @@ mod tests {
             kit.shutdown.clone(),
             handback.clone(),
             50_000_000,
+            None,
         ));
         (btx, orx, handback, stage)
     }

@@ -5,6 +5,8 @@
 //!   contract is [`crate::record`]);
 //! * [`batcher`]: deliveries into bounded, length-grouped [`message::Batch`]es;
 //! * [`embed`]: the model stage, batches to [`message::Outcome`]s on the model thread;
+//!   [`generation`]: what it does for generation records (resume from a checkpoint, settle an
+//!   interrupted batch), and what the worker saves of them at shutdown;
 //! * [`sink`]: one transaction per outcome, then the acks;
 //! * [`ack`]: the ack that travels with each message (dropping it NACKs), and how every message
 //!   ends, at shutdown too: the one description of the worker's settlement and shutdown;
@@ -17,6 +19,7 @@ pub mod ack;
 pub mod batcher;
 pub mod embed;
 pub mod fault;
+pub mod generation;
 pub mod message;
 pub mod sink;
 pub mod source;

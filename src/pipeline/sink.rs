@@ -261,12 +261,15 @@ fn rows(outcome: &Outcome, cfg: &SinkConfig) -> (Vec<ResultRow>, Vec<FailureRow>
     (results, failures)
 }
 
-/// Hex SHA-256 of what the model read: the image's bytes, the text, or for a pair the text, a
-/// NUL byte and the `text_pair` (so no two different pairs share a hash unless their texts hold
+/// Hex SHA-256 of what the model read: the image's bytes, a generation's prompt and options
+/// (`Input::sha256`), the text, or for a pair the text, a NUL byte and the `text_pair` (so no two different pairs share a hash unless their texts hold
 /// NULs).
-fn input_sha256(record: &crate::record::Record) -> String {
+pub(crate) fn input_sha256(record: &crate::record::Record) -> String {
     if let Some(image) = &record.image {
         return image.sha256.clone();
+    }
+    if let Some(generation) = &record.generation {
+        return generation.sha256();
     }
     let mut hash = Sha256::new();
     hash.update(record.text.as_bytes());
@@ -293,6 +296,16 @@ fn columns(output: &Output, task: Task, labels: &[String]) -> (Vec<f32>, Predict
         score: fields.get("score").and_then(|s| s.as_f64()),
         scores: text("scores"),
         entities: text("entities"),
+        text: fields
+            .get("text")
+            .and_then(|t| t.as_str())
+            .map(str::to_string),
+        finish_reason: fields
+            .get("finish_reason")
+            .and_then(|f| f.as_str())
+            .map(str::to_string),
+        prompt_tokens: fields.get("prompt_tokens").and_then(|n| n.as_i64()),
+        completion_tokens: fields.get("completion_tokens").and_then(|n| n.as_i64()),
     };
     (Vec::new(), prediction)
 }

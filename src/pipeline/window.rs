@@ -23,6 +23,10 @@ pub const WINDOW_SECONDS: f64 = 2.0;
 /// records). Four batches keep one computing, one decoded and two arriving: the rate a window
 /// is sized from is capped at four batches per [`WINDOW_SECONDS`].
 pub const IMAGE_WINDOW_BATCHES: usize = 4;
+/// Batches a generation model's worker holds: one decoding and one queued. Its rate is not
+/// measured (a completion's length decides it), and every message held at a SIGTERM goes back
+/// (its tokens checkpointed), a delivery attempt each.
+pub const GENERATION_WINDOW_BATCHES: usize = 2;
 /// The most messages a worker holds, however fast its model.
 pub const MAX_WINDOW: usize = 10_000;
 /// Words in each calibration text: a long sentence, a short paragraph.

@@ -184,11 +184,14 @@ struct LastChance {
 }
 
 impl LastChance {
-    /// Whether `d` is on its last delivery attempt and can be finished as it is.
+    /// Whether `d` is on its last delivery attempt and can be finished as it is. A generation
+    /// is not: it may need far longer than the shutdown budget, and its checkpoint keeps what
+    /// it wrote (see `stop`).
     fn is_last(&self, d: &Delivery) -> bool {
         self.limit
             .is_some_and(|limit| d.meta.delivery_attempt >= limit)
             && d.ready()
+            && d.payload.as_ref().map_or(true, |r| r.generation.is_none())
     }
 
     /// Embeds, commits and acks `deliveries` by `deadline`; what is not done by then is dropped
@@ -211,6 +214,7 @@ impl LastChance {
             lane.clone(),
             handback.clone(),
             self.max_image_pixels,
+            None,
         );
         let sink = sink::run(
             orx,
@@ -281,6 +285,7 @@ async fn start(
         shutdown.clone(),
         handback.clone(),
         cfg.max_image_pixels,
+        Some(store.clone()),
     );
     let stage = shutdown::spawn_supervised("model stage", stage, shutdown);
     let sink_cfg = SinkConfig {
@@ -432,6 +437,10 @@ async fn stop(
         .chain(last_chance.handback.take())
         .partition(|d| last_chance.is_last(d));
     last_chance.finish(last, deadline).await;
+    // Step 4b: the tokens of the generations handed back are checkpointed, for the next
+    // delivery to resume from.
+    let model = &last_chance.sink.model;
+    crate::pipeline::generation::save(&rest, &last_chance.store, model, deadline).await;
     // Step 5: a NACK that overtakes a stream's cancel sends its message back into that dead
     // stream, where it waits out its lease; a short grace after closing lets the cancel land
     // first. Then what was handed back is dropped (parked) and every parked NACK sent.

@@ -110,6 +110,8 @@ fn image_corpus(dir: &Path, n: usize, prefix: &str) -> Result<Vec<Record>, Loadt
             prompt_name: None,
             text_pair: None,
             image: Some(images[i % images.len()].clone()),
+            generation: None,
+            checkpoint: Vec::new(),
         })
         .collect())
 }
@@ -208,6 +210,8 @@ pub fn corpus(n: usize, seed: u64, prefix: &str) -> Vec<Record> {
                 prompt_name: None,
                 text_pair: None,
                 image: None,
+                generation: None,
+                checkpoint: Vec::new(),
             }
         })
         .collect()

@@ -14,6 +14,7 @@
 //! * `read`: counts and whole-table reads for `status`, verification and tests;
 //! * `rows`: a job's rows streamed for `export`; `jobs`: job registration and progress;
 //! * `vector`: the pgvector column and its indexes;
+//! * `checkpoints`: interrupted generations' tokens, saved at shutdown and read on redelivery;
 //! * `redact`: the database URL with its passwords hidden, for logs and errors.
 
 /// Runs the same statement code on whichever pool the store holds (`$N` placeholders work on
@@ -27,6 +28,7 @@ macro_rules! on_pool {
     };
 }
 
+mod checkpoints;
 mod jobs;
 mod read;
 mod redact;
@@ -34,6 +36,7 @@ mod rows;
 mod vector;
 mod write;
 
+pub use checkpoints::Checkpoint;
 pub use jobs::{ExportedRefusal, JobCounts, JobStatus, RefusedLine, REFUSED_RAW_BYTES};
 pub use read::{StatusCounts, StoredEmbedding};
 pub use redact::redact_url;

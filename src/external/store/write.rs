@@ -62,6 +62,14 @@ pub struct Prediction {
     pub scores: Option<String>,
     /// A tagger's entities: a JSON array of `{"entity_group", "score", "word", "start", "end"}`.
     pub entities: Option<String>,
+    /// A generation's completion.
+    pub text: Option<String>,
+    /// Why it ended: `stop` or `length`.
+    pub finish_reason: Option<String>,
+    /// Tokens of its prompt.
+    pub prompt_tokens: Option<i64>,
+    /// Tokens it generated.
+    pub completion_tokens: Option<i64>,
 }
 
 impl Default for Prediction {
@@ -72,6 +80,10 @@ impl Default for Prediction {
             score: None,
             scores: None,
             entities: None,
+            text: None,
+            finish_reason: None,
+            prompt_tokens: None,
+            completion_tokens: None,
         }
     }
 }
@@ -122,7 +134,7 @@ pub struct FailureRow {
 }
 
 /// The head of SQLite's multi-row result UPSERT ([`results_statement`]).
-const UPSERT_COLUMNS: &str = "INSERT INTO embeddings (record_id, embedding, model, model_hash, dim, job, input_sha256, message_id, publish_time_us, task, label, score, scores, entities) ";
+const UPSERT_COLUMNS: &str = "INSERT INTO embeddings (record_id, embedding, model, model_hash, dim, job, input_sha256, message_id, publish_time_us, task, label, score, scores, entities, text, finish_reason, prompt_tokens, completion_tokens) ";
 
 fn upsert_tail(now: &str) -> String {
     format!(
@@ -130,7 +142,8 @@ fn upsert_tail(now: &str) -> String {
          dim = excluded.dim, job = excluded.job, input_sha256 = excluded.input_sha256, \
          message_id = excluded.message_id, publish_time_us = excluded.publish_time_us, processed_at = {now}, \
          task = excluded.task, label = excluded.label, score = excluded.score, scores = excluded.scores, \
-         entities = excluded.entities \
+         entities = excluded.entities, text = excluded.text, finish_reason = excluded.finish_reason, \
+         prompt_tokens = excluded.prompt_tokens, completion_tokens = excluded.completion_tokens \
          WHERE embeddings.publish_time_us <= excluded.publish_time_us"
     )
 }
@@ -141,7 +154,7 @@ const FAILURE_COLUMNS: &str =
 const FAILURE_TAIL: &str = " ON CONFLICT (message_id) DO NOTHING";
 
 /// Bind parameters per row of the result UPSERT and of the failure INSERT.
-const RESULT_COLUMNS: usize = 14;
+const RESULT_COLUMNS: usize = 18;
 const FAILURE_COLUMNS_N: usize = 8;
 /// Bind parameters one statement may carry: PostgreSQL's protocol limit, and SQLite's
 /// `SQLITE_MAX_VARIABLE_NUMBER` as sqlx's bundled SQLite is built (32,766). A batch with more
@@ -177,6 +190,15 @@ impl Store {
                 for chunk in results.chunks(PG_ROWS_PER_UPSERT) {
                     pg_results_statement(chunk).execute(&mut *tx).await?;
                 }
+                for (model, ids) in generated(&results) {
+                    sqlx::query(
+                        "DELETE FROM generation_checkpoints WHERE model = $1 AND record_id = ANY($2)",
+                    )
+                    .bind(model)
+                    .bind(ids)
+                    .execute(&mut *tx)
+                    .await?;
+                }
                 for chunk in failures.chunks(rows_per_statement(PG_MAX_BINDS, FAILURE_COLUMNS_N)) {
                     let mut q = failures_statement::<Postgres>(chunk);
                     q.build().execute(&mut *tx).await?;
@@ -188,6 +210,20 @@ impl Store {
                 for chunk in results.chunks(rows_per_statement(SQLITE_MAX_BINDS, RESULT_COLUMNS)) {
                     let mut q = results_statement(chunk);
                     q.build().execute(&mut *tx).await?;
+                }
+                for (model, ids) in generated(&results) {
+                    for chunk in ids.chunks(SQLITE_MAX_BINDS - 1) {
+                        let mut q = QueryBuilder::<Sqlite>::new(
+                            "DELETE FROM generation_checkpoints WHERE model = ",
+                        );
+                        q.push_bind(model.clone()).push(" AND record_id IN (");
+                        let mut list = q.separated(", ");
+                        for id in chunk {
+                            list.push_bind(id.clone());
+                        }
+                        q.push(")");
+                        q.build().execute(&mut *tx).await?;
+                    }
                 }
                 for chunk in
                     failures.chunks(rows_per_statement(SQLITE_MAX_BINDS, FAILURE_COLUMNS_N))
@@ -207,16 +243,18 @@ impl Store {
 /// multi-row VALUES list would be a new statement (parsed and planned, and cached) for every
 /// row count, and the sink's group commits come in every size.
 const PG_UPSERT_UNNEST: &str = "INSERT INTO embeddings (record_id, embedding, model, model_hash, \
-     dim, job, input_sha256, message_id, publish_time_us, task, label, score, scores, entities) \
+     dim, job, input_sha256, message_id, publish_time_us, task, label, score, scores, entities, \
+     text, finish_reason, prompt_tokens, completion_tokens) \
      SELECT r.record_id, \
      CASE WHEN r.dim = 0 THEN NULL ELSE ($2::real[])[r.first : r.first + r.dim - 1] END, \
      r.model, r.model_hash, r.dim, r.job, r.input_sha256, r.message_id, r.publish_time_us, \
-     r.task, r.label, r.score, r.scores::jsonb, r.entities::jsonb \
+     r.task, r.label, r.score, r.scores::jsonb, r.entities::jsonb, \
+     r.text, r.finish_reason, r.prompt_tokens, r.completion_tokens \
      FROM UNNEST($1::text[], $3::int[], $4::int[], $5::text[], $6::text[], $7::text[], \
      $8::text[], $9::text[], $10::bigint[], $11::text[], $12::text[], $13::float8[], \
-     $14::text[], $15::text[]) \
+     $14::text[], $15::text[], $16::text[], $17::text[], $18::int[], $19::int[]) \
      AS r(record_id, first, dim, model, model_hash, job, input_sha256, message_id, publish_time_us, \
-     task, label, score, scores, entities)";
+     task, label, score, scores, entities, text, finish_reason, prompt_tokens, completion_tokens)";
 
 fn pg_results_statement<'q>(
     rows: &[&ResultRow],
@@ -230,6 +268,11 @@ fn pg_results_statement<'q>(
     let col = |f: fn(&ResultRow) -> String| rows.iter().map(|r| f(r)).collect::<Vec<String>>();
     let opt = |f: fn(&ResultRow) -> Option<String>| {
         rows.iter().map(|r| f(r)).collect::<Vec<Option<String>>>()
+    };
+    let tokens = |f: fn(&ResultRow) -> Option<i64>| {
+        rows.iter()
+            .map(|r| f(r).map(|n| i32::try_from(n).unwrap_or(i32::MAX)))
+            .collect::<Vec<Option<i32>>>()
     };
     sqlx::query(PG_UPSERT_STATEMENT.as_str())
         .bind(col(|r| r.record_id.clone()))
@@ -259,6 +302,10 @@ fn pg_results_statement<'q>(
         )
         .bind(opt(|r| r.prediction.scores.clone()))
         .bind(opt(|r| r.prediction.entities.clone()))
+        .bind(opt(|r| r.prediction.text.clone()))
+        .bind(opt(|r| r.prediction.finish_reason.clone()))
+        .bind(tokens(|r| r.prediction.prompt_tokens))
+        .bind(tokens(|r| r.prediction.completion_tokens))
 }
 
 /// [`PG_UPSERT_UNNEST`] with the UPSERT's conflict clause.
@@ -283,7 +330,11 @@ fn results_statement<'a>(results: &'a [&ResultRow]) -> QueryBuilder<'a, Sqlite> 
             .push_bind(r.prediction.label.clone())
             .push_bind(r.prediction.score)
             .push_bind(r.prediction.scores.clone())
-            .push_bind(r.prediction.entities.clone());
+            .push_bind(r.prediction.entities.clone())
+            .push_bind(r.prediction.text.clone())
+            .push_bind(r.prediction.finish_reason.clone())
+            .push_bind(r.prediction.prompt_tokens)
+            .push_bind(r.prediction.completion_tokens);
     });
     q.push(upsert_tail(SQLITE_NOW));
     q
@@ -312,6 +363,22 @@ where
     });
     q.push(FAILURE_TAIL);
     q
+}
+
+/// The record ids of the generation results among `rows`, by model: their checkpoints are done
+/// with once the results commit.
+fn generated(rows: &[&ResultRow]) -> Vec<(String, Vec<String>)> {
+    let mut by_model: HashMap<&str, Vec<String>> = HashMap::new();
+    for r in rows.iter().filter(|r| r.prediction.task == "generate") {
+        by_model
+            .entry(&r.model)
+            .or_default()
+            .push(r.record_id.clone());
+    }
+    by_model
+        .into_iter()
+        .map(|(m, ids)| (m.to_string(), ids))
+        .collect()
 }
 
 /// Keeps, for each (record id, model), the row with the newest publish time; sorted by both.

@@ -1,5 +1,6 @@
-//! The results of a task model (classify, score, tag) as an export writes them: the task's own
-//! columns in place of the vector. A classifier's `scores` and a tagger's `entities` are lists
+//! The results of a task model (classify, score, tag, generate) as an export writes them: the
+//! task's own columns in place of the vector (a generation's `text`, `finish_reason`,
+//! `prompt_tokens` and `completion_tokens`). A classifier's `scores` and a tagger's `entities` are lists
 //! of structs in Parquet (`list<struct<label, score>>`, `list<struct<entity_group, score, word,
 //! start, end>>`) and arrays of objects in JSON lines; columns another task fills are null in
 //! Parquet and absent from JSON lines.
@@ -122,6 +123,10 @@ impl Table for TaskResult {
             Field::new("score", DataType::Float64, true),
             Field::new("scores", list_of(score_fields()), true),
             Field::new("entities", list_of(entity_fields()), true),
+            Field::new("text", DataType::Utf8, true),
+            Field::new("finish_reason", DataType::Utf8, true),
+            Field::new("prompt_tokens", DataType::Int64, true),
+            Field::new("completion_tokens", DataType::Int64, true),
         ];
         fields.extend(provenance_fields());
         Arc::new(Schema::new(fields))
@@ -139,6 +144,11 @@ impl Table for TaskResult {
         let entities: Vec<_> = r()
             .map(|x| objects(x.prediction.entities.as_deref()))
             .collect();
+        let (mut prompt_tokens, mut completion_tokens) = (Int64Builder::new(), Int64Builder::new());
+        for row in r() {
+            prompt_tokens.append_option(row.prediction.prompt_tokens);
+            completion_tokens.append_option(row.prediction.completion_tokens);
+        }
         let mut columns: Vec<ArrayRef> = vec![
             strings(r().map(|x| Some(x.id.as_str()))),
             strings(r().map(|x| Some(x.prediction.task.as_str()))),
@@ -146,6 +156,10 @@ impl Table for TaskResult {
             Arc::new(score.finish()),
             struct_lists(&scores, score_fields())?,
             struct_lists(&entities, entity_fields())?,
+            strings(r().map(|x| x.prediction.text.as_deref())),
+            strings(r().map(|x| x.prediction.finish_reason.as_deref())),
+            Arc::new(prompt_tokens.finish()),
+            Arc::new(completion_tokens.finish()),
         ];
         columns.extend(provenance_columns(r()));
         RecordBatch::try_new(Self::schema(), columns)
@@ -166,6 +180,19 @@ impl Table for TaskResult {
         for (key, column) in [("scores", &p.scores), ("entities", &p.entities)] {
             if let Some(list) = objects(column.as_deref()) {
                 row.insert(key.into(), list.into());
+            }
+        }
+        for (key, text) in [("text", &p.text), ("finish_reason", &p.finish_reason)] {
+            if let Some(t) = text {
+                row.insert(key.into(), t.clone().into());
+            }
+        }
+        for (key, n) in [
+            ("prompt_tokens", p.prompt_tokens),
+            ("completion_tokens", p.completion_tokens),
+        ] {
+            if let Some(n) = n {
+                row.insert(key.into(), n.into());
             }
         }
         provenance_json(r, &mut row);

@@ -8,7 +8,7 @@
 //! decoder computes every row alike whatever its neighbours (see `CpuDecoder`), and the sampler
 //! draws by position, so the continuation is the one the uninterrupted run would have written.
 
-use super::{Completion, FinishReason, Generation, LanguageModel, Request};
+use super::{Completion, FinishReason, Generated, LanguageModel, Request};
 use spotinfer_bert_cpu::{KvCache, Step};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -57,13 +57,18 @@ pub(super) fn run(
     budget: usize,
     interrupt: &Interrupt,
     max_seconds: Option<Duration>,
-) -> Vec<Generation> {
-    let mut results: Vec<Option<Generation>> = vec![None; requests.len()];
+) -> Vec<Generated> {
+    let mut results: Vec<Option<Generated>> = vec![None; requests.len()];
     let mut waiting = VecDeque::new();
     for (index, request) in requests.iter().enumerate() {
         match prepare(model, index, request) {
+            // A checkpoint taken after the generation ended (a shutdown between its last step
+            // and its commit) needs no step.
+            Ok(seq) if !seq.generated.is_empty() && finished(model, &seq).is_some() => {
+                results[index] = finished(model, &seq).map(Generated::Done);
+            }
             Ok(seq) => waiting.push_back(seq),
-            Err(reason) => results[index] = Some(Generation::Refused(reason)),
+            Err(reason) => results[index] = Some(Generated::Refused(reason)),
         }
     }
     let mut active: Vec<Sequence<'_>> = Vec::new();
@@ -71,7 +76,7 @@ pub(super) fn run(
     loop {
         if interrupt.is_set() {
             for seq in active.drain(..).chain(waiting.drain(..)) {
-                results[seq.index] = Some(Generation::Interrupted(seq.generated));
+                results[seq.index] = Some(Generated::Interrupted(seq.generated));
             }
             break;
         }
@@ -91,7 +96,7 @@ pub(super) fn run(
         }
         if let Err(e) = step(model, &mut active) {
             for seq in active.drain(..) {
-                results[seq.index] = Some(Generation::Refused(e.clone()));
+                results[seq.index] = Some(Generated::Refused(e.clone()));
             }
             continue;
         }
@@ -100,8 +105,8 @@ pub(super) fn run(
             let seq = &active[i];
             let overdue = max_seconds.filter(|&m| seq.started.is_some_and(|s| s.elapsed() > m));
             let result = match (finished(model, seq), overdue) {
-                (Some(done), _) => Some(Generation::Done(done)),
-                (None, Some(m)) => Some(Generation::Refused(format!(
+                (Some(done), _) => Some(Generated::Done(done)),
+                (None, Some(m)) => Some(Generated::Refused(format!(
                     "the generation ran past --max-generation-seconds ({} s) after {} tokens",
                     m.as_secs_f64(),
                     seq.generated.len()
@@ -120,7 +125,7 @@ pub(super) fn run(
     }
     results
         .into_iter()
-        .map(|r| r.unwrap_or_else(|| Generation::Refused("not run".into())))
+        .map(|r| r.unwrap_or_else(|| Generated::Refused("not run".into())))
         .collect()
 }
 

@@ -1,4 +1,4 @@
-//! Generation: decoder LLMs that write a completion for each prompt.
+//! Generated: decoder LLMs that write a completion for each prompt.
 //!
 //! * `load`: a GGUF file or a transformers folder into the CPU decoder
 //!   (`spotinfer_bert_cpu::CpuDecoder`), with its tokenizer ([`gguf_tokenizer`] rebuilds a GGUF's
@@ -46,7 +46,49 @@ pub enum Prompt {
     Chat(Vec<Message>),
 }
 
-/// One generation to run.
+/// What a generation record asks for; the options it leaves out take the worker's defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Input {
+    /// The prompt or conversation.
+    pub prompt: Prompt,
+    /// Most tokens to generate.
+    pub max_new_tokens: Option<usize>,
+    /// 0: greedy.
+    pub temperature: Option<f32>,
+    /// Nucleus sampling's probability mass.
+    pub top_p: Option<f32>,
+    /// Keep this many of the likeliest tokens (0: all).
+    pub top_k: Option<usize>,
+    /// The sampling seed: the record's, else one derived from its id.
+    pub seed: u64,
+    /// Strings that end the completion.
+    pub stop: Vec<String>,
+}
+
+impl Input {
+    /// Hex SHA-256 of everything that decides the completion (the prompt and every option given),
+    /// in a fixed layout: the result row's `input_sha256`, and the key a checkpoint is kept
+    /// under, so a record republished with another prompt never resumes the old one's tokens.
+    pub fn sha256(&self) -> String {
+        use sha2::Digest;
+        let prompt = match &self.prompt {
+            Prompt::Raw(p) => serde_json::json!({ "prompt": p }),
+            Prompt::Chat(m) => serde_json::json!({ "messages": m }),
+        };
+        let canonical = serde_json::json!([
+            prompt,
+            self.max_new_tokens,
+            self.temperature,
+            self.top_p,
+            self.top_k,
+            self.seed,
+            self.stop
+        ]);
+        hex::encode(sha2::Sha256::digest(canonical.to_string().as_bytes()))
+    }
+}
+
+/// One generation to run: an [`Input`] with the worker's defaults filled in.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
     /// The prompt.
@@ -99,7 +141,7 @@ pub struct Completion {
 
 /// What became of one request.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Generation {
+pub enum Generated {
     /// It finished.
     Done(Completion),
     /// It was interrupted (a shutdown) after these tokens; a later run resumes from them.
@@ -223,7 +265,7 @@ impl LanguageModel {
         budget: usize,
         interrupt: &Interrupt,
         max_seconds: Option<std::time::Duration>,
-    ) -> Vec<Generation> {
+    ) -> Vec<Generated> {
         decode::run(self, requests, budget, interrupt, max_seconds)
     }
 }

@@ -28,6 +28,8 @@ pub enum Task {
     Score,
     /// Entities found in a text (`…ForTokenClassification`).
     Tag,
+    /// A completion written for a prompt (a decoder LLM: `…ForCausalLM`, or a GGUF file).
+    Generate,
 }
 
 impl Task {
@@ -38,6 +40,7 @@ impl Task {
             Self::Classify => "classify",
             Self::Score => "score",
             Self::Tag => "tag",
+            Self::Generate => "generate",
         }
     }
 

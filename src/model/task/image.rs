@@ -249,6 +249,11 @@ impl Predict for ImageTask {
                     )))
                 }
                 Item::Text(t) => texts.push(&t.text),
+                Item::Generate(..) => {
+                    return Err(ModelError::Input(format!(
+                        "input {i}: a prompt to generate from, which an image model does not take"
+                    )))
+                }
             }
         }
         let mut images = self.towers.images(&pixels)?.into_iter();
@@ -259,6 +264,7 @@ impl Predict for ImageTask {
             .map(|item| match item {
                 Item::Pixels(_) => images.next().map(|v| self.image_output(v)),
                 Item::Text(_) => texts.next().map(Output::Embedding),
+                Item::Generate(..) => None,
             })
             .collect::<Option<_>>()
             .ok_or_else(|| ModelError::Input("the towers returned too few results".into()))?;

@@ -13,6 +13,7 @@
 //! text and a `text_pair`) by the pipeline, which refuses a pair the task cannot take.
 
 mod embed;
+pub(super) mod generate;
 pub(super) mod image;
 pub(in crate::model) mod linear;
 mod sequence;
@@ -40,6 +41,14 @@ pub enum Output {
     Score(f32),
     /// The entities found in a text.
     Entities(Vec<Entity>),
+    /// A completion.
+    Generated(super::generate::Completion),
+    /// The model cannot compute this record (a prompt past its context, a chat template that
+    /// refuses the messages): recorded as its failure, the rest of the batch unaffected.
+    Refused(String),
+    /// A generation interrupted by the shutdown, with the tokens it had written: checkpointed and
+    /// handed back, so the next delivery resumes from them.
+    Interrupted(Vec<u32>),
 }
 
 /// One entity a tagger found: `pipeline("token-classification", aggregation_strategy="simple")`'s
@@ -61,7 +70,8 @@ pub struct Entity {
 impl Output {
     /// The result's keys as a record's result line carries them (`spotinfer embed`'s output,
     /// an export's JSON lines): `embedding`; `label`, `score` and `scores` (every label's
-    /// `{label, score}` in label-id order, named by `labels`); `score`; `entities`.
+    /// `{label, score}` in label-id order, named by `labels`); `score`; `entities`; `text`,
+    /// `finish_reason`, `prompt_tokens` and `completion_tokens`.
     pub fn fields(&self, labels: &[String]) -> serde_json::Map<String, serde_json::Value> {
         use serde_json::json;
         let mut m = serde_json::Map::new();
@@ -95,6 +105,18 @@ impl Output {
             Self::Entities(e) => {
                 m.insert("entities".into(), json!(e));
             }
+            Self::Generated(c) => {
+                m.insert("text".into(), json!(c.text));
+                m.insert("finish_reason".into(), json!(c.finish_reason.as_str()));
+                m.insert("prompt_tokens".into(), json!(c.prompt_tokens));
+                m.insert("completion_tokens".into(), json!(c.completion_tokens));
+            }
+            Self::Refused(why) => {
+                m.insert("error".into(), json!(why));
+            }
+            Self::Interrupted(tokens) => {
+                m.insert("interrupted_after_tokens".into(), json!(tokens.len()));
+            }
         }
         m
     }
@@ -106,6 +128,7 @@ impl Output {
             Self::Classes { scores, .. } => scores.iter().all(|x| x.is_finite()),
             Self::Score(s) => s.is_finite(),
             Self::Entities(e) => e.iter().all(|e| e.score.is_finite()),
+            Self::Generated(_) | Self::Refused(_) | Self::Interrupted(_) => true,
         }
     }
 
@@ -145,6 +168,7 @@ impl Output {
                     .map(|(x, y)| diff(x.score, y.score))
                     .fold(0.0, f64::max)
             }
+            (Self::Generated(a), Self::Generated(b)) if a.tokens == b.tokens => 0.0,
             _ => f64::INFINITY,
         }
     }

@@ -2,9 +2,13 @@
 //!
 //! Data is a UTF-8 JSON object `{"id": string, "text": string, "job"?: string, "prompt_name"?:
 //! string, "text_pair"?: string}`, with `"uri"` (a `gs://` object: its text, or its image for
-//! an image model) or `"image_base64"` (an image inline) instead of `"text"`. Anything else is
+//! an image model) or `"image_base64"` (an image inline) instead of `"text"`; for a generation
+//! model, `"prompt"` (a raw completion) or `"messages"` (a chat) with optional sampling options
+//! (`model::generate::Input`, parsed in `generation`). Anything else is
 //! a [`RecordError`], which the worker records in `failed_records` and acks: a bad payload never
 //! becomes a redelivery loop and is never dropped silently.
+
+mod generation;
 
 use serde_json::Value;
 
@@ -40,6 +44,12 @@ pub struct Record {
     pub text_pair: Option<String>,
     /// The picture of an image record (`image_base64`, or a `uri` read for an image model).
     pub image: Option<Image>,
+    /// A generation record's prompt and options (`prompt` or `messages`).
+    pub generation: Option<std::sync::Arc<crate::model::generate::Input>>,
+    /// The tokens an earlier run of this generation wrote: read from its checkpoint before the
+    /// model runs it, or set when a shutdown interrupts it (for the worker to save). Empty for
+    /// every other record.
+    pub checkpoint: Vec<u32>,
 }
 
 /// An image record's picture: its encoded bytes until the model stage decodes them, then the
@@ -107,8 +117,10 @@ pub enum RecordError {
         /// The limit.
         max: usize,
     },
-    /// More than one of `text`, `uri` and `image_base64` is given.
-    #[error("give one of \"text\", \"uri\" and \"image_base64\", not several")]
+    /// More than one of `text`, `uri`, `image_base64`, `prompt` and `messages` is given.
+    #[error(
+        "give one of \"text\", \"uri\", \"image_base64\", \"prompt\" and \"messages\", not several"
+    )]
     SeveralInputs,
     /// `image_base64` is not base64.
     #[error("field \"image_base64\" is not base64 (RFC 4648's standard alphabet): {0}")]
@@ -148,6 +160,9 @@ pub enum RecordError {
     /// single texts, a single text for a cross-encoder).
     #[error("field \"text_pair\": {0}")]
     Pair(String),
+    /// A generation record's prompt, messages or options are malformed or out of range.
+    #[error("{0}")]
+    Generation(String),
     /// The text is larger than the configured limit.
     #[error("field \"text\" is {len} bytes, the limit is {max} (--max-text-bytes)")]
     TextTooLarge {
@@ -184,9 +199,22 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
     };
     let given = |k: &str| !matches!(map.get(k), None | Some(Value::Null));
     let has_text = given("text");
-    let inputs = ["text", "uri", "image_base64"];
+    let inputs = ["text", "uri", "image_base64", "prompt", "messages"];
     if inputs.iter().filter(|k| given(k)).count() > 1 {
         return Err(RecordError::SeveralInputs);
+    }
+    if given("prompt") || given("messages") {
+        return Ok(Record {
+            id: id.to_owned(),
+            text: String::new(),
+            uri: None,
+            job,
+            prompt_name,
+            text_pair,
+            image: None,
+            generation: Some(generation::parse(&map, id, max_text_bytes)?.into()),
+            checkpoint: Vec::new(),
+        });
     }
     if given("image_base64") {
         let image = inline_image(required_string(&map, "image_base64")?)?;
@@ -198,6 +226,8 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
             prompt_name,
             text_pair,
             image: Some(image),
+            generation: None,
+            checkpoint: Vec::new(),
         });
     }
     if !has_text && given("uri") {
@@ -218,6 +248,8 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
             prompt_name,
             text_pair,
             image: None,
+            generation: None,
+            checkpoint: Vec::new(),
         });
     }
     let text = required_string(&map, "text")?;
@@ -236,6 +268,8 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
         prompt_name,
         text_pair,
         image: None,
+        generation: None,
+        checkpoint: Vec::new(),
     })
 }
 

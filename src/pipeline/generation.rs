@@ -1,0 +1,137 @@
+//! What the pipeline does for generation records beyond what every record gets: resuming and
+//! checkpointing.
+//!
+//! * Before a batch goes to the model, the model stage reads the checkpoints of its generation
+//!   records ([`resume`]): a record an earlier worker was interrupted on continues from the
+//!   tokens it had written.
+//! * When the batch comes back ([`settle`]), a record the model refused becomes a failure with
+//!   the reason; a record the shutdown interrupted keeps its tokens on the record and goes to the
+//!   hand-back; a finished one keeps its tokens too, in case the shutdown hands it back before
+//!   the sink commits it (its next delivery then finishes without generating).
+//! * At shutdown, before the messages go back to Pub/Sub, the worker saves the tokens the
+//!   handed-back records carry ([`save`]), keyed by record id, model and the hash of the
+//!   record's prompt and options. A committed result deletes its checkpoint.
+
+use crate::external::store::{Checkpoint, Store};
+use crate::model::Output;
+use crate::pipeline::message::{Delivery, HandBack, Outcome, Pending};
+use crate::record::RecordError;
+use std::time::Duration;
+
+/// How long the model stage waits, after the shutdown began, for a generation batch to come
+/// back interrupted (its running step finishes first: a long prompt's prefill on a small CPU
+/// can take a second or two).
+pub const INTERRUPT_GRACE: Duration = Duration::from_secs(5);
+
+/// Puts each generation record's checkpointed tokens on it. A store that cannot be read costs
+/// only the resumption (the records start over), so its error is logged, not raised.
+pub async fn resume(records: &mut [Pending], store: &Store, model: &str) {
+    let keys: Vec<(String, String)> = records
+        .iter()
+        .filter_map(|p| Some((p.record.id.clone(), p.record.generation.as_ref()?.sha256())))
+        .collect();
+    if keys.is_empty() {
+        return;
+    }
+    let found = match store.checkpoints(model, &keys).await {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the generation checkpoints; these records start over");
+            return;
+        }
+    };
+    let mut resumed = 0;
+    for (p, key) in records
+        .iter_mut()
+        .filter(|p| p.record.generation.is_some())
+        .zip(keys)
+    {
+        if let Some(tokens) = found.get(&key) {
+            p.record.checkpoint = tokens.clone();
+            resumed += 1;
+        }
+    }
+    if resumed > 0 {
+        tracing::info!(
+            records = resumed,
+            "resuming generations from their checkpoints"
+        );
+    }
+}
+
+/// Sorts a computed batch's generation outputs (see the module documentation): refusals to
+/// `outcome.rejected`, interruptions to `handback`.
+pub fn settle(outcome: &mut Outcome, handback: &HandBack) {
+    let done = std::mem::take(&mut outcome.done);
+    let mut interrupted = Vec::new();
+    for (mut p, output) in done {
+        match output {
+            Output::Refused(why) => outcome
+                .rejected
+                .push(p.into_rejected(RecordError::Generation(why))),
+            Output::Interrupted(tokens) => {
+                p.record.checkpoint = tokens;
+                interrupted.push(Delivery::from(p));
+            }
+            Output::Generated(c) => {
+                p.record.checkpoint = c.tokens.clone();
+                outcome.done.push((p, Output::Generated(c)));
+            }
+            other => outcome.done.push((p, other)),
+        }
+    }
+    if !interrupted.is_empty() {
+        tracing::info!(
+            records = interrupted.len(),
+            "generations interrupted by the shutdown; their tokens are checkpointed"
+        );
+        handback.put(interrupted);
+    }
+}
+
+/// Saves the tokens of the generation records among `deliveries` (the messages the worker is
+/// about to hand back), by `deadline`. Returns how many it saved.
+pub async fn save(
+    deliveries: &[Delivery],
+    store: &Store,
+    model: &str,
+    deadline: tokio::time::Instant,
+) -> usize {
+    let checkpoints: Vec<Checkpoint> = deliveries
+        .iter()
+        .filter_map(|d| {
+            let r = d.payload.as_ref().ok()?;
+            let g = r.generation.as_ref()?;
+            (!r.checkpoint.is_empty()).then(|| Checkpoint {
+                record_id: r.id.clone(),
+                model: model.to_string(),
+                input_sha256: g.sha256(),
+                tokens: r.checkpoint.clone(),
+            })
+        })
+        .collect();
+    if checkpoints.is_empty() {
+        return 0;
+    }
+    match tokio::time::timeout_at(deadline, store.save_checkpoints(&checkpoints)).await {
+        Ok(Ok(())) => {
+            let tokens: usize = checkpoints.iter().map(|c| c.tokens.len()).sum();
+            tracing::info!(
+                records = checkpoints.len(),
+                tokens,
+                "saved the generation checkpoints"
+            );
+            checkpoints.len()
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot save the generation checkpoints; these records will start over");
+            0
+        }
+        Err(_) => {
+            tracing::warn!(
+                "the shutdown budget ran out before the generation checkpoints were saved"
+            );
+            0
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! A generation record: `{"id", "prompt"}` (a raw completion) or `{"id", "messages": [{"role",
+//! "content"}, …]}` (a chat), with optional `max_new_tokens`, `temperature` (0: greedy),
+//! `top_p`, `top_k`, `seed` and `stop` (a string or a list of up to four). Their types and ranges
+//! are checked here, so a bad one is a failure row with its reason before any model work; what
+//! depends on the model (the prompt's length against its context) is checked when it runs.
+//! Without a `seed`, the record's id gives one, so a redelivery samples the same text.
+
+use super::RecordError;
+use crate::model::generate::{Input, Message, Prompt};
+use serde_json::{Map, Value};
+
+/// The roles a message may have.
+pub const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
+/// Most stop strings a record may give (OpenAI's limit).
+pub const MAX_STOPS: usize = 4;
+/// Longest stop string, in bytes.
+pub const MAX_STOP_BYTES: usize = 256;
+/// Most messages in one conversation.
+pub const MAX_MESSAGES: usize = 1024;
+/// Highest temperature accepted (OpenAI's range is 0 to 2).
+pub const MAX_TEMPERATURE: f64 = 2.0;
+
+fn bad(message: String) -> RecordError {
+    RecordError::Generation(message)
+}
+
+/// Parses the generation fields of `map` (a record whose id is `id`).
+pub(super) fn parse(
+    map: &Map<String, Value>,
+    id: &str,
+    max_bytes: usize,
+) -> Result<Input, RecordError> {
+    let prompt = match (map.get("prompt"), map.get("messages")) {
+        (Some(Value::String(p)), _) if p.is_empty() => return Err(RecordError::Empty("prompt")),
+        (Some(Value::String(p)), _) => Prompt::Raw(p.clone()),
+        (Some(v), _) if !v.is_null() => return Err(RecordError::NotString("prompt")),
+        (_, Some(m)) => Prompt::Chat(messages(m)?),
+        _ => return Err(RecordError::Missing("prompt")),
+    };
+    let bytes = match &prompt {
+        Prompt::Raw(p) => p.len(),
+        Prompt::Chat(m) => m.iter().map(|m| m.content.len() + m.role.len()).sum(),
+    };
+    if bytes > max_bytes {
+        return Err(RecordError::TextTooLarge {
+            len: bytes,
+            max: max_bytes,
+        });
+    }
+    let temperature = number(map, "temperature", 0.0, MAX_TEMPERATURE, true)?;
+    let top_p = number(map, "top_p", 0.0, 1.0, false)?;
+    Ok(Input {
+        prompt,
+        max_new_tokens: count(map, "max_new_tokens", 1)?,
+        temperature: temperature.map(|t| t as f32),
+        top_p: top_p.map(|p| p as f32),
+        top_k: count(map, "top_k", 0)?,
+        seed: match map.get("seed") {
+            None | Some(Value::Null) => seed_of(id),
+            Some(v) => v.as_u64().ok_or_else(|| {
+                bad(format!(
+                    "field \"seed\" must be a whole number from 0 to {}, got {v}",
+                    u64::MAX
+                ))
+            })?,
+        },
+        stop: stops(map.get("stop"))?,
+    })
+}
+
+/// A seed from the record id: the first eight bytes of its SHA-256.
+fn seed_of(id: &str) -> u64 {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(id.as_bytes());
+    u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
+}
+
+fn messages(v: &Value) -> Result<Vec<Message>, RecordError> {
+    let Value::Array(list) = v else {
+        return Err(bad(
+            "field \"messages\" must be a list of {\"role\", \"content\"} objects".into(),
+        ));
+    };
+    if list.is_empty() {
+        return Err(RecordError::Empty("messages"));
+    }
+    if list.len() > MAX_MESSAGES {
+        return Err(bad(format!(
+            "field \"messages\" has {} messages, the limit is {MAX_MESSAGES}",
+            list.len()
+        )));
+    }
+    list.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let Value::Object(m) = m else {
+                return Err(bad(format!("messages[{i}] is not a {{\"role\", \"content\"}} object")));
+            };
+            if let Some(key) = m.keys().find(|k| *k != "role" && *k != "content") {
+                return Err(bad(format!("messages[{i}] has a field {key:?}; a message has \"role\" and \"content\" only")));
+            }
+            let role = match m.get("role") {
+                Some(Value::String(r)) if ROLES.contains(&r.as_str()) => r.clone(),
+                Some(Value::String(r)) => {
+                    return Err(bad(format!("messages[{i}]: unknown role {r:?} (one of {})", ROLES.join(", "))))
+                }
+                _ => return Err(bad(format!("messages[{i}]: \"role\" is missing or not a string"))),
+            };
+            let content = match m.get("content") {
+                Some(Value::String(c)) => c.clone(),
+                _ => return Err(bad(format!("messages[{i}]: \"content\" is missing or not a string"))),
+            };
+            Ok(Message { role, content })
+        })
+        .collect()
+}
+
+/// An optional number within `[low, high]` (`low` excluded unless `low_included`).
+fn number(
+    map: &Map<String, Value>,
+    field: &str,
+    low: f64,
+    high: f64,
+    low_included: bool,
+) -> Result<Option<f64>, RecordError> {
+    let v = match map.get(field) {
+        None | Some(Value::Null) => return Ok(None),
+        Some(v) => v,
+    };
+    let ok = v
+        .as_f64()
+        .filter(|x| (if low_included { *x >= low } else { *x > low }) && *x <= high);
+    let range = if low_included {
+        format!("from {low} to {high}")
+    } else {
+        format!("above {low}, at most {high}")
+    };
+    ok.map(Some).ok_or_else(|| {
+        bad(format!(
+            "field \"{field}\" must be a number {range}, got {v}"
+        ))
+    })
+}
+
+/// An optional whole number of at least `low`.
+fn count(map: &Map<String, Value>, field: &str, low: u64) -> Result<Option<usize>, RecordError> {
+    let v = match map.get(field) {
+        None | Some(Value::Null) => return Ok(None),
+        Some(v) => v,
+    };
+    v.as_u64()
+        .filter(|n| *n >= low && *n <= u32::MAX as u64)
+        .map(|n| Some(n as usize))
+        .ok_or_else(|| {
+            bad(format!(
+                "field \"{field}\" must be a whole number of at least {low}, got {v}"
+            ))
+        })
+}
+
+fn stops(v: Option<&Value>) -> Result<Vec<String>, RecordError> {
+    let list: Vec<&Value> = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a.iter().collect(),
+        Some(one) => vec![one],
+    };
+    if list.len() > MAX_STOPS {
+        return Err(bad(format!(
+            "field \"stop\" has {} strings, the limit is {MAX_STOPS}",
+            list.len()
+        )));
+    }
+    list.into_iter()
+        .map(|s| match s {
+            Value::String(s) if !s.is_empty() && s.len() <= MAX_STOP_BYTES => Ok(s.clone()),
+            other => Err(bad(format!(
+                "field \"stop\" must be a non-empty string of at most {MAX_STOP_BYTES} bytes or a list of them, got {other}"
+            ))),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{parse, RecordError};
+    use super::*;
+
+    const MAX: usize = 1 << 20;
+
+    #[test]
+    fn a_chat_record_with_options_and_a_raw_prompt_parse() {
+        let r = parse(
+            br#"{"id":"g1","messages":[{"role":"system","content":"Be terse."},{"role":"user","content":"Hi"}],
+                "max_new_tokens":32,"temperature":0.7,"top_p":0.9,"top_k":40,"seed":5,"stop":["\n\n","END"]}"#,
+            MAX,
+        )
+        .unwrap();
+        let g = r.generation.unwrap();
+        assert_eq!(
+            g.prompt,
+            Prompt::Chat(vec![
+                Message {
+                    role: "system".into(),
+                    content: "Be terse.".into()
+                },
+                Message {
+                    role: "user".into(),
+                    content: "Hi".into()
+                },
+            ])
+        );
+        assert_eq!(
+            (g.max_new_tokens, g.temperature, g.top_p, g.top_k, g.seed),
+            (Some(32), Some(0.7), Some(0.9), Some(40), 5)
+        );
+        assert_eq!(g.stop, vec!["\n\n".to_string(), "END".into()]);
+        let raw = parse(br#"{"id":"g2","prompt":"Once upon","stop":"."}"#, MAX)
+            .unwrap()
+            .generation
+            .unwrap();
+        assert_eq!(
+            (raw.prompt.clone(), raw.stop.clone()),
+            (Prompt::Raw("Once upon".into()), vec![".".into()])
+        );
+        assert_eq!(raw.seed, seed_of("g2"), "no seed: the id's");
+        assert_ne!(
+            raw.sha256(),
+            parse(br#"{"id":"g2","prompt":"Once upon","stop":"!"}"#, MAX)
+                .unwrap()
+                .generation
+                .unwrap()
+                .sha256()
+        );
+    }
+
+    #[test]
+    fn malformed_messages_and_options_out_of_range_are_refused_with_the_reason() {
+        let cases: &[(&str, &str)] = &[
+            (r#""messages":"hi""#, "must be a list"),
+            (r#""messages":[]"#, "is empty"),
+            (
+                r#""messages":[{"role":"critic","content":"x"}]"#,
+                "unknown role \"critic\"",
+            ),
+            (r#""messages":[{"role":"user"}]"#, "\"content\" is missing"),
+            (
+                r#""messages":[{"role":"user","content":3}]"#,
+                "\"content\" is missing or not a string",
+            ),
+            (
+                r#""messages":[{"role":"user","content":"x","name":"bob"}]"#,
+                "has a field \"name\"",
+            ),
+            (r#""messages":["hi"]"#, "is not a"),
+            (
+                r#""prompt":"x","temperature":-1"#,
+                "\"temperature\" must be a number from 0 to 2",
+            ),
+            (r#""prompt":"x","temperature":"hot""#, "\"temperature\""),
+            (
+                r#""prompt":"x","top_p":0"#,
+                "\"top_p\" must be a number above 0",
+            ),
+            (r#""prompt":"x","top_p":1.5"#, "\"top_p\""),
+            (r#""prompt":"x","top_k":-3"#, "\"top_k\""),
+            (
+                r#""prompt":"x","max_new_tokens":0"#,
+                "\"max_new_tokens\" must be a whole number of at least 1",
+            ),
+            (r#""prompt":"x","max_new_tokens":2.5"#, "\"max_new_tokens\""),
+            (r#""prompt":"x","seed":-1"#, "\"seed\""),
+            (
+                r#""prompt":"x","stop":["a","b","c","d","e"]"#,
+                "the limit is 4",
+            ),
+            (r#""prompt":"x","stop":[""]"#, "\"stop\""),
+            (r#""prompt":"x","text":"y""#, "not several"),
+        ];
+        for (fields, want) in cases {
+            let data = format!(r#"{{"id":"g",{fields}}}"#);
+            let err = parse(data.as_bytes(), MAX).unwrap_err().to_string();
+            assert!(err.contains(want), "{fields}: {err}");
+        }
+        assert!(matches!(
+            parse(br#"{"id":"g","prompt":""}"#, MAX).unwrap_err(),
+            RecordError::Empty("prompt")
+        ));
+        assert!(matches!(
+            parse(br#"{"id":"g","prompt":"abc"}"#, 2).unwrap_err(),
+            RecordError::TextTooLarge { .. }
+        ));
+    }
+}
