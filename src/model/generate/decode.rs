@@ -168,32 +168,56 @@ fn prepare<'a>(
     })
 }
 
-/// One forward pass for every running sequence, and each one's next token.
+/// Most new tokens one forward pass reads. A prompt longer than what is left of it is read in
+/// parts over several steps (each row computes the same either way), so one step stays short:
+/// the interrupt at a shutdown is seen within a fraction of a second even while long prompts
+/// are read, and the activations of a step stay small.
+pub const STEP_TOKENS: usize = 512;
+
+/// One forward pass for the running sequences: each decoding one's last token first, then what
+/// fits of the prompts being read; a sequence whose input is all read gets its next token.
 fn step(model: &LanguageModel, active: &mut [Sequence<'_>]) -> Result<(), String> {
-    let feeds: Vec<Vec<u32>> = active
-        .iter()
-        .map(|s| match s.cache.is_empty() {
-            true => s.prompt.iter().chain(&s.generated).copied().collect(),
-            false => s.generated.last().copied().into_iter().collect(),
-        })
-        .collect();
+    let unread = |s: &Sequence<'_>| -> Vec<u32> {
+        let all = s.prompt.iter().chain(&s.generated).copied();
+        all.skip(s.cache.len()).collect()
+    };
+    let mut order: Vec<usize> = (0..active.len()).collect();
+    order.sort_by_key(|&i| !(active[i].cache.len() > 0 && unread(&active[i]).len() == 1));
+    let mut left = STEP_TOKENS;
+    let mut feeds: Vec<(usize, Vec<u32>, bool)> = Vec::new();
+    for i in order {
+        if left == 0 {
+            break;
+        }
+        let mut tokens = unread(&active[i]);
+        let whole = tokens.len() <= left;
+        tokens.truncate(left);
+        left -= tokens.len();
+        feeds.push((i, tokens, whole));
+    }
+    feeds.sort_by_key(|f| f.0);
     let logits = {
-        let mut steps: Vec<Step<'_>> = active
-            .iter_mut()
-            .zip(&feeds)
-            .map(|(s, tokens)| Step {
-                cache: &mut s.cache,
-                tokens,
-            })
-            .collect();
+        let mut feeding = feeds.iter().peekable();
+        let mut steps: Vec<Step<'_>> = Vec::with_capacity(feeds.len());
+        for (i, s) in active.iter_mut().enumerate() {
+            if let Some((_, tokens, _)) = feeding.next_if(|f| f.0 == i) {
+                steps.push(Step {
+                    cache: &mut s.cache,
+                    tokens,
+                });
+            }
+        }
         model
             .decoder
             .forward(&mut steps, false)
             .map_err(|e| e.to_string())?
     };
-    for (seq, logits) in active.iter_mut().zip(logits) {
-        let next = seq.request.sampling.choose(&logits, seq.generated.len());
-        seq.generated.push(next);
+    for ((i, _, whole), logits) in feeds.iter().zip(logits) {
+        if *whole {
+            let seq = &mut active[*i];
+            let next = seq.request.sampling.choose(&logits, seq.generated.len());
+            seq.generated.push(next);
+        }
     }
     Ok(())
 }

@@ -1,0 +1,321 @@
+//! Generation end to end, with the real binary and the real SmolLM2-135M-Instruct GGUF
+//! (scripts/fetch-llm.sh): a job of 200 chat and raw prompts of real text (fortunes in eight
+//! languages, WordNet glosses, man pages: tests/fixtures/llm/tokens.json), greedy and sampled,
+//! with poison, through the Pub/Sub emulator and PostgreSQL, two workers, one of them SIGTERMed
+//! mid-answer twice and started again. Every prompt is completed once; every completion, resumed
+//! or not, equals the one the same model computes uninterrupted in this process; the
+//! interrupted workers left checkpoints that the job consumed; status is complete, the export
+//! and the `predictions` view hold the completions, and every poison record has its reason.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use spotinfer::model::generate::{Generated, Interrupt, LanguageModel, Request, Sampling};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const PROMPTS: usize = 200;
+const NEW_TOKENS: usize = 24;
+
+fn gguf() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+/// Real texts nobody here wrote.
+fn texts() -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm/tokens.json");
+    let refs: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    refs["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["special"] == false)
+        .map(|c| c["text"].as_str().unwrap().chars().take(300).collect())
+        .collect()
+}
+
+/// The job's good records: chat turns (every fourth sampled with a seed, every seventh with a
+/// system turn of its own) and raw prompts that stop at a newline.
+fn good_records() -> Vec<Value> {
+    texts()
+        .into_iter()
+        .cycle()
+        .take(PROMPTS)
+        .enumerate()
+        .map(|(i, text)| {
+            let id = format!("p-{i:03}");
+            let mut r = match i % 5 {
+                4 => json!({"id": id, "prompt": format!("Q: {text}\nA:"), "stop": ["\n"]}),
+                _ if i % 7 == 0 => json!({"id": id, "messages": [
+                    {"role": "system", "content": "Answer in one short sentence."},
+                    {"role": "user", "content": text}]}),
+                _ => json!({"id": id, "messages": [{"role": "user", "content": text}]}),
+            };
+            r["max_new_tokens"] = json!(NEW_TOKENS);
+            if i % 4 == 1 {
+                r["temperature"] = json!(0.8);
+                r["top_p"] = json!(0.9);
+                r["seed"] = json!(i);
+            }
+            r
+        })
+        .collect()
+}
+
+/// Poison the worker refuses (published, then failed with its reason), and poison `publish`
+/// refuses (recorded as refused lines), each with a fragment of its reason.
+fn poison() -> (Vec<(Value, &'static str)>, Vec<(Value, &'static str)>) {
+    let at_worker = vec![
+        (
+            json!({"id": "bad-long", "prompt": "spot ".repeat(9000), "max_new_tokens": 8}),
+            "exceed the model's context of 8192 tokens",
+        ),
+        (
+            json!({"id": "bad-max-new", "prompt": "Hello", "max_new_tokens": 9000}),
+            "below the model's context of 8192",
+        ),
+        (
+            json!({"id": "bad-text", "text": "an embedding text"}),
+            "generates: send \"prompt\"",
+        ),
+    ];
+    let at_publish = vec![
+        (
+            json!({"id": "bad-role", "messages": [{"role": "critic", "content": "x"}]}),
+            "unknown role",
+        ),
+        (
+            json!({"id": "bad-content", "messages": [{"role": "user", "content": 7}]}),
+            "\"content\"",
+        ),
+        (
+            json!({"id": "bad-list", "messages": "hello"}),
+            "must be a list",
+        ),
+        (
+            json!({"id": "bad-temp", "prompt": "x", "temperature": 9}),
+            "\"temperature\"",
+        ),
+        (
+            json!({"id": "bad-stop", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}),
+            "the limit is 4",
+        ),
+    ];
+    (at_worker, at_publish)
+}
+
+/// What the model computes for each good record uninterrupted, by id: the worker's defaults
+/// for what the record leaves out, the seed `record::parse` derives.
+fn uninterrupted(records: &[Value]) -> HashMap<String, (String, String, usize)> {
+    let model = LanguageModel::open(&gguf()).expect("fetch the GGUF with scripts/fetch-llm.sh");
+    let requests: Vec<Request> = records
+        .iter()
+        .map(|r| {
+            let parsed = spotinfer::record::parse(r.to_string().as_bytes(), 1 << 20).unwrap();
+            let g = parsed.generation.unwrap();
+            Request {
+                prompt: g.prompt.clone(),
+                max_new_tokens: g.max_new_tokens.unwrap(),
+                sampling: Sampling {
+                    temperature: g.temperature.unwrap_or(0.0),
+                    top_p: g.top_p.unwrap_or(1.0),
+                    top_k: g.top_k.unwrap_or(0),
+                    seed: g.seed,
+                },
+                stop: g.stop.clone(),
+                resume: Vec::new(),
+                truncate_prompt: false,
+            }
+        })
+        .collect();
+    let out = model.generate(&requests, 0, &Interrupt::new(), None);
+    records
+        .iter()
+        .zip(out)
+        .map(|(r, g)| {
+            let Generated::Done(c) = g else {
+                panic!("{r}: {g:?}")
+            };
+            let id = r["id"].as_str().unwrap().to_string();
+            (
+                id,
+                (
+                    c.text,
+                    c.finish_reason.as_str().to_string(),
+                    c.completion_tokens,
+                ),
+            )
+        })
+        .collect()
+}
+
+fn int(v: &Value, key: &str) -> i64 {
+    v[key]
+        .as_i64()
+        .unwrap_or_else(|| panic!("{key} missing in {v}"))
+}
+
+/// Checkpoints saved and the tokens they hold.
+async fn checkpoints(db: &str) -> (i64, i64) {
+    use sqlx::Connection;
+    let mut c = sqlx::PgConnection::connect(db).await.unwrap();
+    sqlx::query_as(
+        "SELECT COUNT(*), COALESCE(SUM(length(tokens) / 4), 0)::BIGINT FROM generation_checkpoints",
+    )
+    .fetch_one(&mut c)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generation_job_survives_sigterms_mid_answer_and_every_resumed_answer_is_the_uninterrupted_one(
+) {
+    let good = good_records();
+    let (at_worker, at_publish) = poison();
+    let db = fresh_pg_database().await;
+    let name = unique("generate");
+    let (args, _) = fresh_pubsub(&name).await;
+    let env = Env {
+        args,
+        db: db.clone(),
+        model: gguf(),
+    };
+    env.ok("setup", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut lines: Vec<Value> = good.clone();
+    lines.extend(at_worker.iter().map(|(v, _)| v.clone()));
+    lines.extend(at_publish.iter().map(|(v, _)| v.clone()));
+    // The poison among the good records, so it meets them in its batches.
+    let n = lines.len();
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&i| (i * 7919) % n);
+    let text: String = order.iter().map(|&i| lines[i].to_string() + "\n").collect();
+    let input = dir.path().join("prompts.jsonl");
+    std::fs::write(&input, text).unwrap();
+    env.ok("publish", &[&input.display().to_string(), "--job", &name]);
+    let s = env.status(&name);
+    assert_eq!(
+        int(&s, "published"),
+        (good.len() + at_worker.len()) as i64,
+        "{s}"
+    );
+
+    let flags = ["--batch-size", "8"];
+    let mut b = env.worker(
+        &[
+            &flags[..],
+            &["--exit-when-job-complete", &name, "--job-poll", "1s"],
+        ]
+        .concat(),
+    );
+    let mut saved = Vec::new();
+    for fraction in [5, 2] {
+        let mut a = env.worker(&flags);
+        let target = good.len() as i64 / fraction;
+        wait_until(Duration::from_secs(600), "part of the job done", || async {
+            int(&env.status(&name), "done") >= target
+        })
+        .await;
+        a.signal(libc::SIGTERM);
+        let (status, took) = a.wait(Duration::from_secs(15));
+        assert!(status.success(), "SIGTERM exits 0: {status}");
+        let (rows, tokens) = checkpoints(&db).await;
+        eprintln!(
+            "worker A exited {took:?} after its SIGTERM; {rows} checkpoints hold {tokens} tokens"
+        );
+        saved.push(tokens);
+    }
+    assert!(
+        saved[0] > 0,
+        "the first SIGTERM came mid-answer and left checkpoints: {saved:?}"
+    );
+    let mut a = env.worker(&flags);
+    let (b_status, _) = b.wait(Duration::from_secs(900));
+    assert!(
+        b_status.success(),
+        "B exits 0 once the job is complete: {b_status}"
+    );
+    a.signal(libc::SIGTERM);
+    a.wait(Duration::from_secs(15));
+
+    let end = env.status(&name);
+    assert_eq!(int(&end, "done"), good.len() as i64, "{end}");
+    assert_eq!(int(&end, "failed"), at_worker.len() as i64, "{end}");
+    assert_eq!(end["complete"], true, "{end}");
+    assert_eq!(
+        checkpoints(&db).await.0,
+        0,
+        "a committed result deletes its checkpoint"
+    );
+
+    let jsonl = dir.path().join("out.jsonl");
+    env.ok(
+        "export",
+        &["--job", &name, "--output", &jsonl.display().to_string()],
+    );
+    let rows = read_jsonl(&jsonl);
+    assert_eq!(rows.len(), good.len(), "one row per prompt");
+    let want = uninterrupted(&good);
+    for row in &rows {
+        let id = row["id"].as_str().unwrap();
+        let (text, finish, tokens) = &want[id];
+        assert_eq!(row["task"], "generate", "{row}");
+        assert_eq!(row["text"].as_str().unwrap(), text, "{id}: the text");
+        assert_eq!(row["finish_reason"].as_str().unwrap(), finish, "{id}");
+        assert_eq!(int(row, "completion_tokens") as usize, *tokens, "{id}");
+        assert!(int(row, "prompt_tokens") > 0, "{row}");
+    }
+    let stopped = rows.iter().filter(|r| r["finish_reason"] == "stop").count();
+    eprintln!(
+        "{} completions equal the uninterrupted ones ({stopped} ended by a stop token or string)",
+        rows.len()
+    );
+
+    let failed = dir.path().join("failed.jsonl");
+    env.ok(
+        "export",
+        &[
+            "--job",
+            &name,
+            "--failed",
+            "--output",
+            &failed.display().to_string(),
+        ],
+    );
+    let reasons: HashMap<String, String> = read_jsonl(&failed)
+        .into_iter()
+        .map(|f| {
+            let payload: Value =
+                serde_json::from_str(f["payload"].as_str().unwrap_or("{}")).unwrap_or(Value::Null);
+            let id = f["record_id"]
+                .as_str()
+                .or(payload["id"].as_str())
+                .unwrap_or("")
+                .to_string();
+            (id, f["error"].as_str().unwrap_or("").to_string())
+        })
+        .collect();
+    for (record, expected) in at_worker.iter().chain(&at_publish) {
+        let id = record["id"].as_str().unwrap();
+        let reason = reasons
+            .get(id)
+            .unwrap_or_else(|| panic!("{id} not in {reasons:?}"));
+        assert!(reason.contains(expected), "{id}: {reason}");
+    }
+
+    use sqlx::Connection;
+    let mut c = sqlx::PgConnection::connect(&db).await.unwrap();
+    let (count, total): (i64, i64) = sqlx::query_as(
+        "SELECT COUNT(*), SUM(completion_tokens)::BIGINT FROM predictions WHERE task = 'generate'",
+    )
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    assert_eq!(count, good.len() as i64);
+    let generated: usize = want.values().map(|w| w.2).sum();
+    assert_eq!(total as usize, generated);
+    eprintln!("{generated} tokens generated in all; the SIGTERMs checkpointed {saved:?} tokens that were not generated again");
+}
