@@ -182,7 +182,8 @@ fn step(model: &LanguageModel, active: &mut [Sequence<'_>]) -> Result<(), String
         all.skip(s.cache.len()).collect()
     };
     let mut order: Vec<usize> = (0..active.len()).collect();
-    order.sort_by_key(|&i| !(!active[i].cache.is_empty() && unread(&active[i]).len() == 1));
+    // Decoding sequences (a cache, one token unread) first: false sorts before true.
+    order.sort_by_key(|&i| active[i].cache.is_empty() || unread(&active[i]).len() != 1);
     let mut left = STEP_TOKENS;
     let mut feeds: Vec<(usize, Vec<u32>, bool)> = Vec::new();
     for i in order {
