@@ -67,7 +67,10 @@ fn good_records() -> Vec<Value> {
 
 /// Poison the worker refuses (published, then failed with its reason), and poison `publish`
 /// refuses (recorded as refused lines), each with a fragment of its reason.
-fn poison() -> (Vec<(Value, &'static str)>, Vec<(Value, &'static str)>) {
+/// Poison records, each with a fragment of the reason it fails with.
+type Poison = Vec<(Value, &'static str)>;
+
+fn poison() -> (Poison, Poison) {
     let at_worker = vec![
         (
             json!({"id": "bad-long", "prompt": "spot ".repeat(9000), "max_new_tokens": 8}),
