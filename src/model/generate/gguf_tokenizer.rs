@@ -66,9 +66,11 @@ pub fn from_metadata(meta: &HashMap<String, Value>) -> Result<Tokenizer, String>
             Digits::new(true).into(),
             ByteLevel::new(false, true, true).into(),
         ]),
+        // GPT-2's byte-level split alone.
+        "gpt-2" => Sequence::new(vec![ByteLevel::new(false, true, true).into()]),
         other => {
             return Err(format!(
-                "tokenizer.ggml.pre {other:?}: its pre-tokenizer is not reproduced (smollm, starcoder are)"
+                "tokenizer.ggml.pre {other:?}: its pre-tokenizer is not reproduced (smollm, starcoder, gpt-2 are)"
             ))
         }
     };
