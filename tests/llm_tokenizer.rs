@@ -54,3 +54,36 @@ fn the_gguf_tokenizer_gives_llama_cpps_ids_and_round_trips() {
         "ids differ from llama.cpp's for {differ:?}"
     );
 }
+
+/// Real Qwen2/Qwen3 and Llama 3 GGUFs name the `qwen2` and `llama-bpe` pre-tokenizers: the
+/// fixture vocabulary under each name (tests/fixtures/llm/gguf/vocab-*.gguf) splits 240 real texts
+/// and six edge strings (digit runs, capital contractions, CR LF, space runs) into llama.cpp's
+/// ids (make_pre_refs.py).
+#[test]
+fn the_qwen2_and_llama3_pre_tokenizers_give_llama_cpps_ids() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm");
+    let refs: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("pre_tokens.json")).unwrap())
+            .unwrap();
+    let texts = refs["texts"].as_array().unwrap();
+    for pre in ["qwen2", "llama-bpe"] {
+        let tokenizer = gguf_tokenizer::read(&dir.join(format!("gguf/vocab-{pre}.gguf"))).unwrap();
+        let mut differ = Vec::new();
+        for (text, want) in texts.iter().zip(refs["ids"][pre].as_array().unwrap()) {
+            let text = text.as_str().unwrap();
+            let want: Vec<u32> = want
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            if tokenizer.encode(text, false).unwrap().get_ids() != want.as_slice() {
+                differ.push(text.chars().take(60).collect::<String>());
+            }
+        }
+        assert!(
+            differ.is_empty(),
+            "{pre}: ids differ from llama.cpp's for {differ:?}"
+        );
+    }
+}

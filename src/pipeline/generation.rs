@@ -64,12 +64,17 @@ pub async fn resume(records: &mut [Pending], store: &Store, model: &str) {
 pub fn settle(outcome: &mut Outcome, handback: &HandBack) {
     let done = std::mem::take(&mut outcome.done);
     let mut interrupted = Vec::new();
+    // Tokens the interrupted records hold, and those of them generated since their last
+    // checkpoint (what starting over would at least generate again).
+    let (mut held, mut new) = (0, 0);
     for (mut p, output) in done {
         match output {
             Output::Refused(why) => outcome
                 .rejected
                 .push(p.into_rejected(RecordError::Generation(why))),
             Output::Interrupted(tokens) => {
+                held += tokens.len();
+                new += tokens.len().saturating_sub(p.record.checkpoint.len());
                 p.record.checkpoint = tokens;
                 interrupted.push(Delivery::from(p));
             }
@@ -83,6 +88,8 @@ pub fn settle(outcome: &mut Outcome, handback: &HandBack) {
     if !interrupted.is_empty() {
         tracing::info!(
             records = interrupted.len(),
+            tokens_held = held,
+            tokens_new = new,
             "generations interrupted by the shutdown; their tokens are checkpointed"
         );
         handback.put(interrupted);

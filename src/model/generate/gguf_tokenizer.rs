@@ -35,6 +35,27 @@ fn config(path: &Path, message: String) -> ModelError {
     }
 }
 
+/// Qwen2's pre-tokenizer pattern (its tokenizer.json; llama.cpp's `qwen2`): single digits.
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Llama 3's (llama.cpp's `llama-bpe`): digits in threes.
+const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// `pattern`'s matches isolated, then GPT-2's bytes without its own regex.
+fn split_then_bytes(pattern: &str) -> Result<Sequence, String> {
+    use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+    use tokenizers::SplitDelimiterBehavior;
+    let split = Split::new(
+        SplitPattern::Regex(pattern.into()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .map_err(|e| format!("pre-tokenizer pattern: {e}"))?;
+    Ok(Sequence::new(vec![
+        split.into(),
+        ByteLevel::new(false, true, false).into(),
+    ]))
+}
+
 /// The tokenizer the metadata describes, or what in it is not supported.
 pub fn from_metadata(meta: &HashMap<String, Value>) -> Result<Tokenizer, String> {
     let string = |k: &str| -> Result<&String, String> {
@@ -68,9 +89,13 @@ pub fn from_metadata(meta: &HashMap<String, Value>) -> Result<Tokenizer, String>
         ]),
         // GPT-2's byte-level split alone.
         "gpt-2" => Sequence::new(vec![ByteLevel::new(false, true, true).into()]),
+        // Qwen2's and Llama 3's splits (their tokenizer.json's Split, isolated), then bytes.
+        "qwen2" => split_then_bytes(QWEN2_SPLIT)?,
+        "llama-bpe" => split_then_bytes(LLAMA3_SPLIT)?,
         other => {
             return Err(format!(
-                "tokenizer.ggml.pre {other:?}: its pre-tokenizer is not reproduced (smollm, starcoder, gpt-2 are)"
+                "tokenizer.ggml.pre {other:?}: its pre-tokenizer is not reproduced (smollm, \
+                 starcoder, gpt-2, qwen2 and llama-bpe are)"
             ))
         }
     };
