@@ -45,7 +45,7 @@ pub use spec::{ModelSpec, Task};
 pub use task::generate::{GenerateTask, GenerationDefaults};
 pub use task::image::{is_image_model, ImageTask};
 pub use task::{Entity, Output};
-pub use thread::{Item, ModelHandle, Predict, Reload, Reply, Text};
+pub use thread::{Item, Joining, ModelHandle, Predict, Reload, Reply, Text};
 
 use engine::{candle_dtype, load_candle, load_fused, select_device, Engine};
 use prompt::Prompts;

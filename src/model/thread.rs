@@ -4,6 +4,7 @@
 //! trait, [`Predict`], so the pipeline never asks which it has.
 
 use super::{Input, Model, ModelError, ModelInfo, Predicted};
+use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
@@ -15,6 +16,26 @@ pub trait Predict: Send {
     /// not read (an image to a text model) fails the batch as the input's fault
     /// ([`ModelError::Input`]); the pipeline refuses such records before they get here.
     fn predict_items(&self, items: &[Item]) -> Result<Predicted, ModelError>;
+    /// The model as one whose batches join while others compute (a generation model's decode
+    /// loop); none for a model that computes a batch at a time.
+    fn joining(&mut self) -> Option<&mut dyn Joining> {
+        None
+    }
+}
+
+/// A model that takes new batches while it computes: the model thread admits each batch as it
+/// arrives and answers each when it is done, so a generation batch's short answers do not wait
+/// for a batch before it, and its last long answer runs beside the next batch's.
+pub trait Joining {
+    /// Takes a batch under `job`; its results come from a later [`Joining::step`]. An error:
+    /// the batch cannot be taken at all (an item the model does not read).
+    fn admit(&mut self, job: u64, items: &[Item]) -> Result<(), ModelError>;
+    /// Computes one step of every admitted batch; returns the batches now done.
+    fn step(&mut self) -> Vec<(u64, Result<Predicted, ModelError>)>;
+    /// Whether no admitted batch is left.
+    fn idle(&self) -> bool;
+    /// Forgets every admitted batch (after a panic left their state unknown).
+    fn reset(&mut self);
 }
 
 /// One input for the model thread.
@@ -161,8 +182,12 @@ impl Reply {
     }
 }
 
-/// The model thread's loop: one job at a time until every handle is gone.
+/// The model thread's loop: one job at a time until every handle is gone (a [`Joining`] model:
+/// [`serve_joining`]).
 fn serve(mut model: Box<dyn Predict>, reload: Option<Reload>, mut rx: mpsc::Receiver<Job>) {
+    if model.joining().is_some() {
+        return serve_joining(model, rx);
+    }
     let mut faults = fault::Injected::from_env();
     while let Some(job) = rx.blocking_recv() {
         if job.reply.is_closed() {
@@ -183,6 +208,53 @@ fn serve(mut model: Box<dyn Predict>, reload: Option<Reload>, mut rx: mpsc::Rece
             }
         }
         let _ = job.reply.send(result);
+    }
+}
+
+/// The model thread's loop for a [`Joining`] model: jobs are admitted as they arrive (the thread
+/// waits for one only when none is admitted), each step computed, and each job answered when it
+/// is done. A panic in a step fails every admitted job with it, as a panic fails a batch.
+fn serve_joining(mut model: Box<dyn Predict>, mut rx: mpsc::Receiver<Job>) {
+    let mut replies: HashMap<u64, oneshot::Sender<Result<Predicted, ModelError>>> = HashMap::new();
+    let mut next = 0u64;
+    while let Some(joining) = model.joining() {
+        let mut arrived = Vec::new();
+        if joining.idle() {
+            match rx.blocking_recv() {
+                Some(job) => arrived.push(job),
+                None => return,
+            }
+        }
+        while let Ok(job) = rx.try_recv() {
+            arrived.push(job);
+        }
+        for job in arrived.into_iter().filter(|j| !j.reply.is_closed()) {
+            next += 1;
+            match joining.admit(next, &job.items) {
+                Ok(()) => {
+                    replies.insert(next, job.reply);
+                }
+                Err(e) => {
+                    let _ = job.reply.send(Err(e));
+                }
+            }
+        }
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| joining.step())) {
+            Ok(done) => {
+                for (id, result) in done {
+                    if let Some(reply) = replies.remove(&id) {
+                        let _ = reply.send(result);
+                    }
+                }
+            }
+            Err(p) => {
+                let message = crate::shutdown::panic_message(p.as_ref());
+                joining.reset();
+                for (_, reply) in replies.drain() {
+                    let _ = reply.send(Err(ModelError::Panic(message.clone())));
+                }
+            }
+        }
     }
 }
 

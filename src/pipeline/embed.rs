@@ -66,8 +66,12 @@ pub async fn run(
         submit_batches(&mut rx, qtx, m, h, &shutdown, &handback, &limits).await;
         handback.put_queued(&mut rx, Batch::into_deliveries);
     };
+    let generating = model.info().reads == Reads::Prompts;
     let collect = async {
         let result = collect_results(&mut qrx, tx, model, metrics, &shutdown, &handback).await;
+        if generating {
+            settle_queued(&mut qrx, &handback).await;
+        }
         handback.put_queued(&mut qrx, AtModel::into_deliveries);
         result
     };
@@ -411,6 +415,37 @@ async fn collect_results(
         if let Err(outcome) = shutdown::send(&tx, outcome, shutdown).await {
             handback.put(outcome.into_deliveries());
             return Ok(());
+        }
+    }
+}
+
+/// At shutdown, a generation model's queued batches come back interrupted too (one decode loop
+/// runs them all): what they wrote is kept on their records for the checkpoints, and they go to
+/// the hand-back.
+async fn settle_queued(rx: &mut mpsc::Receiver<AtModel>, handback: &HandBack) {
+    while let Ok(at) = rx.try_recv() {
+        let AtModel {
+            records,
+            rejected,
+            reply,
+        } = at;
+        handback.put(rejected.into_iter().map(Delivery::from));
+        let result = match reply {
+            Some(Ok(reply)) => tokio::time::timeout(generation::INTERRUPT_GRACE, reply.wait())
+                .await
+                .ok(),
+            _ => None,
+        };
+        match result {
+            Some(Ok(predicted)) if predicted.outputs.len() == records.len() => {
+                let mut outcome = Outcome {
+                    done: records.into_iter().zip(predicted.outputs).collect(),
+                    rejected: Vec::new(),
+                };
+                generation::settle(&mut outcome, handback);
+                handback.put(outcome.into_deliveries());
+            }
+            _ => handback.put(records.into_iter().map(Delivery::from)),
         }
     }
 }

@@ -1,8 +1,10 @@
-//! The decode loop: the sequences of a batch advance together, one forward pass per step for all
-//! of them (a newly admitted sequence's whole prompt, every other's last token). A sequence that
-//! finishes leaves at once and a waiting one takes its place (continuous batching), as long as
+//! The decode loop ([`Scheduler`]): the running sequences advance together, one forward pass per
+//! step for all of them (what fits of a newly admitted sequence's prompt, every other's last
+//! token). A sequence that finishes leaves at once and a waiting one takes its place, as long as
 //! the cache the running sequences may grow to (prompt plus `max_new_tokens` each) stays within
-//! the token budget.
+//! the token budget; a new batch can be admitted between any two steps and its sequences join
+//! the running ones (continuous batching across the batches the worker holds), and each batch
+//! is done when its last sequence is.
 //!
 //! A resumed request reads its prompt and its checkpointed tokens in one pass and goes on; the
 //! decoder computes every row alike whatever its neighbours (see `CpuDecoder`), and the sampler
@@ -38,9 +40,11 @@ impl Interrupt {
 }
 
 /// One request on its way.
-struct Sequence<'a> {
+struct Sequence {
+    /// The batch it came in, and its place there.
+    job: u64,
     index: usize,
-    request: &'a Request,
+    request: Request,
     prompt: Vec<u32>,
     generated: Vec<u32>,
     cache: KvCache,
@@ -49,61 +53,134 @@ struct Sequence<'a> {
     started: Option<Instant>,
 }
 
-/// Runs `requests` (see [`LanguageModel::generate`]); `max_seconds` bounds each one's time once
-/// it runs.
-pub(super) fn run(
-    model: &LanguageModel,
-    requests: &[Request],
+/// A batch admitted and not yet done: its results so far, in request order.
+struct Job {
+    id: u64,
+    results: Vec<Option<Generated>>,
+    left: usize,
+}
+
+/// The decode loop's state, kept between steps so that batches can join while others run: the
+/// batches admitted and not yet done, and their sequences, running or waiting for room in the
+/// cache budget (oldest first).
+pub struct Scheduler {
     budget: usize,
-    interrupt: &Interrupt,
     max_seconds: Option<Duration>,
-) -> Vec<Generated> {
-    let mut results: Vec<Option<Generated>> = vec![None; requests.len()];
-    let mut waiting = VecDeque::new();
-    for (index, request) in requests.iter().enumerate() {
-        match prepare(model, index, request) {
-            // A checkpoint taken after the generation ended (a shutdown between its last step
-            // and its commit) needs no step.
-            Ok(seq) if !seq.generated.is_empty() && finished(model, &seq).is_some() => {
-                results[index] = finished(model, &seq).map(Generated::Done);
-            }
-            Ok(seq) => waiting.push_back(seq),
-            Err(reason) => results[index] = Some(Generated::Refused(reason)),
+    jobs: Vec<Job>,
+    waiting: VecDeque<Sequence>,
+    active: Vec<Sequence>,
+    reserved: usize,
+}
+
+impl Scheduler {
+    /// A loop that runs at most `budget` cache tokens at a time (0: no limit), each sequence for
+    /// at most `max_seconds` once it runs.
+    pub fn new(budget: usize, max_seconds: Option<Duration>) -> Self {
+        Self {
+            budget,
+            max_seconds,
+            jobs: Vec::new(),
+            waiting: VecDeque::new(),
+            active: Vec::new(),
+            reserved: 0,
         }
     }
-    let mut active: Vec<Sequence<'_>> = Vec::new();
-    let mut reserved = 0;
-    loop {
-        if interrupt.is_set() {
-            for seq in active.drain(..).chain(waiting.drain(..)) {
-                results[seq.index] = Some(Generated::Interrupted(seq.generated));
+
+    /// Whether no admitted batch is left to finish.
+    pub fn is_idle(&self) -> bool {
+        self.jobs.is_empty()
+    }
+
+    /// Admits a batch as `job`: each request's prompt is tokenized and fitted now (a refusal is
+    /// its result at once), and it runs as soon as the budget has room.
+    pub fn admit(&mut self, model: &LanguageModel, job: u64, requests: Vec<Request>) {
+        self.jobs.push(Job {
+            id: job,
+            results: vec![None; requests.len()],
+            left: requests.len(),
+        });
+        for (index, request) in requests.into_iter().enumerate() {
+            match prepare(model, job, index, request) {
+                Ok(seq) => match (seq.generated.is_empty(), finished(model, &seq)) {
+                    // A checkpoint taken after the generation ended (a shutdown between its
+                    // last step and its commit) needs no step.
+                    (false, Some(done)) => self.record(job, index, Generated::Done(done)),
+                    _ => self.waiting.push_back(seq),
+                },
+                Err(reason) => self.record(job, index, Generated::Refused(reason)),
             }
-            break;
         }
-        while let Some(next) = waiting.front() {
-            if !active.is_empty() && budget > 0 && reserved + next.need > budget {
+    }
+
+    /// One step: every running sequence advances (or, once `interrupt` is set, every sequence
+    /// stops with the tokens it has). Returns the batches now done, each with its results in
+    /// request order.
+    pub fn step(
+        &mut self,
+        model: &LanguageModel,
+        interrupt: &Interrupt,
+    ) -> Vec<(u64, Vec<Generated>)> {
+        if interrupt.is_set() {
+            let stopped: Vec<Sequence> = self
+                .active
+                .drain(..)
+                .chain(self.waiting.drain(..))
+                .collect();
+            self.reserved = 0;
+            for seq in stopped {
+                self.record(seq.job, seq.index, Generated::Interrupted(seq.generated));
+            }
+        } else {
+            self.start_waiting();
+            if !self.active.is_empty() {
+                match step(model, &mut self.active) {
+                    Ok(()) => self.retire_finished(model),
+                    Err(e) => {
+                        self.reserved = 0;
+                        for seq in std::mem::take(&mut self.active) {
+                            self.record(seq.job, seq.index, Generated::Refused(e.clone()));
+                        }
+                    }
+                }
+            }
+        }
+        let (done, running): (Vec<Job>, Vec<Job>) = std::mem::take(&mut self.jobs)
+            .into_iter()
+            .partition(|j| j.left == 0);
+        self.jobs = running;
+        done.into_iter()
+            .map(|j| {
+                let results = j.results.into_iter().flatten().collect();
+                (j.id, results)
+            })
+            .collect()
+    }
+
+    /// Moves waiting sequences into the running ones while the budget has room (always one when
+    /// none runs, however large).
+    fn start_waiting(&mut self) {
+        while let Some(next) = self.waiting.front() {
+            let full = self.budget > 0 && self.reserved + next.need > self.budget;
+            if !self.active.is_empty() && full {
                 break;
             }
-            let Some(mut seq) = waiting.pop_front() else {
+            let Some(mut seq) = self.waiting.pop_front() else {
                 break;
             };
-            reserved += seq.need;
+            self.reserved += seq.need;
             seq.started = Some(Instant::now());
-            active.push(seq);
+            self.active.push(seq);
         }
-        if active.is_empty() {
-            break;
-        }
-        if let Err(e) = step(model, &mut active) {
-            for seq in active.drain(..) {
-                results[seq.index] = Some(Generated::Refused(e.clone()));
-            }
-            continue;
-        }
+    }
+
+    /// Takes out of the running sequences those that ended, or ran past `max_seconds`.
+    fn retire_finished(&mut self, model: &LanguageModel) {
         let mut i = 0;
-        while i < active.len() {
-            let seq = &active[i];
-            let overdue = max_seconds.filter(|&m| seq.started.is_some_and(|s| s.elapsed() > m));
+        while i < self.active.len() {
+            let seq = &self.active[i];
+            let overdue = self
+                .max_seconds
+                .filter(|&m| seq.started.is_some_and(|s| s.elapsed() > m));
             let result = match (finished(model, seq), overdue) {
                 (Some(done), _) => Some(Generated::Done(done)),
                 (None, Some(m)) => Some(Generated::Refused(format!(
@@ -115,26 +192,48 @@ pub(super) fn run(
             };
             match result {
                 Some(r) => {
-                    let seq = active.swap_remove(i);
-                    reserved -= seq.need;
-                    results[seq.index] = Some(r);
+                    let seq = self.active.swap_remove(i);
+                    self.reserved -= seq.need;
+                    self.record(seq.job, seq.index, r);
                 }
                 None => i += 1,
             }
         }
     }
-    results
-        .into_iter()
-        .map(|r| r.unwrap_or_else(|| Generated::Refused("not run".into())))
-        .collect()
+
+    fn record(&mut self, job: u64, index: usize, result: Generated) {
+        if let Some(j) = self.jobs.iter_mut().find(|j| j.id == job) {
+            if j.results[index].replace(result).is_none() {
+                j.left -= 1;
+            }
+        }
+    }
+}
+
+/// Runs `requests` as one batch to the end (see [`LanguageModel::generate`]).
+pub(super) fn run(
+    model: &LanguageModel,
+    requests: &[Request],
+    budget: usize,
+    interrupt: &Interrupt,
+    max_seconds: Option<Duration>,
+) -> Vec<Generated> {
+    let mut scheduler = Scheduler::new(budget, max_seconds);
+    scheduler.admit(model, 0, requests.to_vec());
+    loop {
+        if let Some((_, results)) = scheduler.step(model, interrupt).pop() {
+            return results;
+        }
+    }
 }
 
 /// The request's prompt tokenized and fitted to the context, or why it cannot run.
-fn prepare<'a>(
+fn prepare(
     model: &LanguageModel,
+    job: u64,
     index: usize,
-    request: &'a Request,
-) -> Result<Sequence<'a>, String> {
+    request: Request,
+) -> Result<Sequence, String> {
     let context = model.context();
     let max_new = request.max_new_tokens;
     if max_new == 0 || max_new >= context {
@@ -158,6 +257,7 @@ fn prepare<'a>(
         prompt.drain(..prompt.len() + max_new - context);
     }
     Ok(Sequence {
+        job,
         index,
         need: prompt.len() + max_new,
         prompt,
@@ -176,8 +276,8 @@ pub const STEP_TOKENS: usize = 512;
 
 /// One forward pass for the running sequences: each decoding one's last token first, then what
 /// fits of the prompts being read; a sequence whose input is all read gets its next token.
-fn step(model: &LanguageModel, active: &mut [Sequence<'_>]) -> Result<(), String> {
-    let unread = |s: &Sequence<'_>| -> Vec<u32> {
+fn step(model: &LanguageModel, active: &mut [Sequence]) -> Result<(), String> {
+    let unread = |s: &Sequence| -> Vec<u32> {
         let all = s.prompt.iter().chain(&s.generated).copied();
         all.skip(s.cache.len()).collect()
     };
@@ -224,7 +324,7 @@ fn step(model: &LanguageModel, active: &mut [Sequence<'_>]) -> Result<(), String
 }
 
 /// The completion, if the sequence's last token ended it.
-fn finished(model: &LanguageModel, seq: &Sequence<'_>) -> Option<Completion> {
+fn finished(model: &LanguageModel, seq: &Sequence) -> Option<Completion> {
     let done = |text: String, finish_reason| Completion {
         text,
         finish_reason,

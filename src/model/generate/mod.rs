@@ -6,8 +6,9 @@
 //! * `template`: the chat template rendered as transformers renders it;
 //! * `sampling`: the next token, greedy or from a seeded stream that depends on the position
 //!   only, so a redelivery or a resumed generation draws the same;
-//! * `decode`: the loop that advances many sequences together (continuous batching under a
-//!   token budget) and stops them (end token, stop string, length, interruption).
+//! * `decode`: the loop that advances many sequences together ([`Scheduler`]: continuous
+//!   batching under a token budget, batches joining while others run) and stops them (end
+//!   token, stop string, length, interruption).
 //!
 //! [`LanguageModel`] puts them together: requests in, completions out. What a record asks for
 //! and what its result row holds is the task's (`task::generate`).
@@ -18,7 +19,7 @@ mod load;
 mod sampling;
 mod template;
 
-pub use decode::Interrupt;
+pub use decode::{Interrupt, Scheduler};
 pub use load::is_generation_model;
 pub use sampling::{argmax, Sampling};
 

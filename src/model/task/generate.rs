@@ -9,12 +9,18 @@
 //! next step and each unfinished record comes out as [`Output::Interrupted`] with its tokens,
 //! for the worker to checkpoint before it hands the message back.
 //!
+//! On the worker's model thread the task is [`Joining`]: each batch is admitted into one
+//! decode loop ([`Scheduler`]) as it arrives, its sequences run beside those of the batches
+//! before it, and it is answered when its last record is done.
+//!
 //! The network and the decode loop are the engine's (`model::generate`).
 
 use super::Output;
-use crate::model::generate::{Generated, Input, Interrupt, LanguageModel, Request, Sampling};
+use crate::model::generate::{
+    Generated, Input, Interrupt, LanguageModel, Request, Sampling, Scheduler,
+};
 use crate::model::spec::Task;
-use crate::model::thread::{Item, Predict};
+use crate::model::thread::{Item, Joining, Predict};
 use crate::model::{
     default_model_name, weights_hash, LoadOptions, ModelError, ModelInfo, Predicted, Reads,
 };
@@ -55,12 +61,16 @@ impl Default for GenerationDefaults {
     }
 }
 
-/// A loaded generation model and the worker's defaults.
+/// A loaded generation model, the worker's defaults, and the decode loop the model thread
+/// admits batches into.
 pub struct GenerateTask {
     model: LanguageModel,
     defaults: GenerationDefaults,
     interrupt: Interrupt,
     info: ModelInfo,
+    scheduler: Scheduler,
+    /// Each admitted batch: when it came, and how many checkpointed tokens each record brought.
+    admitted: std::collections::HashMap<u64, (std::time::Instant, Vec<usize>)>,
 }
 
 impl GenerateTask {
@@ -94,6 +104,8 @@ impl GenerateTask {
             processor: None,
         };
         Ok(Self {
+            scheduler: Scheduler::new(defaults.max_batch_tokens, defaults.max_seconds),
+            admitted: std::collections::HashMap::new(),
             model,
             defaults,
             interrupt,
@@ -120,14 +132,10 @@ impl GenerateTask {
     }
 }
 
-impl Predict for GenerateTask {
-    fn info(&self) -> &ModelInfo {
-        &self.info
-    }
-
-    fn predict_items(&self, items: &[Item]) -> Result<Predicted, ModelError> {
-        let started = std::time::Instant::now();
-        let requests = items
+impl GenerateTask {
+    /// The batch's requests, or why the batch cannot be taken (an item that is not a prompt).
+    fn requests(&self, items: &[Item]) -> Result<Vec<Request>, ModelError> {
+        items
             .iter()
             .enumerate()
             .map(|(i, item)| match item {
@@ -136,7 +144,47 @@ impl Predict for GenerateTask {
                     "input {i}: a text or an image, but this model generates from a \"prompt\" or \"messages\""
                 ))),
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect()
+    }
+}
+
+/// A batch's results as the pipeline takes them; the tokens counted are those generated here
+/// (a resumed record's checkpointed ones are not).
+fn outputs(
+    generated: Vec<Generated>,
+    resumed: &[usize],
+    started: std::time::Instant,
+) -> Result<Predicted, ModelError> {
+    let mut tokens = 0;
+    let outputs = generated
+        .into_iter()
+        .zip(resumed)
+        .map(|(g, &resumed)| match g {
+            Generated::Done(c) => {
+                tokens += c.completion_tokens.saturating_sub(resumed);
+                Output::Generated(c)
+            }
+            Generated::Interrupted(t) => {
+                tokens += t.len().saturating_sub(resumed);
+                Output::Interrupted(t)
+            }
+            Generated::Refused(why) => Output::Refused(why),
+        })
+        .collect();
+    Predicted::checked(outputs, tokens, started)
+}
+
+impl Predict for GenerateTask {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    /// One batch alone, to the end (`models check`; the worker's model thread uses
+    /// [`Joining`]).
+    fn predict_items(&self, items: &[Item]) -> Result<Predicted, ModelError> {
+        let started = std::time::Instant::now();
+        let requests = self.requests(items)?;
+        let resumed: Vec<usize> = requests.iter().map(|r| r.resume.len()).collect();
         let d = &self.defaults;
         let generated = self.model.generate(
             &requests,
@@ -144,22 +192,44 @@ impl Predict for GenerateTask {
             &self.interrupt,
             d.max_seconds,
         );
-        let mut tokens = 0;
-        let outputs = generated
-            .into_iter()
-            .zip(&requests)
-            .map(|(g, r)| match g {
-                Generated::Done(c) => {
-                    tokens += c.completion_tokens.saturating_sub(r.resume.len());
-                    Output::Generated(c)
-                }
-                Generated::Interrupted(t) => {
-                    tokens += t.len().saturating_sub(r.resume.len());
-                    Output::Interrupted(t)
-                }
-                Generated::Refused(why) => Output::Refused(why),
+        outputs(generated, &resumed, started)
+    }
+
+    fn joining(&mut self) -> Option<&mut dyn Joining> {
+        Some(self)
+    }
+}
+
+impl Joining for GenerateTask {
+    fn admit(&mut self, job: u64, items: &[Item]) -> Result<(), ModelError> {
+        let requests = self.requests(items)?;
+        let resumed = requests.iter().map(|r| r.resume.len()).collect();
+        self.admitted
+            .insert(job, (std::time::Instant::now(), resumed));
+        self.scheduler.admit(&self.model, job, requests);
+        Ok(())
+    }
+
+    fn step(&mut self) -> Vec<(u64, Result<Predicted, ModelError>)> {
+        let done = self.scheduler.step(&self.model, &self.interrupt);
+        done.into_iter()
+            .map(|(job, generated)| {
+                let (started, resumed) = self
+                    .admitted
+                    .remove(&job)
+                    .unwrap_or_else(|| (std::time::Instant::now(), Vec::new()));
+                (job, outputs(generated, &resumed, started))
             })
-            .collect();
-        Predicted::checked(outputs, tokens, started)
+            .collect()
+    }
+
+    fn idle(&self) -> bool {
+        self.scheduler.is_idle()
+    }
+
+    fn reset(&mut self) {
+        let d = &self.defaults;
+        self.scheduler = Scheduler::new(d.max_batch_tokens, d.max_seconds);
+        self.admitted.clear();
     }
 }
