@@ -203,31 +203,30 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
     if inputs.iter().filter(|k| given(k)).count() > 1 {
         return Err(RecordError::SeveralInputs);
     }
+    // What every kind of record carries; each kind below fills in its input.
+    let record = Record {
+        id: id.to_owned(),
+        text: String::new(),
+        uri: None,
+        job,
+        prompt_name,
+        text_pair,
+        image: None,
+        generation: None,
+        checkpoint: Vec::new(),
+    };
     if given("prompt") || given("messages") {
+        let generation = generation::parse(&map, id, max_text_bytes)?;
         return Ok(Record {
-            id: id.to_owned(),
-            text: String::new(),
-            uri: None,
-            job,
-            prompt_name,
-            text_pair,
-            image: None,
-            generation: Some(generation::parse(&map, id, max_text_bytes)?.into()),
-            checkpoint: Vec::new(),
+            generation: Some(generation.into()),
+            ..record
         });
     }
     if given("image_base64") {
         let image = inline_image(required_string(&map, "image_base64")?)?;
         return Ok(Record {
-            id: id.to_owned(),
-            text: String::new(),
-            uri: None,
-            job,
-            prompt_name,
-            text_pair,
             image: Some(image),
-            generation: None,
-            checkpoint: Vec::new(),
+            ..record
         });
     }
     if !has_text && given("uri") {
@@ -241,19 +240,12 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
             ));
         }
         return Ok(Record {
-            id: id.to_owned(),
-            text: String::new(),
             uri: Some(uri.to_owned()),
-            job,
-            prompt_name,
-            text_pair,
-            image: None,
-            generation: None,
-            checkpoint: Vec::new(),
+            ..record
         });
     }
     let text = required_string(&map, "text")?;
-    let len = text.len() + text_pair.as_ref().map_or(0, String::len);
+    let len = text.len() + record.text_pair.as_ref().map_or(0, String::len);
     if len > max_text_bytes {
         return Err(RecordError::TextTooLarge {
             len,
@@ -261,15 +253,8 @@ pub fn parse(data: &[u8], max_text_bytes: usize) -> Result<Record, RecordError> 
         });
     }
     Ok(Record {
-        id: id.to_owned(),
         text: text.to_owned(),
-        uri: None,
-        job,
-        prompt_name,
-        text_pair,
-        image: None,
-        generation: None,
-        checkpoint: Vec::new(),
+        ..record
     })
 }
 
