@@ -53,6 +53,21 @@ struct Sequence {
     started: Option<Instant>,
 }
 
+impl Sequence {
+    /// Tokens of its prompt and completion not yet in its cache.
+    fn unread_len(&self) -> usize {
+        self.prompt.len() + self.generated.len() - self.cache.len()
+    }
+
+    /// The first `most` of those tokens.
+    fn unread(&self, most: usize) -> Vec<u32> {
+        let read = self.cache.len();
+        let prompt = self.prompt.get(read..).unwrap_or_default();
+        let generated = &self.generated[read.saturating_sub(self.prompt.len())..];
+        prompt.iter().chain(generated).take(most).copied().collect()
+    }
+}
+
 /// A batch admitted and not yet done: its results so far, in request order.
 struct Job {
     id: u64,
@@ -277,22 +292,17 @@ pub const STEP_TOKENS: usize = 512;
 /// One forward pass for the running sequences: each decoding one's last token first, then what
 /// fits of the prompts being read; a sequence whose input is all read gets its next token.
 fn step(model: &LanguageModel, active: &mut [Sequence]) -> Result<(), String> {
-    let unread = |s: &Sequence| -> Vec<u32> {
-        let all = s.prompt.iter().chain(&s.generated).copied();
-        all.skip(s.cache.len()).collect()
-    };
     let mut order: Vec<usize> = (0..active.len()).collect();
     // Decoding sequences (a cache, one token unread) first: false sorts before true.
-    order.sort_by_key(|&i| active[i].cache.is_empty() || unread(&active[i]).len() != 1);
+    order.sort_by_key(|&i| active[i].cache.is_empty() || active[i].unread_len() != 1);
     let mut left = STEP_TOKENS;
     let mut feeds: Vec<(usize, Vec<u32>, bool)> = Vec::new();
     for i in order {
         if left == 0 {
             break;
         }
-        let mut tokens = unread(&active[i]);
-        let whole = tokens.len() <= left;
-        tokens.truncate(left);
+        let whole = active[i].unread_len() <= left;
+        let tokens = active[i].unread(left);
         left -= tokens.len();
         feeds.push((i, tokens, whole));
     }
