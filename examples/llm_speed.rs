@@ -8,9 +8,7 @@
 //! PROMPTS.json: {"cases": [{"messages": [...]}, ...]} as `bench/llm_greedy.py` writes it. Prints
 //! one JSON line: generated tokens, seconds (prompt processing included), tokens/s.
 
-use spotinfer::model::generate::{
-    Generated, Interrupt, LanguageModel, Message, Prompt, Request, Sampling,
-};
+use spotinfer::model::generate::{Generated, Interrupt, LanguageModel, Message, Prompt, Request};
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -27,19 +25,7 @@ fn main() -> anyhow::Result<()> {
         .take(b)
         .map(|c| -> anyhow::Result<Request> {
             let messages: Vec<Message> = serde_json::from_value(c["messages"].clone())?;
-            Ok(Request {
-                prompt: Prompt::Chat(messages),
-                max_new_tokens: n,
-                sampling: Sampling {
-                    temperature: 0.0,
-                    top_p: 1.0,
-                    top_k: 0,
-                    seed: 0,
-                },
-                stop: Vec::new(),
-                resume: Vec::new(),
-                truncate_prompt: false,
-            })
+            Ok(Request::greedy(Prompt::Chat(messages), n))
         })
         .collect::<Result<_, _>>()?;
     let started = std::time::Instant::now();

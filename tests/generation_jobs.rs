@@ -11,7 +11,8 @@ mod common;
 
 use common::*;
 use serde_json::{json, Value};
-use spotinfer::model::generate::{Generated, Interrupt, LanguageModel, Request, Sampling};
+use spotinfer::model::generate::{Generated, Interrupt, LanguageModel, Request};
+use spotinfer::model::GenerationDefaults;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -119,19 +120,7 @@ fn uninterrupted(records: &[Value]) -> HashMap<String, (String, String, usize)> 
         .map(|r| {
             let parsed = spotinfer::record::parse(r.to_string().as_bytes(), 1 << 20).unwrap();
             let g = parsed.generation.unwrap();
-            Request {
-                prompt: g.prompt.clone(),
-                max_new_tokens: g.max_new_tokens.unwrap(),
-                sampling: Sampling {
-                    temperature: g.temperature.unwrap_or(0.0),
-                    top_p: g.top_p.unwrap_or(1.0),
-                    top_k: g.top_k.unwrap_or(0),
-                    seed: g.seed,
-                },
-                stop: g.stop.clone(),
-                resume: Vec::new(),
-                truncate_prompt: false,
-            }
+            GenerationDefaults::default().request(&g, &[])
         })
         .collect();
     let out = model.generate(&requests, 0, &Interrupt::new(), None);
@@ -277,30 +266,7 @@ async fn a_generation_job_survives_sigterms_mid_answer_and_every_resumed_answer_
         rows.len()
     );
 
-    let failed = dir.path().join("failed.jsonl");
-    env.ok(
-        "export",
-        &[
-            "--job",
-            &name,
-            "--failed",
-            "--output",
-            &failed.display().to_string(),
-        ],
-    );
-    let reasons: HashMap<String, String> = read_jsonl(&failed)
-        .into_iter()
-        .map(|f| {
-            let payload: Value =
-                serde_json::from_str(f["payload"].as_str().unwrap_or("{}")).unwrap_or(Value::Null);
-            let id = f["record_id"]
-                .as_str()
-                .or(payload["id"].as_str())
-                .unwrap_or("")
-                .to_string();
-            (id, f["error"].as_str().unwrap_or("").to_string())
-        })
-        .collect();
+    let reasons = env.failure_reasons(&name, dir.path());
     for (record, expected) in at_worker.iter().chain(&at_publish) {
         let id = record["id"].as_str().unwrap();
         let reason = reasons

@@ -184,23 +184,9 @@ fn check_clip_rows(rows: &[Value], reference: &Value) {
     eprintln!("worst cosine to transformers: {:.7} ({})", worst.0, worst.1);
 }
 
-/// `export --failed` of the job: each failure's reason by record id.
-fn failure_reasons(env: &Env, job: &str, dir: &Path) -> HashMap<String, String> {
-    let failed = dir.join("failed.jsonl");
-    let out = failed.display().to_string();
-    env.ok("export", &["--job", job, "--failed", "--output", &out]);
-    read_jsonl(&failed)
-        .into_iter()
-        .map(|f| {
-            let id = f["record_id"].as_str().unwrap_or("").to_string();
-            (id, f["error"].as_str().unwrap_or("").to_string())
-        })
-        .collect()
-}
-
 /// Every poison record is a failure row with its reason.
 fn check_failures(env: &Env, job: &str, dir: &Path, poison: &[(Value, &str)]) {
-    let reasons = failure_reasons(env, job, dir);
+    let reasons = env.failure_reasons(job, dir);
     assert_eq!(reasons.len(), poison.len(), "{reasons:?}");
     for (record, expected) in poison {
         let id = record["id"].as_str().unwrap();
@@ -387,7 +373,7 @@ async fn a_vit_job_classifies_inline_images_and_refuses_texts() {
         }
     }
     eprintln!("largest probability difference: {worst:.2e}");
-    let reasons = failure_reasons(&env, &name, dir.path());
+    let reasons = env.failure_reasons(&name, dir.path());
     assert_eq!(reasons.len(), 1, "{reasons:?}");
     assert!(
         reasons["a-text"].contains("image classifier"),
@@ -425,7 +411,7 @@ async fn an_image_to_a_text_model_is_a_failure_row() {
     assert!(status.success(), "{status}");
     let end = env.status(&name);
     assert_eq!((int(&end, "done"), int(&end, "failed")), (2, 1), "{end}");
-    let reason = &failure_reasons(&env, &name, dir.path())["cat"];
+    let reason = &env.failure_reasons(&name, dir.path())["cat"];
     assert!(
         reason.contains("an image, but the model") && reason.contains("reads texts"),
         "{reason}"

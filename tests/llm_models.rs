@@ -7,7 +7,7 @@
 //! point of an interrupted run.
 
 use spotinfer::model::generate::{
-    FinishReason, Generated, Interrupt, LanguageModel, Message, Prompt, Request, Sampling,
+    FinishReason, Generated, Interrupt, LanguageModel, Message, Prompt, Request,
 };
 use std::path::{Path, PathBuf};
 
@@ -41,17 +41,8 @@ fn expected(case: &serde_json::Value) -> Vec<u32> {
 
 fn greedy(messages: Vec<Message>, resume: Vec<u32>) -> Request {
     Request {
-        prompt: Prompt::Chat(messages),
-        max_new_tokens: 24,
-        sampling: Sampling {
-            temperature: 0.0,
-            top_p: 1.0,
-            top_k: 0,
-            seed: 0,
-        },
-        stop: Vec::new(),
         resume,
-        truncate_prompt: false,
+        ..Request::greedy(Prompt::Chat(messages), 24)
     }
 }
 

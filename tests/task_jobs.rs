@@ -197,36 +197,17 @@ async fn a_task_job(model: &str, db: String) {
 
 /// Every poison id is in `export --failed`, with a reason.
 fn check_failures(env: &Env, job: &str, dir: &Path, poison: &[Value]) {
-    let failed = dir.join("failed.jsonl");
-    env.ok(
-        "export",
-        &[
-            "--job",
-            job,
-            "--failed",
-            "--output",
-            &failed.display().to_string(),
-        ],
-    );
-    let reasons: HashMap<String, String> = read_jsonl(&failed)
-        .into_iter()
-        .map(|f| {
-            (
-                f["record_id"].as_str().unwrap_or("").to_string(),
-                f["error"].to_string(),
-            )
-        })
-        .collect();
+    let reasons = env.failure_reasons(job, dir);
     for p in poison {
         let id = p["id"].as_str().unwrap();
         let reason = reasons
             .get(id)
             .unwrap_or_else(|| panic!("{id} not in {reasons:?}"));
         let expected = match id {
-            "bad-empty" => "\\\"text\\\" is empty",
+            "bad-empty" => "\"text\" is empty",
             "bad-prompt" => "no prompt named",
             "bad-pair-type" => "must be a string",
-            "bad-empty-pair" => "\\\"text_pair\\\" is empty",
+            "bad-empty-pair" => "\"text_pair\" is empty",
             "bad-pair" => "reads single texts",
             _ => "scores (text, text_pair) pairs",
         };

@@ -562,6 +562,24 @@ impl Env {
         serde_json::from_str(out.trim()).expect("status --json prints one JSON object")
     }
 
+    /// `export --failed` of `job` into `dir`: each failure's reason by record id.
+    pub fn failure_reasons(
+        &self,
+        job: &str,
+        dir: &std::path::Path,
+    ) -> std::collections::HashMap<String, String> {
+        let failed = dir.join("failed.jsonl");
+        let out = failed.display().to_string();
+        self.ok("export", &["--job", job, "--failed", "--output", &out]);
+        read_jsonl(&failed)
+            .into_iter()
+            .map(|f| {
+                let id = f["record_id"].as_str().unwrap_or("").to_string();
+                (id, f["error"].as_str().unwrap_or("").to_string())
+            })
+            .collect()
+    }
+
     /// A worker process on this environment's model.
     pub fn worker(&self, extra: &[&str]) -> WorkerProcess {
         let model = self.model.display().to_string();

@@ -106,6 +106,25 @@ pub struct Request {
     pub truncate_prompt: bool,
 }
 
+impl Request {
+    /// A greedy request for `prompt`: no stop string, nothing to resume, the prompt never cut.
+    pub fn greedy(prompt: Prompt, max_new_tokens: usize) -> Self {
+        Self {
+            prompt,
+            max_new_tokens,
+            sampling: Sampling {
+                temperature: 0.0,
+                top_p: 1.0,
+                top_k: 0,
+                seed: 0,
+            },
+            stop: Vec::new(),
+            resume: Vec::new(),
+            truncate_prompt: false,
+        }
+    }
+}
+
 /// Why a completion ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {

@@ -113,38 +113,37 @@ impl GenerateTask {
         })
     }
 
-    /// The record's input with the defaults filled in.
-    fn request(&self, input: &Input, resume: &[u32]) -> Request {
-        let d = &self.defaults;
-        Request {
-            prompt: input.prompt.clone(),
-            max_new_tokens: input.max_new_tokens.unwrap_or(d.max_new_tokens),
-            sampling: Sampling {
-                temperature: input.temperature.unwrap_or(d.temperature),
-                top_p: input.top_p.unwrap_or(d.top_p),
-                top_k: input.top_k.unwrap_or(d.top_k),
-                seed: input.seed,
-            },
-            stop: input.stop.clone(),
-            resume: resume.to_vec(),
-            truncate_prompt: d.truncate_prompt,
-        }
-    }
-}
-
-impl GenerateTask {
     /// The batch's requests, or why the batch cannot be taken (an item that is not a prompt).
     fn requests(&self, items: &[Item]) -> Result<Vec<Request>, ModelError> {
         items
             .iter()
             .enumerate()
             .map(|(i, item)| match item {
-                Item::Generate(input, resume) => Ok(self.request(input, resume)),
+                Item::Generate(input, resume) => Ok(self.defaults.request(input, resume)),
                 _ => Err(ModelError::Input(format!(
                     "input {i}: a text or an image, but this model generates from a \"prompt\" or \"messages\""
                 ))),
             })
             .collect()
+    }
+}
+
+impl GenerationDefaults {
+    /// A record's input with these defaults filled in, to continue from `resume`.
+    pub fn request(&self, input: &Input, resume: &[u32]) -> Request {
+        Request {
+            prompt: input.prompt.clone(),
+            max_new_tokens: input.max_new_tokens.unwrap_or(self.max_new_tokens),
+            sampling: Sampling {
+                temperature: input.temperature.unwrap_or(self.temperature),
+                top_p: input.top_p.unwrap_or(self.top_p),
+                top_k: input.top_k.unwrap_or(self.top_k),
+                seed: input.seed,
+            },
+            stop: input.stop.clone(),
+            resume: resume.to_vec(),
+            truncate_prompt: self.truncate_prompt,
+        }
     }
 }
 
