@@ -61,11 +61,6 @@ impl DecoderDims {
     fn kv_dim(&self) -> usize {
         self.kv_heads * self.head_dim
     }
-
-    /// Bytes one token holds in a sequence's cache (keys and values of every layer).
-    pub fn cache_bytes_per_token(&self) -> usize {
-        self.layers * 2 * self.kv_dim() * std::mem::size_of::<f32>()
-    }
 }
 
 /// A dense layer's weights in the form the CPU multiplies fastest: packed for this crate's f32

@@ -222,11 +222,6 @@ impl LanguageModel {
         self.decoder.kernels()
     }
 
-    /// Bytes of cache one token of a sequence holds.
-    pub fn cache_bytes_per_token(&self) -> usize {
-        self.decoder.dims().cache_bytes_per_token()
-    }
-
     /// The prompt as the model reads it: the chat template rendered, or the raw prompt.
     pub fn render(&self, prompt: &Prompt) -> Result<String, String> {
         match prompt {
