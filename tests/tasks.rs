@@ -441,3 +441,69 @@ fn spotinfer_embed_writes_each_task_s_keys_offline() {
         }
     }
 }
+
+/// Every task model's reference cases, repeated into a batch of 64 inputs: enough that
+/// tokenizing ahead splits it across threads.
+fn batch_of_64(want: &serde_json::Value) -> Vec<serde_json::Value> {
+    let key = if want.get("pairs").is_some() {
+        "pairs"
+    } else {
+        "texts"
+    };
+    let cases: Vec<serde_json::Value> = want[key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["text"] != "")
+        .cloned()
+        .collect();
+    cases.iter().cycle().take(64).cloned().collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_tokenized_before_they_reach_the_model_thread_give_what_the_model_gives() {
+    use spotinfer::model::{Item, ModelHandle, Text};
+    let reference = reference();
+    for (name, want) in reference["models"].as_object().unwrap() {
+        let cases = batch_of_64(want);
+        let direct = load(name, Backend::Fused, Precision::F32);
+        let inputs = inputs(&cases);
+        // In slices across threads, the tokens the model makes for the batch in one piece.
+        let whole = direct.prep().tokenize(&inputs).unwrap();
+        assert_eq!(
+            direct.prep().tokenize_parallel(&inputs).unwrap(),
+            whole,
+            "{name}"
+        );
+        let expected = direct.predict(&inputs).unwrap().outputs;
+        let handle = ModelHandle::spawn(load(name, Backend::Fused, Precision::F32)).unwrap();
+        let items: Vec<Item> = inputs
+            .iter()
+            .map(|i| {
+                Item::Text(Text {
+                    text: i.text.to_string(),
+                    text_pair: i.text_pair.map(str::to_string),
+                    prompt_name: None,
+                })
+            })
+            .collect();
+        let got = handle.predict(items.clone()).await.unwrap();
+        assert_eq!(got.outputs, expected, "{name}: through the model thread");
+        // A batch with one input the task cannot take (a prompt: task models have none) fails
+        // as the model fails it, the input named by its place in the whole batch (not in the
+        // slice that tokenized it).
+        let mut bad = items;
+        if let Item::Text(t) = &mut bad[45] {
+            t.prompt_name = Some("query".into());
+        }
+        let through_thread = handle.predict(bad).await.unwrap_err().to_string();
+        assert!(
+            through_thread.contains("input 45"),
+            "{name}: {through_thread}"
+        );
+        let mut bad_inputs = inputs.clone();
+        bad_inputs[45].prompt_name = Some("query");
+        let alone = direct.prep().tokenize_parallel(&bad_inputs).unwrap_err();
+        assert_eq!(alone.to_string(), through_thread, "{name}");
+    }
+}

@@ -175,14 +175,17 @@ impl Model {
             return Ok(());
         };
         let inputs: Vec<_> = texts.iter().map(|&t| super::plain(t)).collect();
-        let (encodings, skips) = self.tokenize_inputs(&inputs)?;
-        let tokens: Vec<bert_cpu::Tokens<'_>> = encodings
+        // Every task's encoder calibrates on the same plain texts, tokenized as embeddings are.
+        let tokenized = self.prep.embed_inputs(&inputs)?;
+        let tokens: Vec<bert_cpu::Tokens<'_>> = tokenized
             .iter()
-            .zip(skips)
-            .map(|(e, skip)| bert_cpu::Tokens {
-                ids: &e.ids,
-                type_ids: &e.type_ids,
-                skip,
+            .map(|t| bert_cpu::Tokens {
+                ids: &t.ids().ids,
+                type_ids: &t.ids().type_ids,
+                skip: match t {
+                    super::Tokenized::Embed { skip, .. } => *skip,
+                    _ => 0,
+                },
             })
             .collect();
         Ok(bert.calibrate(&tokens)?)

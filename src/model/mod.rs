@@ -20,7 +20,9 @@
 //! image model, [`Model::open`] a text model; [`is_image_model`] says which a folder holds.
 //!
 //! [`ModelHandle`] (in `thread`) runs a model of either kind ([`Predict`]) on its own OS thread;
-//! [`offline`] runs whole files of texts without the pipeline.
+//! a text model's tokenizing ([`prepare`]) runs before each batch reaches that thread, so the
+//! thread that drives the device only computes. [`offline`] runs whole files of texts without the
+//! pipeline, tokenizing ahead of the model the same way.
 
 mod budget;
 mod candle_bert;
@@ -32,6 +34,7 @@ pub mod offline;
 mod options;
 mod predict;
 mod prefix;
+pub mod prepare;
 mod prompt;
 pub mod spec;
 mod task;
@@ -45,13 +48,13 @@ pub use spec::{ModelSpec, Task};
 pub use task::generate::{GenerateTask, GenerationDefaults};
 pub use task::image::{is_image_model, ImageTask};
 pub use task::{Entity, Output};
-pub use thread::{Item, Joining, ModelHandle, Predict, Reload, Reply, Text};
+pub use thread::{Item, Joining, ModelHandle, Predict, Prepare, Reload, Reply, Text};
 
 use engine::{candle_dtype, load_candle, load_fused, select_device, Engine};
+use prepare::{TextPrep, Tokenized};
 use prompt::Prompts;
-use std::borrow::Cow;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use task::{Head, SequenceHead, TokenHead};
 use tokenize::TextTokenizer;
 pub use tokenize::TokenIds;
@@ -208,7 +211,8 @@ pub struct Predicted {
     pub outputs: Vec<Output>,
     /// Real (unpadded) tokens computed, for throughput figures.
     pub tokens: usize,
-    /// Seconds the model computed (tokenizer included), without time queued.
+    /// Seconds the model thread computed, without time queued (and without the tokenizing
+    /// done before the batch queued).
     pub seconds: f64,
 }
 
@@ -252,15 +256,12 @@ pub struct Embedded {
     pub seconds: f64,
 }
 
-/// A loaded model: an engine for its encoder, its tokenizer, and its task's head; `predict`
-/// runs its task on a batch.
+/// A loaded model: its preparation (tokenizer, prompts: `prepare`), an engine for its encoder,
+/// and its task's head; `predict` runs its task on a batch.
 pub struct Model {
     engine: Engine,
-    tokenizer: TextTokenizer,
+    prep: Arc<TextPrep>,
     head: TaskHead,
-    prompts: Prompts,
-    /// Whether pooling leaves the prompt's tokens out (`include_prompt: false`).
-    skip_prompt: bool,
     info: ModelInfo,
     /// Most padded tokens in one encoder batch (0: no limit); see `budget`.
     max_batch_tokens: usize,
@@ -346,12 +347,17 @@ impl Model {
                 })
             }
         };
+        let prep = TextPrep::new(
+            tokenizer,
+            prompts,
+            !spec.pooling.include_prompt,
+            spec.task.task,
+            max_seq_len,
+        );
         let mut embedder = Self {
             engine,
-            tokenizer,
+            prep: Arc::new(prep),
             head,
-            prompts,
-            skip_prompt: !spec.pooling.include_prompt,
             info,
             max_batch_tokens: 0,
         };
@@ -372,17 +378,28 @@ impl Model {
         &self.info
     }
 
+    /// What tokenizes this model's inputs: shareable, so batches can be tokenized on other
+    /// threads while the model computes (see `prepare`).
+    pub fn prep(&self) -> &Arc<TextPrep> {
+        &self.prep
+    }
+
+    /// [`Model::prep`] as the model thread's [`Prepare`].
+    pub(crate) fn preparation(&self) -> Arc<dyn Prepare> {
+        self.prep.clone()
+    }
+
     /// Counts the tokens each text becomes (default prompt included, after truncation), without
     /// running the model.
     pub fn token_counts(&self, texts: &[&str]) -> Result<Vec<usize>, ModelError> {
         let inputs: Vec<Input<'_>> = texts.iter().map(|&text| plain(text)).collect();
-        let (encodings, _) = self.tokenize_inputs(&inputs)?;
-        Ok(encodings.iter().map(|e| e.len()).collect())
+        let tokenized = self.prep.tokenize(&inputs)?;
+        Ok(tokenized.iter().map(|t| t.ids().len()).collect())
     }
 
     /// The texts as the model sees them (no prompt): special tokens added, truncated, not padded.
     pub fn tokenize(&self, texts: &[&str]) -> Result<Vec<TokenIds>, ModelError> {
-        self.tokenizer.encode(texts)
+        self.prep.tokenizer.encode(texts)
     }
 
     /// [`Model::tokenize`] by the `tokenizers` crate alone, without the WordPiece fast path
@@ -392,8 +409,8 @@ impl Model {
         texts: &[&str],
     ) -> Result<(Vec<TokenIds>, bool), ModelError> {
         Ok((
-            self.tokenizer.encode_slow(texts)?,
-            self.tokenizer.has_fast_path(),
+            self.prep.tokenizer.encode_slow(texts)?,
+            self.prep.tokenizer.has_fast_path(),
         ))
     }
 
@@ -405,25 +422,29 @@ impl Model {
 
     /// Embeds a batch: prompt, tokenize, encoder and pooling, Dense layers, Normalize.
     pub fn embed_inputs(&self, inputs: &[Input<'_>]) -> Result<Embedded, ModelError> {
-        let TaskHead::Embed(embed_head) = &self.head else {
-            return Err(ModelError::Input(format!(
-                "this is a {} model: it computes no embeddings",
-                self.info.task.name()
-            )));
-        };
+        self.embedding_head()?;
         let started = std::time::Instant::now();
-        let (encodings, skips) = self.tokenize_inputs(inputs)?;
-        let lens: Vec<usize> = encodings.iter().map(|e| e.len()).collect();
-        if let Some(i) = (0..lens.len()).find(|&i| skips[i] > 0 && skips[i] >= lens[i]) {
-            return Err(ModelError::Input(format!(
-                "input {i}: its prompt fills the model's {} tokens, leaving nothing of the text to pool",
-                self.info.max_seq_len
-            )));
-        }
-        let mut vectors = vec![Vec::new(); encodings.len()];
+        let tokenized = self.prep.tokenize(inputs)?;
+        let mut embedded = self.embed_tokenized(&tokenized.iter().collect::<Vec<_>>())?;
+        embedded.seconds = started.elapsed().as_secs_f64();
+        Ok(embedded)
+    }
+
+    /// A tokenized batch through the encoder and pooling, Dense layers and Normalize.
+    fn embed_tokenized(&self, batch: &[&Tokenized]) -> Result<Embedded, ModelError> {
+        let embed_head = self.embedding_head()?;
+        let started = std::time::Instant::now();
+        let inputs = batch
+            .iter()
+            .map(|t| match t {
+                Tokenized::Embed { ids, skip } => Ok((ids, *skip)),
+                _ => Err(predict::prepared_for_another_task()),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let lens: Vec<usize> = inputs.iter().map(|(e, _)| e.len()).collect();
+        let mut vectors = vec![Vec::new(); inputs.len()];
         for chunk in budget::token_budget_chunks(&lens, self.max_batch_tokens) {
-            let part: Vec<(&TokenIds, usize)> =
-                chunk.iter().map(|&i| (&encodings[i], skips[i])).collect();
+            let part: Vec<(&TokenIds, usize)> = chunk.iter().map(|&i| inputs[i]).collect();
             for (i, v) in chunk.into_iter().zip(self.engine.encode(&part)?) {
                 vectors[i] = embed_head.apply(v);
             }
@@ -440,35 +461,18 @@ impl Model {
             seconds: started.elapsed().as_secs_f64(),
         })
     }
+}
 
-    /// Each input with its prompt before it, tokenized, and how many leading tokens pooling
-    /// leaves out of it.
-    fn tokenize_inputs(
-        &self,
-        inputs: &[Input<'_>],
-    ) -> Result<(Vec<TokenIds>, Vec<usize>), ModelError> {
-        let mut prompt_tokens: HashMap<&str, usize> = HashMap::new();
-        let mut texts: Vec<Cow<'_, str>> = Vec::with_capacity(inputs.len());
-        let mut skips = Vec::with_capacity(inputs.len());
-        for input in inputs {
-            let prompt = self.prompts.resolve(input.prompt_name)?;
-            let skip = match prompt {
-                Some(p) if self.skip_prompt => match prompt_tokens.get(p) {
-                    Some(&n) => n,
-                    None => *prompt_tokens
-                        .entry(p)
-                        .or_insert(self.tokenizer.prompt_tokens(p)?),
-                },
-                _ => 0,
-            };
-            skips.push(skip);
-            texts.push(match prompt {
-                Some(p) => Cow::Owned(format!("{p}{}", input.text)),
-                None => Cow::Borrowed(input.text),
-            });
+impl Model {
+    /// The embedding head; an error for a task model, which computes no embeddings.
+    fn embedding_head(&self) -> Result<&Head, ModelError> {
+        match &self.head {
+            TaskHead::Embed(head) => Ok(head),
+            _ => Err(ModelError::Input(format!(
+                "this is a {} model: it computes no embeddings",
+                self.info.task.name()
+            ))),
         }
-        let refs: Vec<&str> = texts.iter().map(|t| t.as_ref()).collect();
-        Ok((self.tokenizer.encode(&refs)?, skips))
     }
 }
 

@@ -168,16 +168,77 @@ pub fn predict_all(
     records: &[Record],
     batch_size: usize,
 ) -> Result<(Vec<Output>, usize), OfflineError> {
-    let mut outputs = vec![Output::Embedding(Vec::new()); records.len()];
-    let mut tokens = 0;
-    for batch in length_sorted_batches(records, batch_size) {
-        let out = embedder.predict(&inputs(records, &batch))?;
-        tokens += out.tokens;
-        for (i, v) in batch.into_iter().zip(out.outputs) {
-            outputs[i] = v;
+    let run = predict_ahead(embedder, records, batch_size)?;
+    Ok((run.outputs, run.tokens))
+}
+
+/// Batches tokenized ahead of the model: enough that the next is ready when the model finishes
+/// one, few enough that a failing batch wastes little.
+const TOKENIZED_AHEAD: usize = 2;
+
+/// What [`predict_ahead`] computed, and where its time went.
+struct Run {
+    outputs: Vec<Output>,
+    tokens: usize,
+    /// Seconds the model computed (engine and heads), summed over batches.
+    model_seconds: f64,
+    /// Seconds the tokenizing thread worked (its slices in parallel counted once).
+    tokenize_seconds: f64,
+}
+
+/// [`predict_all`] with the tokenizing on a thread of its own ([`TextPrep::tokenize_parallel`]:
+/// in slices across the cores), [`TOKENIZED_AHEAD`] batches ahead of the model, as the worker's
+/// model thread is fed: the model computes one batch while the next is tokenized.
+///
+/// [`TextPrep::tokenize_parallel`]: crate::model::prepare::TextPrep::tokenize_parallel
+fn predict_ahead(
+    embedder: &Model,
+    records: &[Record],
+    batch_size: usize,
+) -> Result<Run, OfflineError> {
+    let batches = length_sorted_batches(records, batch_size);
+    let prep = embedder.prep().clone();
+    let mut run = Run {
+        outputs: vec![Output::Embedding(Vec::new()); records.len()],
+        tokens: 0,
+        model_seconds: 0.0,
+        tokenize_seconds: 0.0,
+    };
+    std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::sync_channel(TOKENIZED_AHEAD);
+        let batches = &batches;
+        let tokenizer = scope.spawn(move || {
+            let mut seconds = 0.0;
+            for batch in batches {
+                let started = Instant::now();
+                let tokenized = prep.tokenize_parallel(&inputs(records, batch));
+                seconds += started.elapsed().as_secs_f64();
+                let failed = tokenized.is_err();
+                // The model side gone (it failed a batch) or this batch failed: stop.
+                if tx.send(tokenized).is_err() || failed {
+                    break;
+                }
+            }
+            seconds
+        });
+        for (batch, tokenized) in batches.iter().zip(rx.iter()) {
+            let tokenized = tokenized?;
+            let out = embedder.compute(&tokenized.iter().collect::<Vec<_>>(), Instant::now())?;
+            run.model_seconds += out.seconds;
+            run.tokens += out.tokens;
+            for (&i, v) in batch.iter().zip(out.outputs) {
+                run.outputs[i] = v;
+            }
         }
-    }
-    Ok((outputs, tokens))
+        run.tokenize_seconds = tokenizer.join().map_err(|p| {
+            ModelError::Panic(format!(
+                "tokenizing: {}",
+                crate::shutdown::panic_message(p.as_ref())
+            ))
+        })?;
+        Ok::<_, OfflineError>(())
+    })?;
+    Ok(run)
 }
 
 /// The model inputs of `records[batch]`.
@@ -220,6 +281,14 @@ pub struct BenchReport {
     pub cpu_sys_s: f64,
     /// Peak resident memory of the process, MiB.
     pub peak_rss_mib: f64,
+    /// Seconds the model computed (encoder and heads), summed over batches: on an accelerator,
+    /// the device's share of the run (each batch's results are copied back before the next).
+    pub model_seconds: f64,
+    /// `model_seconds` over `seconds`: near 1, the model is the bottleneck; well below, it
+    /// waits for the tokenizer or the host.
+    pub model_busy: f64,
+    /// Seconds the tokenizing thread spent, ahead of the model and beside it.
+    pub tokenize_seconds: f64,
 }
 
 /// CPU time (user, system) and peak RSS (KiB) of this process so far.
@@ -253,8 +322,9 @@ pub fn bench(
     }
     let (user0, sys0, _) = rusage();
     let started = Instant::now();
-    let (_, tokens) = predict_all(embedder, records, batch_size)?;
+    let run = predict_ahead(embedder, records, batch_size)?;
     let seconds = started.elapsed().as_secs_f64();
+    let tokens = run.tokens;
     let (user1, sys1, peak_kib) = rusage();
     Ok(BenchReport {
         records: records.len(),
@@ -269,5 +339,8 @@ pub fn bench(
         cpu_user_s: user1 - user0,
         cpu_sys_s: sys1 - sys0,
         peak_rss_mib: peak_kib / 1024.0,
+        model_seconds: run.model_seconds,
+        model_busy: run.model_seconds / seconds,
+        tokenize_seconds: run.tokenize_seconds,
     })
 }

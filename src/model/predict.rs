@@ -1,92 +1,119 @@
-//! [`Model::predict`]: one batch through the model's task, whatever the task. Embeddings take
-//! `embed_inputs`' path (prompts, pooling, the Dense/Normalize head); the task heads take the
-//! engine's token rows (the first token's for a sequence head, every token's for the tagger).
+//! [`Model::predict`]: one batch through the model's task, whatever the task. The inputs arrive
+//! tokenized ([`Item::Tokens`], prepared off the model thread by `super::prepare`) or as texts,
+//! which are tokenized here the same way; then the engine, and the task's head: pooling and the
+//! Dense/Normalize head for embeddings, the first token's row for a sequence head, every token's
+//! row for the tagger.
 
+use super::prepare::Tokenized;
 use super::task::{Output, SequenceHead, TokenHead};
-use super::{budget, Input, Model, ModelError, Predicted, Task, TaskHead, TokenIds};
+use super::{budget, Input, Item, Model, ModelError, Predicted, TaskHead, TokenIds};
+use std::time::Instant;
 
 impl Model {
     /// Computes the model's task for a batch: embeddings, labels, pair scores or entities.
     pub fn predict(&self, inputs: &[Input<'_>]) -> Result<Predicted, ModelError> {
-        let started = std::time::Instant::now();
-        self.check_inputs(inputs)?;
+        let started = Instant::now();
+        let tokenized = self.prep.tokenize(inputs)?;
+        self.compute(&tokenized.iter().collect::<Vec<_>>(), started)
+    }
+
+    /// [`Model::predict`] for the model thread's items: texts are tokenized here, tokens taken
+    /// as they are; an image or a prompt fails the batch as the input's fault.
+    pub(super) fn predict_items(&self, items: &[Item]) -> Result<Predicted, ModelError> {
+        let started = Instant::now();
+        let texts = items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, item)| match item {
+                Item::Text(t) => Some(Ok(Input {
+                    text: &t.text,
+                    text_pair: t.text_pair.as_deref(),
+                    prompt_name: t.prompt_name.as_deref(),
+                })),
+                Item::Tokens(_) => None,
+                Item::Pixels(_) => Some(Err(ModelError::Input(format!(
+                    "input {i}: an image, but this model reads texts"
+                )))),
+                Item::Generate(..) => Some(Err(ModelError::Input(format!(
+                    "input {i}: a prompt to generate from, but this model reads texts"
+                )))),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let fresh = self.prep.tokenize(&texts)?;
+        let mut fresh = fresh.iter();
+        let batch = items
+            .iter()
+            .map(|item| match item {
+                Item::Tokens(t) => Some(t.as_ref()),
+                _ => fresh.next(),
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| ModelError::Tokenizer("the tokenizer lost an input".into()))?;
+        self.compute(&batch, started)
+    }
+
+    /// The engine and the task's head over a tokenized batch.
+    pub fn compute(&self, batch: &[&Tokenized], started: Instant) -> Result<Predicted, ModelError> {
         let (outputs, tokens) = match &self.head {
             TaskHead::Embed(_) => {
-                let e = self.embed_inputs(inputs)?;
+                let e = self.embed_tokenized(batch)?;
                 (
                     e.vectors.into_iter().map(Output::Embedding).collect(),
                     e.tokens,
                 )
             }
-            TaskHead::Sequence(head) => self.classify(head, inputs)?,
-            TaskHead::Tokens(head) => self.tag(head, inputs)?,
+            TaskHead::Sequence(head) => self.classify(head, batch)?,
+            TaskHead::Tokens(head) => self.tag(head, batch)?,
         };
         Predicted::checked(outputs, tokens, started)
-    }
-
-    /// Refuses what this model's task cannot take: a `text_pair` for a model that reads single
-    /// texts, a single text for a cross-encoder, a prompt for a task model (none has prompts).
-    fn check_inputs(&self, inputs: &[Input<'_>]) -> Result<(), ModelError> {
-        let task = self.info.task;
-        for (i, input) in inputs.iter().enumerate() {
-            if input.text_pair.is_some() && !task.takes_pairs() {
-                return Err(ModelError::Input(format!(
-                    "input {i}: a text_pair, but this {} model reads single texts",
-                    task.name()
-                )));
-            }
-            if input.text_pair.is_none() && task.needs_pairs() {
-                return Err(ModelError::Input(format!(
-                    "input {i}: no text_pair, but this cross-encoder scores (text, text_pair) pairs"
-                )));
-            }
-            if let (Some(name), false) = (input.prompt_name, task == Task::Embed) {
-                return Err(ModelError::Prompt(format!(
-                    "input {i}: prompt {name:?}, but this {} model has no prompts",
-                    task.name()
-                )));
-            }
-        }
-        Ok(())
     }
 
     /// Texts and pairs through the encoder's first token and the sequence head.
     fn classify(
         &self,
         head: &SequenceHead,
-        inputs: &[Input<'_>],
+        batch: &[&Tokenized],
     ) -> Result<(Vec<Output>, usize), ModelError> {
-        let pairs: Vec<(&str, Option<&str>)> =
-            inputs.iter().map(|i| (i.text, i.text_pair)).collect();
-        let encodings = self.tokenizer.encode_pairs(&pairs)?;
-        let rows = self.token_rows(&encodings.iter().collect::<Vec<_>>(), true)?;
+        let encodings = batch
+            .iter()
+            .map(|t| match t {
+                Tokenized::Sequence(ids) => Ok(ids),
+                _ => Err(prepared_for_another_task()),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let rows = self.token_rows(&encodings, true)?;
         let outputs = rows.iter().map(|r| head.apply(r)).collect();
-        Ok((outputs, encodings.iter().map(TokenIds::len).sum()))
+        Ok((outputs, encodings.iter().map(|e| e.len()).sum()))
     }
 
     /// Texts through the encoder's every token, the token head and its grouping.
     fn tag(
         &self,
         head: &TokenHead,
-        inputs: &[Input<'_>],
+        batch: &[&Tokenized],
     ) -> Result<(Vec<Output>, usize), ModelError> {
-        let texts: Vec<&str> = inputs.iter().map(|i| i.text).collect();
-        let tagged = self.tokenizer.encode_tagged(&texts)?;
-        let rows = self.token_rows(&tagged.iter().map(|t| &t.ids).collect::<Vec<_>>(), false)?;
+        let tagged = batch
+            .iter()
+            .map(|t| match t {
+                Tokenized::Tagged { tagged, text } => Ok((tagged, text)),
+                _ => Err(prepared_for_another_task()),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let ids: Vec<&TokenIds> = tagged.iter().map(|(t, _)| &t.ids).collect();
+        let rows = self.token_rows(&ids, false)?;
         let outputs = rows
             .iter()
             .zip(&tagged)
-            .zip(&texts)
-            .map(|((rows, t), text)| {
+            .map(|(rows, (t, text))| {
                 Ok(Output::Entities(head.entities(
                     rows,
                     t,
                     text,
-                    &self.tokenizer,
+                    &self.prep.tokenizer,
                 )?))
             })
             .collect::<Result<_, ModelError>>()?;
-        Ok((outputs, tagged.iter().map(|t| t.ids.len()).sum()))
+        Ok((outputs, ids.iter().map(|e| e.len()).sum()))
     }
 
     /// The encoder's token rows for each text, in encoder batches of the token budget.
@@ -108,4 +135,9 @@ impl Model {
         }
         Ok(rows)
     }
+}
+
+/// Tokens that another task's preparation made (never, as a model prepares its own batches).
+pub(super) fn prepared_for_another_task() -> ModelError {
+    ModelError::Input("an input tokenized for another task than this model's".into())
 }

@@ -1,9 +1,11 @@
 //! The model thread: a loaded model on a dedicated OS thread behind a channel, so a batch that
 //! computes for seconds never stalls the async runtime that keeps Pub/Sub leases, acks and nacks
 //! flowing. Text models ([`Model`]) and image models (`task::image::ImageTask`) sit behind one
-//! trait, [`Predict`], so the pipeline never asks which it has.
+//! trait, [`Predict`], so the pipeline never asks which it has. A model that prepares its inputs
+//! off the thread ([`Prepare`]: a text model's tokenizer) has each batch prepared as it is queued,
+//! on blocking threads, while the model computes the batch before it.
 
-use super::{Input, Model, ModelError, ModelInfo, Predicted};
+use super::{Model, ModelError, ModelInfo, Predicted};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
@@ -21,6 +23,20 @@ pub trait Predict: Send {
     fn joining(&mut self) -> Option<&mut dyn Joining> {
         None
     }
+    /// What prepares this model's batches before they queue (see [`Prepare`]); none: the model
+    /// thread takes the items as they come.
+    fn preparer(&self) -> Option<Arc<dyn Prepare>> {
+        None
+    }
+}
+
+/// The part of a model's work that needs no device and may run on any thread: a text model's
+/// tokenizing (`super::prepare`). Run by [`ModelHandle::submit`] before a batch queues, so the
+/// model thread, which drives the device, only computes.
+pub trait Prepare: Send + Sync {
+    /// The batch made ready for the model thread, in order; none: leave it as it is (the model
+    /// thread prepares it itself, and fails it with the reason if it must).
+    fn prepare(&self, items: &[Item]) -> Option<Vec<Item>>;
 }
 
 /// A model that takes new batches while it computes: the model thread admits each batch as it
@@ -48,6 +64,8 @@ pub enum Item {
     /// A generation record's prompt and options, and the tokens a checkpoint of an interrupted
     /// run holds (empty: start over).
     Generate(Arc<super::generate::Input>, Vec<u32>),
+    /// A text already tokenized for the model's task (by its [`Prepare`]).
+    Tokens(Arc<super::prepare::Tokenized>),
 }
 
 impl From<Text> for Item {
@@ -62,24 +80,11 @@ impl Predict for Model {
     }
 
     fn predict_items(&self, items: &[Item]) -> Result<Predicted, ModelError> {
-        let inputs = items
-            .iter()
-            .enumerate()
-            .map(|(i, item)| match item {
-                Item::Text(t) => Ok(Input {
-                    text: &t.text,
-                    text_pair: t.text_pair.as_deref(),
-                    prompt_name: t.prompt_name.as_deref(),
-                }),
-                Item::Pixels(_) => Err(ModelError::Input(format!(
-                    "input {i}: an image, but this model reads texts"
-                ))),
-                Item::Generate(..) => Err(ModelError::Input(format!(
-                    "input {i}: a prompt to generate from, but this model reads texts"
-                ))),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        self.predict(&inputs)
+        Model::predict_items(self, items)
+    }
+
+    fn preparer(&self) -> Option<Arc<dyn Prepare>> {
+        Some(self.preparation())
     }
 }
 
@@ -119,6 +124,7 @@ pub type Reload = Box<dyn Fn() -> Result<Box<dyn Predict>, String> + Send>;
 pub struct ModelHandle {
     tx: mpsc::Sender<Job>,
     info: ModelInfo,
+    prep: Option<Arc<dyn Prepare>>,
 }
 
 impl ModelHandle {
@@ -136,13 +142,16 @@ impl ModelHandle {
         reload: Option<Reload>,
     ) -> std::io::Result<Self> {
         let info = model.info().clone();
+        // A reloaded model prepares as this one does (the same files): its own preparer is not
+        // needed.
+        let prep = model.preparer();
         // One job queued while one computes: enough to keep the model busy, little to discard
         // on shutdown.
         let (tx, rx) = mpsc::channel::<Job>(1);
         std::thread::Builder::new()
             .name("model".into())
             .spawn(move || serve(model, reload, rx))?;
-        Ok(Self { tx, info })
+        Ok(Self { tx, info, prep })
     }
     /// What the model is.
     pub fn info(&self) -> &ModelInfo {
@@ -157,10 +166,27 @@ impl ModelHandle {
             .await
     }
 
-    /// Queues `items` for the model thread and returns at once with the [`Reply`] to wait on, so
-    /// the caller can queue the next batch while this one computes. Waits only while the model
-    /// already has a batch computing and one queued.
+    /// Prepares `items` ([`Prepare`], on blocking threads), queues them for the model thread and
+    /// returns with the [`Reply`] to wait on, so the caller can prepare and queue the next batch
+    /// while this one computes. Waits while the batch is prepared, and while the model already
+    /// has a batch computing and one queued.
     pub async fn submit(&self, items: Vec<Item>) -> Result<Reply, ModelError> {
+        let items = match &self.prep {
+            Some(prep) => {
+                let prep = prep.clone();
+                tokio::task::spawn_blocking(move || {
+                    let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        prep.prepare(&items)
+                    }));
+                    // A preparer that panicked leaves the batch to the model thread, whose own
+                    // failure the pipeline knows how to handle.
+                    prepared.ok().flatten().unwrap_or(items)
+                })
+                .await
+                .map_err(|_| ModelError::Stopped)?
+            }
+            None => items,
+        };
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Job { items, reply })
@@ -302,5 +328,95 @@ mod fault {
                 "SPOTINFER_TEST_DEVICE_FAULT: injected device fault".into(),
             ))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::prepare::Tokenized;
+    use crate::model::{Output, Reads, Task, TokenIds};
+
+    /// A model that answers 1 for each input that reached it tokenized, 0 for a raw text.
+    struct Echo(ModelInfo, Option<Arc<dyn Prepare>>);
+
+    impl Predict for Echo {
+        fn info(&self) -> &ModelInfo {
+            &self.0
+        }
+        fn predict_items(&self, items: &[Item]) -> Result<Predicted, ModelError> {
+            let outputs = items
+                .iter()
+                .map(|i| Output::Score(f32::from(u8::from(matches!(i, Item::Tokens(_))))))
+                .collect();
+            Predicted::checked(outputs, 0, std::time::Instant::now())
+        }
+        fn preparer(&self) -> Option<Arc<dyn Prepare>> {
+            self.1.clone()
+        }
+    }
+
+    /// Tokenizes every text to its length; fails (`None`) a batch holding "fail", panics on
+    /// "panic".
+    struct Lengths;
+
+    impl Prepare for Lengths {
+        fn prepare(&self, items: &[Item]) -> Option<Vec<Item>> {
+            items
+                .iter()
+                .map(|item| match item {
+                    Item::Text(t) if t.text == "panic" => panic!("a tokenizer bug"),
+                    Item::Text(t) if t.text == "fail" => None,
+                    Item::Text(t) => Some(Item::Tokens(Arc::new(Tokenized::Sequence(TokenIds {
+                        ids: vec![t.text.len() as u32],
+                        type_ids: vec![0],
+                    })))),
+                    other => Some(other.clone()),
+                })
+                .collect()
+        }
+    }
+
+    fn handle(prep: Option<Arc<dyn Prepare>>) -> ModelHandle {
+        let info = ModelInfo {
+            name: "echo".into(),
+            hash: String::new(),
+            dim: 1,
+            max_seq_len: 8,
+            device: "Cpu".into(),
+            prompts: Vec::new(),
+            task: Task::Score,
+            labels: Vec::new(),
+            reads: Reads::Texts,
+            processor: None,
+        };
+        ModelHandle::spawn(Echo(info, prep)).unwrap()
+    }
+
+    async fn reached_tokenized(handle: &ModelHandle, texts: &[&str]) -> Vec<Output> {
+        let items: Vec<Text> = texts.iter().map(|t| Text::from(t.to_string())).collect();
+        handle.predict(items).await.unwrap().outputs
+    }
+
+    #[tokio::test]
+    async fn a_model_s_preparer_runs_before_its_batch_reaches_the_model_thread() {
+        let prepared = handle(Some(Arc::new(Lengths)));
+        let out = reached_tokenized(&prepared, &["a", "bb"]).await;
+        assert_eq!(out, vec![Output::Score(1.0), Output::Score(1.0)]);
+        let unprepared = handle(None);
+        let out = reached_tokenized(&unprepared, &["a", "bb"]).await;
+        assert_eq!(out, vec![Output::Score(0.0), Output::Score(0.0)]);
+    }
+
+    #[tokio::test]
+    async fn a_batch_its_preparer_fails_or_panics_on_reaches_the_model_thread_as_it_was() {
+        let h = handle(Some(Arc::new(Lengths)));
+        for bad in ["fail", "panic"] {
+            let out = reached_tokenized(&h, &["a", bad]).await;
+            assert_eq!(out, vec![Output::Score(0.0), Output::Score(0.0)], "{bad}");
+        }
+        // The handle and its preparer still work after the panic.
+        let out = reached_tokenized(&h, &["a"]).await;
+        assert_eq!(out, vec![Output::Score(1.0)]);
     }
 }

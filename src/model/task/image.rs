@@ -254,6 +254,11 @@ impl Predict for ImageTask {
                         "input {i}: a prompt to generate from, which an image model does not take"
                     )))
                 }
+                Item::Tokens(_) => {
+                    return Err(ModelError::Input(format!(
+                        "input {i}: tokens of a text model, which an image model does not take"
+                    )))
+                }
             }
         }
         let mut images = self.towers.images(&pixels)?.into_iter();
@@ -264,7 +269,7 @@ impl Predict for ImageTask {
             .map(|item| match item {
                 Item::Pixels(_) => images.next().map(|v| self.image_output(v)),
                 Item::Text(_) => texts.next().map(Output::Embedding),
-                Item::Generate(..) => None,
+                Item::Generate(..) | Item::Tokens(_) => None,
             })
             .collect::<Option<_>>()
             .ok_or_else(|| ModelError::Input("the towers returned too few results".into()))?;
