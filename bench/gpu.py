@@ -5,7 +5,8 @@ sentence-transformers there; no Rust toolchain needed: build with scripts/build-
 binary and the model over).
 
     python3 bench/gpu.py --bin target/cuda/release/spotinfer --model models/all-MiniLM-L6-v2 \
-        [--records 20000] [--rounds 3] [--batch-sizes 64,256] [--out DIR]
+        [--records 20000] [--rounds 3] [--batch-sizes 64,256] [--out DIR] \
+        [--shapes DIR,DIR] [--pin-cpus 8,26]
 
 Correctness: every vector of the embeddings fixture's texts, a few thousand varied texts
 (scripts/make-corpus.py plus unicode, code, numbers and whitespace oddities), embedded by
@@ -13,8 +14,14 @@ Correctness: every vector of the embeddings fixture's texts, a few thousand vari
 sentence-transformers fp32 on the same GPU; sentence-transformers fp16 is measured the same way
 beside it. Speed: `spotinfer bench --device cuda` (f16) against sentence-transformers fp16 on the
 same corpus and batch size, alternated, medians of records/s and tokens/s, and each process's
-peak GPU memory (nvidia-smi, sampled every 50 ms, less the idle figure). Prints a table and
-writes everything to OUT/gpu-report.json.
+peak GPU memory and GPU utilisation (nvidia-smi, sampled every 50 ms: memory less the idle
+figure; utilisation the mean over the samples between the first and the last busy one, so model
+load and process start are left out), and the share of the run spotinfer's model thread computed
+(`model_busy` of its bench report). `--pin-cpus 8,26` adds spotinfer runs under `taskset` to the
+first 8 and 26 CPUs (the vCPUs GKE gives one L4 and one H100), alternated with the rest, each
+against the unpinned median. `--shapes` adds model folders of other shapes (bench/make_shape.py:
+12 layers at 384 and at 768 wide) to the speed runs and the f16-against-f32 cosines. Prints a
+table and writes everything to OUT/gpu-report.json, with the issue's targets checked.
 """
 import argparse
 import json
@@ -87,11 +94,13 @@ def summary(c):
 
 
 class GpuMemory:
-    """Peak `memory.used` of GPU 0 while a block runs, less what it was before."""
+    """Peak `memory.used` of GPU 0 while a block runs, less what it was before; and
+    `utilization.gpu` over the busy part of the block."""
 
     def __enter__(self):
-        self.idle = self._read()
+        self.idle = self._read()[0]
         self.peak = self.idle
+        self.busy = []
         self.stop = False
         self.thread = threading.Thread(target=self._poll, daemon=True)
         self.thread.start()
@@ -103,30 +112,49 @@ class GpuMemory:
 
     def _poll(self):
         while not self.stop:
-            self.peak = max(self.peak, self._read())
+            used, util = self._read()
+            self.peak = max(self.peak, used)
+            self.busy.append(util)
             time.sleep(0.05)
 
     @staticmethod
     def _read():
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
-                              "-i", "0"], capture_output=True, text=True)
-        return int(out.stdout.strip() or 0)
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used,utilization.gpu",
+                              "--format=csv,noheader,nounits", "-i", "0"], capture_output=True, text=True)
+        fields = [f.strip() for f in (out.stdout.strip() or "0, 0").split(",")]
+        return int(fields[0]), int(fields[1])
 
     @property
     def mib(self):
         return self.peak - self.idle
 
+    @property
+    def utilisation(self):
+        """Mean utilisation (0-1) from the first busy sample to the last."""
+        on = [i for i, u in enumerate(self.busy) if u > 0]
+        if not on:
+            return 0.0
+        window = self.busy[on[0]:on[-1] + 1]
+        return sum(window) / len(window) / 100.0
 
-def run_spotinfer(args, extra):
+
+def run_spotinfer(args, extra, pin=None):
     cmd = [args.bin] + extra
+    if pin:
+        cmd = ["taskset", "-c", f"0-{pin - 1}"] + cmd
     with GpuMemory() as mem:
         out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-4000:]}")
-    return out, mem.mib
+    return out, mem
 
 
-def check_correctness(args, st_model_dir):
+def bench_row(out, mem):
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]), gpu_mib=mem.mib,
+                gpu_utilisation=mem.utilisation)
+
+
+def check_correctness(args, st_model_dir, model):
     import numpy as np
     import torch
     from sentence_transformers import SentenceTransformer
@@ -147,7 +175,7 @@ def check_correctness(args, st_model_dir):
     result = {"texts": len(texts), "sentence_transformers_fp16": summary(cosines(st16, reference))}
     for precision in ["f32", "f16"]:
         out = os.path.join(args.out, f"spotinfer-{precision}.jsonl")
-        run_spotinfer(args, ["embed", "--input", path, "--output", out, "--model", args.model,
+        run_spotinfer(args, ["embed", "--input", path, "--output", out, "--model", model,
                              "--device", "cuda", "--precision", precision, "--batch-size", "64"])
         got = read_embeddings(out)
         vectors = np.asarray([got[i] for i in ids], dtype=np.float32)
@@ -176,38 +204,62 @@ def st_bench(model_dir, input_path, batch_size):
                       "torch": torch.__version__}))
 
 
-def speed(args, st_model_dir):
+def speed(args, model):
+    """Each batch size: spotinfer (and its pinned and no-budget variants) against
+    sentence-transformers fp16, alternated, `args.rounds` rounds, medians."""
     texts = corpus(args.records, seed=7)
     path = os.path.join(args.out, "bench.jsonl")
     write_jsonl(path, texts)
     rows = []
     for batch_size in args.batch_sizes:
-        runs = {"spotinfer": [], "sentence_transformers": []}
+        bench = ["bench", "--input", path, "--model", model, "--device", "cuda",
+                 "--batch-size", str(batch_size)]
+        variants = {"spotinfer": (bench, None)}
+        for cpus in args.pin_cpus:
+            variants[f"spotinfer_pinned_{cpus}"] = (bench, cpus)
         if args.compare_budget:
-            runs["spotinfer_no_token_budget"] = []
+            variants["spotinfer_no_token_budget"] = (bench + ["--max-batch-tokens", "0"], None)
+        runs = {name: [] for name in variants}
+        runs["sentence_transformers"] = []
         for _ in range(args.rounds):
-            bench = ["bench", "--input", path, "--model", args.model, "--device", "cuda",
-                     "--batch-size", str(batch_size)]
-            out, mib = run_spotinfer(args, bench)
-            runs["spotinfer"].append(dict(json.loads(out.stdout.strip().splitlines()[-1]), gpu_mib=mib))
-            if args.compare_budget:
-                out, mib = run_spotinfer(args, bench + ["--max-batch-tokens", "0"])
-                runs["spotinfer_no_token_budget"].append(
-                    dict(json.loads(out.stdout.strip().splitlines()[-1]), gpu_mib=mib))
-            cmd = [sys.executable, __file__, "st-bench", st_model_dir, path, str(batch_size)]
+            for name, (cmd, pin) in variants.items():
+                runs[name].append(bench_row(*run_spotinfer(args, cmd, pin)))
+            cmd = [sys.executable, __file__, "st-bench", os.path.abspath(model), path, str(batch_size)]
             with GpuMemory() as mem:
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-            runs["sentence_transformers"].append(dict(json.loads(out.stdout.strip().splitlines()[-1]),
-                                                      gpu_mib=mem.mib))
-        row = {"batch_size": batch_size, "records": len(texts)}
+            runs["sentence_transformers"].append(bench_row(out, mem))
+        row = {"model": os.path.basename(model.rstrip("/")), "batch_size": batch_size,
+               "records": len(texts)}
         for side, rs in runs.items():
-            row[side] = {k: statistics.median(r[k] for r in rs)
-                         for k in ["records_per_s", "tokens_per_s", "gpu_mib", "seconds"]}
+            keys = ["records_per_s", "tokens_per_s", "gpu_mib", "seconds", "gpu_utilisation",
+                    "model_busy", "cpu_user_s"]
+            row[side] = {k: statistics.median(r[k] for r in rs) for k in keys if k in rs[0]}
             row[side]["runs_records_per_s"] = [round(r["records_per_s"], 1) for r in rs]
         row["ratio"] = row["spotinfer"]["records_per_s"] / row["sentence_transformers"]["records_per_s"]
+        for cpus in args.pin_cpus:
+            pinned = row[f"spotinfer_pinned_{cpus}"]
+            pinned["of_unpinned"] = pinned["records_per_s"] / row["spotinfer"]["records_per_s"]
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
+
+
+def targets(report):
+    """The issue's targets, each with the figure it was judged on."""
+    out = []
+    for row in report.get("speed", []):
+        where = f"{row['model']} batch {row['batch_size']}"
+        out.append((f"{where}: >= 10x sentence-transformers fp16", row["ratio"], row["ratio"] >= 10))
+        for key, side in row.items():
+            if key.startswith("spotinfer_pinned_"):
+                out.append((f"{where}: pinned to {key.rsplit('_', 1)[1]} CPUs, GPU utilisation >= 0.8",
+                            side.get("gpu_utilisation"), side.get("gpu_utilisation", 0) >= 0.8))
+                out.append((f"{where}: pinned to {key.rsplit('_', 1)[1]} CPUs, within 10% of unpinned",
+                            side["of_unpinned"], side["of_unpinned"] >= 0.9))
+    for model, c in report.get("correctness", {}).items():
+        worst = c["spotinfer_f16"]["worst"]
+        out.append((f"{model}: f16 worst cosine against fp32 >= 0.9999", worst, worst >= 0.9999))
+    return [{"target": t, "figure": f, "met": bool(m)} for t, f, m in out]
 
 
 def main():
@@ -223,18 +275,29 @@ def main():
     p.add_argument("--skip", default="", help="comma list of steps to skip: correctness,speed")
     p.add_argument("--compare-budget", action="store_true",
                    help="also run spotinfer with --max-batch-tokens 0 (no token budget)")
+    p.add_argument("--shapes", default="",
+                   help="comma list of more model folders (bench/make_shape.py) to run beside --model")
+    p.add_argument("--pin-cpus", default="",
+                   help="comma list of CPU counts to also run spotinfer pinned to (taskset)")
     args = p.parse_args()
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    args.pin_cpus = [int(c) for c in args.pin_cpus.split(",") if c]
+    models = [args.model] + [m for m in args.shapes.split(",") if m]
     os.makedirs(args.out, exist_ok=True)
-    st_model_dir = os.path.abspath(args.model)
     report = {"gpu": subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                                     capture_output=True, text=True).stdout.strip(),
-              "date": time.strftime("%Y-%m-%d")}
+              "date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count()}
     if "correctness" not in args.skip:
-        report["correctness"] = check_correctness(args, st_model_dir)
-        print(json.dumps(report["correctness"], indent=1), flush=True)
+        report["correctness"] = {}
+        for model in models:
+            name = os.path.basename(model.rstrip("/"))
+            report["correctness"][name] = check_correctness(args, os.path.abspath(model), model)
+            print(name, json.dumps(report["correctness"][name], indent=1), flush=True)
     if "speed" not in args.skip:
-        report["speed"] = speed(args, st_model_dir)
+        report["speed"] = [row for model in models for row in speed(args, model)]
+    report["targets"] = targets(report)
+    for t in report["targets"]:
+        print(("MET   " if t["met"] else "MISSED"), t["target"], t["figure"])
     with open(os.path.join(args.out, "gpu-report.json"), "w") as f:
         json.dump(report, f, indent=1)
 
