@@ -133,9 +133,12 @@ impl TextPrep {
                 .chunks(per_thread)
                 .map(|slice| scope.spawn(move || self.tokenize(slice)))
                 .collect();
+            // Every slice joined before any result is looked at: one left unjoined would turn
+            // its panic into the scope's.
+            let joined: Vec<_> = slices.into_iter().map(|s| s.join()).collect();
             let mut out = Vec::with_capacity(inputs.len());
-            for slice in slices {
-                match slice.join() {
+            for slice in joined {
+                match slice {
                     Ok(Ok(done)) => out.extend(done),
                     Ok(Err(_)) => return None,
                     Err(p) => {
