@@ -17,7 +17,8 @@ same corpus and batch size, alternated, medians of records/s and tokens/s, and e
 peak GPU memory and GPU utilisation (nvidia-smi, sampled every 50 ms: memory less the idle
 figure; utilisation the mean over the samples between the first and the last busy one, so model
 load and process start are left out), and the share of the run spotinfer's model thread computed
-(`model_busy` of its bench report). `--pin-cpus 8,26` adds spotinfer runs under `taskset` to the
+(`model_busy` of its bench report), and one profiled run's device stages (`--profile-device`).
+`--pin-cpus 8,26` adds spotinfer runs under `taskset` to the
 first 8 and 26 CPUs (the vCPUs GKE gives one L4 and one H100), alternated with the rest, each
 against the unpinned median. `--shapes` adds model folders of other shapes (bench/make_shape.py:
 12 layers at 384 and at 768 wide) to the speed runs and the f16-against-f32 cosines. Prints a
@@ -236,6 +237,11 @@ def speed(args, model):
             row[side] = {k: statistics.median(r[k] for r in rs) for k in keys if k in rs[0]}
             row[side]["runs_records_per_s"] = [round(r["records_per_s"], 1) for r in rs]
         row["ratio"] = row["spotinfer"]["records_per_s"] / row["sentence_transformers"]["records_per_s"]
+        # One profiled run (`--profile-device`: the device synchronised after each stage), for
+        # where a batch's time goes: inputs to the device, the layers, results back.
+        profiled = bench_row(*run_spotinfer(args, bench + ["--profile-device"]))
+        row["spotinfer_profile"] = {k: profiled.get(k) for k in
+                                    ["device_stages", "model_busy", "tokenize_seconds", "seconds"]}
         for cpus in args.pin_cpus:
             pinned = row[f"spotinfer_pinned_{cpus}"]
             pinned["of_unpinned"] = pinned["records_per_s"] / row["spotinfer"]["records_per_s"]

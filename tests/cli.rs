@@ -134,6 +134,65 @@ fn embed_and_bench_run_offline() {
     assert!(last["seconds"].as_f64().unwrap() > 0.0);
     assert!(last["records_per_s"].as_f64().unwrap() > 0.0);
     assert!(last["tokens_per_s"].as_f64().unwrap() > last["records_per_s"].as_f64().unwrap());
+    // The model's share of the run and the tokenizing beside it; no device stages unasked.
+    let busy = last["model_busy"].as_f64().unwrap();
+    assert!(busy > 0.0 && busy <= 1.0, "{last}");
+    assert!(last["tokenize_seconds"].as_f64().unwrap() > 0.0, "{last}");
+    assert!(last.get("device_stages").is_none(), "{last}");
+}
+
+#[test]
+fn bench_profiles_the_candle_encoder_s_stages_and_refuses_to_for_the_fused_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    std::fs::write(&input, record_lines("cli-profile", 40).join("\n")).unwrap();
+    let bench = |extra: &[&str]| {
+        spotinfer()
+            .args([
+                "bench",
+                "--batch-size",
+                "16",
+                "--warmup",
+                "1",
+                "--profile-device",
+            ])
+            .args(extra)
+            .arg("--input")
+            .arg(&input)
+            .output()
+            .unwrap()
+    };
+    let out = bench(&["--backend", "candle"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let stages = &last["device_stages"];
+    // Three batches of 16, 16 and 8 texts, the warm-up's left out; each within the token
+    // budget, so one encoder batch each.
+    assert_eq!(stages["batches"], 3, "{last}");
+    let f = |k: &str| stages[k].as_f64().unwrap();
+    assert!(
+        f("encoder_s") > 0.0 && f("inputs_s") > 0.0 && f("outputs_s") > 0.0,
+        "{last}"
+    );
+    let model = last["model_seconds"].as_f64().unwrap();
+    assert!(
+        f("inputs_s") + f("encoder_s") + f("outputs_s") <= model,
+        "{last}"
+    );
+    assert!(
+        stdout.contains("device stages over 3 encoder batches"),
+        "{stdout}"
+    );
+
+    let out = bench(&["--backend", "fused"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("add --backend candle"), "{stderr}");
 }
 
 #[test]

@@ -32,7 +32,15 @@ pub async fn bench(mut a: BenchArgs) -> anyhow::Result<()> {
 fn bench_file(a: BenchArgs) -> anyhow::Result<()> {
     let records = offline::read_records(&a.input, a.model.max_text_bytes)?;
     let started = Instant::now();
-    let embedder = super::load_embedder(&a.model.source.model, &a.model)?;
+    let mut embedder = super::load_embedder(&a.model.source.model, &a.model)?;
+    if a.profile_device {
+        embedder = embedder.with_device_profile();
+        anyhow::ensure!(
+            embedder.device_stages().is_some(),
+            "--profile-device times the candle encoder's device stages; this model runs on the \
+             fused CPU encoder (add --backend candle)"
+        );
+    }
     let load_seconds = started.elapsed().as_secs_f64();
     let report = offline::bench(
         &embedder,
@@ -53,6 +61,12 @@ fn bench_file(a: BenchArgs) -> anyhow::Result<()> {
         report.model_busy * 100.0,
         report.tokenize_seconds
     );
+    if let Some(s) = &report.device_stages {
+        println!(
+            "device stages over {} encoder batches: inputs {:.3} s, layers {:.3} s, results {:.3} s",
+            s.batches, s.inputs_s, s.encoder_s, s.outputs_s
+        );
+    }
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
 }

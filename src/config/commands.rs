@@ -237,6 +237,11 @@ pub struct BenchArgs {
     /// Untimed warm-up batches before measuring.
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
+    /// Also report where the candle encoder's batches spend their time (inputs to the device,
+    /// the layers, results back), synchronising the device after each stage: a profile, a
+    /// little slower than a plain run. Candle backend only.
+    #[arg(long)]
+    pub profile_device: bool,
 }
 
 /// `spotinfer status`.

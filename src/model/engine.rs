@@ -10,16 +10,100 @@ use super::{CpuKernels, DeviceChoice, LoadOptions, ModelError, Precision, TokenI
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use spotinfer_bert_cpu::{self as bert_cpu, CpuBert, Pooling};
+use std::sync::Mutex;
+use std::time::Instant;
 
 /// The code that runs the encoder and pools.
 pub(super) enum Engine {
     /// The fused CPU encoder (it pools itself).
     Fused(Box<CpuBert>),
-    /// The candle encoder, on any candle device, and its pooling.
-    Candle(CandleBert, Pooling),
+    /// The candle encoder, on any candle device, its pooling, and where its batches' time goes
+    /// when that is measured ([`DeviceStages`]).
+    Candle(CandleBert, Pooling, Option<Mutex<DeviceStages>>),
+}
+
+/// Where the candle encoder's batches spend their time, summed over batches: each stage ends
+/// with a device synchronisation, so on CUDA (whose kernels run asynchronously) a stage's
+/// seconds are its own and not the next one's. Measured only when asked (`spotinfer bench
+/// --profile-device`): the synchronisations keep the host from queueing the next stage's
+/// kernels while the device works, so a profiled run is a little slower than a plain one.
+#[derive(Debug, Default, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct DeviceStages {
+    /// Encoder batches profiled.
+    pub batches: u64,
+    /// Seconds padding the batch's tokens on the host and copying them to the device.
+    pub inputs_s: f64,
+    /// Seconds the encoder's layers computed.
+    pub encoder_s: f64,
+    /// Seconds pooling (or cutting out the token rows) and copying the results back.
+    pub outputs_s: f64,
+}
+
+impl DeviceStages {
+    /// What was measured since `earlier` (a run's figures without its warm-up's).
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            batches: self.batches - earlier.batches,
+            inputs_s: self.inputs_s - earlier.inputs_s,
+            encoder_s: self.encoder_s - earlier.encoder_s,
+            outputs_s: self.outputs_s - earlier.outputs_s,
+        }
+    }
+}
+
+/// Times one batch's stages into a [`DeviceStages`], or nothing when none is kept.
+struct StageClock<'a> {
+    stages: Option<(&'a Mutex<DeviceStages>, &'a Device)>,
+    lap: Instant,
+}
+
+impl<'a> StageClock<'a> {
+    fn start(stages: &'a Option<Mutex<DeviceStages>>, device: &'a Device) -> Self {
+        Self {
+            stages: stages.as_ref().map(|s| (s, device)),
+            lap: Instant::now(),
+        }
+    }
+
+    /// Ends a stage: waits for the device, then adds the time since the last lap to `field`.
+    fn lap(&mut self, field: fn(&mut DeviceStages) -> &mut f64) -> Result<(), ModelError> {
+        let Some((stages, device)) = self.stages else {
+            return Ok(());
+        };
+        device.synchronize()?;
+        let seconds = self.lap.elapsed().as_secs_f64();
+        if let Ok(mut s) = stages.lock() {
+            *field(&mut s) += seconds;
+        }
+        self.lap = Instant::now();
+        Ok(())
+    }
+
+    /// Counts the batch.
+    fn done(self) {
+        if let Some(Ok(mut s)) = self.stages.map(|(s, _)| s.lock()) {
+            s.batches += 1;
+        }
+    }
 }
 
 impl Engine {
+    /// Starts measuring where the candle encoder's batches spend their time (see
+    /// [`DeviceStages`]); the fused encoder has no device stages to measure.
+    pub(super) fn profile_stages(&mut self) {
+        if let Self::Candle(_, _, stages) = self {
+            *stages = Some(Mutex::new(DeviceStages::default()));
+        }
+    }
+
+    /// The stages measured so far, if they are measured.
+    pub(super) fn stages(&self) -> Option<DeviceStages> {
+        match self {
+            Self::Candle(_, _, Some(stages)) => stages.lock().ok().map(|s| *s),
+            _ => None,
+        }
+    }
+
     /// One encoder batch through whichever encoder is loaded: pooled vectors.
     pub(super) fn encode(&self, batch: &[(&TokenIds, usize)]) -> Result<Vec<Vec<f32>>, ModelError> {
         match self {
@@ -34,7 +118,7 @@ impl Engine {
                     .collect();
                 Ok(bert.embed(&batch)?)
             }
-            Self::Candle(model, pooling) => candle_embed(model, *pooling, batch),
+            Self::Candle(model, pooling, stages) => candle_embed(model, *pooling, batch, stages),
         }
     }
 
@@ -57,14 +141,20 @@ impl Engine {
                     .collect();
                 Ok(bert.token_rows(&batch, first_only)?)
             }
-            Self::Candle(model, _) => {
+            Self::Candle(model, _, stages) => {
+                let mut clock = StageClock::start(stages, model.device());
                 let (ids, types, mask, _) = padded(batch.iter().map(|e| (*e, 0)), model.device())?;
-                let mut hidden = model.forward(&ids, &types, &mask)?.to_dtype(DType::F32)?;
+                clock.lap(|s| &mut s.inputs_s)?;
+                let hidden = model.forward(&ids, &types, &mask)?;
+                clock.lap(|s| &mut s.encoder_s)?;
+                let mut hidden = hidden.to_dtype(DType::F32)?;
                 if first_only {
                     hidden = hidden.narrow(1, 0, 1)?;
                 }
                 // One copy off the device for the whole batch, then each text's real rows.
                 let hidden = hidden.to_vec3::<f32>()?;
+                clock.lap(|s| &mut s.outputs_s)?;
+                clock.done();
                 Ok(batch
                     .iter()
                     .zip(hidden)
@@ -108,14 +198,21 @@ fn candle_embed(
     model: &CandleBert,
     pooling: Pooling,
     batch: &[(&TokenIds, usize)],
+    stages: &Option<Mutex<DeviceStages>>,
 ) -> Result<Vec<Vec<f32>>, ModelError> {
+    let mut clock = StageClock::start(stages, model.device());
     let (ids, types, mask, pooled) = padded(batch.iter().copied(), model.device())?;
+    clock.lap(|s| &mut s.inputs_s)?;
     let hidden = model.forward(&ids, &types, &mask)?; // (n, len, dim)
+    clock.lap(|s| &mut s.encoder_s)?;
     let firsts: Vec<usize> = batch
         .iter()
         .map(|(e, skip)| if *skip < e.len() { *skip } else { 0 })
         .collect();
-    Ok(candle_bert::pool(&hidden, &pooled, pooling, &firsts)?.to_vec2::<f32>()?)
+    let vectors = candle_bert::pool(&hidden, &pooled, pooling, &firsts)?.to_vec2::<f32>()?;
+    clock.lap(|s| &mut s.outputs_s)?;
+    clock.done();
+    Ok(vectors)
 }
 
 /// The fused CPU encoder, which computes in f32 on the CPU only.
@@ -177,6 +274,7 @@ pub(super) fn load_candle(
     Ok(Engine::Candle(
         CandleBert::load(vb, &spec.encoder)?,
         spec.pooling.mode,
+        None,
     ))
 }
 

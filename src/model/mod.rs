@@ -50,6 +50,7 @@ pub use task::image::{is_image_model, ImageTask};
 pub use task::{Entity, Output};
 pub use thread::{Item, Joining, ModelHandle, Predict, Prepare, Reload, Reply, Text};
 
+pub use engine::DeviceStages;
 use engine::{candle_dtype, load_candle, load_fused, select_device, Engine};
 use prepare::{TextPrep, Tokenized};
 use prompt::Prompts;
@@ -365,6 +366,20 @@ impl Model {
             embedder.choose_cpu_precision(options.precision)?;
         }
         Ok(embedder)
+    }
+
+    /// Measures where the candle encoder's batches spend their time ([`DeviceStages`]: inputs
+    /// to the device, the layers, results back), synchronising the device after each stage.
+    /// The fused encoder has no device stages: [`Model::device_stages`] stays none.
+    pub fn with_device_profile(mut self) -> Self {
+        self.engine.profile_stages();
+        self
+    }
+
+    /// Where the candle encoder's batches have spent their time, when
+    /// [`Model::with_device_profile`] asked for it.
+    pub fn device_stages(&self) -> Option<DeviceStages> {
+        self.engine.stages()
     }
 
     /// Splits every batch into encoder batches of at most `tokens` padded tokens (0: no limit).

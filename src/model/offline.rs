@@ -3,7 +3,7 @@
 //! Both read the same JSONL contract as the worker and report bad lines by number. The bench
 //! excludes model load time and prints, as its last line, one JSON object with the figures.
 
-use crate::model::{Input, Model, ModelError, Output};
+use crate::model::{DeviceStages, Input, Model, ModelError, Output};
 use crate::record::{self, Record};
 use serde::Serialize;
 use std::io::{BufRead, Write};
@@ -289,6 +289,9 @@ pub struct BenchReport {
     pub model_busy: f64,
     /// Seconds the tokenizing thread spent, ahead of the model and beside it.
     pub tokenize_seconds: f64,
+    /// Where the candle encoder's batches spent their time (`--profile-device` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_stages: Option<DeviceStages>,
 }
 
 /// CPU time (user, system) and peak RSS (KiB) of this process so far.
@@ -321,6 +324,7 @@ pub fn bench(
         embedder.predict(&inputs(records, batch))?;
     }
     let (user0, sys0, _) = rusage();
+    let stages0 = embedder.device_stages();
     let started = Instant::now();
     let run = predict_ahead(embedder, records, batch_size)?;
     let seconds = started.elapsed().as_secs_f64();
@@ -342,5 +346,9 @@ pub fn bench(
         model_seconds: run.model_seconds,
         model_busy: run.model_seconds / seconds,
         tokenize_seconds: run.tokenize_seconds,
+        device_stages: embedder
+            .device_stages()
+            .zip(stages0)
+            .map(|(after, before)| after.since(&before)),
     })
 }
