@@ -325,18 +325,7 @@ fn reduced_precisions_on_a_task_model_are_measured_against_f32_and_never_chosen_
     let reference = reference();
     for (name, want) in reference["models"].as_object().unwrap() {
         let exact = load(name, Backend::Fused, Precision::F32);
-        let key = if want["task"] == "score" {
-            "pairs"
-        } else {
-            "texts"
-        };
-        let cases: Vec<serde_json::Value> = want[key]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|c| c["text"] != "")
-            .cloned()
-            .collect();
+        let cases = main_cases(want);
         let a = exact.predict(&inputs(&cases)).unwrap().outputs;
         for &precision in &reduced {
             let b = load(name, Backend::Fused, precision)
@@ -442,22 +431,27 @@ fn spotinfer_embed_writes_each_task_s_keys_offline() {
     }
 }
 
-/// Every task model's reference cases, repeated into a batch of 64 inputs: enough that
-/// tokenizing ahead splits it across threads.
-fn batch_of_64(want: &serde_json::Value) -> Vec<serde_json::Value> {
-    let key = if want.get("pairs").is_some() {
+/// A task model's reference cases of the kind its task reads (pairs for a cross-encoder, texts
+/// for the rest), without the empty text (the pipeline refuses it before the model).
+fn main_cases(want: &serde_json::Value) -> Vec<serde_json::Value> {
+    let key = if want["task"] == "score" {
         "pairs"
     } else {
         "texts"
     };
-    let cases: Vec<serde_json::Value> = want[key]
+    want[key]
         .as_array()
         .unwrap()
         .iter()
         .filter(|c| c["text"] != "")
         .cloned()
-        .collect();
-    cases.iter().cycle().take(64).cloned().collect()
+        .collect()
+}
+
+/// A task model's [`main_cases`], repeated into a batch of 64 inputs: enough that tokenizing
+/// ahead splits it across threads.
+fn batch_of_64(want: &serde_json::Value) -> Vec<serde_json::Value> {
+    main_cases(want).iter().cycle().take(64).cloned().collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
