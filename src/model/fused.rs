@@ -182,10 +182,7 @@ impl Model {
             .map(|t| bert_cpu::Tokens {
                 ids: &t.ids().ids,
                 type_ids: &t.ids().type_ids,
-                skip: match t {
-                    super::Tokenized::Embed { skip, .. } => *skip,
-                    _ => 0,
-                },
+                skip: t.skip(),
             })
             .collect();
         Ok(bert.calibrate(&tokens)?)

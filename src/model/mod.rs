@@ -52,7 +52,7 @@ pub use thread::{Item, Joining, ModelHandle, Predict, Prepare, Reload, Reply, Te
 
 pub use engine::DeviceStages;
 use engine::{candle_dtype, load_candle, load_fused, select_device, Engine};
-use prepare::{TextPrep, Tokenized};
+use prepare::TextPrep;
 use prompt::Prompts;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -399,11 +399,6 @@ impl Model {
         &self.prep
     }
 
-    /// [`Model::prep`] as the model thread's [`Prepare`].
-    pub(crate) fn preparation(&self) -> Arc<dyn Prepare> {
-        self.prep.clone()
-    }
-
     /// Counts the tokens each text becomes (default prompt included, after truncation), without
     /// running the model.
     pub fn token_counts(&self, texts: &[&str]) -> Result<Vec<usize>, ModelError> {
@@ -437,33 +432,15 @@ impl Model {
 
     /// Embeds a batch: prompt, tokenize, encoder and pooling, Dense layers, Normalize.
     pub fn embed_inputs(&self, inputs: &[Input<'_>]) -> Result<Embedded, ModelError> {
-        self.embedding_head()?;
+        let TaskHead::Embed(head) = &self.head else {
+            return Err(ModelError::Input(format!(
+                "this is a {} model: it computes no embeddings",
+                self.info.task.name()
+            )));
+        };
         let started = std::time::Instant::now();
         let tokenized = self.prep.tokenize(inputs)?;
-        let mut embedded = self.embed_tokenized(&tokenized.iter().collect::<Vec<_>>())?;
-        embedded.seconds = started.elapsed().as_secs_f64();
-        Ok(embedded)
-    }
-
-    /// A tokenized batch through the encoder and pooling, Dense layers and Normalize.
-    fn embed_tokenized(&self, batch: &[&Tokenized]) -> Result<Embedded, ModelError> {
-        let embed_head = self.embedding_head()?;
-        let started = std::time::Instant::now();
-        let inputs = batch
-            .iter()
-            .map(|t| match t {
-                Tokenized::Embed { ids, skip } => Ok((ids, *skip)),
-                _ => Err(predict::prepared_for_another_task()),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let lens: Vec<usize> = inputs.iter().map(|(e, _)| e.len()).collect();
-        let mut vectors = vec![Vec::new(); inputs.len()];
-        for chunk in budget::token_budget_chunks(&lens, self.max_batch_tokens) {
-            let part: Vec<(&TokenIds, usize)> = chunk.iter().map(|&i| inputs[i]).collect();
-            for (i, v) in chunk.into_iter().zip(self.engine.encode(&part)?) {
-                vectors[i] = embed_head.apply(v);
-            }
-        }
+        let (vectors, tokens) = self.pooled(head, &tokenized.iter().collect::<Vec<_>>())?;
         if let Some(index) = vectors
             .iter()
             .position(|v| v.iter().any(|x| !x.is_finite()))
@@ -472,22 +449,9 @@ impl Model {
         }
         Ok(Embedded {
             vectors,
-            tokens: lens.iter().sum(),
+            tokens,
             seconds: started.elapsed().as_secs_f64(),
         })
-    }
-}
-
-impl Model {
-    /// The embedding head; an error for a task model, which computes no embeddings.
-    fn embedding_head(&self) -> Result<&Head, ModelError> {
-        match &self.head {
-            TaskHead::Embed(head) => Ok(head),
-            _ => Err(ModelError::Input(format!(
-                "this is a {} model: it computes no embeddings",
-                self.info.task.name()
-            ))),
-        }
     }
 }
 

@@ -5,7 +5,7 @@
 //! row for the tagger.
 
 use super::prepare::Tokenized;
-use super::task::{Output, SequenceHead, TokenHead};
+use super::task::{Head, Output, SequenceHead, TokenHead};
 use super::{budget, Input, Item, Model, ModelError, Predicted, TaskHead, TokenIds};
 use std::time::Instant;
 
@@ -25,11 +25,7 @@ impl Model {
             .iter()
             .enumerate()
             .filter_map(|(i, item)| match item {
-                Item::Text(t) => Some(Ok(Input {
-                    text: &t.text,
-                    text_pair: t.text_pair.as_deref(),
-                    prompt_name: t.prompt_name.as_deref(),
-                })),
+                Item::Text(t) => Some(Ok(t.input())),
                 Item::Tokens(_) => None,
                 Item::Pixels(_) => Some(Err(ModelError::Input(format!(
                     "input {i}: an image, but this model reads texts"
@@ -55,17 +51,39 @@ impl Model {
     /// The engine and the task's head over a tokenized batch.
     pub fn compute(&self, batch: &[&Tokenized], started: Instant) -> Result<Predicted, ModelError> {
         let (outputs, tokens) = match &self.head {
-            TaskHead::Embed(_) => {
-                let e = self.embed_tokenized(batch)?;
-                (
-                    e.vectors.into_iter().map(Output::Embedding).collect(),
-                    e.tokens,
-                )
+            TaskHead::Embed(head) => {
+                let (vectors, tokens) = self.pooled(head, batch)?;
+                (vectors.into_iter().map(Output::Embedding).collect(), tokens)
             }
             TaskHead::Sequence(head) => self.classify(head, batch)?,
             TaskHead::Tokens(head) => self.tag(head, batch)?,
         };
         Predicted::checked(outputs, tokens, started)
+    }
+
+    /// Texts with their prompts through the encoder and pooling, Dense layers and Normalize:
+    /// a vector per text, and the tokens computed.
+    pub(super) fn pooled(
+        &self,
+        head: &Head,
+        batch: &[&Tokenized],
+    ) -> Result<(Vec<Vec<f32>>, usize), ModelError> {
+        let inputs = batch
+            .iter()
+            .map(|t| match t {
+                Tokenized::Embed { ids, skip } => Ok((ids, *skip)),
+                _ => Err(prepared_for_another_task()),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let lens: Vec<usize> = inputs.iter().map(|(e, _)| e.len()).collect();
+        let mut vectors = vec![Vec::new(); inputs.len()];
+        for chunk in budget::token_budget_chunks(&lens, self.max_batch_tokens) {
+            let part: Vec<(&TokenIds, usize)> = chunk.iter().map(|&i| inputs[i]).collect();
+            for (i, v) in chunk.into_iter().zip(self.engine.encode(&part)?) {
+                vectors[i] = head.apply(v);
+            }
+        }
+        Ok((vectors, lens.iter().sum()))
     }
 
     /// Texts and pairs through the encoder's first token and the sequence head.
@@ -138,6 +156,6 @@ impl Model {
 }
 
 /// Tokens that another task's preparation made (never, as a model prepares its own batches).
-pub(super) fn prepared_for_another_task() -> ModelError {
+fn prepared_for_another_task() -> ModelError {
     ModelError::Input("an input tokenized for another task than this model's".into())
 }

@@ -56,6 +56,14 @@ impl Tokenized {
             Self::Tagged { tagged, .. } => &tagged.ids,
         }
     }
+
+    /// Leading tokens pooling leaves out (an embedding's prompt; 0 for every other task).
+    pub fn skip(&self) -> usize {
+        match self {
+            Self::Embed { skip, .. } => *skip,
+            _ => 0,
+        }
+    }
 }
 
 /// What a text model does to its inputs before the engine: its tokenizer, its prompts and its
@@ -228,11 +236,7 @@ impl Prepare for TextPrep {
         let inputs: Vec<Input<'_>> = items
             .iter()
             .filter_map(|item| match item {
-                Item::Text(t) => Some(Input {
-                    text: &t.text,
-                    text_pair: t.text_pair.as_deref(),
-                    prompt_name: t.prompt_name.as_deref(),
-                }),
+                Item::Text(t) => Some(t.input()),
                 _ => None,
             })
             .collect();

@@ -84,7 +84,7 @@ impl Predict for Model {
     }
 
     fn preparer(&self) -> Option<Arc<dyn Prepare>> {
-        Some(self.preparation())
+        Some(self.prep().clone())
     }
 }
 
@@ -98,6 +98,17 @@ pub struct Text {
     pub text_pair: Option<String>,
     /// The model prompt to put before it; none: the worker's default.
     pub prompt_name: Option<String>,
+}
+
+impl Text {
+    /// The text as the model's tokenizing reads it.
+    pub fn input(&self) -> super::Input<'_> {
+        super::Input {
+            text: &self.text,
+            text_pair: self.text_pair.as_deref(),
+            prompt_name: self.prompt_name.as_deref(),
+        }
+    }
 }
 
 impl From<String> for Text {
