@@ -251,3 +251,133 @@ async fn postgres_returns_vectors_of_every_length_bit_equal() {
     let url = fresh_pg_database().await;
     vectors_of_every_length_come_back_bit_equal(&url).await;
 }
+
+/// Issue 40: what a model computes is stored whatever bytes it holds. A byte-level LLM's
+/// completion, a label and a tagger's word holding U+0000 (which PostgreSQL's text and jsonb
+/// refuse) and other control bytes commit, count as done, and come back from the export
+/// exactly as computed; the columns hold U+FFFD in place of U+0000.
+async fn values_holding_nul_are_stored_and_exported_exact(url: &str) {
+    use futures::StreamExt;
+    use spotinfer::external::store::Prediction;
+    let store = Store::connect(url).await.unwrap();
+    store.migrate().await.unwrap();
+    store.register_job("nul", "m").await.unwrap();
+    store
+        .register_records("nul", &["gen", "label", "tag", "plain"])
+        .await
+        .unwrap();
+    let text = "a\0b\u{1}c\u{7f}\u{1b}[0m\r\n\u{fffd}\\u0000 end\0";
+    let label = "LABEL\0X";
+    let scores =
+        serde_json::json!([{"label": label, "score": 0.75}, {"label": "b", "score": 0.25}]);
+    let entities = serde_json::json!([
+        {"entity_group": "PER", "score": 0.5, "word": "Jo\0hn", "start": 0, "end": 5}
+    ]);
+    let prediction = |task: &str| Prediction {
+        task: task.into(),
+        ..Default::default()
+    };
+    let rows = [
+        (
+            "gen",
+            Prediction {
+                text: Some(text.into()),
+                finish_reason: Some("length".into()),
+                prompt_tokens: Some(3),
+                completion_tokens: Some(20),
+                ..prediction("generate")
+            },
+        ),
+        (
+            "label",
+            Prediction {
+                label: Some(label.into()),
+                score: Some(0.75),
+                scores: Some(scores.to_string()),
+                ..prediction("classify")
+            },
+        ),
+        (
+            "tag",
+            Prediction {
+                entities: Some(entities.to_string()),
+                ..prediction("tag")
+            },
+        ),
+        (
+            "plain",
+            Prediction {
+                text: Some("no NUL here, a backslash-u0000 spelled out: \\u0000".into()),
+                ..prediction("generate")
+            },
+        ),
+    ];
+    let results: Vec<ResultRow> = rows
+        .iter()
+        .map(|(id, p)| ResultRow {
+            prediction: p.clone(),
+            job: Some("nul".into()),
+            embedding: Vec::new(),
+            ..model_row(id, "m", "aaaa", 1, 0.0)
+        })
+        .collect();
+    store.commit(&results, &[]).await.expect("the rows commit");
+    let counts = store.status(Some("nul")).await.unwrap();
+    assert_eq!((counts.done, counts.failed), (4, 0));
+    let exported: Vec<_> = store
+        .job_results("nul", "m")
+        .map(|r| r.unwrap())
+        .collect()
+        .await;
+    assert_eq!(exported.len(), 4);
+    for e in exported {
+        let (_, want) = rows.iter().find(|(id, _)| *id == e.id).unwrap();
+        let got = Prediction {
+            exact: None,
+            ..e.prediction.clone()
+        };
+        let json = |s: &Option<String>| {
+            s.as_deref()
+                .map(|s| serde_json::from_str::<serde_json::Value>(s).unwrap())
+        };
+        assert_eq!(
+            (
+                &got.text,
+                &got.label,
+                json(&got.scores),
+                json(&got.entities)
+            ),
+            (
+                &want.text,
+                &want.label,
+                json(&want.scores),
+                json(&want.entities)
+            ),
+            "{}",
+            e.id
+        );
+        assert_eq!(e.prediction.exact.is_some(), e.id != "plain", "{}", e.id);
+    }
+    // What SQL sees: the stand-in, never a refused row.
+    let sql = "SELECT text FROM predictions WHERE record_id = 'gen'";
+    let stored: Option<String> = match &store {
+        Store::Postgres(p) => sqlx::query_scalar(sql).fetch_one(p).await.unwrap(),
+        Store::Sqlite(p) => sqlx::query_scalar(sql).fetch_one(p).await.unwrap(),
+    };
+    assert_eq!(
+        stored.as_deref(),
+        Some(text.replace('\0', "\u{fffd}").as_str())
+    );
+}
+
+#[tokio::test]
+async fn sqlite_stores_and_exports_values_holding_nul_exactly() {
+    let (_dir, url) = fresh_sqlite();
+    values_holding_nul_are_stored_and_exported_exact(&url).await;
+}
+
+#[tokio::test]
+async fn postgres_stores_and_exports_values_holding_nul_exactly() {
+    let url = fresh_pg_database().await;
+    values_holding_nul_are_stored_and_exported_exact(&url).await;
+}

@@ -86,6 +86,9 @@ pub enum StoreError {
         /// The model this publish names.
         wants: String,
     },
+    /// A stored value cannot be read back as it was written.
+    #[error("a stored row cannot be read: {0}")]
+    Unreadable(String),
     /// pgvector was asked for where it cannot be had.
     #[error("pgvector: {0}")]
     NoPgvector(String),

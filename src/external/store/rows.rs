@@ -43,13 +43,13 @@ const RESULTS_PG: &str = "SELECT e.record_id, e.embedding::real[] AS embedding, 
      e.model_hash, r.job, e.input_sha256, e.message_id, e.publish_time_us, \
      e.task, e.label, e.score, e.scores::text AS scores, e.entities::text AS entities, \
      e.text, e.finish_reason, e.prompt_tokens::BIGINT AS prompt_tokens, \
-     e.completion_tokens::BIGINT AS completion_tokens, \
+     e.completion_tokens::BIGINT AS completion_tokens, e.exact, \
      (EXTRACT(EPOCH FROM e.processed_at) * 1000000)::BIGINT AS processed_at_us \
      FROM job_records r JOIN embeddings e ON e.record_id = r.record_id AND e.model = $2 \
      WHERE r.job = $1 ORDER BY r.record_id";
 const RESULTS_SQLITE: &str = "SELECT e.record_id, e.embedding, e.model, e.model_hash, r.job, \
      e.input_sha256, e.message_id, e.publish_time_us, e.task, e.label, e.score, e.scores, \
-     e.entities, e.text, e.finish_reason, e.prompt_tokens, e.completion_tokens, \
+     e.entities, e.text, e.finish_reason, e.prompt_tokens, e.completion_tokens, e.exact, \
      CAST(ROUND((julianday(e.processed_at) - 2440587.5) * 86400000000.0) AS INTEGER) AS processed_at_us \
      FROM job_records r JOIN embeddings e ON e.record_id = r.record_id AND e.model = $2 \
      WHERE r.job = $1 ORDER BY r.record_id";
@@ -165,20 +165,26 @@ where
     for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> &'r str: sqlx::ColumnIndex<R>,
 {
+    let id: String = row.try_get("record_id")?;
+    let mut prediction = Prediction {
+        task: row.try_get("task")?,
+        label: row.try_get("label")?,
+        score: row.try_get("score")?,
+        scores: row.try_get("scores")?,
+        entities: row.try_get("entities")?,
+        text: row.try_get("text")?,
+        finish_reason: row.try_get("finish_reason")?,
+        prompt_tokens: row.try_get("prompt_tokens")?,
+        completion_tokens: row.try_get("completion_tokens")?,
+        exact: row.try_get("exact")?,
+    };
+    prediction
+        .restore_exact()
+        .map_err(|e| StoreError::Unreadable(format!("record {id}: its exact values: {e}")))?;
     Ok(ExportedResult {
-        id: row.try_get("record_id")?,
+        id,
         embedding,
-        prediction: Prediction {
-            task: row.try_get("task")?,
-            label: row.try_get("label")?,
-            score: row.try_get("score")?,
-            scores: row.try_get("scores")?,
-            entities: row.try_get("entities")?,
-            text: row.try_get("text")?,
-            finish_reason: row.try_get("finish_reason")?,
-            prompt_tokens: row.try_get("prompt_tokens")?,
-            completion_tokens: row.try_get("completion_tokens")?,
-        },
+        prediction,
         model: row.try_get("model")?,
         model_hash: row.try_get("model_hash")?,
         job: row.try_get("job")?,

@@ -70,6 +70,10 @@ pub struct Prediction {
     pub prompt_tokens: Option<i64>,
     /// Tokens it generated.
     pub completion_tokens: Option<i64>,
+    /// The values above exactly as computed, as a JSON object, when one of them holds U+0000
+    /// (they then hold U+FFFD in its place); none otherwise. Set by the store ([`storable_row`]),
+    /// read back by the export ([`Prediction::restore_exact`]).
+    pub exact: Option<String>,
 }
 
 impl Default for Prediction {
@@ -84,7 +88,103 @@ impl Default for Prediction {
             finish_reason: None,
             prompt_tokens: None,
             completion_tokens: None,
+            exact: None,
         }
+    }
+}
+
+/// The replacement for U+0000 in a stored column: U+FFFD, the character Unicode keeps for a
+/// value that cannot be represented.
+const NUL_STAND_IN: &str = "\u{FFFD}";
+
+/// `row` as the database can hold it: unchanged unless one of its task values holds U+0000,
+/// which PostgreSQL's `text` and `jsonb` refuse (SQLite takes it, and is written the same way
+/// so the two databases agree). Such values are stored with U+FFFD in its place, and the exact
+/// ones in `exact` (a JSON object in a `text` column, where `\u0000` is six plain characters).
+/// A model's output is never refused for it: a byte-level LLM can emit any byte.
+pub fn storable_row(row: &ResultRow) -> std::borrow::Cow<'_, ResultRow> {
+    let p = &row.prediction;
+    let nul = |s: &Option<String>| s.as_deref().is_some_and(|s| s.contains('\0'));
+    // JSON columns hold a NUL as the escape `\u0000`, which jsonb refuses.
+    let escaped = |s: &Option<String>| s.as_deref().is_some_and(|s| s.contains("\\u0000"));
+    if !(nul(&p.label) || nul(&p.text) || escaped(&p.scores) || escaped(&p.entities)) {
+        return std::borrow::Cow::Borrowed(row);
+    }
+    let mut exact = serde_json::Map::new();
+    let mut stored = p.clone();
+    for (key, value) in [("label", &mut stored.label), ("text", &mut stored.text)] {
+        if let Some(v) = value.as_mut().filter(|v| v.contains('\0')) {
+            exact.insert(key.into(), serde_json::Value::String(v.clone()));
+            *v = v.replace('\0', NUL_STAND_IN);
+        }
+    }
+    for (key, value) in [
+        ("scores", &mut stored.scores),
+        ("entities", &mut stored.entities),
+    ] {
+        let Some(json) = value.as_mut() else { continue };
+        let Ok(mut parsed) = serde_json::from_str::<serde_json::Value>(json) else {
+            continue;
+        };
+        if replace_nul(&mut parsed) {
+            exact.insert(key.into(), serde_json::from_str(json).unwrap_or_default());
+            *json = parsed.to_string();
+        }
+    }
+    if exact.is_empty() {
+        return std::borrow::Cow::Borrowed(row);
+    }
+    stored.exact = Some(serde_json::Value::Object(exact).to_string());
+    std::borrow::Cow::Owned(ResultRow {
+        prediction: stored,
+        ..row.clone()
+    })
+}
+
+/// Replaces U+0000 by U+FFFD in every string of `value` (keys included); whether it found one.
+fn replace_nul(value: &mut serde_json::Value) -> bool {
+    use serde_json::Value;
+    match value {
+        Value::String(s) if s.contains('\0') => {
+            *s = s.replace('\0', NUL_STAND_IN);
+            true
+        }
+        Value::Array(items) => items.iter_mut().fold(false, |f, v| replace_nul(v) | f),
+        Value::Object(map) => {
+            let mut found = false;
+            let entries = std::mem::take(map);
+            for (k, mut v) in entries {
+                found |= replace_nul(&mut v) | k.contains('\0');
+                map.insert(k.replace('\0', NUL_STAND_IN), v);
+            }
+            found
+        }
+        _ => false,
+    }
+}
+
+impl Prediction {
+    /// Puts back the exact values a stored row kept in `exact` ([`storable_row`]). A value that
+    /// cannot be read back is an error: the export must not hand out the stand-ins as results.
+    pub fn restore_exact(&mut self) -> Result<(), serde_json::Error> {
+        let Some(exact) = &self.exact else {
+            return Ok(());
+        };
+        let exact: serde_json::Map<String, serde_json::Value> = serde_json::from_str(exact)?;
+        for (key, value) in exact {
+            let as_text = |v: serde_json::Value| match v {
+                serde_json::Value::String(s) => Some(s),
+                other => Some(other.to_string()),
+            };
+            match key.as_str() {
+                "label" => self.label = as_text(value),
+                "text" => self.text = as_text(value),
+                "scores" => self.scores = Some(value.to_string()),
+                "entities" => self.entities = Some(value.to_string()),
+                _ => {}
+            }
+        }
+        Ok(())
     }
 }
 
@@ -134,7 +234,7 @@ pub struct FailureRow {
 }
 
 /// The head of SQLite's multi-row result UPSERT ([`results_statement`]).
-const UPSERT_COLUMNS: &str = "INSERT INTO embeddings (record_id, embedding, model, model_hash, dim, job, input_sha256, message_id, publish_time_us, task, label, score, scores, entities, text, finish_reason, prompt_tokens, completion_tokens) ";
+const UPSERT_COLUMNS: &str = "INSERT INTO embeddings (record_id, embedding, model, model_hash, dim, job, input_sha256, message_id, publish_time_us, task, label, score, scores, entities, text, finish_reason, prompt_tokens, completion_tokens, exact) ";
 
 fn upsert_tail(now: &str) -> String {
     format!(
@@ -143,7 +243,8 @@ fn upsert_tail(now: &str) -> String {
          message_id = excluded.message_id, publish_time_us = excluded.publish_time_us, processed_at = {now}, \
          task = excluded.task, label = excluded.label, score = excluded.score, scores = excluded.scores, \
          entities = excluded.entities, text = excluded.text, finish_reason = excluded.finish_reason, \
-         prompt_tokens = excluded.prompt_tokens, completion_tokens = excluded.completion_tokens \
+         prompt_tokens = excluded.prompt_tokens, completion_tokens = excluded.completion_tokens, \
+         exact = excluded.exact \
          WHERE embeddings.publish_time_us <= excluded.publish_time_us"
     )
 }
@@ -154,7 +255,7 @@ const FAILURE_COLUMNS: &str =
 const FAILURE_TAIL: &str = " ON CONFLICT (message_id) DO NOTHING";
 
 /// Bind parameters per row of the result UPSERT and of the failure INSERT.
-const RESULT_COLUMNS: usize = 18;
+const RESULT_COLUMNS: usize = 19;
 const FAILURE_COLUMNS_N: usize = 8;
 /// Bind parameters one statement may carry: PostgreSQL's protocol limit, and SQLite's
 /// `SQLITE_MAX_VARIABLE_NUMBER` as sqlx's bundled SQLite is built (32,766). A batch with more
@@ -181,7 +282,11 @@ impl Store {
         results: &[ResultRow],
         failures: &[FailureRow],
     ) -> Result<(), StoreError> {
-        let results = newest_per_record(results);
+        let stored: Vec<_> = newest_per_record(results)
+            .into_iter()
+            .map(storable_row)
+            .collect();
+        let results: Vec<&ResultRow> = stored.iter().map(AsRef::as_ref).collect();
         // The failure INSERT is shared (`failures_statement`); the results have a statement
         // per database (`pg_results_statement`, `results_statement`).
         match self {
@@ -244,17 +349,17 @@ impl Store {
 /// row count, and the sink's group commits come in every size.
 const PG_UPSERT_UNNEST: &str = "INSERT INTO embeddings (record_id, embedding, model, model_hash, \
      dim, job, input_sha256, message_id, publish_time_us, task, label, score, scores, entities, \
-     text, finish_reason, prompt_tokens, completion_tokens) \
+     text, finish_reason, prompt_tokens, completion_tokens, exact) \
      SELECT r.record_id, \
      CASE WHEN r.dim = 0 THEN NULL ELSE ($2::real[])[r.first : r.first + r.dim - 1] END, \
      r.model, r.model_hash, r.dim, r.job, r.input_sha256, r.message_id, r.publish_time_us, \
      r.task, r.label, r.score, r.scores::jsonb, r.entities::jsonb, \
-     r.text, r.finish_reason, r.prompt_tokens, r.completion_tokens \
+     r.text, r.finish_reason, r.prompt_tokens, r.completion_tokens, r.exact \
      FROM UNNEST($1::text[], $3::int[], $4::int[], $5::text[], $6::text[], $7::text[], \
      $8::text[], $9::text[], $10::bigint[], $11::text[], $12::text[], $13::float8[], \
-     $14::text[], $15::text[], $16::text[], $17::text[], $18::int[], $19::int[]) \
+     $14::text[], $15::text[], $16::text[], $17::text[], $18::int[], $19::int[], $20::text[]) \
      AS r(record_id, first, dim, model, model_hash, job, input_sha256, message_id, publish_time_us, \
-     task, label, score, scores, entities, text, finish_reason, prompt_tokens, completion_tokens)";
+     task, label, score, scores, entities, text, finish_reason, prompt_tokens, completion_tokens, exact)";
 
 fn pg_results_statement<'q>(
     rows: &[&ResultRow],
@@ -306,6 +411,7 @@ fn pg_results_statement<'q>(
         .bind(opt(|r| r.prediction.finish_reason.clone()))
         .bind(tokens(|r| r.prediction.prompt_tokens))
         .bind(tokens(|r| r.prediction.completion_tokens))
+        .bind(opt(|r| r.prediction.exact.clone()))
 }
 
 /// [`PG_UPSERT_UNNEST`] with the UPSERT's conflict clause.
@@ -334,7 +440,8 @@ fn results_statement<'a>(results: &'a [&ResultRow]) -> QueryBuilder<'a, Sqlite> 
             .push_bind(r.prediction.text.clone())
             .push_bind(r.prediction.finish_reason.clone())
             .push_bind(r.prediction.prompt_tokens)
-            .push_bind(r.prediction.completion_tokens);
+            .push_bind(r.prediction.completion_tokens)
+            .push_bind(r.prediction.exact.clone());
     });
     q.push(upsert_tail(SQLITE_NOW));
     q
