@@ -164,6 +164,7 @@ async fn commit_one(
     }
     metrics.committed(results.len() as u64, failures.len() as u64);
     metrics.set_store_ok(true);
+    forget_failed_generations(&failures, store, cfg).await;
     for f in &failures {
         tracing::warn!(message_id = %f.message_id, record_id = ?f.record_id, error = %f.error, "recorded invalid payload in failed_records");
     }
@@ -172,6 +173,25 @@ async fn commit_one(
         tracing::warn!(unconfirmed, "acks not confirmed; those messages may be redelivered and their idempotent commit redone");
     }
     Committed::Done
+}
+
+/// Deletes the checkpoints of the generation records among `failures`: they ended without a
+/// result and will not resume. A delete that fails leaves them to the purge
+/// (`Store::purge_checkpoints`); the commit stands.
+async fn forget_failed_generations(failures: &[FailureRow], store: &Store, cfg: &SinkConfig) {
+    if cfg.task != Task::Generate {
+        return;
+    }
+    let ids: Vec<String> = failures
+        .iter()
+        .filter_map(|f| f.record_id.clone())
+        .collect();
+    if ids.is_empty() {
+        return;
+    }
+    if let Err(e) = store.forget_checkpoints(&cfg.model, &ids).await {
+        tracing::warn!(error = %e, records = ids.len(), "cannot delete the checkpoints of failed generations; the purge will");
+    }
 }
 
 /// What to commit instead of `outcome`, which the database refused with `error`: its two
@@ -186,9 +206,9 @@ fn split_refused(mut outcome: Outcome, error: &store::StoreError) -> Vec<Outcome
 }
 
 /// One message the database refused: its result becomes a failure row quoting the database's
-/// reason, stored without the keys it may have refused. Should even that row be refused (a
-/// constraint of the operator's own on `failed_records`), the message is dropped, so NACKed, and
-/// logged: there is nothing left that could be stored for it.
+/// reason, with the record's id and job. Should even that row be refused (a constraint of the
+/// operator's own on `failed_records`), the message is dropped, so NACKed, and logged: there is
+/// nothing left that could be stored for it.
 fn refused_alone(outcome: Outcome, error: &store::StoreError) -> Option<Outcome> {
     let reason = error.to_string();
     let Outcome {
@@ -240,12 +260,10 @@ fn rows(outcome: &Outcome, cfg: &SinkConfig) -> (Vec<ResultRow>, Vec<FailureRow>
         .rejected
         .iter()
         .map(|r| {
-            // A record the database itself refused keeps no keys: they may be what it
-            // refused, and the failure row must commit.
-            let (record_id, job) = match r.error {
-                RecordError::Unstorable(_) => (None, None),
-                _ => crate::record::salvage_keys(&r.data),
-            };
+            // Every failure row of a record keeps its id and job, whatever refused it, so that
+            // `status` counts it and its job completes. The keys cannot be what the database
+            // refused: a record whose keys it could not hold is refused at parsing.
+            let (record_id, job) = crate::record::salvage_keys(&r.data);
             FailureRow {
                 message_id: r.meta.message_id.clone(),
                 record_id: record_id.as_deref().map(store::storable),
@@ -306,6 +324,7 @@ fn columns(output: &Output, task: Task, labels: &[String]) -> (Vec<f32>, Predict
             .map(str::to_string),
         prompt_tokens: fields.get("prompt_tokens").and_then(|n| n.as_i64()),
         completion_tokens: fields.get("completion_tokens").and_then(|n| n.as_i64()),
+        exact: None,
     };
     (Vec::new(), prediction)
 }
@@ -440,7 +459,11 @@ mod tests {
         let failures = store.failures().await.unwrap();
         assert_eq!(failures.len(), 2, "{failures:?}");
         let (message_id, record_id, error) = &failures[0];
-        assert_eq!((message_id.as_str(), record_id), ("poison", &None));
+        assert_eq!(
+            (message_id.as_str(), record_id.as_deref()),
+            ("poison", Some("poison")),
+            "a refused record's failure row keeps its id, for its job's count"
+        );
         assert!(error.contains("poison refused"), "{error}");
         assert_eq!(failures[1].0, "x");
     }
