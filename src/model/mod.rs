@@ -131,13 +131,22 @@ impl ModelError {
     /// Whether the input is to blame: a text the tokenizer refuses, a batch the model cannot
     /// take, a prompt it lacks, a vector that came out NaN or infinite. Such a record fails for
     /// ever and is recorded. Anything else (an allocation, the driver, a panic, a thread that is
-    /// gone) is the device's or the code's fault: it would fail every record alike, so it is
-    /// retried and, if it persists, ends the worker, never recorded against a record.
+    /// gone) is the device's or the code's fault, and the model thread rebuilds its model after
+    /// it; the pipeline retries such a batch, except a panic ([`ModelError::is_panic`]).
     pub fn blames_input(&self) -> bool {
         matches!(
             self,
             Self::Tokenizer(_) | Self::Input(_) | Self::Prompt(_) | Self::NonFinite { .. }
         )
+    }
+
+    /// Whether the model panicked. A panic is a bug met by some input, most often one record's:
+    /// computing the same batch again would panic again, and handing it back would bring the
+    /// poison back beside the same batch-mates. So the pipeline computes the batch again record
+    /// by record, as for an input error, and the record that panics alone is recorded with the
+    /// panic's message.
+    pub fn is_panic(&self) -> bool {
+        matches!(self, Self::Panic(_))
     }
 }
 

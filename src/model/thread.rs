@@ -52,6 +52,9 @@ pub trait Joining {
     fn idle(&self) -> bool;
     /// Forgets every admitted batch (after a panic left their state unknown).
     fn reset(&mut self);
+    /// Forgets the admitted batch `job`, whose results nobody waits for any more (its pipeline
+    /// was drained), so its sequences stop taking the model's time and cache.
+    fn forget(&mut self, job: u64);
 }
 
 /// One input for the model thread.
@@ -250,9 +253,11 @@ fn serve(mut model: Box<dyn Predict>, reload: Option<Reload>, mut rx: mpsc::Rece
 
 /// The model thread's loop for a [`Joining`] model: jobs are admitted as they arrive (the thread
 /// waits for one only when none is admitted), each step computed, and each job answered when it
-/// is done. A panic in a step fails every admitted job with it, as a panic fails a batch.
+/// is done. A job whose caller has gone (a drained pipeline) is dropped at the next step. A panic
+/// in a step is not blamed on every job it hit: their items are computed again one by one
+/// ([`solo`]), so only the item that panics alone is refused, with the panic's message.
 fn serve_joining(mut model: Box<dyn Predict>, mut rx: mpsc::Receiver<Job>) {
-    let mut replies: HashMap<u64, oneshot::Sender<Result<Predicted, ModelError>>> = HashMap::new();
+    let mut admitted: HashMap<u64, Job> = HashMap::new();
     let mut next = 0u64;
     while let Some(joining) = model.joining() {
         let mut arrived = Vec::new();
@@ -269,30 +274,81 @@ fn serve_joining(mut model: Box<dyn Predict>, mut rx: mpsc::Receiver<Job>) {
             next += 1;
             match joining.admit(next, &job.items) {
                 Ok(()) => {
-                    replies.insert(next, job.reply);
+                    admitted.insert(next, job);
                 }
                 Err(e) => {
                     let _ = job.reply.send(Err(e));
                 }
             }
         }
+        let gone: Vec<u64> = admitted
+            .iter()
+            .filter(|(_, job)| job.reply.is_closed())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            joining.forget(id);
+            admitted.remove(&id);
+        }
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| joining.step())) {
             Ok(done) => {
                 for (id, result) in done {
-                    if let Some(reply) = replies.remove(&id) {
-                        let _ = reply.send(result);
+                    if let Some(job) = admitted.remove(&id) {
+                        let _ = job.reply.send(result);
                     }
                 }
             }
             Err(p) => {
                 let message = crate::shutdown::panic_message(p.as_ref());
+                tracing::warn!(panic = %message, jobs = admitted.len(), "the model panicked in a step; computing its batches again one record at a time");
                 joining.reset();
-                for (_, reply) in replies.drain() {
-                    let _ = reply.send(Err(ModelError::Panic(message.clone())));
+                for (_, job) in admitted.drain() {
+                    let result = solo(joining, &job.items, &mut next);
+                    let _ = job.reply.send(result);
                 }
             }
         }
     }
+}
+
+/// Computes `items` one at a time on `joining`, each alone in the decode loop, so a panic names
+/// its item: that item's output is [`super::Output::Refused`] with the panic's message (a failure row),
+/// the others are what they would have been in any batch.
+fn solo(
+    joining: &mut dyn Joining,
+    items: &[Item],
+    next: &mut u64,
+) -> Result<Predicted, ModelError> {
+    let started = std::time::Instant::now();
+    let (mut outputs, mut tokens) = (Vec::with_capacity(items.len()), 0);
+    for item in items {
+        *next += 1;
+        let id = *next;
+        let alone = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            joining.admit(id, std::slice::from_ref(item))?;
+            loop {
+                if let Some((_, result)) = joining.step().into_iter().find(|(j, _)| *j == id) {
+                    return result;
+                }
+            }
+        }));
+        match alone {
+            Ok(Ok(mut predicted)) if predicted.outputs.len() == 1 => {
+                tokens += predicted.tokens;
+                outputs.extend(predicted.outputs.pop());
+            }
+            Ok(Ok(_)) => return Err(ModelError::Input("not one result for one input".into())),
+            Ok(Err(e)) => return Err(e),
+            Err(p) => {
+                joining.reset();
+                let message = crate::shutdown::panic_message(p.as_ref());
+                outputs.push(super::Output::Refused(format!(
+                    "the model panicked: {message}"
+                )));
+            }
+        }
+    }
+    Predicted::checked(outputs, tokens, started)
 }
 
 /// Computes one job's items, a panic caught as [`ModelError::Panic`].
@@ -388,8 +444,92 @@ mod tests {
         }
     }
 
-    fn handle(prep: Option<Arc<dyn Prepare>>) -> ModelHandle {
-        let info = ModelInfo {
+    /// A joining model that answers each text with its length, one step per batch, and
+    /// panics in any step that holds the text "panic".
+    struct Stepping(ModelInfo, Vec<(u64, Vec<Item>)>);
+
+    impl Predict for Stepping {
+        fn info(&self) -> &ModelInfo {
+            &self.0
+        }
+        fn predict_items(&self, _: &[Item]) -> Result<Predicted, ModelError> {
+            unreachable!("the thread runs a joining model through Joining")
+        }
+        fn joining(&mut self) -> Option<&mut dyn Joining> {
+            Some(self)
+        }
+    }
+
+    impl Joining for Stepping {
+        fn admit(&mut self, job: u64, items: &[Item]) -> Result<(), ModelError> {
+            self.1.push((job, items.to_vec()));
+            Ok(())
+        }
+        fn step(&mut self) -> Vec<(u64, Result<Predicted, ModelError>)> {
+            let text = |i: &Item| match i {
+                Item::Text(t) => t.text.clone(),
+                _ => String::new(),
+            };
+            let poisoned = self
+                .1
+                .iter()
+                .flat_map(|(_, items)| items)
+                .any(|i| text(i) == "panic");
+            assert!(!poisoned, "a decoding bug");
+            std::mem::take(&mut self.1)
+                .into_iter()
+                .map(|(job, items)| {
+                    let outputs = items
+                        .iter()
+                        .map(|i| Output::Score(text(i).len() as f32))
+                        .collect();
+                    (
+                        job,
+                        Predicted::checked(outputs, 0, std::time::Instant::now()),
+                    )
+                })
+                .collect()
+        }
+        fn idle(&self) -> bool {
+            self.1.is_empty()
+        }
+        fn reset(&mut self) {
+            self.1.clear();
+        }
+        fn forget(&mut self, job: u64) {
+            self.1.retain(|(j, _)| *j != job);
+        }
+    }
+
+    /// Issue 40: a panicking step of a joining model (a generation decode loop) fails no batch
+    /// whole: each record is computed again alone, only the one that panics is refused with the
+    /// panic's message, and the thread goes on.
+    #[tokio::test]
+    async fn a_joining_model_that_panics_refuses_only_the_record_that_panics_alone() {
+        let h = ModelHandle::spawn(Stepping(info(), Vec::new())).unwrap();
+        let texts = |t: &[&str]| {
+            t.iter()
+                .map(|t| Text::from(t.to_string()))
+                .collect::<Vec<_>>()
+        };
+        let out = h
+            .predict(texts(&["ab", "panic", "abc"]))
+            .await
+            .unwrap()
+            .outputs;
+        assert_eq!(out[0], Output::Score(2.0));
+        assert!(
+            matches!(&out[1], Output::Refused(why) if why.contains("panicked") && why.contains("a decoding bug")),
+            "{:?}",
+            out[1]
+        );
+        assert_eq!(out[2], Output::Score(3.0));
+        let out = h.predict(texts(&["a"])).await.unwrap().outputs;
+        assert_eq!(out, vec![Output::Score(1.0)]);
+    }
+
+    fn info() -> ModelInfo {
+        ModelInfo {
             name: "echo".into(),
             hash: String::new(),
             dim: 1,
@@ -400,8 +540,11 @@ mod tests {
             labels: Vec::new(),
             reads: Reads::Texts,
             processor: None,
-        };
-        ModelHandle::spawn(Echo(info, prep)).unwrap()
+        }
+    }
+
+    fn handle(prep: Option<Arc<dyn Prepare>>) -> ModelHandle {
+        ModelHandle::spawn(Echo(info(), prep)).unwrap()
     }
 
     async fn reached_tokenized(handle: &ModelHandle, texts: &[&str]) -> Vec<Output> {

@@ -39,11 +39,14 @@
 //!   past `--max-image-pixels` is a failure row. A batch the model fails on because of its input
 //!   ([`crate::model::ModelError::blames_input`]) is embedded again record by record: the
 //!   records that embed alone go on, each one that fails alone is a failure row quoting the
-//!   model. A fault that is not the input's (the device, a panic, a model thread that is gone)
-//!   is never recorded against a record: the batch is computed again after 1, 2 and 4 s, its
-//!   messages still leased (the worker reports itself not ready meanwhile, and the model thread
-//!   rebuilds its model after each such fault); if it still fails the model stage hands its
-//!   messages back and begins the shutdown, and the worker exits 1 so the pod is rescheduled.
+//!   model; so is a batch that panics the model (a bug some input meets: computing it again
+//!   whole, or handing it back, would only meet the same input again), the record that panics
+//!   alone recorded with the panic's message. Any other fault that is not the input's (the
+//!   device, a model thread that is gone) is never recorded against a record: the batch is
+//!   computed again after 1, 2 and 4 s, its messages still leased (the worker reports itself not
+//!   ready meanwhile, and the model thread rebuilds its model after each such fault); if it
+//!   still fails the model stage hands its messages back and begins the shutdown, and the worker
+//!   exits 1 so the pod is rescheduled.
 //! * **Commit** ([`crate::pipeline::sink`]): the results and failure rows of one or more batches
 //!   are written in one transaction, then every message in it is acked. A commit the database
 //!   refuses for a data reason ([`crate::external::store::StoreError::is_data_error`]: a value

@@ -5,9 +5,10 @@
 //! order and hands them to the sink. So batch n+1 computes while batch n commits.
 //!
 //! How a failing model ends each message is described in [`crate::pipeline::ack`]: a batch that
-//! fails because of its input ([`ModelError::blames_input`]) is embedded again record by record
-//! (`isolate`), so one bad input neither blocks its neighbours nor comes back for ever; a
-//! fault that is not the input's is retried and, if it persists, ends the worker
+//! fails because of its input ([`ModelError::blames_input`]) or panics ([`ModelError::is_panic`])
+//! is embedded again record by record (`isolate`), so one bad input neither blocks its
+//! neighbours nor comes back for ever; any other fault is retried and, if it persists, ends the
+//! worker
 //! (`retry_device_faults`), so Kubernetes reschedules the pod instead of records being blamed
 //! for a broken device.
 
@@ -124,8 +125,12 @@ async fn submit_batches(
             };
         }
         if let (Some(store), Reads::Prompts) = (&limits.checkpoints, model.info().reads) {
-            let name = &model.info().name;
-            let read = generation::resume(&mut records, store, name);
+            let info = model.info();
+            let weights = generation::Weights {
+                name: &info.name,
+                hash: &info.hash,
+            };
+            let read = generation::resume(&mut records, store, &weights);
             if tokio::time::timeout(generation::INTERRUPT_GRACE, read)
                 .await
                 .is_err()
@@ -498,11 +503,11 @@ impl Halt {
     }
 }
 
-/// `first`, or, when it is a fault that is not the input's ([`ModelError::blames_input`]), the
-/// same texts computed again after each of [`DEVICE_RETRY_PAUSES`] (the model thread rebuilds
-/// its model after such a fault). The messages stay leased meanwhile and the worker reports
-/// itself not ready. `Ok` holds a result the records can be judged by: vectors, or an error the
-/// input is to blame for.
+/// `first`, or, when it is a fault that is not the input's ([`ModelError::blames_input`]) nor a
+/// panic, the same texts computed again after each of [`DEVICE_RETRY_PAUSES`] (the model thread
+/// rebuilds its model after such a fault). The messages stay leased meanwhile and the worker
+/// reports itself not ready. `Ok` holds a result the records can be judged by: vectors, or an
+/// error the input is to blame for, or a panic (see [`ModelError::is_panic`]).
 async fn retry_device_faults(
     first: Result<Predicted, ModelError>,
     records: &[Pending],
@@ -514,7 +519,7 @@ async fn retry_device_faults(
     let mut pauses = device_retry_pauses();
     loop {
         let error = match result {
-            Err(e) if !e.blames_input() => e,
+            Err(e) if !e.blames_input() && !e.is_panic() => e,
             judged => {
                 metrics.set_model_loaded(true);
                 return Ok(judged);
@@ -542,7 +547,7 @@ async fn retry_device_faults(
 }
 
 /// Embeds `records` one at a time after the model failed on them together with `error`, an
-/// error their input is to blame for: each success joins `outcome.done`, each record the model
+/// error their input is to blame for or a panic: each success joins `outcome.done`, each record the model
 /// fails on alone joins `outcome.rejected` with that failure. A fault that is not the input's
 /// is retried as for a batch; the records not done when the stage halts go to `handback`.
 async fn isolate(
@@ -687,6 +692,49 @@ mod tests {
         assert_eq!(outcome.ack_all(false).await, 0);
         kit.ledger
             .assert_settled(&["a", "b", "bad", "p", "x"].map(|id| (id, Call::Ack)));
+    }
+
+    /// Issue 40: a record that panics the model is isolated like an input error: it alone
+    /// becomes a failure with the panic's message, its batch-mates are done, and the stage (so
+    /// the worker) goes on. Before, the batch was retried as a device fault and the worker
+    /// exited, handing every message back to meet the poison again.
+    #[tokio::test]
+    async fn a_record_that_panics_the_model_alone_is_a_failure_and_its_batch_mates_are_done() {
+        let kit = Kit::new();
+        let model = crate::pipeline::testkit::panicking_model("poison");
+        let (btx, mut orx, handback, stage) = spawn_stage(&kit, model);
+        let batch = kit.batch([
+            kit.record("a", "the worker reads a record"),
+            kit.record("bad", "a poison text"),
+            kit.record("b", "every message"),
+        ]);
+        btx.send(batch).await.unwrap();
+        let outcome = orx.recv().await.unwrap();
+        let done: Vec<&str> = outcome
+            .done
+            .iter()
+            .map(|(p, _)| p.meta.message_id.as_str())
+            .collect();
+        assert_eq!(done, ["a", "b"]);
+        let [r] = &outcome.rejected[..] else {
+            panic!("{:?}", outcome.rejected)
+        };
+        assert_eq!(r.meta.message_id, "bad");
+        let why = r.error.to_string();
+        assert!(
+            why.contains("panicked") && why.contains("a bug this input meets"),
+            "{why}"
+        );
+        // The next batch is computed as usual: the worker did not stop.
+        btx.send(kit.batch([kit.record("c", "after the panic")]))
+            .await
+            .unwrap();
+        let next = orx.recv().await.unwrap();
+        assert_eq!(next.done.len(), 1);
+        assert!(!kit.shutdown.is_cancelled(), "no shutdown for one record");
+        drop(btx);
+        assert!(stage.await.unwrap().is_ok());
+        assert!(handback.take().is_empty());
     }
 
     #[test]

@@ -390,3 +390,26 @@ pub fn poisoned_model(word: &str) -> ModelHandle {
     let embedder = Model::open(dir.path(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
     spawn(embedder, None)
 }
+
+/// The fixture model, panicking on every batch that holds a text containing `word` (a bug
+/// some input meets), on its thread; the other batches embed as usual.
+pub fn panicking_model(word: &str) -> ModelHandle {
+    struct Panicking(Model, String);
+    impl crate::model::Predict for Panicking {
+        fn info(&self) -> &crate::model::ModelInfo {
+            self.0.info()
+        }
+        fn predict_items(
+            &self,
+            items: &[crate::model::Item],
+        ) -> Result<crate::model::Predicted, crate::model::ModelError> {
+            let poisoned = items
+                .iter()
+                .any(|i| matches!(i, crate::model::Item::Text(t) if t.text.contains(&self.1)));
+            assert!(!poisoned, "a bug this input meets");
+            self.0.predict_items(items)
+        }
+    }
+    let embedder = Model::open(&fixture_dir(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
+    ModelHandle::spawn(Panicking(embedder, word.to_string())).unwrap()
+}

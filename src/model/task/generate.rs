@@ -226,6 +226,11 @@ impl Joining for GenerateTask {
         self.scheduler.is_idle()
     }
 
+    fn forget(&mut self, job: u64) {
+        self.scheduler.forget(job);
+        self.admitted.remove(&job);
+    }
+
     fn reset(&mut self) {
         let d = &self.defaults;
         self.scheduler = Scheduler::new(d.max_batch_tokens, d.max_seconds);
