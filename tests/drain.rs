@@ -295,3 +295,117 @@ async fn live_migration_does_not_drain_but_terminating_maintenance_does() {
     a.signal(libc::SIGTERM);
     assert!(a.wait(Duration::from_secs(5)).0.success());
 }
+
+/// Issue 40: an early drain checkpoints the generations it stops, as a SIGTERM does. Before, the
+/// decode loop's interrupt was set by the process's shutdown alone: a drain waited its grace out
+/// and handed the records back without their tokens (and the loop decoded on for nobody). Here
+/// the notice comes mid-answer, the checkpoints are saved while the worker waits drained, and
+/// once the notice clears the worker resumes from them: every answer equals the uninterrupted
+/// one, and no checkpoint is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_drain_checkpoints_the_generations_it_stops() {
+    use spotinfer::model::generate::{Generated, Interrupt, LanguageModel, Request};
+    use spotinfer::model::GenerationDefaults;
+    let gguf = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let tainted = Arc::new(AtomicBool::new(false));
+    let t = tainted.clone();
+    let host = serve(move |_, _| {
+        let taint = if t.load(Ordering::SeqCst) {
+            r#",{"key":"cloud.google.com/impending-node-termination","effect":"NoSchedule"}"#
+        } else {
+            ""
+        };
+        Some(format!(
+            r#"{{"metadata":{{"name":"n1"}},"spec":{{"taints":[{{"key":"cloud.google.com/gke-spot","value":"true","effect":"NoSchedule"}}{taint}]}}}}"#
+        ))
+    })
+    .await;
+    let name = unique("drain-generate");
+    let (args, cfg) = fresh_pubsub(&name).await;
+    let (_dir, db) = fresh_sqlite();
+    let topics = ["the sea", "a mountain", "a city at night", "an old library"];
+    let records: Vec<serde_json::Value> = topics
+        .iter()
+        .enumerate()
+        .map(|(i, topic)| {
+            serde_json::json!({"id": format!("g{i}"), "max_new_tokens": 160,
+                "messages": [{"role": "user", "content": format!("Write a long, detailed story about {topic}.")}]})
+        })
+        .collect();
+    let lines: Vec<String> = records.iter().map(|r| r.to_string()).collect();
+    publish_lines(&cfg, &lines).await;
+    let env = [
+        ("SPOTINFER_EARLY_DRAIN", "taint".to_string()),
+        ("SPOTINFER_KUBE_API", format!("http://{host}")),
+        ("NODE_NAME", "n1".to_string()),
+        ("SPOTINFER_DRAIN_POLL", "100ms".to_string()),
+        ("SPOTINFER_MODEL", gguf.display().to_string()),
+    ];
+    let mut a = WorkerProcess::start_with_env(
+        &args,
+        &db,
+        &["--batch-size", "4", "--exit-when-idle", "3s"],
+        &env,
+    );
+    wait_until(
+        Duration::from_secs(120),
+        "the records to reach the model",
+        || async {
+            a.metric("spotinfer_messages_received_total")
+                .await
+                .unwrap_or(0.0)
+                >= topics.len() as f64
+        },
+    )
+    .await;
+    // Some tokens written, none of the answers near its end.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tainted.store(true, Ordering::SeqCst);
+    wait_until(Duration::from_secs(10), "the rest handed back", || async {
+        a.metric("spotinfer_messages_released_on_shutdown_total")
+            .await
+            .unwrap_or(0.0)
+            > 0.0
+    })
+    .await;
+    let store = spotinfer::external::store::Store::connect(&db)
+        .await
+        .unwrap();
+    let saved = store.checkpoint_count().await.unwrap();
+    assert!(saved > 0, "the drain saved no checkpoint");
+    tainted.store(false, Ordering::SeqCst);
+    let (status, _) = a.wait(Duration::from_secs(300));
+    assert!(status.success(), "{status}");
+    assert_eq!(store.status(None).await.unwrap().done, topics.len() as i64);
+    assert_eq!(
+        store.checkpoint_count().await.unwrap(),
+        0,
+        "checkpoints left"
+    );
+    // Every answer, resumed or not, is the uninterrupted one.
+    let model = LanguageModel::open(&gguf).unwrap();
+    let requests: Vec<Request> = records
+        .iter()
+        .map(|r| {
+            let parsed = spotinfer::record::parse(r.to_string().as_bytes(), 1 << 20).unwrap();
+            GenerationDefaults::default().request(&parsed.generation.unwrap(), &[])
+        })
+        .collect();
+    let want = model.generate(&requests, 0, &Interrupt::new(), None);
+    let spotinfer::external::store::Store::Sqlite(pool) = &store else {
+        unreachable!()
+    };
+    for (r, w) in records.iter().zip(want) {
+        let Generated::Done(w) = w else {
+            panic!("{w:?}")
+        };
+        let got: String = sqlx::query_scalar("SELECT text FROM embeddings WHERE record_id = ?1")
+            .bind(r["id"].as_str().unwrap())
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        assert_eq!(got, w.text, "{}", r["id"]);
+    }
+    eprintln!("early drain of a generation: {saved} checkpoints saved and resumed");
+}

@@ -134,17 +134,13 @@ async fn work(
     metrics.set_store_ok(true);
     // The model download (gs://), load and measurement give way to SIGTERM: the worker holds no
     // message yet.
-    // A generation model stops its batch at the shutdown, so what it wrote is checkpointed.
+    // A generation model stops its batch when the pipeline stops, so what it wrote is
+    // checkpointed (`Pipeline::run_until_stopped` sets and clears it).
     let interrupt = Interrupt::new();
-    let (s, i) = (shutdown.clone(), interrupt.clone());
-    tokio::spawn(async move {
-        s.cancelled().await;
-        i.set();
-    });
     let model = tokio::select! {
         biased;
         _ = shutdown.cancelled() => None,
-        m = model_and_window(a, interrupt) => Some(m?),
+        m = model_and_window(a, interrupt.clone()) => Some(m?),
     };
     let Some((model, window)) = model else {
         return Ok(("stopped before the model was loaded".into(), Some(store)));
@@ -215,6 +211,7 @@ async fn work(
         store: store.clone(),
         model,
         metrics: metrics.clone(),
+        interrupt,
     };
     if !pipeline.run_until_stopped(shutdown, notice).await? {
         return Ok(("stopped before it started".into(), Some(store)));
@@ -239,6 +236,10 @@ struct Pipeline {
     store: Store,
     model: ModelHandle,
     metrics: std::sync::Arc<Metrics>,
+    /// Stops a generation model's running batches, so their tokens come back to be
+    /// checkpointed: set whenever the pipeline stops (SIGTERM, an early drain, an idle exit),
+    /// cleared when it runs again.
+    interrupt: Interrupt,
 }
 
 impl Pipeline {
@@ -254,14 +255,17 @@ impl Pipeline {
         let mut started = false;
         loop {
             let run = Shutdown::new();
+            self.interrupt.clear();
             let forward = tokio::spawn({
                 let (shutdown, run, mut notice) = (shutdown.clone(), run.clone(), notice.clone());
+                let interrupt = self.interrupt.clone();
                 async move {
                     tokio::select! {
                         _ = shutdown.cancelled() => {}
                         _ = notice.announced() => {}
                         _ = run.cancelled() => {}
                     }
+                    interrupt.set();
                     run.cancel();
                 }
             });

@@ -10,7 +10,10 @@
 //!   the sink commits it (its next delivery then finishes without generating).
 //! * At shutdown, before the messages go back to Pub/Sub, the worker saves the tokens the
 //!   handed-back records carry ([`save`]), keyed by record id, model and the hash of the
-//!   record's prompt and options. A committed result deletes its checkpoint.
+//!   record's prompt and options, and marked with the weights that wrote them (only they resume
+//!   from them). A record on its last delivery attempt is dead-lettered by the hand-back: its
+//!   checkpoint is deleted instead. A committed result deletes its checkpoint, and so does a
+//!   failure row (the sink).
 
 use crate::external::store::{Checkpoint, Store};
 use crate::model::Output;
@@ -25,7 +28,7 @@ pub const INTERRUPT_GRACE: Duration = Duration::from_secs(5);
 
 /// Puts each generation record's checkpointed tokens on it. A store that cannot be read costs
 /// only the resumption (the records start over), so its error is logged, not raised.
-pub async fn resume(records: &mut [Pending], store: &Store, model: &str) {
+pub async fn resume(records: &mut [Pending], store: &Store, model: &Weights<'_>) {
     let keys: Vec<(String, String)> = records
         .iter()
         .filter_map(|p| Some((p.record.id.clone(), p.record.generation.as_ref()?.sha256())))
@@ -33,7 +36,7 @@ pub async fn resume(records: &mut [Pending], store: &Store, model: &str) {
     if keys.is_empty() {
         return;
     }
-    let found = match store.checkpoints(model, &keys).await {
+    let found = match store.checkpoints(model.name, model.hash, &keys).await {
         Ok(found) => found,
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the generation checkpoints; these records start over");
@@ -96,27 +99,58 @@ pub fn settle(outcome: &mut Outcome, handback: &HandBack) {
     }
 }
 
+/// A generation model as its checkpoints name it: by name, and by the hash of its weights.
+#[derive(Debug, Clone, Copy)]
+pub struct Weights<'a> {
+    /// The model's name (the results' `model`).
+    pub name: &'a str,
+    /// Its weights' hash (`ModelInfo::hash`).
+    pub hash: &'a str,
+}
+
 /// Saves the tokens of the generation records among `deliveries` (the messages the worker is
-/// about to hand back), by `deadline`. Returns how many it saved.
+/// about to hand back), by `deadline`; those on their last delivery attempt (`dead_letter_limit`)
+/// go to the dead-letter topic, so their checkpoints are deleted instead. Returns how many it
+/// saved.
 pub async fn save(
     deliveries: &[Delivery],
     store: &Store,
-    model: &str,
+    model: &Weights<'_>,
+    dead_letter_limit: Option<u32>,
     deadline: tokio::time::Instant,
 ) -> usize {
-    let checkpoints: Vec<Checkpoint> = deliveries
-        .iter()
-        .filter_map(|d| {
-            let r = d.payload.as_ref().ok()?;
-            let g = r.generation.as_ref()?;
-            (!r.checkpoint.is_empty()).then(|| Checkpoint {
+    let mut dead = Vec::new();
+    let mut checkpoints = Vec::new();
+    for d in deliveries {
+        let Some((r, g)) = d
+            .payload
+            .as_ref()
+            .ok()
+            .and_then(|r| Some((r, r.generation.as_ref()?)))
+        else {
+            continue;
+        };
+        if dead_letter_limit.is_some_and(|limit| d.meta.delivery_attempt >= limit) {
+            dead.push(r.id.clone());
+        } else if !r.checkpoint.is_empty() {
+            checkpoints.push(Checkpoint {
                 record_id: r.id.clone(),
-                model: model.to_string(),
+                model: model.name.to_string(),
+                model_hash: model.hash.to_string(),
                 input_sha256: g.sha256(),
                 tokens: r.checkpoint.clone(),
-            })
-        })
-        .collect();
+            });
+        }
+    }
+    if !dead.is_empty() {
+        let forget = store.forget_checkpoints(model.name, &dead);
+        if let Err(e) = tokio::time::timeout_at(deadline, forget)
+            .await
+            .unwrap_or_else(|_| Ok(0))
+        {
+            tracing::warn!(error = %e, "cannot delete the checkpoints of dead-lettered generations");
+        }
+    }
     if checkpoints.is_empty() {
         return 0;
     }

@@ -265,6 +265,16 @@ async fn start(
         tracing::warn!(error = %e, "cannot read the subscription's dead-letter policy; messages on their last attempt are handed back at shutdown like the rest");
         None
     });
+    if model.info().reads == crate::model::Reads::Prompts {
+        match store.purge_checkpoints().await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                checkpoints = n,
+                "purged generation checkpoints no delivery can resume from"
+            ),
+            Err(e) => tracing::warn!(error = %e, "cannot purge old generation checkpoints"),
+        }
+    }
     let max = cfg.batch.max_records.max(1);
     let (dtx, drx) = mpsc::channel(max * 2);
     let nack_hold = NackHold::new(shutdown.clone());
@@ -439,8 +449,12 @@ async fn stop(
     last_chance.finish(last, deadline).await;
     // Step 4b: the tokens of the generations handed back are checkpointed, for the next
     // delivery to resume from.
-    let model = &last_chance.sink.model;
-    crate::pipeline::generation::save(&rest, &last_chance.store, model, deadline).await;
+    let weights = crate::pipeline::generation::Weights {
+        name: &last_chance.sink.model,
+        hash: &last_chance.sink.model_hash,
+    };
+    let store = &last_chance.store;
+    crate::pipeline::generation::save(&rest, store, &weights, last_chance.limit, deadline).await;
     // Step 5: a NACK that overtakes a stream's cancel sends its message back into that dead
     // stream, where it waits out its lease; a short grace after closing lets the cancel land
     // first. Then what was handed back is dropped (parked) and every parked NACK sent.

@@ -1,8 +1,12 @@
 //! Generation checkpoints: the tokens an interrupted generation had written, saved at shutdown
 //! by the worker before it hands the message back, and read by the model stage when the message
 //! comes again (on any worker), so the generation continues instead of starting over. Keyed by
-//! record id, model and the hash of the record's prompt and options; a committed result deletes
-//! its record's checkpoints (`write`).
+//! record id, model and the hash of the record's prompt and options, and read only by the
+//! weights that wrote it (a model swapped under the same name starts over). A committed result
+//! deletes its record's checkpoints (`write`), and so does a record that ends as a failure
+//! ([`Store::forget_checkpoints`]) or goes to the dead-letter topic (the worker does not save
+//! it); what is left behind otherwise (a record republished with another prompt, a job
+//! abandoned) is purged once no delivery can come back for it ([`Store::purge_checkpoints`]).
 
 use super::{Store, StoreError};
 use std::collections::HashMap;
@@ -12,13 +16,19 @@ use std::collections::HashMap;
 pub struct Checkpoint {
     /// The record.
     pub record_id: String,
-    /// The model generating it.
+    /// The model generating it, by name.
     pub model: String,
+    /// Which weights wrote the tokens (`ModelInfo::hash`).
+    pub model_hash: String,
     /// Hex SHA-256 of the record's prompt and options (`generate::Input::sha256`).
     pub input_sha256: String,
     /// The token ids generated so far.
     pub tokens: Vec<u32>,
 }
+
+/// How long a checkpoint is kept: Pub/Sub's longest message retention (31 days), past which no
+/// message can be delivered again to resume from it.
+pub const CHECKPOINT_RETENTION: std::time::Duration = std::time::Duration::from_secs(31 * 86_400);
 
 fn to_bytes(tokens: &[u32]) -> Vec<u8> {
     tokens.iter().flat_map(|t| t.to_le_bytes()).collect()
@@ -35,9 +45,9 @@ impl Store {
     pub async fn save_checkpoints(&self, checkpoints: &[Checkpoint]) -> Result<(), StoreError> {
         let now = self.pick(super::PG_NOW, super::SQLITE_NOW);
         let sql = format!(
-            "INSERT INTO generation_checkpoints (record_id, model, input_sha256, tokens) \
-             VALUES ($1, $2, $3, $4) ON CONFLICT (record_id, model, input_sha256) \
-             DO UPDATE SET tokens = excluded.tokens, saved_at = {now}"
+            "INSERT INTO generation_checkpoints (record_id, model, input_sha256, tokens, model_hash) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (record_id, model, input_sha256) \
+             DO UPDATE SET tokens = excluded.tokens, model_hash = excluded.model_hash, saved_at = {now}"
         );
         on_pool!(self, p => {
             let mut tx = p.begin().await?;
@@ -47,6 +57,7 @@ impl Store {
                     .bind(&c.model)
                     .bind(&c.input_sha256)
                     .bind(to_bytes(&c.tokens))
+                    .bind(&c.model_hash)
                     .execute(&mut *tx)
                     .await?;
             }
@@ -55,20 +66,23 @@ impl Store {
         Ok(())
     }
 
-    /// The saved tokens of `model`'s generations for `keys` (record id, input hash), by key.
+    /// The saved tokens of `model`'s generations for `keys` (record id, input hash), by key:
+    /// only those the weights `model_hash` wrote.
     pub async fn checkpoints(
         &self,
         model: &str,
+        model_hash: &str,
         keys: &[(String, String)],
     ) -> Result<HashMap<(String, String), Vec<u32>>, StoreError> {
         let mut found = HashMap::new();
         let sql = "SELECT tokens FROM generation_checkpoints \
-                   WHERE record_id = $1 AND model = $2 AND input_sha256 = $3";
+                   WHERE record_id = $1 AND model = $2 AND input_sha256 = $3 AND model_hash = $4";
         for (id, sha) in keys {
             let tokens: Option<Vec<u8>> = on_pool!(self, p => sqlx::query_scalar(sql)
                 .bind(id)
                 .bind(model)
                 .bind(sha)
+                .bind(model_hash)
                 .fetch_optional(p)
                 .await?);
             if let Some(t) = tokens {
@@ -76,6 +90,36 @@ impl Store {
             }
         }
         Ok(found)
+    }
+
+    /// Deletes `model`'s checkpoints of `record_ids`: records that ended without a result (a
+    /// failure row) or will not come back (dead-lettered).
+    pub async fn forget_checkpoints(
+        &self,
+        model: &str,
+        record_ids: &[String],
+    ) -> Result<u64, StoreError> {
+        let sql = "DELETE FROM generation_checkpoints WHERE model = $1 AND record_id = $2";
+        let mut deleted = 0;
+        on_pool!(self, p => {
+            let mut tx = p.begin().await?;
+            for id in record_ids {
+                deleted += sqlx::query(sql).bind(model).bind(id).execute(&mut *tx).await?.rows_affected();
+            }
+            tx.commit().await?;
+        });
+        Ok(deleted)
+    }
+
+    /// Deletes the checkpoints saved more than [`CHECKPOINT_RETENTION`] ago: by then Pub/Sub
+    /// holds no delivery of their messages, so nothing can resume from them.
+    pub async fn purge_checkpoints(&self) -> Result<u64, StoreError> {
+        let days = CHECKPOINT_RETENTION.as_secs() / 86_400;
+        let sql = self.pick(
+            &format!("DELETE FROM generation_checkpoints WHERE saved_at < now() - interval '{days} days'"),
+            &format!("DELETE FROM generation_checkpoints WHERE saved_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-{days} days')"),
+        ).to_string();
+        Ok(on_pool!(self, p => sqlx::query(&sql).execute(p).await?.rows_affected()))
     }
 
     /// How many checkpoints are saved (for tests and `status`).

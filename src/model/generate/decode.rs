@@ -18,7 +18,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Asks running generations to stop at their next step and hand back their tokens (set when the
-/// worker shuts down). Cheap to clone; every clone sees the same flag.
+/// worker's pipeline stops: SIGTERM, an early drain). Cheap to clone; every clone sees the same
+/// flag.
 #[derive(Debug, Clone, Default)]
 pub struct Interrupt(Arc<AtomicBool>);
 
@@ -31,6 +32,12 @@ impl Interrupt {
     /// Sets it.
     pub fn set(&self) {
         self.0.store(true, Ordering::SeqCst);
+    }
+
+    /// Clears it: a pipeline that stopped on an early drain runs again when the notice clears,
+    /// and its generations must not stop at once.
+    pub fn clear(&self) {
+        self.0.store(false, Ordering::SeqCst);
     }
 
     /// Whether it is set.
@@ -106,6 +113,18 @@ impl Scheduler {
         self.jobs.is_empty()
     }
 
+    /// Drops the batch `job` and its sequences, running or waiting: nobody waits for them.
+    pub fn forget(&mut self, job: u64) {
+        self.jobs.retain(|j| j.id != job);
+        self.waiting.retain(|s| s.job != job);
+        let (gone, kept): (Vec<Sequence>, Vec<Sequence>) = std::mem::take(&mut self.active)
+            .into_iter()
+            .partition(|s| s.job == job);
+        let freed: usize = gone.iter().map(|s| s.need).sum();
+        self.reserved = self.reserved.saturating_sub(freed);
+        self.active = kept;
+    }
+
     /// Admits a batch as `job`: each request's prompt is tokenized and fitted now (a refusal is
     /// its result at once), and it runs as soon as the budget has room.
     pub fn admit(&mut self, model: &LanguageModel, job: u64, requests: Vec<Request>) {
@@ -115,7 +134,18 @@ impl Scheduler {
             left: requests.len(),
         });
         for (index, request) in requests.into_iter().enumerate() {
-            match prepare(model, job, index, request) {
+            // A panic tokenizing or templating one prompt (a bug its text meets) refuses that
+            // record alone.
+            let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                prepare(model, job, index, request)
+            }))
+            .unwrap_or_else(|p| {
+                Err(format!(
+                    "the model panicked reading the prompt: {}",
+                    crate::shutdown::panic_message(p.as_ref())
+                ))
+            });
+            match prepared {
                 Ok(seq) => match (seq.generated.is_empty(), finished(model, &seq)) {
                     // A checkpoint taken after the generation ended (a shutdown between its
                     // last step and its commit) needs no step.
@@ -271,16 +301,37 @@ fn prepare(
         }
         prompt.drain(..prompt.len() + max_new - context);
     }
+    let generated = resumable(model, &request);
     Ok(Sequence {
         job,
         index,
         need: prompt.len() + max_new,
         prompt,
-        generated: request.resume.clone(),
+        generated,
         cache: KvCache::default(),
         request,
         started: None,
     })
+}
+
+/// The checkpointed tokens `request` resumes from, or none (it starts over) when they cannot be
+/// this model's continuation: an id past its vocabulary or more tokens than the request may
+/// write. Such a checkpoint fails no sequence, its own included: it is only not used.
+fn resumable(model: &LanguageModel, request: &Request) -> Vec<u32> {
+    let vocab = model.vocab();
+    let resume = &request.resume;
+    let bad_id = resume.iter().find(|&&t| t as usize >= vocab);
+    if bad_id.is_none() && resume.len() <= request.max_new_tokens {
+        return resume.clone();
+    }
+    tracing::warn!(
+        tokens = resume.len(),
+        max_new_tokens = request.max_new_tokens,
+        bad_id = ?bad_id,
+        vocab,
+        "a checkpoint this model cannot continue from; the record starts over"
+    );
+    Vec::new()
 }
 
 /// Most new tokens one forward pass reads. A prompt longer than what is left of it is read in

@@ -217,6 +217,11 @@ impl LanguageModel {
         self.decoder.dims().max_positions
     }
 
+    /// Token ids the model has (a checkpoint's ids must be below it).
+    pub fn vocab(&self) -> usize {
+        self.decoder.dims().vocab
+    }
+
     /// The instructions the dense layers run on.
     pub fn kernels(&self) -> &'static str {
         self.decoder.kernels()
