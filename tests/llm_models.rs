@@ -211,3 +211,24 @@ fn prompts_past_the_context_and_template_refusals_are_reasons_not_panics() {
     };
     assert_eq!(why, "chat template: unknown role: critic");
 }
+
+/// Issue 40: a checkpoint the model cannot continue from (a token id past its vocabulary: the
+/// model was swapped, or the row damaged; more tokens than the request may write) is ignored
+/// for its own record, which starts over and writes the uninterrupted answer; the sequences
+/// decoded beside it are untouched. Before, the bad id failed every running sequence.
+#[test]
+fn a_checkpoint_the_model_cannot_continue_from_restarts_its_record_alone() {
+    let refs = reference();
+    let cases = refs["models"]["llama"].as_array().expect("cases");
+    let model = LanguageModel::open(&fixtures().join("models/llama")).expect("load");
+    let want: Vec<Vec<u32>> = cases[..3].iter().map(expected).collect();
+    let requests = vec![
+        greedy(messages(&cases[0]), want[0][..2].to_vec()),
+        greedy(messages(&cases[1]), vec![5, 1_000_000]),
+        greedy(messages(&cases[2]), vec![7; 25]),
+    ];
+    let out = model.generate(&requests, 0, &Interrupt::new(), None);
+    for (i, (got, want)) in out.iter().zip(&want).enumerate() {
+        assert_eq!(&tokens(got), want, "prompt {i}");
+    }
+}

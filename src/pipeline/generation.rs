@@ -176,3 +176,102 @@ pub async fn save(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::testkit::{execute, sqlite, Kit};
+
+    /// A generation record `id` on its `attempt`th delivery, holding `tokens` as its progress.
+    fn interrupted(kit: &Kit, id: &str, attempt: u32, tokens: &[u32]) -> Delivery {
+        let data = serde_json::json!({"id": id, "prompt": "Once upon a time"}).to_string();
+        let mut d = kit.delivery(id, &data);
+        d.meta.delivery_attempt = attempt;
+        if let Ok(r) = d.payload.as_mut() {
+            r.checkpoint = tokens.to_vec();
+        }
+        d
+    }
+
+    /// The checkpointed tokens `resume` puts on `id` for `weights`.
+    async fn resumed(kit: &Kit, store: &Store, id: &str, weights: &Weights<'_>) -> Vec<u32> {
+        let mut batch = kit.batch([interrupted(kit, id, 1, &[])]);
+        resume(&mut batch.records, store, weights).await;
+        batch.records[0].record.checkpoint.clone()
+    }
+
+    fn far() -> tokio::time::Instant {
+        tokio::time::Instant::now() + Duration::from_secs(10)
+    }
+
+    const A: Weights = Weights {
+        name: "llm",
+        hash: "aaaa",
+    };
+
+    /// Issue 40: a model swapped under the same name does not resume another model's tokens.
+    #[tokio::test]
+    async fn a_checkpoint_resumes_only_on_the_weights_that_wrote_it() {
+        let kit = Kit::new();
+        let (_dir, store) = sqlite().await;
+        let saved = save(
+            &[interrupted(&kit, "r", 1, &[7, 8])],
+            &store,
+            &A,
+            None,
+            far(),
+        )
+        .await;
+        assert_eq!(saved, 1);
+        let b = Weights {
+            name: "llm",
+            hash: "bbbb",
+        };
+        assert_eq!(resumed(&kit, &store, "r", &b).await, Vec::<u32>::new());
+        assert_eq!(resumed(&kit, &store, "r", &A).await, [7, 8]);
+    }
+
+    /// Issue 40: a record the hand-back dead-letters (its last delivery attempt) leaves no
+    /// checkpoint behind, not even one an earlier delivery saved; the others are saved.
+    #[tokio::test]
+    async fn a_dead_lettered_generation_leaves_no_checkpoint() {
+        let kit = Kit::new();
+        let (_dir, store) = sqlite().await;
+        save(
+            &[interrupted(&kit, "last", 2, &[1])],
+            &store,
+            &A,
+            Some(5),
+            far(),
+        )
+        .await;
+        let back = [
+            interrupted(&kit, "last", 5, &[1, 2]),
+            interrupted(&kit, "early", 2, &[3]),
+        ];
+        assert_eq!(save(&back, &store, &A, Some(5), far()).await, 1);
+        assert_eq!(resumed(&kit, &store, "last", &A).await, Vec::<u32>::new());
+        assert_eq!(resumed(&kit, &store, "early", &A).await, [3]);
+        assert_eq!(store.checkpoint_count().await.unwrap(), 1);
+    }
+
+    /// Issue 40: checkpoints no delivery can come back for are purged; recent ones stay.
+    #[tokio::test]
+    async fn checkpoints_past_the_retention_are_purged() {
+        let kit = Kit::new();
+        let back = [
+            interrupted(&kit, "old", 1, &[1]),
+            interrupted(&kit, "new", 1, &[2]),
+        ];
+        let (_dir, store) = sqlite().await;
+        save(&back, &store, &A, None, far()).await;
+        execute(
+            &store,
+            "UPDATE generation_checkpoints SET saved_at = '2020-01-01T00:00:00.000Z' \
+             WHERE record_id = 'old'",
+        )
+        .await;
+        assert_eq!(store.purge_checkpoints().await.unwrap(), 1);
+        assert_eq!(resumed(&kit, &store, "new", &A).await, [2]);
+    }
+}

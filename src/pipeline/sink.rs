@@ -404,6 +404,54 @@ mod tests {
         assert_eq!((c.committed, c.failed, c.acked), (3, 1, 4));
     }
 
+    /// Issue 40: a generation record that ends as a failure row leaves no checkpoint behind.
+    #[tokio::test]
+    async fn a_failed_generation_s_checkpoint_is_deleted_with_its_failure_row() {
+        let kit = Kit::new();
+        let (_dir, store) = sqlite().await;
+        let checkpoint = |id: &str| store::Checkpoint {
+            record_id: id.into(),
+            model: "m".into(),
+            model_hash: "h".into(),
+            input_sha256: "00".into(),
+            tokens: vec![1, 2],
+        };
+        store
+            .save_checkpoints(&[checkpoint("g"), checkpoint("other")])
+            .await
+            .unwrap();
+        let (tx, rx) = mpsc::channel(4);
+        let cfg = SinkConfig {
+            task: Task::Generate,
+            ..config(Duration::from_secs(5))
+        };
+        let sink = tokio::spawn(run(
+            rx,
+            store.clone(),
+            cfg,
+            kit.metrics.clone(),
+            kit.shutdown.clone(),
+            HandBack::default(),
+        ));
+        let data = serde_json::json!({"id": "g", "job": "j", "prompt": "Hi"}).to_string();
+        let failed = kit.batch([kit.delivery("g", &data)]).records.remove(0);
+        let outcome = Outcome {
+            done: Vec::new(),
+            rejected: vec![failed.into_rejected(RecordError::Generation("refused".into()))],
+        };
+        tx.send(outcome).await.unwrap();
+        kit.ledger.wait_for(1).await;
+        drop(tx);
+        sink.await.unwrap();
+        assert_eq!(
+            store.checkpoint_count().await.unwrap(),
+            1,
+            "only the other one is left"
+        );
+        let failures = store.failures().await.unwrap();
+        assert_eq!(failures[0].1.as_deref(), Some("g"));
+    }
+
     #[tokio::test]
     async fn a_failed_commit_is_retried_in_place_then_acked_once() {
         let kit = Kit::new();
