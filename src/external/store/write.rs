@@ -123,12 +123,13 @@ pub fn storable_row(row: &ResultRow) -> std::borrow::Cow<'_, ResultRow> {
         ("entities", &mut stored.entities),
     ] {
         let Some(json) = value.as_mut() else { continue };
-        let Ok(mut parsed) = serde_json::from_str::<serde_json::Value>(json) else {
+        let Ok(original) = serde_json::from_str::<serde_json::Value>(json) else {
             continue;
         };
-        if replace_nul(&mut parsed) {
-            exact.insert(key.into(), serde_json::from_str(json).unwrap_or_default());
-            *json = parsed.to_string();
+        let mut stand_in = original.clone();
+        if replace_nul(&mut stand_in) {
+            exact.insert(key.into(), original);
+            *json = stand_in.to_string();
         }
     }
     if exact.is_empty() {
