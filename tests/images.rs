@@ -1,6 +1,7 @@
 //! Images in: the fixture photographs (scikit-image's samples in every format read, made by
-//! tests/fixtures/images/make_images.py) decoded and preprocessed as transformers' processors
-//! (PIL backend) do, against what they computed; and the inputs that must be refused.
+//! tests/fixtures/images/make_images.py) and pictures with transparency in every form (alpha/,
+//! make_alpha.py) decoded and preprocessed as transformers' processors (PIL backend) do, against
+//! what they computed; and the inputs that must be refused.
 
 mod common;
 
@@ -104,8 +105,9 @@ fn every_photo_is_preprocessed_as_the_models_processor_does() {
     }
 }
 
-/// What a decoder gives for the formats where Pillow's conversion to RGB is its own: a 16-bit PNG
-/// keeps the high byte of each sample, a palette its colours, alpha is dropped, gray repeated.
+/// What a decoder gives for the formats where Pillow's conversion to RGB is its own: a 16-bit RGB
+/// PNG keeps the high byte of each sample, a palette its colours, gray repeated (transparency:
+/// `transparent_pictures_are_composited_onto_white_as_the_processor_does`).
 #[test]
 fn conversions_to_rgb_follow_pillow() {
     let coffee16 = photo("coffee-16bit.png");
@@ -128,6 +130,67 @@ fn conversions_to_rgb_follow_pillow() {
         (rotated.width, rotated.height),
         (upright.width, upright.height)
     );
+}
+
+/// An 8-bit RGB PNG written by a fixture script.
+fn rgb_png(path: &Path) -> Rgb8 {
+    let img = image::open(path).unwrap().to_rgb8();
+    Rgb8 {
+        width: img.width() as usize,
+        height: img.height() as usize,
+        data: img.into_raw(),
+    }
+}
+
+/// Every way a file carries transparency (alpha/, made by make_alpha.py: RGBA and grey-alpha at 8
+/// and 16 bits, a palette with tRNS alphas, grey and RGB colour keys at 4, 8 and 16 bits, GIF, WebP,
+/// every colour at every alpha): the picture is what transformers' `convert_to_rgb` gives, Pillow's
+/// `alpha_composite` onto white, byte for byte; after the CLIP processor's resize and crop too, and
+/// its first pixel values within 1e-6.
+#[test]
+fn transparent_pictures_are_composited_onto_white_as_the_processor_does() {
+    let dir = fixtures().join("alpha");
+    let text = std::fs::read_to_string(dir.join("reference.json")).unwrap();
+    let refs: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let files = refs["files"].as_object().unwrap();
+    assert!(files.len() >= 14);
+    let clip = Processor::read(&fixtures().join("models/clip")).unwrap();
+    let mut wrong = Vec::new();
+    for (name, meta) in files {
+        let bytes = std::fs::read(dir.join(name)).unwrap();
+        let got = decode(&bytes, LIMIT).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let (n, most) = differences(&got, &rgb_png(&dir.join(format!("refs/{name}.png"))));
+        eprintln!(
+            "{name:18} {:5} transparent pixels: {n:5} of {} bytes differ, by at most {most}",
+            meta["transparent_pixels"],
+            got.data.len()
+        );
+        if n > 0 {
+            wrong.push(format!("{name}: {n} bytes differ by up to {most}"));
+            continue;
+        }
+        let resized = clip.resized(&got).unwrap();
+        assert_eq!(
+            resized,
+            rgb_png(&dir.join(format!("refs/clip/{name}.png"))),
+            "{name}: resized"
+        );
+        let values = clip.pixel_values(&got).unwrap();
+        for (i, w) in meta["clip_first_values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+        {
+            let w = w.as_f64().unwrap() as f32;
+            assert!(
+                (values[i] - w).abs() <= 1e-6,
+                "{name}: value {i} {} against {w}",
+                values[i]
+            );
+        }
+    }
+    assert!(wrong.is_empty(), "not the processor's pixels: {wrong:#?}");
 }
 
 /// Pillow's resampler against the crates that resize images, on the lossless photographs and the
