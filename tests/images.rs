@@ -310,3 +310,112 @@ fn bad_images_are_refused_with_their_reason() {
     assert_eq!((first.width, first.height), (2, 2));
     assert_eq!(&first.data[..3], &[0, 0, 0]);
 }
+
+/// The worst picture for decoding's memory: a 16-bit RGBA PNG (8 bytes a pixel decoded) whose rows
+/// repeat, so `pixels` of them compress to a few hundred kB.
+fn worst_png(side: u32) -> Vec<u8> {
+    let img = image::ImageBuffer::from_fn(side, side, |x, _| {
+        let v = (x * 97 % 65536) as u16;
+        image::Rgba([v, v / 2, 65535 - v, 40000])
+    });
+    let mut png = Vec::new();
+    image::DynamicImage::ImageRgba16(img)
+        .write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
+        .unwrap();
+    png
+}
+
+/// A line of /proc/self/status, in KiB.
+fn status_kib(key: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// Run in its own process by the test below: four copies of the picture at
+/// SPOTINFER_TEST_WORST_PNG through the CLIP processor at once, as the model stage prepares one
+/// batch on four cores, with a decode budget of SPOTINFER_TEST_DECODE_MEMORY bytes; prints the
+/// resident set before and the process's peak after, in KiB.
+#[test]
+#[ignore = "run in its own process by four_worst_pictures_in_one_batch_stay_within_the_decode_budget"]
+fn decode_memory_child() {
+    let bytes = std::fs::read(std::env::var("SPOTINFER_TEST_WORST_PNG").unwrap()).unwrap();
+    let budget: u64 = std::env::var("SPOTINFER_TEST_DECODE_MEMORY")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let memory = spotinfer::model::image::budget::DecodeMemory::new(budget);
+    let clip = Processor::read(&fixtures().join("models/clip")).unwrap();
+    let before = status_kib("VmHWM:");
+    std::thread::scope(|s| {
+        let threads =
+            std::env::var("SPOTINFER_TEST_DECODE_THREADS").map_or(4, |t| t.parse().unwrap());
+        let work: Vec<_> = (0..threads)
+            .map(|_| s.spawn(|| clip.prepare_within(&bytes, LIMIT, &memory).unwrap().len()))
+            .collect();
+        for w in work {
+            assert_eq!(w.join().unwrap(), 3 * 64 * 64);
+        }
+    });
+    println!("before_kib={before} peak_kib={}", status_kib("VmHWM:"));
+}
+
+/// Four of the worst pictures (16-bit RGBA PNG, 8 bytes a pixel decoded, compressed to almost
+/// nothing) decoded at once, as one batch on four cores: with a decode budget of 64 MiB the
+/// process's peak grows by at most the budget and a few MiB of decoder buffers; without one it
+/// grows by four decodes. Each run in its own process, so the peak is its own.
+#[test]
+fn four_worst_pictures_in_one_batch_stay_within_the_decode_budget() {
+    let side = 2600u32;
+    let png = worst_png(side);
+    let decoded = u64::from(side * side) * 8;
+    eprintln!(
+        "{side}x{side} 16-bit RGBA: {} kB compressed, {} MiB decoded",
+        png.len() / 1000,
+        decoded >> 20
+    );
+    assert!(png.len() < 2_000_000);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("worst.png");
+    std::fs::write(&path, &png).unwrap();
+    let run = |budget: u64| -> f64 {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["decode_memory_child", "--exact", "--ignored", "--nocapture"])
+            .env("SPOTINFER_TEST_WORST_PNG", &path)
+            .env("SPOTINFER_TEST_DECODE_MEMORY", budget.to_string())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let kib = |key: &str| -> f64 {
+            let at = text.find(key).unwrap() + key.len();
+            let digits: String = text[at..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            digits.parse().unwrap()
+        };
+        (kib("peak_kib=") - kib("before_kib=")) / 1024.0
+    };
+    let budget = 64u64 << 20;
+    let unbounded = run(u64::MAX / 2);
+    let bounded = run(budget);
+    eprintln!(
+        "four at once: the peak grows by {unbounded:.0} MiB without a budget, {bounded:.0} MiB \
+         with {} MiB",
+        budget >> 20
+    );
+    let bound = (budget >> 20) as f64 + 16.0;
+    assert!(bounded <= bound, "{bounded:.0} MiB over {bound:.0}");
+    assert!(
+        unbounded > bound,
+        "the test's pictures do not need a budget"
+    );
+}

@@ -11,9 +11,13 @@
 //!
 //! A file declaring more pixels than the limit is refused from its header, before anything is
 //! allocated; the decoder's own allocations are capped too, so a decompression bomb costs
-//! nothing but the bytes already read.
+//! nothing but the bytes already read. The bytes a decode holds at its peak, also known from the
+//! header, are taken from the process's decode budget ([`budget`]) before it allocates; the
+//! conversion to RGB is done in place and only a quarter turn copies the picture.
 
+use super::budget::{self, DecodeMemory, Held};
 use super::resample::Rgb8;
+use image::metadata::Orientation;
 use image::{ColorType, DynamicImage, ImageDecoder, ImageFormat, ImageReader};
 use std::io::Cursor;
 
@@ -34,6 +38,17 @@ pub struct Undecodable(pub String);
 /// Decodes `bytes` (JPEG, PNG, WebP, GIF's first frame, BMP) to upright RGB, refusing an image
 /// of more than `max_pixels` pixels before decoding it.
 pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<Rgb8, Undecodable> {
+    decode_held(bytes, max_pixels, budget::global()).map(|(image, _held)| image)
+}
+
+/// As [`decode`], the bytes its decoding holds at its peak taken from `memory` first (waiting for
+/// them; refused where they are more than all of it) and held, with the picture, by the caller
+/// until it has done with it.
+pub fn decode_held<'m>(
+    bytes: &[u8],
+    max_pixels: u64,
+    memory: &'m DecodeMemory,
+) -> Result<(Rgb8, Held<'m>), Undecodable> {
     let fail = |what: &str, e: image::ImageError| Undecodable(format!("{what}: {e}"));
     let reader = ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
@@ -82,6 +97,12 @@ pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<Rgb8, Undecodable> {
         .orientation()
         .map_err(|e| fail(&format!("a broken {format:?}"), e))?;
     let color = decoder.color_type();
+    let need = peak_bytes(decoder.total_bytes(), pixels, color, orientation);
+    let held = memory.take(need).map_err(|why| {
+        Undecodable(format!(
+            "the {format:?} declares {width}x{height} pixels of {color:?}: {why}"
+        ))
+    })?;
     let mut data = vec![0u8; to_usize(decoder.total_bytes())?];
     decoder
         .read_image(&mut data)
@@ -96,11 +117,32 @@ pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<Rgb8, Undecodable> {
     let mut image = DynamicImage::ImageRgb8(rgb);
     // Flips and half turns are in place; a quarter turn copies the (3-byte) picture once.
     image.apply_orientation(orientation);
-    Ok(Rgb8 {
+    let rgb = Rgb8 {
         width: image.width() as usize,
         height: image.height() as usize,
         data: image.into_bytes(),
-    })
+    };
+    Ok((rgb, held))
+}
+
+/// The most bytes a decode holds at once, from its header: the decoder's output (8 bytes a pixel
+/// for 16-bit RGBA), converted to RGB in place; where a pixel grows (grey), the 3-byte picture
+/// beside it while the buffer grows; a quarter turn, the turned copy beside the picture.
+fn peak_bytes(total: u64, pixels: u64, color: ColorType, orientation: Orientation) -> u64 {
+    let rgb = pixels.saturating_mul(3);
+    let read = if color.bytes_per_pixel() < 3 {
+        total.saturating_add(rgb)
+    } else {
+        total
+    };
+    let turned = match orientation {
+        Orientation::Rotate90
+        | Orientation::Rotate270
+        | Orientation::Rotate90FlipH
+        | Orientation::Rotate270FlipH => rgb.saturating_mul(2),
+        _ => rgb,
+    };
+    read.max(turned)
 }
 
 fn to_usize(n: u64) -> Result<usize, Undecodable> {
