@@ -1,6 +1,7 @@
 //! Images in: the fixture photographs (scikit-image's samples in every format read, made by
-//! tests/fixtures/images/make_images.py) decoded and preprocessed as transformers' processors
-//! (PIL backend) do, against what they computed; and the inputs that must be refused.
+//! tests/fixtures/images/make_images.py) and pictures with transparency in every form (alpha/,
+//! make_alpha.py) decoded and preprocessed as transformers' processors (PIL backend) do, against
+//! what they computed; and the inputs that must be refused.
 
 mod common;
 
@@ -104,8 +105,9 @@ fn every_photo_is_preprocessed_as_the_models_processor_does() {
     }
 }
 
-/// What a decoder gives for the formats where Pillow's conversion to RGB is its own: a 16-bit PNG
-/// keeps the high byte of each sample, a palette its colours, alpha is dropped, gray repeated.
+/// What a decoder gives for the formats where Pillow's conversion to RGB is its own: a 16-bit RGB
+/// PNG keeps the high byte of each sample, a palette its colours, gray repeated (transparency:
+/// `transparent_pictures_are_composited_onto_white_as_the_processor_does`).
 #[test]
 fn conversions_to_rgb_follow_pillow() {
     let coffee16 = photo("coffee-16bit.png");
@@ -128,6 +130,67 @@ fn conversions_to_rgb_follow_pillow() {
         (rotated.width, rotated.height),
         (upright.width, upright.height)
     );
+}
+
+/// An 8-bit RGB PNG written by a fixture script.
+fn rgb_png(path: &Path) -> Rgb8 {
+    let img = image::open(path).unwrap().to_rgb8();
+    Rgb8 {
+        width: img.width() as usize,
+        height: img.height() as usize,
+        data: img.into_raw(),
+    }
+}
+
+/// Every way a file carries transparency (alpha/, made by make_alpha.py: RGBA and grey-alpha at 8
+/// and 16 bits, a palette with tRNS alphas, grey and RGB colour keys at 4, 8 and 16 bits, GIF, WebP,
+/// every colour at every alpha): the picture is what transformers' `convert_to_rgb` gives, Pillow's
+/// `alpha_composite` onto white, byte for byte; after the CLIP processor's resize and crop too, and
+/// its first pixel values within 1e-6.
+#[test]
+fn transparent_pictures_are_composited_onto_white_as_the_processor_does() {
+    let dir = fixtures().join("alpha");
+    let text = std::fs::read_to_string(dir.join("reference.json")).unwrap();
+    let refs: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let files = refs["files"].as_object().unwrap();
+    assert!(files.len() >= 14);
+    let clip = Processor::read(&fixtures().join("models/clip")).unwrap();
+    let mut wrong = Vec::new();
+    for (name, meta) in files {
+        let bytes = std::fs::read(dir.join(name)).unwrap();
+        let got = decode(&bytes, LIMIT).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let (n, most) = differences(&got, &rgb_png(&dir.join(format!("refs/{name}.png"))));
+        eprintln!(
+            "{name:18} {:5} transparent pixels: {n:5} of {} bytes differ, by at most {most}",
+            meta["transparent_pixels"],
+            got.data.len()
+        );
+        if n > 0 {
+            wrong.push(format!("{name}: {n} bytes differ by up to {most}"));
+            continue;
+        }
+        let resized = clip.resized(&got).unwrap();
+        assert_eq!(
+            resized,
+            rgb_png(&dir.join(format!("refs/clip/{name}.png"))),
+            "{name}: resized"
+        );
+        let values = clip.pixel_values(&got).unwrap();
+        for (i, w) in meta["clip_first_values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+        {
+            let w = w.as_f64().unwrap() as f32;
+            assert!(
+                (values[i] - w).abs() <= 1e-6,
+                "{name}: value {i} {} against {w}",
+                values[i]
+            );
+        }
+    }
+    assert!(wrong.is_empty(), "not the processor's pixels: {wrong:#?}");
 }
 
 /// Pillow's resampler against the crates that resize images, on the lossless photographs and the
@@ -246,4 +309,113 @@ fn bad_images_are_refused_with_their_reason() {
     let first = decode(&gif, LIMIT).unwrap();
     assert_eq!((first.width, first.height), (2, 2));
     assert_eq!(&first.data[..3], &[0, 0, 0]);
+}
+
+/// The worst picture for decoding's memory: a 16-bit RGBA PNG (8 bytes a pixel decoded) whose rows
+/// repeat, so `pixels` of them compress to a few hundred kB.
+fn worst_png(side: u32) -> Vec<u8> {
+    let img = image::ImageBuffer::from_fn(side, side, |x, _| {
+        let v = (x * 97 % 65536) as u16;
+        image::Rgba([v, v / 2, 65535 - v, 40000])
+    });
+    let mut png = Vec::new();
+    image::DynamicImage::ImageRgba16(img)
+        .write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
+        .unwrap();
+    png
+}
+
+/// A line of /proc/self/status, in KiB.
+fn status_kib(key: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// Run in its own process by the test below: four copies of the picture at
+/// SPOTINFER_TEST_WORST_PNG through the CLIP processor at once, as the model stage prepares one
+/// batch on four cores, with a decode budget of SPOTINFER_TEST_DECODE_MEMORY bytes; prints the
+/// resident set before and the process's peak after, in KiB.
+#[test]
+#[ignore = "run in its own process by four_worst_pictures_in_one_batch_stay_within_the_decode_budget"]
+fn decode_memory_child() {
+    let bytes = std::fs::read(std::env::var("SPOTINFER_TEST_WORST_PNG").unwrap()).unwrap();
+    let budget: u64 = std::env::var("SPOTINFER_TEST_DECODE_MEMORY")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let memory = spotinfer::model::image::budget::DecodeMemory::new(budget);
+    let clip = Processor::read(&fixtures().join("models/clip")).unwrap();
+    let before = status_kib("VmHWM:");
+    std::thread::scope(|s| {
+        let threads =
+            std::env::var("SPOTINFER_TEST_DECODE_THREADS").map_or(4, |t| t.parse().unwrap());
+        let work: Vec<_> = (0..threads)
+            .map(|_| s.spawn(|| clip.prepare_within(&bytes, LIMIT, &memory).unwrap().len()))
+            .collect();
+        for w in work {
+            assert_eq!(w.join().unwrap(), 3 * 64 * 64);
+        }
+    });
+    println!("before_kib={before} peak_kib={}", status_kib("VmHWM:"));
+}
+
+/// Four of the worst pictures (16-bit RGBA PNG, 8 bytes a pixel decoded, compressed to almost
+/// nothing) decoded at once, as one batch on four cores: with a decode budget of 64 MiB the
+/// process's peak grows by at most the budget and a few MiB of decoder buffers; without one it
+/// grows by four decodes. Each run in its own process, so the peak is its own.
+#[test]
+fn four_worst_pictures_in_one_batch_stay_within_the_decode_budget() {
+    let side = 2600u32;
+    let png = worst_png(side);
+    let decoded = u64::from(side * side) * 8;
+    eprintln!(
+        "{side}x{side} 16-bit RGBA: {} kB compressed, {} MiB decoded",
+        png.len() / 1000,
+        decoded >> 20
+    );
+    assert!(png.len() < 2_000_000);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("worst.png");
+    std::fs::write(&path, &png).unwrap();
+    let run = |budget: u64| -> f64 {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["decode_memory_child", "--exact", "--ignored", "--nocapture"])
+            .env("SPOTINFER_TEST_WORST_PNG", &path)
+            .env("SPOTINFER_TEST_DECODE_MEMORY", budget.to_string())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let kib = |key: &str| -> f64 {
+            let at = text.find(key).unwrap() + key.len();
+            let digits: String = text[at..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            digits.parse().unwrap()
+        };
+        (kib("peak_kib=") - kib("before_kib=")) / 1024.0
+    };
+    let budget = 64u64 << 20;
+    let unbounded = run(u64::MAX / 2);
+    let bounded = run(budget);
+    eprintln!(
+        "four at once: the peak grows by {unbounded:.0} MiB without a budget, {bounded:.0} MiB \
+         with {} MiB",
+        budget >> 20
+    );
+    let bound = (budget >> 20) as f64 + 16.0;
+    assert!(bounded <= bound, "{bounded:.0} MiB over {bound:.0}");
+    assert!(
+        unbounded > bound,
+        "the test's pictures do not need a budget"
+    );
 }

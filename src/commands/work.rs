@@ -39,6 +39,9 @@ const FINAL_JOB_CHECK: Duration = Duration::from_secs(2);
 /// Runs one worker to its end, prints what it did and, in job mode, exits with the status that
 /// tells the Job whether the job is complete (see the module documentation).
 pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
+    if let Some(bytes) = a.model.image_decode_memory {
+        spotinfer::model::image::budget::configure(bytes);
+    }
     let shutdown = Shutdown::new();
     let signalled = Shutdown::new();
     shutdown::listen_for_signals(shutdown.clone(), signalled.clone())

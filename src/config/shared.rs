@@ -169,10 +169,17 @@ pub struct ModelArgs {
     pub max_text_bytes: usize,
     /// Most pixels (width × height) an image record may have, checked from its header before
     /// anything is decoded; an image model's resize may not make more either. Larger images,
-    /// decompression bombs among them, are recorded as failed. Each decode in flight (one per
-    /// core) needs up to 3 bytes per pixel: the default, 50 megapixels, is 150 MB.
+    /// decompression bombs among them, are recorded as failed. A decode holds what its decoder
+    /// gives, 3 bytes a pixel for RGB up to 8 for 16-bit RGBA PNG (the default, 50 megapixels, is
+    /// 150 to 400 MB), and all decodes together at most --image-decode-memory.
     #[arg(long, env = "SPOTINFER_MAX_IMAGE_PIXELS", default_value_t = 50_000_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_image_pixels: u64,
+    /// Bytes all image decodes in flight (one per core) may hold at once, in all: a decode takes
+    /// its peak, known from the picture's header, before it allocates, and waits while others
+    /// hold the rest; a picture needing more than all of it is recorded as failed. Default: a
+    /// quarter of the container's memory limit (cgroup), else of the machine's memory.
+    #[arg(long, env = "SPOTINFER_IMAGE_DECODE_MEMORY", value_parser = clap::value_parser!(u64).range(1 << 20..))]
+    pub image_decode_memory: Option<u64>,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub generation: GenerationArgs,

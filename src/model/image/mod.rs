@@ -2,8 +2,9 @@
 //! (transformers' `CLIPImageProcessor`, `SiglipImageProcessor`, `ViTImageProcessor`, with the PIL
 //! backend) computes them from the folder's `preprocessor_config.json`.
 //!
-//! * `decode`: bytes to upright 8-bit RGB, as `load_image` gets them from Pillow, within a pixel
+//! * `decode`: bytes to upright 8-bit RGB, as the processor gets them from Pillow, within a pixel
 //!   limit checked before anything is allocated;
+//! * `budget`: the bytes all decodes in the process may hold at once;
 //! * `resample`: Pillow's resize, byte for byte;
 //! * [`Processor`]: the processor's steps in its order: resize by its size rule, center crop,
 //!   rescale, normalise, to channels-first f32;
@@ -11,6 +12,7 @@
 //!   classifier), loaded from the folder and refused where candle computes otherwise;
 //! * `fused`: CLIP's and ViT's image towers on the CPU encoder's kernels, the CPU default.
 
+pub mod budget;
 pub mod decode;
 pub mod fused;
 pub mod resample;
@@ -128,8 +130,30 @@ impl Processor {
     /// than `max_pixels`), resized, cropped, rescaled and normalised. A resize that would itself
     /// make more than `max_pixels` (a 1 × 40,000 strip whose short side goes to 224) is refused
     /// before it allocates, as is an image smaller than a crop the processor never pads.
+    ///
+    /// The decode's bytes are taken from the process's decode budget ([`budget::global`]) and
+    /// held until the picture has been resized, so decodes on every core together hold at most
+    /// that budget.
     pub fn prepare(&self, bytes: &[u8], max_pixels: u64) -> Result<Vec<f32>, Undecodable> {
-        let image = decode::decode(bytes, max_pixels)?;
+        self.prepare_within(bytes, max_pixels, budget::global())
+    }
+
+    /// As [`Processor::prepare`], with the decode's bytes taken from `memory`.
+    pub fn prepare_within(
+        &self,
+        bytes: &[u8],
+        max_pixels: u64,
+        memory: &budget::DecodeMemory,
+    ) -> Result<Vec<f32>, Undecodable> {
+        let (image, held) = decode::decode_held(bytes, max_pixels, memory)?;
+        let values = self.prepare_decoded(image, max_pixels);
+        // The picture is gone: its bytes go back to the budget only now.
+        drop(held);
+        values
+    }
+
+    /// The rest of [`Processor::prepare`] once `image` is decoded; consumes it.
+    fn prepare_decoded(&self, image: Rgb8, max_pixels: u64) -> Result<Vec<f32>, Undecodable> {
         if let Some((size, _)) = self.resize {
             let (h, w) = target(size, image.height, image.width);
             if (h as u64).saturating_mul(w as u64) > max_pixels {
