@@ -344,6 +344,35 @@ fn json_logs_carry_cloud_logging_severity() {
     }
 }
 
+/// Issue 40: a password holding `?` or `#` defeated the redaction and was logged on every
+/// connect retry of a worker waiting for its database.
+#[test]
+fn connect_retries_never_log_a_password_with_url_delimiters() {
+    let child = spotinfer()
+        .arg("work")
+        .env(
+            "DATABASE_URL",
+            "postgres://someone:hun?ter#2@127.0.0.1:1/nope",
+        )
+        .env("PUBSUB_EMULATOR_HOST", emulator())
+        .env("RUST_LOG", "warn")
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("database not ready"), "{stderr}");
+    assert!(stderr.contains("someone:***@"), "{stderr}");
+    assert!(
+        !stderr.contains("hun?ter") && !stderr.contains("ter#2"),
+        "password leaked: {stderr}"
+    );
+}
+
 /// `--help` shows which variable sets the database URL, never its value (a password).
 #[test]
 fn help_never_prints_the_database_password() {
