@@ -373,6 +373,43 @@ fn connect_retries_never_log_a_password_with_url_delimiters() {
     );
 }
 
+/// Issue 40: `work` says at start which buckets a record's `uri` may name, and warns loudly
+/// when that is any bucket its service account can read.
+#[test]
+fn work_names_the_allowed_buckets_at_start() {
+    for (allowed, want) in [
+        (
+            Some("inputs,more-inputs"),
+            "allowed_buckets=inputs,more-inputs",
+        ),
+        (None, "any bucket the service account can read"),
+    ] {
+        let mut cmd = spotinfer();
+        cmd.arg("work")
+            .env("DATABASE_URL", "sqlite:///nonexistent-dir/results.db")
+            .env("PUBSUB_EMULATOR_HOST", emulator())
+            .env("RUST_LOG", "info")
+            .env_remove("SPOTINFER_ALLOWED_BUCKETS")
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped());
+        if let Some(list) = allowed {
+            cmd.env("SPOTINFER_ALLOWED_BUCKETS", list);
+        }
+        let child = cmd.spawn().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1000));
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let line = stderr
+            .lines()
+            .find(|l| l.contains(want))
+            .unwrap_or_else(|| panic!("{allowed:?}: no start message naming {want:?}: {stderr}"));
+        let level = if allowed.is_some() { "INFO" } else { "WARN" };
+        assert!(line.contains(level), "{line}");
+    }
+}
+
 /// `--help` shows which variable sets the database URL, never its value (a password).
 #[test]
 fn help_never_prints_the_database_password() {

@@ -39,6 +39,7 @@ const FINAL_JOB_CHECK: Duration = Duration::from_secs(2);
 /// Runs one worker to its end, prints what it did and, in job mode, exits with the status that
 /// tells the Job whether the job is complete (see the module documentation).
 pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
+    log_allowed_buckets(&a.model.storage.allowed_buckets);
     let shutdown = Shutdown::new();
     let signalled = Shutdown::new();
     shutdown::listen_for_signals(shutdown.clone(), signalled.clone())
@@ -76,6 +77,22 @@ pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
         std::process::exit(code);
     }
     Ok(())
+}
+
+/// Says at start which buckets a record's `uri` may name: the list, or a warning when it is
+/// empty, since then whoever can publish can make the worker read any object its service
+/// account can (docs/cloud-storage.md).
+fn log_allowed_buckets(allowed: &[String]) {
+    if allowed.is_empty() {
+        tracing::warn!(
+            "--allowed-buckets (SPOTINFER_ALLOWED_BUCKETS) is not set: a record's uri may name any bucket the service account can read"
+        );
+    } else {
+        tracing::info!(
+            allowed_buckets = %allowed.join(","),
+            "a record's uri may name only these buckets"
+        );
+    }
 }
 
 /// The exit status in job mode, and why: 0 once `job` is complete (the watch saw it, or one last
