@@ -49,6 +49,51 @@ fn publish_reports_bad_lines_by_number_and_counts_the_rest() {
     assert!(stdout.contains("3 lines skipped"), "{stdout}");
 }
 
+/// Issue 40: publish held lines by count (a chunk of 1,000 lines, 2,000 publishes in flight),
+/// so 9 MB lines could pin tens of GB. 48 lines of 1.5 MB (72 MB) published under the smallest
+/// bound (16 MiB): what publish holds (read ahead plus in flight) never passes the bound, while
+/// a count-based bound would have held them all; every record still goes out.
+#[tokio::test]
+async fn publish_holds_at_most_its_byte_bound_whatever_the_lines_sizes() {
+    const LINES: usize = 48;
+    const TEXT: usize = 1_500_000;
+    const BOUND: usize = 16 << 20;
+    let name = unique("cli-pub-bytes");
+    let (_args, cfg) = fresh_pubsub(&name).await;
+    let mut input = Vec::with_capacity(LINES * (TEXT + 40));
+    for i in 0..LINES {
+        let text = "x".repeat(TEXT);
+        input.extend_from_slice(
+            serde_json::json!({"id": format!("big-{i}"), "text": text})
+                .to_string()
+                .as_bytes(),
+        );
+        input.push(b'\n');
+    }
+    assert!(input.len() > 4 * BOUND, "the input must dwarf the bound");
+    let publisher = cfg.publisher().await.unwrap();
+    let summary = spotinfer::jobs::publish::publish_lines(
+        &publisher,
+        tokio::io::BufReader::new(input.as_slice()),
+        None,
+        None,
+        BOUND,
+        &indicatif::ProgressBar::hidden(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(summary.published, LINES as u64, "{summary:?}");
+    assert!(
+        summary.held_bytes_peak > TEXT as u64,
+        "the counter counts: {summary:?}"
+    );
+    assert!(
+        summary.held_bytes_peak <= BOUND as u64,
+        "held {} bytes, over the {BOUND}-byte bound",
+        summary.held_bytes_peak
+    );
+}
+
 /// Finding 6 of the semantics review: `publish` read its whole input into memory. A 100 MB line
 /// (over Pub/Sub's 10 MB message limit) between two valid ones is skipped with its number, and
 /// the process never holds the input: peak RSS stays far under the file's size.

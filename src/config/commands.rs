@@ -105,6 +105,11 @@ pub struct PublishArgs {
     /// Publish only records with no result yet from the job's model (resume a half-done job).
     #[arg(long, requires = "job")]
     pub skip_done: bool,
+    /// Most message bytes publish holds at once, read ahead and in flight (at least 16 MiB: one
+    /// message is up to 10 MB). Bounds its memory whatever the lines' sizes; a few hundred MB
+    /// keeps many publishes in flight, so small lines go out as fast as before.
+    #[arg(long, env = "SPOTINFER_MAX_PUBLISH_BYTES", default_value_t = 256 << 20, value_parser = RangedU64ValueParser::<usize>::new().range(16 << 20..))]
+    pub max_publish_bytes: usize,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub db: DbArgs,
