@@ -11,7 +11,8 @@
 - every worker (`work`) limits the buckets a record's `uri` may name (SPOTINFER_ALLOWED_BUCKETS
   or --allowed-buckets, not empty): unset, it reads any object its service account can;
 - a Job in job mode (SPOTINFER_EXIT_WHEN_JOB_COMPLETE) replaces a worker that exits 75 (stopped
-  before the job was complete) without spending backoffLimit, and fails on 66 (idle before then);
+  before the job was complete) without spending backoffLimit, and fails on 66 (no worker can
+  make progress);
 - the taint watch (SPOTINFER_EARLY_DRAIN=taint) has its API token and NODE_NAME;
 - a NetworkPolicy limits who can reach the workers' metrics port.
 """
@@ -101,7 +102,7 @@ def main(path):
             if first_action(75) != "Ignore":
                 problems.append(f"{name}: podFailurePolicy must Ignore exit code 75 (stopped before the job was complete: replace the pod)")
             if first_action(66) != "FailJob":
-                problems.append(f"{name}: podFailurePolicy must FailJob on exit code 66 (idle before the job was complete)")
+                problems.append(f"{name}: podFailurePolicy must FailJob on exit code 66 (no worker can make progress on the job)")
             if pod.get("restartPolicy") != "Never":
                 problems.append(f"{name}: podFailurePolicy needs restartPolicy: Never")
         if not pod.get("priorityClassName"):
