@@ -8,8 +8,11 @@
 - containers run as non-root with a read-only root filesystem, request a priority class, and
   (Deployments) have liveness and readiness probes;
 - no literal secret values: DATABASE_URL comes from a Secret;
+- every worker (`work`) limits the buckets a record's `uri` may name (SPOTINFER_ALLOWED_BUCKETS
+  or --allowed-buckets, not empty): unset, it reads any object its service account can;
 - a Job in job mode (SPOTINFER_EXIT_WHEN_JOB_COMPLETE) replaces a worker that exits 75 (stopped
-  before the job was complete) without spending backoffLimit, and fails on 66 (idle before then);
+  before the job was complete) without spending backoffLimit, and fails on 66 (no worker can
+  make progress);
 - the taint watch (SPOTINFER_EARLY_DRAIN=taint) has its API token and NODE_NAME;
 - a NetworkPolicy limits who can reach the workers' metrics port.
 """
@@ -32,8 +35,33 @@ def seconds(v):
     return n / 1000 if unit == "ms" else n * 60 if unit == "m" else n
 
 
+def is_worker(container):
+    """Whether the container runs `spotinfer work`."""
+    return "work" in container.get("args", []) + container.get("command", [])
+
+
+def allowed_buckets(container, configmaps):
+    """The worker's --allowed-buckets as the manifest sets it (flag, env, or a ConfigMap the
+    container takes its environment from), or "" when it sets none."""
+    args = container.get("args", []) + container.get("command", [])
+    for i, a in enumerate(args):
+        if a.startswith("--allowed-buckets="):
+            return a.split("=", 1)[1].strip()
+        if a == "--allowed-buckets" and i + 1 < len(args):
+            return args[i + 1].strip()
+    value = ""
+    for source in container.get("envFrom", []):
+        ref = source.get("configMapRef", {}).get("name")
+        value = configmaps.get(ref, {}).get("SPOTINFER_ALLOWED_BUCKETS", value)
+    for e in container.get("env", []):
+        if e["name"] == "SPOTINFER_ALLOWED_BUCKETS":
+            value = e.get("value", "set elsewhere" if "valueFrom" in e else "")
+    return str(value).strip()
+
+
 def main(path):
     docs = [d for d in yaml.safe_load_all(open(path)) if d]
+    configmaps = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
     config = {}
     for d in docs:
         if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("spotinfer"):
@@ -74,7 +102,7 @@ def main(path):
             if first_action(75) != "Ignore":
                 problems.append(f"{name}: podFailurePolicy must Ignore exit code 75 (stopped before the job was complete: replace the pod)")
             if first_action(66) != "FailJob":
-                problems.append(f"{name}: podFailurePolicy must FailJob on exit code 66 (idle before the job was complete)")
+                problems.append(f"{name}: podFailurePolicy must FailJob on exit code 66 (no worker can make progress on the job)")
             if pod.get("restartPolicy") != "Never":
                 problems.append(f"{name}: podFailurePolicy needs restartPolicy: Never")
         if not pod.get("priorityClassName"):
@@ -82,6 +110,11 @@ def main(path):
         if not pod.get("securityContext", {}).get("runAsNonRoot"):
             problems.append(f"{name}: pod does not set runAsNonRoot")
         for c in pod["containers"]:
+            if is_worker(c) and not allowed_buckets(c, configmaps):
+                problems.append(
+                    f"{name}/{c['name']}: the worker does not set SPOTINFER_ALLOWED_BUCKETS (--allowed-buckets): "
+                    "a record's uri could name any bucket its service account can read"
+                )
             sc = c.get("securityContext", {})
             if not sc.get("readOnlyRootFilesystem"):
                 problems.append(f"{name}/{c['name']}: root filesystem is writable")

@@ -4,7 +4,8 @@
 # newest minor version GKE supports (a field optional in one can be required in the other: the
 # podFailurePolicy condition status, required up to 1.33), plus the invariants in
 # scripts/check-manifests.py (Spot selectors with matching tolerations, grace period vs. the
-# worker's shutdown budget, non-root, probes). Tools install from PyPI into .cache/lint-venv.
+# worker's shutdown budget, non-root, probes, every worker limited to its buckets). Tools install
+# from PyPI into .cache/lint-venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.cache/lint-venv

@@ -49,6 +49,51 @@ fn publish_reports_bad_lines_by_number_and_counts_the_rest() {
     assert!(stdout.contains("3 lines skipped"), "{stdout}");
 }
 
+/// Issue 40: publish held lines by count (a chunk of 1,000 lines, 2,000 publishes in flight),
+/// so 9 MB lines could pin tens of GB. 48 lines of 1.5 MB (72 MB) published under the smallest
+/// bound (16 MiB): what publish holds (read ahead plus in flight) never passes the bound, while
+/// a count-based bound would have held them all; every record still goes out.
+#[tokio::test]
+async fn publish_holds_at_most_its_byte_bound_whatever_the_lines_sizes() {
+    const LINES: usize = 48;
+    const TEXT: usize = 1_500_000;
+    const BOUND: usize = 16 << 20;
+    let name = unique("cli-pub-bytes");
+    let (_args, cfg) = fresh_pubsub(&name).await;
+    let mut input = Vec::with_capacity(LINES * (TEXT + 40));
+    for i in 0..LINES {
+        let text = "x".repeat(TEXT);
+        input.extend_from_slice(
+            serde_json::json!({"id": format!("big-{i}"), "text": text})
+                .to_string()
+                .as_bytes(),
+        );
+        input.push(b'\n');
+    }
+    assert!(input.len() > 4 * BOUND, "the input must dwarf the bound");
+    let publisher = cfg.publisher().await.unwrap();
+    let summary = spotinfer::jobs::publish::publish_lines(
+        &publisher,
+        tokio::io::BufReader::new(input.as_slice()),
+        None,
+        None,
+        BOUND,
+        &indicatif::ProgressBar::hidden(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(summary.published, LINES as u64, "{summary:?}");
+    assert!(
+        summary.held_bytes_peak > TEXT as u64,
+        "the counter counts: {summary:?}"
+    );
+    assert!(
+        summary.held_bytes_peak <= BOUND as u64,
+        "held {} bytes, over the {BOUND}-byte bound",
+        summary.held_bytes_peak
+    );
+}
+
 /// Finding 6 of the semantics review: `publish` read its whole input into memory. A 100 MB line
 /// (over Pub/Sub's 10 MB message limit) between two valid ones is skipped with its number, and
 /// the process never holds the input: peak RSS stays far under the file's size.
@@ -341,6 +386,72 @@ fn json_logs_carry_cloud_logging_severity() {
             l["message"].is_string() && l["timestamp"].is_string(),
             "{l}"
         );
+    }
+}
+
+/// Issue 40: a password holding `?` or `#` defeated the redaction and was logged on every
+/// connect retry of a worker waiting for its database.
+#[test]
+fn connect_retries_never_log_a_password_with_url_delimiters() {
+    let child = spotinfer()
+        .arg("work")
+        .env(
+            "DATABASE_URL",
+            "postgres://someone:hun?ter#2@127.0.0.1:1/nope",
+        )
+        .env("PUBSUB_EMULATOR_HOST", emulator())
+        .env("RUST_LOG", "warn")
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("database not ready"), "{stderr}");
+    assert!(stderr.contains("someone:***@"), "{stderr}");
+    assert!(
+        !stderr.contains("hun?ter") && !stderr.contains("ter#2"),
+        "password leaked: {stderr}"
+    );
+}
+
+/// Issue 40: `work` says at start which buckets a record's `uri` may name, and warns loudly
+/// when that is any bucket its service account can read.
+#[test]
+fn work_names_the_allowed_buckets_at_start() {
+    for (allowed, want) in [
+        (
+            Some("inputs,more-inputs"),
+            "allowed_buckets=inputs,more-inputs",
+        ),
+        (None, "any bucket the service account can read"),
+    ] {
+        let mut cmd = spotinfer();
+        cmd.arg("work")
+            .env("DATABASE_URL", "sqlite:///nonexistent-dir/results.db")
+            .env("PUBSUB_EMULATOR_HOST", emulator())
+            .env("RUST_LOG", "info")
+            .env_remove("SPOTINFER_ALLOWED_BUCKETS")
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped());
+        if let Some(list) = allowed {
+            cmd.env("SPOTINFER_ALLOWED_BUCKETS", list);
+        }
+        let child = cmd.spawn().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1000));
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let line = stderr
+            .lines()
+            .find(|l| l.contains(want))
+            .unwrap_or_else(|| panic!("{allowed:?}: no start message naming {want:?}: {stderr}"));
+        let level = if allowed.is_some() { "INFO" } else { "WARN" };
+        assert!(line.contains(level), "{line}");
     }
 }
 

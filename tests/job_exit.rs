@@ -1,7 +1,9 @@
 //! Job mode's exit status (`work --exit-when-job-complete J`), with the real binary against the
-//! emulator and SQLite. A Kubernetes work-queue Job counts a pod that exits 0 as done: only a
-//! complete job may exit 0. Stopped before then, a worker exits 75 (the flex-start Job's
-//! podFailurePolicy ignores it and replaces the pod); idle before then, 66 (the Job fails).
+//! emulator and SQLite (PostgreSQL behind a slowing proxy where a peer must be slow). A
+//! Kubernetes work-queue Job counts a pod that exits 0 as done: only a complete job may exit 0.
+//! Stopped before then, a worker exits 75 (the flex-start Job's podFailurePolicy ignores it and
+//! replaces the pod); idle while no worker moves the job, 66 (the Job fails), and idle while a
+//! peer still commits it, the worker waits.
 //! Without job mode, SIGTERM still exits 0 (a Deployment's contract).
 
 mod common;
@@ -151,4 +153,60 @@ async fn idle_before_the_job_is_complete_exits_66() {
     let mut plain = plain;
     let (status, _) = plain.wait(Duration::from_secs(15));
     assert_eq!(status.code(), Some(0), "no job mode, SIGTERM: {status}");
+}
+
+/// Issue 40: a worker with nothing left to pull, its job's last records held by a peer that
+/// commits them slowly (here its PostgreSQL answers 200 ms late) for longer than the idle limit,
+/// exited 66, which the flex-start Job's podFailurePolicy turns into FailJob: every pod killed,
+/// the peer's records with them. It now waits while the job moves, and exits 0 once the job is
+/// complete; only a job that no worker moves for the idle limit exits 66 (the test above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_worker_waits_while_a_peer_still_commits_its_job() {
+    let job = unique("jobexit-peer");
+    let (args, _) = fresh_pubsub(&job).await;
+    let db = fresh_pg_database().await;
+    let (proxy, slow_db) = proxied_pg(&db).await;
+    let env = Env {
+        args: args.clone(),
+        db: db.clone(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let idle = Duration::from_secs(3);
+    let flags = [
+        "--exit-when-job-complete",
+        &job,
+        "--exit-when-idle",
+        "3s",
+        "--job-poll",
+        "500ms",
+        "--batch-size",
+        "2",
+        "--max-outstanding",
+        "500",
+        "--streams",
+        "1",
+    ];
+    let mut a = WorkerProcess::start(&args, &slow_db, &flags);
+    wait_until(Duration::from_secs(120), "worker A ready", || a.ready()).await;
+    proxy.set_latency(Duration::from_millis(200));
+    env.publish_job(dir.path(), &job, 40);
+    wait_until(Duration::from_secs(60), "worker A committing", || async {
+        done(&env.status(&job)) >= 2
+    })
+    .await;
+    let mut b = env.worker(&flags);
+    let (b_status, b_took) = b.wait(Duration::from_secs(300));
+    let at_b_exit = env.status(&job);
+    let (a_status, a_took) = a.wait(Duration::from_secs(300));
+    eprintln!("B: {b_status} after {b_took:?} ({at_b_exit}); A: {a_status} after {a_took:?}");
+    assert!(
+        b_took > idle,
+        "B must have been idle past its limit: {b_took:?}"
+    );
+    assert_eq!(
+        at_b_exit["complete"], true,
+        "B ended before the job did: {at_b_exit}"
+    );
+    assert_eq!(b_status.code(), Some(0), "{b_status}");
+    assert_eq!(a_status.code(), Some(0), "{a_status}");
 }

@@ -42,6 +42,7 @@ pub async fn run(a: PublishArgs) -> anyhow::Result<()> {
         input_reader,
         a.job.as_deref(),
         target,
+        a.max_publish_bytes,
         &progress,
     )
     .await?;

@@ -7,8 +7,11 @@
 //! its pods and reports Complete once they have all ended, so a worker stopped before its job is
 //! complete must say so. It exits [`EXIT_STOPPED_BEFORE_COMPLETE`] (the flex-start Job's
 //! `podFailurePolicy` ignores it: the pod is replaced and `backoffLimit` is not spent), or
-//! [`EXIT_IDLE_BEFORE_COMPLETE`] when it went idle with the job still not complete (the Job
-//! fails: nothing is left on the subscription for that job, and a replacement would idle too).
+//! [`EXIT_IDLE_BEFORE_COMPLETE`] when no worker can make progress: this one has been idle for
+//! `--exit-when-idle` and the job has not moved (no result or failure committed by any worker,
+//! nothing published) for as long (the Job fails: nothing is left on the subscription for that
+//! job, and a replacement would idle too). An idle worker whose job still moves (a peer holds
+//! its last records) waits: exiting with a failure would fail the Job and take the peer down.
 
 use super::load_model;
 use anyhow::Context;
@@ -28,9 +31,9 @@ use std::time::{Duration, Instant};
 /// Job mode: stopped (SIGTERM, SIGINT, an early drain followed by SIGTERM, the liveness probe's
 /// restart) before the job was complete. EX_TEMPFAIL of sysexits.h: try again.
 pub const EXIT_STOPPED_BEFORE_COMPLETE: i32 = 75;
-/// Job mode: `--exit-when-idle` ran out with the job still not complete (a publish that was
-/// interrupted and never re-run, messages moved to a dead-letter topic, an unknown job).
-/// EX_NOINPUT of sysexits.h: the input ran out.
+/// Job mode: idle for `--exit-when-idle` while the job, not complete, did not move for as long
+/// (a publish that was interrupted and never re-run, messages moved to a dead-letter topic, an
+/// unknown job). EX_NOINPUT of sysexits.h: the input ran out.
 pub const EXIT_IDLE_BEFORE_COMPLETE: i32 = 66;
 /// Longest the last look at the job's status may take at exit. The manifests' grace period is
 /// at least the shutdown budget plus 2 s (scripts/check-manifests.py).
@@ -42,6 +45,7 @@ pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
     if let Some(bytes) = a.model.image_decode_memory {
         spotinfer::model::image::budget::configure(bytes);
     }
+    log_allowed_buckets(&a.model.storage.allowed_buckets);
     let shutdown = Shutdown::new();
     let signalled = Shutdown::new();
     shutdown::listen_for_signals(shutdown.clone(), signalled.clone())
@@ -64,14 +68,13 @@ pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot listen on SPOTINFER_METRICS_ADDR={addr}"))?;
         tokio::spawn(telemetry::serve(listener, metrics.clone()));
     }
-    let job_complete = Shutdown::new();
-    let (said, store) = work(&a, &shutdown, notice, &metrics, &job_complete).await?;
+    let job_end = JobEnd::default();
+    let (said, store) = work(&a, &shutdown, notice, &metrics, &job_end).await?;
     println!("worker done: {said}");
     let Some(job) = &a.exit_when_job_complete else {
         return Ok(());
     };
-    let (code, why) =
-        job_exit_status(job, store.as_ref(), &job_complete, &signalled, &a, &metrics).await;
+    let (code, why) = job_exit_status(job, store.as_ref(), &job_end, &signalled).await;
     tracing::info!(job = %job, exit_status = code, why, "job mode: exit status");
     if code != 0 {
         use std::io::Write;
@@ -81,18 +84,42 @@ pub async fn run(a: WorkArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Says at start which buckets a record's `uri` may name: the list, or a warning when it is
+/// empty, since then whoever can publish can make the worker read any object its service
+/// account can (docs/cloud-storage.md).
+fn log_allowed_buckets(allowed: &[String]) {
+    if allowed.is_empty() {
+        tracing::warn!(
+            "--allowed-buckets (SPOTINFER_ALLOWED_BUCKETS) is not set: a record's uri may name any bucket the service account can read"
+        );
+    } else {
+        tracing::info!(
+            allowed_buckets = %allowed.join(","),
+            "a record's uri may name only these buckets"
+        );
+    }
+}
+
+/// How the job watch ended the worker, in job mode.
+#[derive(Clone, Default)]
+struct JobEnd {
+    /// The job is complete.
+    complete: Shutdown,
+    /// No worker can make progress: this one idle and the job unmoved for `--exit-when-idle`.
+    stuck: Shutdown,
+}
+
 /// The exit status in job mode, and why: 0 once `job` is complete (the watch saw it, or one last
 /// look at its status does: the worker's own last commit may have completed it), else
-/// [`EXIT_IDLE_BEFORE_COMPLETE`] after an idle exit, else [`EXIT_STOPPED_BEFORE_COMPLETE`].
+/// [`EXIT_IDLE_BEFORE_COMPLETE`] when the watch found no worker making progress, else
+/// [`EXIT_STOPPED_BEFORE_COMPLETE`].
 async fn job_exit_status(
     job: &str,
     store: Option<&Store>,
-    job_complete: &Shutdown,
+    end: &JobEnd,
     signalled: &Shutdown,
-    a: &WorkArgs,
-    metrics: &Metrics,
 ) -> (i32, &'static str) {
-    if job_complete.is_cancelled() {
+    if end.complete.is_cancelled() {
         return (0, "the job is complete");
     }
     if let Some(store) = store {
@@ -105,13 +132,10 @@ async fn job_exit_status(
             }
         }
     }
-    let idle = a
-        .exit_when_idle
-        .is_some_and(|idle| metrics.idle_for() >= idle);
-    if idle && !signalled.is_cancelled() {
+    if end.stuck.is_cancelled() && !signalled.is_cancelled() {
         (
             EXIT_IDLE_BEFORE_COMPLETE,
-            "idle with the job not complete: nothing left to pull for it",
+            "idle with the job not complete and not moving: nothing left to pull for it",
         )
     } else {
         (
@@ -128,7 +152,7 @@ async fn work(
     shutdown: &Shutdown,
     notice: Notice,
     metrics: &std::sync::Arc<Metrics>,
-    job_complete: &Shutdown,
+    job_end: &JobEnd,
 ) -> anyhow::Result<(String, Option<Store>)> {
     let started = Instant::now();
     let Some(store) = connect_until_ready(&a.db.database_url, shutdown).await else {
@@ -169,6 +193,15 @@ async fn work(
         longest_batch,
     );
     metrics.set_stall_threshold(stall_threshold);
+    let job_mode = a.exit_when_job_complete.is_some();
+    let short_idle = a.exit_when_idle.zip(longest_batch);
+    if let Some((idle, longest_batch)) = short_idle.filter(|(i, b)| job_mode && i < b) {
+        tracing::warn!(
+            ?idle,
+            ?longest_batch,
+            "--exit-when-idle is shorter than a batch may run without a commit: a job whose last records are all in long batches may be taken for stuck"
+        );
+    }
     tracing::info!(
         startup_seconds = started.elapsed().as_secs_f64(),
         window = window.messages,
@@ -192,7 +225,8 @@ async fn work(
         max_text_bytes: a.model.max_text_bytes,
         commit_timeout: a.commit_timeout,
         shutdown_timeout: a.shutdown_timeout,
-        exit_when_idle: a.exit_when_idle,
+        // In job mode the job watch decides an idle exit: only when the job stops moving too.
+        exit_when_idle: a.exit_when_idle.filter(|_| !job_mode),
         exactly_once: a.exactly_once,
         storage_emulator_host: a.model.storage.storage_emulator_host.clone(),
         max_object_bytes: a.model.storage.max_object_bytes,
@@ -200,14 +234,16 @@ async fn work(
         max_image_pixels: a.model.max_image_pixels,
     };
     if let Some(job) = &a.exit_when_job_complete {
-        let watch = exit_when_job_complete(
-            store.clone(),
-            job.clone(),
-            a.job_poll,
-            shutdown.clone(),
-            job_complete.clone(),
-        );
-        tokio::spawn(watch);
+        let watch = JobWatch {
+            store: store.clone(),
+            job: job.clone(),
+            poll: a.job_poll,
+            idle: a.exit_when_idle,
+            metrics: metrics.clone(),
+            shutdown: shutdown.clone(),
+            end: job_end.clone(),
+        };
+        tokio::spawn(watch.run());
     }
     let pipeline = Pipeline {
         cfg,
@@ -302,38 +338,74 @@ impl Pipeline {
     }
 }
 
-/// Starts the graceful shutdown once `job` is complete (every record it published has a result
-/// or a failure row, and no publish to it is unfinished), cancelling `complete` first: how a
-/// flex-start Job's pods end.
-async fn exit_when_job_complete(
+/// Job mode's watch over the job (`--exit-when-job-complete`), how a flex-start Job's pods end.
+struct JobWatch {
     store: Store,
     job: String,
     poll: Duration,
+    /// `--exit-when-idle`.
+    idle: Option<Duration>,
+    metrics: std::sync::Arc<Metrics>,
     shutdown: Shutdown,
-    complete: Shutdown,
-) {
-    let mut tick = tokio::time::interval(poll);
-    let mut warned = false;
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tick.tick() => {},
-        }
-        match store.job_status(&job).await {
-            Ok(s) if s.complete => {
-                tracing::info!(job = %job, done = s.done, failed = s.failed, "the job is complete: exiting");
-                complete.cancel();
-                shutdown.cancel();
+    end: JobEnd,
+}
+
+impl JobWatch {
+    /// Every `poll`, reads the job's status. Starts the graceful shutdown once the job is
+    /// complete (every record it published has a result or a failure row, and no publish to it
+    /// is unfinished), or once no worker can make progress: this worker has had no message for
+    /// the idle limit and holds none, and the job has not moved (no record settled or
+    /// published by anyone) for as long. An idle worker whose job still moves waits: its peers
+    /// hold the job's last records, and a failing exit would fail the Job under them.
+    async fn run(self) {
+        let mut tick = tokio::time::interval(self.poll);
+        let mut warned = false;
+        let mut moved = Instant::now();
+        let mut last = None;
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = tick.tick() => {},
+            }
+            let seen = match self.store.job_status(&self.job).await {
+                Ok(s) if s.complete => {
+                    tracing::info!(job = %self.job, done = s.done, failed = s.failed, "the job is complete: exiting");
+                    self.end.complete.cancel();
+                    self.shutdown.cancel();
+                    return;
+                }
+                Ok(s) => Some((s.published, s.done, s.failed, s.publishing)),
+                Err(e) => {
+                    if !warned {
+                        // An unknown job is not fatal: the publish may not have started yet.
+                        tracing::warn!(job = %self.job, error = %e, "cannot read the job's status yet; polling on");
+                        warned = true;
+                    }
+                    // An unknown job cannot move; a database that does not answer says nothing.
+                    if !matches!(e, StoreError::UnknownJob(_)) {
+                        continue;
+                    }
+                    None
+                }
+            };
+            if seen != last {
+                (last, moved) = (seen, Instant::now());
+            }
+            if self.stuck(moved.elapsed()) {
+                tracing::info!(job = %self.job, idle = ?self.idle, "idle, and the job has not moved for as long: no worker is making progress; exiting");
+                self.end.stuck.cancel();
+                self.shutdown.cancel();
                 return;
             }
-            Ok(_) => {}
-            Err(e) if !warned => {
-                // An unknown job is not fatal: the publish may not have started yet.
-                tracing::warn!(job = %job, error = %e, "cannot read the job's status yet; polling on");
-                warned = true;
-            }
-            Err(_) => {}
         }
+    }
+
+    /// Whether this worker has been idle, holding nothing, for the idle limit while the job has
+    /// not moved for `unmoved`.
+    fn stuck(&self, unmoved: Duration) -> bool {
+        self.idle.is_some_and(|idle| {
+            unmoved >= idle && self.metrics.idle_for() >= idle && self.metrics.in_flight() == 0
+        })
     }
 }
 

@@ -105,6 +105,11 @@ pub struct PublishArgs {
     /// Publish only records with no result yet from the job's model (resume a half-done job).
     #[arg(long, requires = "job")]
     pub skip_done: bool,
+    /// Most message bytes publish holds at once, read ahead and in flight (at least 16 MiB: one
+    /// message is up to 10 MB). Bounds its memory whatever the lines' sizes; a few hundred MB
+    /// keeps many publishes in flight, so small lines go out as fast as before.
+    #[arg(long, env = "SPOTINFER_MAX_PUBLISH_BYTES", default_value_t = 256 << 20, value_parser = RangedU64ValueParser::<usize>::new().range(16 << 20..))]
+    pub max_publish_bytes: usize,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub db: DbArgs,
@@ -160,13 +165,16 @@ pub struct WorkArgs {
     /// batch can take longer) with no commit, while the database answers (1m to 24h).
     #[arg(long, env = "SPOTINFER_STALL_TIMEOUT", value_parser = duration_in(secs(60), secs(24 * 3600)), default_value = "5m")]
     pub stall_timeout: Duration,
-    /// Exit once no message has arrived for this long and nothing is in flight (1s to 7d): 0,
-    /// or with --exit-when-job-complete and the job not complete, 66.
+    /// Exit once no message has arrived for this long and nothing is in flight (1s to 7d): 0.
+    /// With --exit-when-job-complete, only once the job has not moved (no record settled or
+    /// published by any worker) for as long either, then 66: a peer still committing it is
+    /// waited for.
     #[arg(long, env = "SPOTINFER_EXIT_WHEN_IDLE", value_parser = duration_in(secs(1), secs(7 * 86_400)))]
     pub exit_when_idle: Option<Duration>,
     /// Job mode: exit 0 once this job is complete (every record it published has a result or a
     /// failure row): how a flex-start Kubernetes Job ends. Stopped before then (SIGTERM, an
-    /// early drain), the worker exits 75 instead, so the Job replaces it.
+    /// early drain), the worker exits 75 instead, so the Job replaces it; idle while no worker
+    /// moves the job (--exit-when-idle), 66.
     #[arg(long, env = "SPOTINFER_EXIT_WHEN_JOB_COMPLETE")]
     pub exit_when_job_complete: Option<String>,
     /// How often --exit-when-job-complete reads the job's status (100ms to 10m).

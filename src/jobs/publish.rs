@@ -9,6 +9,7 @@
 use crate::external::pubsub::QueueError;
 use crate::external::store::{RefusedLine, Store, StoreError, REFUSED_RAW_BYTES};
 use crate::record;
+use futures::future::{Join, Ready};
 use futures::stream::{FuturesUnordered, StreamExt};
 use google_cloud_pubsub::client::Publisher;
 use google_cloud_pubsub::model::Message;
@@ -47,6 +48,9 @@ pub struct PublishSummary {
     pub failed: u64,
     /// Records not published because they already have a result (`--skip-done`).
     pub already_done: u64,
+    /// Most message bytes held at once (read ahead and in flight): what `--max-publish-bytes`
+    /// bounds, reported so the bound can be checked.
+    pub held_bytes_peak: u64,
 }
 
 /// The job a publish feeds: every record id is registered in the database before its message
@@ -81,13 +85,15 @@ pub const MAX_LINE_BYTES: usize = 10_000_000;
 
 /// Publishes every valid line of `input`, stamping `job` on records that carry none. Reads as it
 /// publishes: memory holds a chunk of lines and the publishes in flight, whatever the input's
-/// size. With a `target`, each chunk's ids are registered with the job before its messages go
+/// size, together at most `max_held_bytes` of messages (plus the line being read and its parse,
+/// each at most [`MAX_LINE_BYTES`], and the refused lines waiting to be recorded). With a `target`, each chunk's ids are registered with the job before its messages go
 /// out, and every refused line is recorded in the job. `progress` advances by the bytes read.
 pub async fn publish_lines(
     publisher: &Publisher,
     mut input: impl AsyncBufRead + Unpin,
     job: Option<&str>,
     target: Option<JobTarget<'_>>,
+    max_held_bytes: usize,
     progress: &indicatif::ProgressBar,
 ) -> Result<PublishSummary, PublishError> {
     let mut out = Outbox {
@@ -95,6 +101,12 @@ pub async fn publish_lines(
         target,
         pending: FuturesUnordered::new(),
         chunk: Vec::with_capacity(CHUNK),
+        chunk_bytes: 0,
+        held: Held {
+            bytes: 0,
+            peak: 0,
+            max: max_held_bytes,
+        },
         refused: Vec::new(),
         refused_bytes: 0,
         summary: PublishSummary::default(),
@@ -133,12 +145,42 @@ pub async fn publish_lines(
     out.finish().await
 }
 
+/// A publish in flight, with the bytes its message holds until Pub/Sub confirms it.
+type InFlight = Join<PublishFuture, Ready<usize>>;
+
+/// The message bytes publish holds: read ahead into the chunk, and in flight.
+struct Held {
+    bytes: usize,
+    peak: usize,
+    /// `--max-publish-bytes`.
+    max: usize,
+}
+
+impl Held {
+    fn take(&mut self, n: usize) {
+        self.bytes += n;
+        self.peak = self.peak.max(self.bytes);
+    }
+
+    fn release(&mut self, n: usize) {
+        self.bytes = self.bytes.saturating_sub(n);
+    }
+}
+
+/// The bytes one (id, data) message holds.
+fn message_bytes((id, data): &(String, String)) -> usize {
+    id.len() + data.len()
+}
+
 /// The publishes in flight and the chunk of messages waiting to be registered and sent.
 struct Outbox<'a> {
     publisher: &'a Publisher,
     target: Option<JobTarget<'a>>,
-    pending: FuturesUnordered<PublishFuture>,
+    pending: FuturesUnordered<InFlight>,
     chunk: Vec<(String, String)>,
+    /// The chunk's message bytes (counted in `held` too).
+    chunk_bytes: usize,
+    held: Held,
     /// Refused lines not yet written to the job, and the bytes they keep.
     refused: Vec<RefusedLine>,
     refused_bytes: usize,
@@ -174,13 +216,42 @@ impl Outbox<'_> {
         Ok(())
     }
 
-    /// Queues one (id, data) message; a full chunk is sent.
+    /// Queues one (id, data) message, once what is held leaves room for it; a chunk full by
+    /// count, or holding half the bound, is sent.
     async fn add(&mut self, message: (String, String)) -> Result<(), PublishError> {
+        let size = message_bytes(&message);
+        self.make_room(size).await?;
+        self.held.take(size);
+        self.chunk_bytes += size;
         self.chunk.push(message);
-        if self.chunk.len() >= CHUNK {
+        if self.chunk.len() >= CHUNK || self.chunk_bytes >= self.held.max / 2 {
             self.send_chunk().await?;
         }
         Ok(())
+    }
+
+    /// Waits for publishes in flight (sending the chunk first when nothing else is in flight)
+    /// until `size` more bytes fit under the bound. A message is at most [`MAX_LINE_BYTES`] and
+    /// the bound at least that, so room always comes.
+    async fn make_room(&mut self, size: usize) -> Result<(), PublishError> {
+        while self.held.bytes + size > self.held.max {
+            if !self.pending.is_empty() {
+                self.settle_one().await;
+            } else if !self.chunk.is_empty() {
+                self.send_chunk().await?;
+            } else {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for the oldest-finishing publish in flight and releases its bytes.
+    async fn settle_one(&mut self) {
+        if let Some((r, size)) = self.pending.next().await {
+            settle(Some(r), &mut self.summary);
+            self.held.release(size);
+        }
     }
 
     /// Registers the chunk's ids with the job (dropping those already done, with `skip_done`),
@@ -193,15 +264,25 @@ impl Outbox<'_> {
             if t.skip_done {
                 let done = t.store.done_ids(t.model, &ids).await?;
                 let before = chunk.len();
-                chunk.retain(|(id, _)| !done.contains(id));
+                let held = &mut self.held;
+                chunk.retain(|m| {
+                    let keep = !done.contains(&m.0);
+                    if !keep {
+                        held.release(message_bytes(m));
+                    }
+                    keep
+                });
                 self.summary.already_done += (before - chunk.len()) as u64;
             }
         }
-        for (_, data) in chunk {
+        self.chunk_bytes = 0;
+        for message in chunk {
+            let size = message_bytes(&message);
+            let publish = self.publisher.publish(Message::new().set_data(message.1));
             self.pending
-                .push(self.publisher.publish(Message::new().set_data(data)));
+                .push(futures::future::join(publish, futures::future::ready(size)));
             if self.pending.len() >= IN_FLIGHT {
-                settle(self.pending.next().await, &mut self.summary);
+                self.settle_one().await;
             }
         }
         Ok(())
@@ -212,9 +293,10 @@ impl Outbox<'_> {
         self.send_chunk().await?;
         self.write_refused().await?;
         self.publisher.flush().await;
-        while let Some(r) = self.pending.next().await {
-            settle(Some(r), &mut self.summary);
+        while !self.pending.is_empty() {
+            self.settle_one().await;
         }
+        self.summary.held_bytes_peak = self.held.peak as u64;
         Ok(self.summary)
     }
 }
@@ -367,6 +449,7 @@ async fn next_line(
     }
 }
 
+/// Counts a publish's outcome.
 fn settle(
     r: Option<Result<String, google_cloud_pubsub::error::PublishError>>,
     summary: &mut PublishSummary,
