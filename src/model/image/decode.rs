@@ -108,7 +108,7 @@ pub fn decode_held<'m>(
         .read_image(&mut data)
         .map_err(|e| fail(&format!("a broken or truncated {format:?}"), e))?;
     let pillow = Pillow::new(format, bytes, color)?;
-    pillow.to_rgb_in_place(&mut data);
+    pillow.write_rgb_in_place(&mut data);
     let rgb = image::RgbImage::from_raw(width, height, data).ok_or_else(|| {
         Undecodable(format!(
             "the {format:?} decoded to fewer bytes than declared"
@@ -238,7 +238,7 @@ impl Pillow {
     /// Rewrites the decoder's output in `data` as 8-bit RGB composited onto white, in place:
     /// forward where a pixel shrinks (no sample is overwritten before it is read), backward from
     /// the end, after growing the buffer, where it grows (grey, grey and alpha).
-    fn to_rgb_in_place(&self, data: &mut Vec<u8>) {
+    fn write_rgb_in_place(&self, data: &mut Vec<u8>) {
         let bpp = self.channels * self.sample;
         let pixels = data.len() / bpp;
         let put = |data: &mut [u8], i: usize, px: [u8; 4]| {
