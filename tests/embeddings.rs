@@ -3,7 +3,7 @@
 
 mod common;
 
-use spotinfer::model::{cosine, LoadOptions, Model, ModelError};
+use spotinfer::model::{cosine, LoadOptions, Model, ModelError, MIN_PROBE_COSINE};
 use spotinfer::model::{Backend, CpuKernels, DeviceChoice, Precision};
 
 struct Reference {
@@ -100,7 +100,7 @@ fn a_token_budget_splits_batches_without_changing_a_vector() {
 /// The fused encoder's reduced precisions hold the same bar where the CPU has them: int8 (the
 /// CPU default where the CPU has integer dot products and the model passes the load-time check)
 /// and bf16; where the CPU lacks one, asking for it is a clear error. Auto picks int8 where it
-/// holds, else bf16 where it is full-rate, else f32.
+/// holds on every probe, else bf16 where it is full-rate and holds, else f32.
 #[test]
 fn fused_reduced_precisions_match_sentence_transformers_where_the_cpu_has_them() {
     let open = |precision| fused(precision, CpuKernels::Auto);
@@ -124,21 +124,40 @@ fn fused_reduced_precisions_match_sentence_transformers_where_the_cpu_has_them()
             assert!(err.to_string().contains(instructions), "{err}");
         }
     }
+    // What auto settled on is what runs, says how close to f32 it was checked to be, and names
+    // every faster precision it refused with the probe that failed it.
     let auto = open(Precision::Auto).unwrap();
-    let expected = if spotinfer_bert_cpu::int8_supported() {
-        "int8"
-    } else if spotinfer_bert_cpu::bf16_full_rate() {
-        "bf16"
-    } else {
-        "f32"
-    };
+    let check = auto
+        .precision_check()
+        .expect("the fused encoder reports its precision");
+    let device = &auto.info().device;
     assert!(
-        auto.info()
-            .device
-            .starts_with(&format!("Cpu (fused, {expected} on ")),
-        "{}",
-        auto.info().device
+        device.starts_with(&format!("Cpu (fused, {} on ", check.precision)),
+        "{device} / {check}"
     );
+    let tried = [
+        ("int8", spotinfer_bert_cpu::int8_supported()),
+        ("bf16", spotinfer_bert_cpu::bf16_full_rate()),
+    ];
+    let refused: Vec<&str> = check.refused.iter().map(|(p, _)| *p).collect();
+    let before: Vec<&str> = tried
+        .iter()
+        .filter(|(_, on_this_cpu)| *on_this_cpu)
+        .map(|(p, _)| *p)
+        .take_while(|&p| p != check.precision)
+        .collect();
+    assert_eq!(refused, before, "{check}");
+    assert!(
+        check.refused.iter().all(|&(_, w)| w < MIN_PROBE_COSINE),
+        "{check}"
+    );
+    match check.worst_probe_cosine {
+        Some(worst) => assert!(
+            worst >= MIN_PROBE_COSINE && check.precision != "f32",
+            "{check}"
+        ),
+        None => assert_eq!(check.precision, "f32", "{check}"),
+    }
     let forced = open(Precision::F32).unwrap();
     assert!(forced.info().device.starts_with("Cpu (fused, f32 on "));
 }
