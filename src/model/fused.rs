@@ -39,10 +39,10 @@ pub(super) fn dims(e: &EncoderSpec) -> bert_cpu::Dims {
 /// The least cosine between a probe's vector in a reduced precision (int8, bf16) and in f32 for
 /// `--precision auto` to keep the reduced one. The promise is 0.999 on any real text
 /// (docs/performance.md, "The accuracy promise"), and a few dozen probes only sample it: over
-/// 10,300 real texts in 27 languages, the worst drift (1 − cosine) in int8 reached 4.2 times the
-/// worst probe's (ten models, AVX-512 VNNI), so the probes must stay within a fifth of the
-/// promised drift.
-pub const MIN_PROBE_COSINE: f64 = 0.9998;
+/// 10,300 real texts in 27 languages, the worst text's drift (1 − cosine) in int8 reached 5.1
+/// times the worst probe's (ten models, two calibrations, AVX-512 VNNI), so the probes must stay
+/// within 0.00015 of drift (6.7 times under the promised 0.001).
+pub const MIN_PROBE_COSINE: f64 = 0.99985;
 
 /// Texts embedded both ways at load under `--precision auto`, one a line: short and long, prose,
 /// code, numbers, repetition, and real text in 26 languages and their scripts (Latin, Cyrillic,
@@ -53,9 +53,11 @@ pub const MIN_PROBE_COSINE: f64 = 0.9998;
 const PROBES: &str = include_str!("probes/check.txt");
 
 /// Texts whose activations int8 is calibrated on at load (each dense layer's largest input per
-/// channel, from which it smooths outliers), one a line: as varied as [`PROBES`] (the same
-/// languages, other lengths) but not the same texts, so that the check on the probes is not a
-/// check on what was fitted.
+/// channel, from which it smooths outliers), one a line: varied, but not the probes, so that the
+/// check on the probes is not a check on what was fitted. Nine texts, mostly English: calibrating
+/// on 26 languages as well widened the ranges and made all-MiniLM-L6-v2's int8 tail worse on real
+/// multilingual text (worst cosine 0.99844 and 43 of 10,300 texts below 0.999, against 0.99875
+/// and 19), so the languages are checked, not fitted.
 const CALIBRATION: &str = include_str!("probes/calibration.txt");
 
 /// The lines of a probe file.
