@@ -14,6 +14,17 @@ Sources, all Debian packages fetched with `apt-get download` and unpacked once u
   256-token limit.
 
 Each record is {"id", "text"}; the id names its source (e.g. `fortunes-de-000042`).
+
+    python bench/real_corpus.py --languages N [SEED] > records.jsonl
+
+A multilingual corpus instead, for checking a reduced precision script by script: up to N
+records of each language, from the fortunes above (and `-bg`, `-br`, `-eo`), the translated man
+pages (`manpages-de`, `-fr`, `-ja`, `-ru`, `-el`, `-zh`, `-uk`, `-pl`, `-es`, `-tr`, `-vi`: one
+paragraph each) and, for scripts neither has (Arabic, Hebrew, Persian, Devanagari, Bengali,
+Tamil, Thai, Georgian, Korean, Armenian), the translated messages of GLib, GTK 2 and PackageKit
+(`libglib2.0-data`, `libgtk2.0-common`, `packagekit`: one to twelve consecutive messages of a
+catalog each, so lengths run from a word to past 256 tokens). The id starts with the language:
+`ar-gettext-000012`, `ja-man-000003`, `ru-fortunes-000140`.
 """
 import glob
 import gzip
@@ -84,11 +95,12 @@ ESCAPES = [(r"\\f(\[[^\]]*\]|\(..|.)", ""),
            (r"\\&", ""), (r"\\ ", " "), (r"\\\(..", ""), (r"\\\*\(..|\\\*.", "")]
 
 
-def man_paragraphs():
+def man_paragraphs(package="manpages", language=""):
     """Paragraphs of the man pages' text: macro lines end a paragraph (those that carry text,
-    like .B or .I, add it), escapes become their characters or nothing."""
+    like .B or .I, add it), escapes become their characters or nothing. A paragraph of at least
+    20 words or (in scripts written without spaces) 60 characters."""
     out = []
-    pattern = os.path.join(unpacked("manpages"), "usr", "share", "man", "man*", "*.gz")
+    pattern = os.path.join(unpacked(package), "usr", "share", "man", language, "man*", "*.gz")
     for path in sorted(glob.glob(pattern)):
         with gzip.open(path, "rt", encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()
@@ -102,7 +114,7 @@ def man_paragraphs():
                 text = " ".join(" ".join(para).split())
                 for pat, rep in ESCAPES:
                     text = re.sub(pat, rep, text)
-                if len(text.split()) >= 20:
+                if len(text.split()) >= 20 or (language and len(text) >= 60):
                     out.append(text)
                 para = []
             else:
@@ -110,7 +122,87 @@ def man_paragraphs():
     return out
 
 
+LANGUAGE_FORTUNES = {"en": "fortunes", "de": "fortunes-de", "es": "fortunes-es",
+                     "it": "fortunes-it", "ru": "fortunes-ru", "pl": "fortunes-pl",
+                     "cs": "fortunes-cs", "zh": "fortunes-zh", "bg": "fortunes-bg",
+                     "pt": "fortunes-br", "eo": "fortunes-eo"}
+# Language: (package, the folder under usr/share/man).
+LANGUAGE_MAN = {"de": ("manpages-de", "de"), "fr": ("manpages-fr", "fr"),
+                "ja": ("manpages-ja", "ja"), "ru": ("manpages-ru", "ru"),
+                "el": ("manpages-el", "el"), "zh": ("manpages-zh", "zh_CN"),
+                "uk": ("manpages-uk", "uk"), "pl": ("manpages-pl", "pl"),
+                "es": ("manpages-es", "es"), "tr": ("manpages-tr", "tr"),
+                "vi": ("manpages-vi", "vi")}
+CATALOGS = ["libglib2.0-data", "libgtk2.0-common", "packagekit"]
+GETTEXT_LANGUAGES = ["ar", "he", "fa", "hi", "bn", "ta", "th", "ka", "ko", "hy"]
+
+
+def mo_messages(path):
+    """The translated messages of a gettext catalog (.mo), in catalog order, placeholders and
+    accelerator marks kept as the translators wrote them."""
+    import struct
+    with open(path, "rb") as f:
+        data = f.read()
+    order = "<" if data[:4] == b"\xde\x12\x04\x95" else ">"
+    count, original_at, translated_at = struct.unpack(order + "III", data[8:20])
+    out = []
+    for i in range(count):
+        if struct.unpack(order + "I", data[original_at + 8 * i:][:4])[0] == 0:
+            continue  # the catalog's header (its metadata), not a message
+        length, offset = struct.unpack(order + "II", data[translated_at + 8 * i:][:8])
+        for text in data[offset:offset + length].split(b"\0"):
+            text = " ".join(text.decode("utf-8", errors="replace").split())
+            if text:
+                out.append(text)
+    return out
+
+
+def gettext_texts(language, rng):
+    """One to twelve consecutive messages of one catalog at a time, over every catalog of
+    CATALOGS in `language`."""
+    out = []
+    for package in CATALOGS:
+        pattern = os.path.join(unpacked(package), "usr", "share", "locale", language,
+                               "LC_MESSAGES", "*.mo")
+        for path in sorted(glob.glob(pattern)):
+            messages = mo_messages(path)
+            i = 0
+            while i < len(messages):
+                take = rng.choice([1, 1, 2, 3, 5, 8, 12])
+                out.append(" ".join(messages[i:i + take]))
+                i += take
+    return [t for t in out if len(t) >= 4]
+
+
+def languages(n, seed):
+    """Up to `n` records of each language, from every source that has the language."""
+    rng = random.Random(seed)
+    pools = {}
+    for language, package in LANGUAGE_FORTUNES.items():
+        pools.setdefault(language, []).append(("fortunes", fortunes(package)))
+    for language, (package, folder) in LANGUAGE_MAN.items():
+        pools.setdefault(language, []).append(("man", man_paragraphs(package, folder)))
+    pools["en"].append(("man", man_paragraphs()))
+    for language in GETTEXT_LANGUAGES:
+        pools.setdefault(language, []).append(("gettext", gettext_texts(language, rng)))
+    counts = {}
+    for language, sources in sorted(pools.items()):
+        sources = [(name, texts) for name, texts in sources if texts]
+        for s, (name, texts) in enumerate(sources):
+            share = (n - sum(counts.get((language, m), 0) for m, _ in sources)) // (len(sources) - s)
+            for text in rng.sample(texts, min(share, len(texts))):
+                key = (language, name)
+                counts[key] = counts.get(key, 0) + 1
+                print(json.dumps({"id": f"{language}-{name}-{counts[key]:06d}", "text": text},
+                                 ensure_ascii=False))
+    print("real_corpus: " + ", ".join(f"{l}-{s} {c}" for (l, s), c in sorted(counts.items())),
+          file=sys.stderr)
+
+
 def main():
+    if sys.argv[1] == "--languages":
+        languages(int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 11)
+        return
     n = int(sys.argv[1])
     seed = int(sys.argv[2]) if len(sys.argv) > 2 else 11
     rng = random.Random(seed)

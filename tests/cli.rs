@@ -183,6 +183,18 @@ fn embed_and_bench_run_offline() {
     let busy = last["model_busy"].as_f64().unwrap();
     assert!(busy > 0.0 && busy <= 1.0, "{last}");
     assert!(last["tokenize_seconds"].as_f64().unwrap() > 0.0, "{last}");
+    // The precision that ran and the accuracy it was checked at, beside the speed.
+    let precision = last["precision"]["precision"].as_str().unwrap();
+    let device = last["device"].as_str().unwrap();
+    assert!(
+        device.starts_with(&format!("Cpu (fused, {precision} on ")),
+        "{last}"
+    );
+    match last["precision"]["worst_probe_cosine"].as_f64() {
+        Some(worst) => assert!(worst >= 0.99985, "{last}"),
+        None => assert_eq!(precision, "f32", "{last}"),
+    }
+    assert!(stdout.contains("\nprecision: "), "{stdout}");
     assert!(last.get("device_stages").is_none(), "{last}");
 }
 
@@ -518,6 +530,20 @@ fn models_check_prints_what_it_understood_or_why_it_refuses() {
     ] {
         assert!(stdout.contains(line), "missing {line:?} in:\n{stdout}");
     }
+    // Which precision ran, as the load-time check settled it, beside the kernels that ran it.
+    let precision = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("precision:      "))
+        .unwrap_or_else(|| panic!("no precision line in:\n{stdout}"));
+    let name = precision.split([',', ' ']).next().unwrap();
+    assert!(
+        stdout.contains(&format!("loaded on:      Cpu (fused, {name} on ")),
+        "{stdout}"
+    );
+    assert!(
+        precision.contains("checked at load: worst cosine") || name == "f32",
+        "{stdout}"
+    );
     // The default model (SPOTINFER_MODEL) when no folder is given.
     let out = spotinfer().args(["models", "check"]).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -3,7 +3,7 @@
 
 mod common;
 
-use spotinfer::model::{cosine, LoadOptions, Model, ModelError};
+use spotinfer::model::{cosine, LoadOptions, Model, ModelError, MIN_PROBE_COSINE};
 use spotinfer::model::{Backend, CpuKernels, DeviceChoice, Precision};
 
 struct Reference {
@@ -100,7 +100,7 @@ fn a_token_budget_splits_batches_without_changing_a_vector() {
 /// The fused encoder's reduced precisions hold the same bar where the CPU has them: int8 (the
 /// CPU default where the CPU has integer dot products and the model passes the load-time check)
 /// and bf16; where the CPU lacks one, asking for it is a clear error. Auto picks int8 where it
-/// holds, else bf16 where it is full-rate, else f32.
+/// holds on every probe, else bf16 where it is full-rate and holds, else f32.
 #[test]
 fn fused_reduced_precisions_match_sentence_transformers_where_the_cpu_has_them() {
     let open = |precision| fused(precision, CpuKernels::Auto);
@@ -124,21 +124,40 @@ fn fused_reduced_precisions_match_sentence_transformers_where_the_cpu_has_them()
             assert!(err.to_string().contains(instructions), "{err}");
         }
     }
+    // What auto settled on is what runs, says how close to f32 it was checked to be, and names
+    // every faster precision it refused with the probe that failed it.
     let auto = open(Precision::Auto).unwrap();
-    let expected = if spotinfer_bert_cpu::int8_supported() {
-        "int8"
-    } else if spotinfer_bert_cpu::bf16_full_rate() {
-        "bf16"
-    } else {
-        "f32"
-    };
+    let check = auto
+        .precision_check()
+        .expect("the fused encoder reports its precision");
+    let device = &auto.info().device;
     assert!(
-        auto.info()
-            .device
-            .starts_with(&format!("Cpu (fused, {expected} on ")),
-        "{}",
-        auto.info().device
+        device.starts_with(&format!("Cpu (fused, {} on ", check.precision)),
+        "{device} / {check}"
     );
+    let tried = [
+        ("int8", spotinfer_bert_cpu::int8_supported()),
+        ("bf16", spotinfer_bert_cpu::bf16_full_rate()),
+    ];
+    let refused: Vec<&str> = check.refused.iter().map(|(p, _)| *p).collect();
+    let before: Vec<&str> = tried
+        .iter()
+        .filter(|(_, on_this_cpu)| *on_this_cpu)
+        .map(|(p, _)| *p)
+        .take_while(|&p| p != check.precision)
+        .collect();
+    assert_eq!(refused, before, "{check}");
+    assert!(
+        check.refused.iter().all(|&(_, w)| w < MIN_PROBE_COSINE),
+        "{check}"
+    );
+    match check.worst_probe_cosine {
+        Some(worst) => assert!(
+            worst >= MIN_PROBE_COSINE && check.precision != "f32",
+            "{check}"
+        ),
+        None => assert_eq!(check.precision, "f32", "{check}"),
+    }
     let forced = open(Precision::F32).unwrap();
     assert!(forced.info().device.starts_with("Cpu (fused, f32 on "));
 }
@@ -360,8 +379,8 @@ fn a_missing_model_is_a_clear_error() {
 
 /// `--cpu-kernels avx2` runs, on a CPU with AVX-512, what a CPU with only AVX2 runs (f32 on
 /// AVX2/FMA, int8 on `vpmaddubsw` with the feed-forward output in f32): the path such CPUs take
-/// is tested on every CI machine. f32 matches sentence-transformers exactly, auto picks int8 (its
-/// probe vectors pass the load-time check) and stays within 0.999, and bf16 is refused with the
+/// is tested on every CI machine. f32 matches sentence-transformers exactly, int8 stays within
+/// 0.999 on these texts, auto runs what its load-time check kept, and bf16 is refused with the
 /// reason.
 #[test]
 fn limited_to_avx2_the_fused_encoder_takes_the_path_of_cpus_without_avx512() {
@@ -381,10 +400,19 @@ fn limited_to_avx2_the_fused_encoder_takes_the_path_of_cpus_without_avx512() {
         0.99999,
     );
     check(
-        &open(Precision::Auto).unwrap(),
+        &open(Precision::Int8).unwrap(),
         "Cpu (fused, int8 on AVX2 (vpmaddubsw; feed-forward output f32))",
         0.999,
     );
+    // Auto keeps int8 only if its multilingual probes hold (all-MiniLM-L6-v2's do not), and
+    // says which it kept.
+    let auto = open(Precision::Auto).unwrap();
+    let kept = auto.precision_check().unwrap().precision;
+    let device = match kept {
+        "int8" => "Cpu (fused, int8 on AVX2 (vpmaddubsw; feed-forward output f32))",
+        _ => "Cpu (fused, f32 on AVX2/FMA)",
+    };
+    check(&auto, device, 0.999);
     let err = open(Precision::Bf16).err().expect("bf16 limited to AVX2");
     assert!(err.to_string().contains("limited to AVX2"), "{err}");
 }

@@ -41,6 +41,9 @@ pub async fn run(a: ModelsArgs) -> anyhow::Result<()> {
             println!("name:           {}", info.name);
             println!("weights hash:   {}", info.hash);
             println!("loaded on:      {} and ran one input", info.device);
+            if let Some(check) = embedder.precision_check() {
+                println!("precision:      {check}");
+            }
             println!("computed:       {}", summary(&output));
             println!("ok");
             Ok(())

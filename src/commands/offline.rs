@@ -61,6 +61,9 @@ fn bench_file(a: BenchArgs) -> anyhow::Result<()> {
         report.model_busy * 100.0,
         report.tokenize_seconds
     );
+    if let Some(check) = &report.precision {
+        println!("precision: {check}");
+    }
     if let Some(s) = &report.device_stages {
         println!(
             "device stages over {} encoder batches: inputs {:.3} s, layers {:.3} s, results {:.3} s",

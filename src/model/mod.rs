@@ -52,6 +52,7 @@ pub use thread::{Item, Joining, ModelHandle, Predict, Prepare, Reload, Reply, Te
 
 pub use engine::DeviceStages;
 use engine::{candle_dtype, load_candle, load_fused, select_device, Engine};
+pub use fused::{PrecisionCheck, MIN_PROBE_COSINE};
 use prepare::TextPrep;
 use prompt::Prompts;
 use std::path::{Path, PathBuf};
@@ -275,6 +276,8 @@ pub struct Model {
     info: ModelInfo,
     /// Most padded tokens in one encoder batch (0: no limit); see `budget`.
     max_batch_tokens: usize,
+    /// How the fused encoder's precision was settled (none on candle).
+    precision: Option<PrecisionCheck>,
 }
 
 impl Model {
@@ -370,6 +373,7 @@ impl Model {
             head,
             info,
             max_batch_tokens: 0,
+            precision: None,
         };
         if fused {
             embedder.choose_cpu_precision(options.precision)?;
@@ -400,6 +404,12 @@ impl Model {
     /// What the model is.
     pub fn info(&self) -> &ModelInfo {
         &self.info
+    }
+
+    /// Which precision the fused encoder computes in and how close to f32 it was checked to be
+    /// at load, for `models check` and `bench` to say; none on the candle encoder.
+    pub fn precision_check(&self) -> Option<&PrecisionCheck> {
+        self.precision.as_ref()
     }
 
     /// What tokenizes this model's inputs: shareable, so batches can be tokenized on other

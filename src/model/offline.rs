@@ -3,7 +3,7 @@
 //! Both read the same JSONL contract as the worker and report bad lines by number. The bench
 //! excludes model load time and prints, as its last line, one JSON object with the figures.
 
-use crate::model::{DeviceStages, Input, Model, ModelError, Output};
+use crate::model::{DeviceStages, Input, Model, ModelError, Output, PrecisionCheck};
 use crate::record::{self, Record};
 use serde::Serialize;
 use std::io::{BufRead, Write};
@@ -272,6 +272,10 @@ pub struct BenchReport {
     pub batch_size: usize,
     /// Device.
     pub device: String,
+    /// The fused encoder's precision and the worst probe cosine against f32 it was checked at
+    /// load (none on candle), so a speed is never read without the accuracy it ran at.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub precision: Option<PrecisionCheck>,
     /// Compute threads available.
     pub threads: usize,
     /// CPU seconds in user mode while embedding (all threads).
@@ -339,6 +343,7 @@ pub fn bench(
         load_seconds,
         batch_size,
         device: embedder.info().device.clone(),
+        precision: embedder.precision_check().cloned(),
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         cpu_user_s: user1 - user0,
         cpu_sys_s: sys1 - sys0,
