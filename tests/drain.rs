@@ -47,6 +47,21 @@ where
     addr
 }
 
+/// A Kubernetes API serving node `n1`, tainted for termination while `tainted` is set.
+async fn node_api(tainted: Arc<AtomicBool>) -> String {
+    serve(move |_, _| {
+        let taint = if tainted.load(Ordering::SeqCst) {
+            r#",{"key":"cloud.google.com/impending-node-termination","effect":"NoSchedule"}"#
+        } else {
+            ""
+        };
+        Some(format!(
+            r#"{{"metadata":{{"name":"n1"}},"spec":{{"taints":[{{"key":"cloud.google.com/gke-spot","value":"true","effect":"NoSchedule"}}{taint}]}}}}"#
+        ))
+    })
+    .await
+}
+
 async fn drains_early(extra_env: &[(&str, String)], flip: Arc<AtomicBool>, name: &str) {
     let (args, cfg) = fresh_pubsub(name).await;
     let (_dir, db) = fresh_sqlite();
@@ -169,18 +184,7 @@ async fn node_termination_taint_drains_the_worker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_notice_that_clears_resumes_pulling() {
     let tainted = Arc::new(AtomicBool::new(false));
-    let t = tainted.clone();
-    let host = serve(move |_, _| {
-        let taint = if t.load(Ordering::SeqCst) {
-            r#",{"key":"cloud.google.com/impending-node-termination","effect":"NoSchedule"}"#
-        } else {
-            ""
-        };
-        Some(format!(
-            r#"{{"metadata":{{"name":"n1"}},"spec":{{"taints":[{{"key":"cloud.google.com/gke-spot","value":"true","effect":"NoSchedule"}}{taint}]}}}}"#
-        ))
-    })
-    .await;
+    let host = node_api(tainted.clone()).await;
     let name = unique("drain-resume");
     let (args, cfg) = fresh_pubsub(&name).await;
     let (_dir, db) = fresh_sqlite();
@@ -304,23 +308,10 @@ async fn live_migration_does_not_drain_but_terminating_maintenance_does() {
 /// one, and no checkpoint is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_early_drain_checkpoints_the_generations_it_stops() {
-    use spotinfer::model::generate::{Generated, Interrupt, LanguageModel, Request};
-    use spotinfer::model::GenerationDefaults;
     let gguf = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
     let tainted = Arc::new(AtomicBool::new(false));
-    let t = tainted.clone();
-    let host = serve(move |_, _| {
-        let taint = if t.load(Ordering::SeqCst) {
-            r#",{"key":"cloud.google.com/impending-node-termination","effect":"NoSchedule"}"#
-        } else {
-            ""
-        };
-        Some(format!(
-            r#"{{"metadata":{{"name":"n1"}},"spec":{{"taints":[{{"key":"cloud.google.com/gke-spot","value":"true","effect":"NoSchedule"}}{taint}]}}}}"#
-        ))
-    })
-    .await;
+    let host = node_api(tainted.clone()).await;
     let name = unique("drain-generate");
     let (args, cfg) = fresh_pubsub(&name).await;
     let (_dir, db) = fresh_sqlite();
@@ -384,22 +375,11 @@ async fn an_early_drain_checkpoints_the_generations_it_stops() {
         "checkpoints left"
     );
     // Every answer, resumed or not, is the uninterrupted one.
-    let model = LanguageModel::open(&gguf).unwrap();
-    let requests: Vec<Request> = records
-        .iter()
-        .map(|r| {
-            let parsed = spotinfer::record::parse(r.to_string().as_bytes(), 1 << 20).unwrap();
-            GenerationDefaults::default().request(&parsed.generation.unwrap(), &[])
-        })
-        .collect();
-    let want = model.generate(&requests, 0, &Interrupt::new(), None);
+    let want = uninterrupted_completions(&gguf, &records);
     let spotinfer::external::store::Store::Sqlite(pool) = &store else {
         unreachable!()
     };
     for (r, w) in records.iter().zip(want) {
-        let Generated::Done(w) = w else {
-            panic!("{w:?}")
-        };
         let got: String = sqlx::query_scalar("SELECT text FROM embeddings WHERE record_id = ?1")
             .bind(r["id"].as_str().unwrap())
             .fetch_one(pool)

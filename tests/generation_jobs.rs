@@ -11,8 +11,6 @@ mod common;
 
 use common::*;
 use serde_json::{json, Value};
-use spotinfer::model::generate::{Generated, Interrupt, LanguageModel, Request};
-use spotinfer::model::GenerationDefaults;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -114,32 +112,14 @@ fn poison() -> (Poison, Poison) {
 /// What the model computes for each good record uninterrupted, by id: the worker's defaults
 /// for what the record leaves out, the seed `record::parse` derives.
 fn uninterrupted(records: &[Value]) -> HashMap<String, (String, String, usize)> {
-    let model = LanguageModel::open(&gguf()).expect("fetch the GGUF with scripts/fetch-llm.sh");
-    let requests: Vec<Request> = records
-        .iter()
-        .map(|r| {
-            let parsed = spotinfer::record::parse(r.to_string().as_bytes(), 1 << 20).unwrap();
-            let g = parsed.generation.unwrap();
-            GenerationDefaults::default().request(&g, &[])
-        })
-        .collect();
-    let out = model.generate(&requests, 0, &Interrupt::new(), None);
+    let completions = uninterrupted_completions(&gguf(), records);
     records
         .iter()
-        .zip(out)
-        .map(|(r, g)| {
-            let Generated::Done(c) = g else {
-                panic!("{r}: {g:?}")
-            };
+        .zip(completions)
+        .map(|(r, c)| {
             let id = r["id"].as_str().unwrap().to_string();
-            (
-                id,
-                (
-                    c.text,
-                    c.finish_reason.as_str().to_string(),
-                    c.completion_tokens,
-                ),
-            )
+            let finish = c.finish_reason.as_str().to_string();
+            (id, (c.text, finish, c.completion_tokens))
         })
         .collect()
 }
@@ -308,23 +288,10 @@ async fn a_job_whose_completions_hold_nul_and_control_bytes_completes_and_export
         })
         .collect();
     // What the model writes, in this process: some of it must hold what a database refuses.
-    let generator = LanguageModel::open(&model).unwrap();
-    let requests: Vec<Request> = records
-        .iter()
-        .map(|r| {
-            let parsed = spotinfer::record::parse(r.to_string().as_bytes(), 1 << 20).unwrap();
-            GenerationDefaults::default().request(&parsed.generation.unwrap(), &[])
-        })
-        .collect();
     let want: HashMap<String, String> = records
         .iter()
-        .zip(generator.generate(&requests, 0, &Interrupt::new(), None))
-        .map(|(r, g)| {
-            let Generated::Done(c) = g else {
-                panic!("{r}: {g:?}")
-            };
-            (r["id"].as_str().unwrap().to_string(), c.text)
-        })
+        .zip(uninterrupted_completions(&model, &records))
+        .map(|(r, c)| (r["id"].as_str().unwrap().to_string(), c.text))
         .collect();
     let with_nul = want.values().filter(|t| t.contains('\0')).count();
     let with_control = want
@@ -376,22 +343,11 @@ async fn a_job_whose_completions_hold_nul_and_control_bytes_completes_and_export
         "export",
         &["--job", &name, "--output", &parquet.display().to_string()],
     );
-    let python = std::env::var("SPOTINFER_TEST_PYTHON")
-        .expect("SPOTINFER_TEST_PYTHON (a python with pyarrow) is not set: run scripts/test.sh");
     let script = "import json, sys, pyarrow.parquet as pq\n\
         t = pq.read_table(sys.argv[1]).to_pydict()\n\
         print(json.dumps(dict(zip(t['id'], t['text']))))\n";
-    let out = std::process::Command::new(python)
-        .args(["-c", script])
-        .arg(&parquet)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let texts: HashMap<String, String> = serde_json::from_slice(&out.stdout).unwrap();
+    let texts: HashMap<String, String> =
+        serde_json::from_value(pyarrow_json(script, &parquet)).unwrap();
     assert_eq!(texts, want, "Parquet");
     eprintln!("60 completions, {with_nul} holding U+0000 and {with_control} other control bytes, exported exactly");
 }

@@ -264,24 +264,12 @@ fn pyarrow_reads(
     path: &Path,
     table: &HashMap<String, spotinfer::external::store::StoredEmbedding>,
 ) {
-    let python = std::env::var("SPOTINFER_TEST_PYTHON")
-        .expect("SPOTINFER_TEST_PYTHON (a python with pyarrow) is not set: run scripts/test.sh");
     let script = "import json, sys, pyarrow.parquet as pq\n\
         t = pq.read_table(sys.argv[1])\n\
         print(json.dumps({'rows': t.num_rows, \
         'types': {f.name: str(f.type) for f in t.schema}, \
         'ids': t.column('id').to_pylist(), 'vectors': t.column('embedding').to_pylist()}))\n";
-    let out = Command::new(python)
-        .args(["-c", script])
-        .arg(path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = pyarrow_json(script, path);
     assert_eq!(v["rows"], GOOD);
     assert_eq!(v["types"]["id"], "string");
     assert_eq!(v["types"]["model"], "string");

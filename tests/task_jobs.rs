@@ -11,7 +11,6 @@ use common::*;
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 /// Every probability or score within this of the reference.
@@ -222,22 +221,10 @@ fn check_parquet(env: &Env, job: &str, dir: &Path, task: &str, rows: &[Value]) {
         "export",
         &["--job", job, "--output", &parquet.display().to_string()],
     );
-    let python = std::env::var("SPOTINFER_TEST_PYTHON")
-        .expect("SPOTINFER_TEST_PYTHON (a python with pyarrow) is not set: run scripts/test.sh");
     let script = "import json, sys, pyarrow.parquet as pq\n\
         t = pq.read_table(sys.argv[1])\n\
         print(json.dumps({'types': {f.name: str(f.type) for f in t.schema}, 'rows': t.to_pylist()}, default=str))\n";
-    let out = Command::new(python)
-        .args(["-c", script])
-        .arg(&parquet)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = pyarrow_json(script, &parquet);
     assert_eq!(v["types"]["task"], "string");
     assert!(
         v["types"]["scores"]

@@ -587,6 +587,54 @@ impl Env {
     }
 }
 
+/// What `script` prints as JSON when pyarrow's Python (`SPOTINFER_TEST_PYTHON`, which
+/// scripts/test.sh sets up) runs it on `path` (its `sys.argv[1]`): how the tests read a Parquet
+/// export as its users' tools do.
+pub fn pyarrow_json(script: &str, path: &std::path::Path) -> serde_json::Value {
+    let python = std::env::var("SPOTINFER_TEST_PYTHON")
+        .expect("SPOTINFER_TEST_PYTHON (a python with pyarrow) is not set: run scripts/test.sh");
+    let out = Command::new(python)
+        .args(["-c", script])
+        .arg(path)
+        .output()
+        .expect("run the python with pyarrow");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the script prints one JSON value")
+}
+
+/// The completions the generation model at `model` writes for `records` (generation records
+/// as published) uninterrupted, in this process, in order: the worker's defaults for what a
+/// record leaves out, the seed `record::parse` derives. What a worker's answers, resumed or
+/// not, must equal.
+pub fn uninterrupted_completions(
+    model: &std::path::Path,
+    records: &[serde_json::Value],
+) -> Vec<spotinfer::model::generate::Completion> {
+    use spotinfer::model::generate::{Generated, Interrupt, LanguageModel};
+    let generator = LanguageModel::open(model).expect("the generation model loads");
+    let requests: Vec<_> = records
+        .iter()
+        .map(|r| {
+            let parsed = spotinfer::record::parse(r.to_string().as_bytes(), 1 << 20).unwrap();
+            let input = parsed.generation.expect("a generation record");
+            spotinfer::model::GenerationDefaults::default().request(&input, &[])
+        })
+        .collect();
+    generator
+        .generate(&requests, 0, &Interrupt::new(), None)
+        .into_iter()
+        .zip(records)
+        .map(|(g, r)| match g {
+            Generated::Done(c) => c,
+            other => panic!("{r}: {other:?}"),
+        })
+        .collect()
+}
+
 /// The objects of a JSON lines file (an export, `spotinfer embed`'s output), one per line.
 pub fn read_jsonl(path: &std::path::Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(path)
