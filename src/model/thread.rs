@@ -254,8 +254,9 @@ fn serve(mut model: Box<dyn Predict>, reload: Option<Reload>, mut rx: mpsc::Rece
 /// The model thread's loop for a [`Joining`] model: jobs are admitted as they arrive (the thread
 /// waits for one only when none is admitted), each step computed, and each job answered when it
 /// is done. A job whose caller has gone (a drained pipeline) is dropped at the next step. A panic
-/// in a step is not blamed on every job it hit: their items are computed again one by one
-/// ([`solo`]), so only the item that panics alone is refused, with the panic's message.
+/// taking a job in or in a step is not blamed on every job it hit: their items are computed
+/// again one by one ([`recover`]), so only the item that panics alone is refused, with the
+/// panic's message.
 fn serve_joining(mut model: Box<dyn Predict>, mut rx: mpsc::Receiver<Job>) {
     let mut admitted: HashMap<u64, Job> = HashMap::new();
     let mut next = 0u64;
@@ -272,12 +273,22 @@ fn serve_joining(mut model: Box<dyn Predict>, mut rx: mpsc::Receiver<Job>) {
         }
         for job in arrived.into_iter().filter(|j| !j.reply.is_closed()) {
             next += 1;
-            match joining.admit(next, &job.items) {
-                Ok(()) => {
-                    admitted.insert(next, job);
+            let id = next;
+            let taken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                joining.admit(id, &job.items)
+            }));
+            match taken {
+                Ok(Ok(())) => {
+                    admitted.insert(id, job);
                 }
-                Err(e) => {
+                Ok(Err(e)) => {
                     let _ = job.reply.send(Err(e));
+                }
+                // A panic taking the batch in (a bug one of its inputs meets) leaves the loop's
+                // state unknown, as a panicking step does.
+                Err(p) => {
+                    let jobs = admitted.drain().map(|(_, j)| j).chain([job]).collect();
+                    recover(joining, jobs, p.as_ref(), &mut next);
                 }
             }
         }
@@ -299,21 +310,33 @@ fn serve_joining(mut model: Box<dyn Predict>, mut rx: mpsc::Receiver<Job>) {
                 }
             }
             Err(p) => {
-                let message = crate::shutdown::panic_message(p.as_ref());
-                tracing::warn!(panic = %message, jobs = admitted.len(), "the model panicked in a step; computing its batches again one record at a time");
-                joining.reset();
-                for (_, job) in admitted.drain() {
-                    let result = solo(joining, &job.items, &mut next);
-                    let _ = job.reply.send(result);
-                }
+                let jobs = admitted.drain().map(|(_, j)| j).collect();
+                recover(joining, jobs, p.as_ref(), &mut next);
             }
         }
     }
 }
 
+/// After a panic `p` in the decode loop: forgets every admitted batch and computes each of
+/// `jobs` again one record at a time ([`solo`]), answering each.
+fn recover(
+    joining: &mut dyn Joining,
+    jobs: Vec<Job>,
+    p: &(dyn std::any::Any + Send),
+    next: &mut u64,
+) {
+    let message = crate::shutdown::panic_message(p);
+    tracing::warn!(panic = %message, jobs = jobs.len(), "the model panicked; computing its batches again one record at a time");
+    joining.reset();
+    for job in jobs {
+        let result = solo(joining, &job.items, next);
+        let _ = job.reply.send(result);
+    }
+}
+
 /// Computes `items` one at a time on `joining`, each alone in the decode loop, so a panic names
-/// its item: that item's output is [`super::Output::Refused`] with the panic's message (a failure row),
-/// the others are what they would have been in any batch.
+/// its item: that item's output is [`super::Output::Refused`] with the panic's message (a
+/// failure row), the others are what they would have been in any batch.
 fn solo(
     joining: &mut dyn Joining,
     items: &[Item],
@@ -462,6 +485,10 @@ mod tests {
 
     impl Joining for Stepping {
         fn admit(&mut self, job: u64, items: &[Item]) -> Result<(), ModelError> {
+            let poisoned = items
+                .iter()
+                .any(|i| matches!(i, Item::Text(t) if t.text == "panic reading"));
+            assert!(!poisoned, "a prompt bug");
             self.1.push((job, items.to_vec()));
             Ok(())
         }
@@ -526,6 +553,18 @@ mod tests {
         assert_eq!(out[2], Output::Score(3.0));
         let out = h.predict(texts(&["a"])).await.unwrap().outputs;
         assert_eq!(out, vec![Output::Score(1.0)]);
+        // A panic taking a batch in is isolated the same way.
+        let out = h
+            .predict(texts(&["ab", "panic reading"]))
+            .await
+            .unwrap()
+            .outputs;
+        assert_eq!(out[0], Output::Score(2.0));
+        assert!(
+            matches!(&out[1], Output::Refused(why) if why.contains("a prompt bug")),
+            "{:?}",
+            out[1]
+        );
     }
 
     fn info() -> ModelInfo {
