@@ -417,3 +417,93 @@ async fn an_image_to_a_text_model_is_a_failure_row() {
         "{reason}"
     );
 }
+
+/// A 16-bit RGBA PNG of `side` × `side`, 8 bytes a pixel once decoded, that compresses to a few
+/// hundred kB: the picture that costs a decoder the most memory for its size.
+fn worst_png(side: u32) -> Vec<u8> {
+    let img = image::ImageBuffer::from_fn(side, side, |x, _| {
+        let v = (x * 97 % 65536) as u16;
+        image::Rgba([v, v / 2, 65535 - v, 40000])
+    });
+    let mut png = Vec::new();
+    image::DynamicImage::ImageRgba16(img)
+        .write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
+        .unwrap();
+    png
+}
+
+/// Issue 40: the worker's own peak memory (VmHWM) with four of the worst pictures in one batch,
+/// decoded one slice per core, stays within `--image-decode-memory` above the same worker's peak
+/// on four small photographs; without a bound (a budget larger than the machine) it does not.
+/// Printed, with the figures the docs quote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workers_peak_memory_on_four_worst_pictures_stays_within_the_decode_budget() {
+    use base64::Engine;
+    let side = 2600;
+    let worst = base64::engine::general_purpose::STANDARD.encode(worst_png(side));
+    let photos = photos(&reference());
+    let small: Vec<String> = photos
+        .iter()
+        .take(4)
+        .map(|p| {
+            let bytes = std::fs::read(fixtures().join("photos").join(p)).unwrap();
+            base64::engine::general_purpose::STANDARD.encode(bytes)
+        })
+        .collect();
+    let budget: u64 = 64 << 20;
+    let peak = |pictures: Vec<String>, decode_memory: u64| async move {
+        let name = unique("decode-peak");
+        let (args, cfg) = fresh_pubsub(&name).await;
+        let (_db_dir, db) = fresh_sqlite();
+        let env = Env {
+            args,
+            db,
+            model: fixtures().join("models/vit"),
+        };
+        env.ok("setup", &["--pgvector", "off"]);
+        let lines: Vec<String> = pictures
+            .iter()
+            .enumerate()
+            .map(|(i, b64)| json!({"id": format!("p{i}"), "image_base64": b64}).to_string())
+            .collect();
+        publish_lines(&cfg, &lines).await;
+        let mut cmd = env.cmd("work");
+        cmd.args([
+            "--batch-size",
+            "4",
+            "--batch-wait",
+            "2s",
+            "--exit-when-idle",
+            "2s",
+        ])
+        .env("SPOTINFER_IMAGE_DECODE_MEMORY", decode_memory.to_string());
+        let (out, peak_mib) = output_with_peak_rss(&mut cmd);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let store = spotinfer::external::store::Store::connect(&env.db)
+            .await
+            .unwrap();
+        assert_eq!(
+            store.status(None).await.unwrap().done,
+            4,
+            "every picture classified"
+        );
+        peak_mib
+    };
+    let base = peak(small, budget).await;
+    let bounded = peak(vec![worst.clone(); 4], budget).await;
+    let unbounded = peak(vec![worst; 4], 64 << 30).await;
+    eprintln!(
+        "worker peak: {base:.0} MiB on four photographs; four {side}x{side} 16-bit RGBA PNGs: \
+         {bounded:.0} MiB with a {} MiB decode budget, {unbounded:.0} MiB with none ({} cores)",
+        budget >> 20,
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    assert!(
+        bounded - base <= (budget >> 20) as f64 + 24.0,
+        "the budget held {bounded:.0} MiB against {base:.0} MiB"
+    );
+}
