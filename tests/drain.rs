@@ -320,7 +320,7 @@ async fn an_early_drain_checkpoints_the_generations_it_stops() {
         .iter()
         .enumerate()
         .map(|(i, topic)| {
-            serde_json::json!({"id": format!("g{i}"), "max_new_tokens": 160,
+            serde_json::json!({"id": format!("g{i}"), "max_new_tokens": 400,
                 "messages": [{"role": "user", "content": format!("Write a long, detailed story about {topic}.")}]})
         })
         .collect();
@@ -350,8 +350,9 @@ async fn an_early_drain_checkpoints_the_generations_it_stops() {
         },
     )
     .await;
-    // Some tokens written, none of the answers near its end.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Some tokens written (a step of four takes tens of milliseconds, even beside the other
+    // tests), none of the answers near its end (400 tokens: half a minute here).
+    tokio::time::sleep(Duration::from_secs(3)).await;
     tainted.store(true, Ordering::SeqCst);
     wait_until(Duration::from_secs(10), "the rest handed back", || async {
         a.metric("spotinfer_messages_released_on_shutdown_total")
