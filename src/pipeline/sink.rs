@@ -298,35 +298,36 @@ pub(crate) fn input_sha256(record: &crate::record::Record) -> String {
     hex::encode(hash.finalize())
 }
 
-/// A result's vector and task columns: the result line's keys (`Output::fields`), stored.
+/// A result's vector and task columns, from the typed result: `scores` and `entities` as the
+/// JSON the result line carries for them (`Output::fields`, `Output::named_scores`).
 fn columns(output: &Output, task: Task, labels: &[String]) -> (Vec<f32>, Prediction) {
-    if let Output::Embedding(v) = output {
-        return (v.clone(), Prediction::default());
-    }
-    let fields = output.fields(labels);
-    let text = |key: &str| fields.get(key).map(|v| v.to_string());
-    let prediction = Prediction {
+    let mut p = Prediction {
         task: task.name().into(),
-        label: fields
-            .get("label")
-            .and_then(|l| l.as_str())
-            .map(str::to_string),
-        score: fields.get("score").and_then(|s| s.as_f64()),
-        scores: text("scores"),
-        entities: text("entities"),
-        text: fields
-            .get("text")
-            .and_then(|t| t.as_str())
-            .map(str::to_string),
-        finish_reason: fields
-            .get("finish_reason")
-            .and_then(|f| f.as_str())
-            .map(str::to_string),
-        prompt_tokens: fields.get("prompt_tokens").and_then(|n| n.as_i64()),
-        completion_tokens: fields.get("completion_tokens").and_then(|n| n.as_i64()),
-        exact: None,
+        ..Prediction::default()
     };
-    (Vec::new(), prediction)
+    match output {
+        Output::Embedding(v) => return (v.clone(), Prediction::default()),
+        Output::Classes {
+            label,
+            score,
+            scores,
+        } => {
+            p.label = Some(label.clone());
+            p.score = Some(f64::from(*score));
+            p.scores = Some(Output::named_scores(scores, labels).to_string());
+        }
+        Output::Score(score) => p.score = Some(f64::from(*score)),
+        Output::Entities(e) => p.entities = serde_json::to_value(e).ok().map(|e| e.to_string()),
+        Output::Generated(c) => {
+            p.text = Some(c.text.clone());
+            p.finish_reason = Some(c.finish_reason.as_str().into());
+            p.prompt_tokens = i64::try_from(c.prompt_tokens).ok();
+            p.completion_tokens = i64::try_from(c.completion_tokens).ok();
+        }
+        // Settled before the sink: a refusal is a failure row, an interruption goes back.
+        Output::Refused(_) | Output::Interrupted(_) => {}
+    }
+    (Vec::new(), p)
 }
 
 #[cfg(test)]
@@ -379,6 +380,69 @@ mod tests {
         })
         .await
         .expect("the commit to fail");
+    }
+
+    /// The task columns hold what the result line says (`Output::fields`), key for key, for
+    /// every kind of result: the export and `spotinfer embed` agree with the table.
+    #[test]
+    fn the_columns_hold_what_the_result_line_says() {
+        use crate::model::generate::{Completion, FinishReason};
+        use crate::model::Entity;
+        let labels = vec!["neg".to_string(), "pos".to_string()];
+        let cases = [
+            (
+                Task::Classify,
+                Output::Classes {
+                    label: "pos".into(),
+                    score: 0.9,
+                    scores: vec![0.1, 0.9, 0.0],
+                },
+            ),
+            (Task::Score, Output::Score(-3.25)),
+            (
+                Task::Tag,
+                Output::Entities(vec![Entity {
+                    entity_group: "PER".into(),
+                    score: 0.7,
+                    word: "Ada".into(),
+                    start: 0,
+                    end: 3,
+                }]),
+            ),
+            (
+                Task::Generate,
+                Output::Generated(Completion {
+                    text: "Hi\u{0}!".into(),
+                    finish_reason: FinishReason::Length,
+                    prompt_tokens: 12,
+                    completion_tokens: 4,
+                    tokens: vec![1, 2, 3, 4],
+                }),
+            ),
+        ];
+        for (task, output) in cases {
+            let (vector, p) = columns(&output, task, &labels);
+            assert!(vector.is_empty());
+            let fields = output.fields(&labels);
+            let text = |k: &str| fields.get(k).map(|v| v.to_string());
+            let string = |k: &str| fields.get(k).and_then(|v| v.as_str()).map(str::to_string);
+            assert_eq!(p.task, task.name());
+            assert_eq!(p.label, string("label"), "{task:?}");
+            assert_eq!(
+                p.score,
+                fields.get("score").and_then(|s| s.as_f64()),
+                "{task:?}"
+            );
+            assert_eq!(p.scores, text("scores"), "{task:?}");
+            assert_eq!(p.entities, text("entities"), "{task:?}");
+            assert_eq!(p.text, string("text"), "{task:?}");
+            assert_eq!(p.finish_reason, string("finish_reason"), "{task:?}");
+            let int = |k: &str| fields.get(k).and_then(|n| n.as_i64());
+            assert_eq!(p.prompt_tokens, int("prompt_tokens"), "{task:?}");
+            assert_eq!(p.completion_tokens, int("completion_tokens"), "{task:?}");
+        }
+        let (vector, p) = columns(&Output::Embedding(vec![0.5, -0.5]), Task::Embed, &labels);
+        assert_eq!((vector, p), (vec![0.5, -0.5], Prediction::default()));
     }
 
     #[tokio::test]

@@ -84,20 +84,9 @@ impl Output {
                 score,
                 scores,
             } => {
-                let named: Vec<serde_json::Value> = scores
-                    .iter()
-                    .enumerate()
-                    .map(|(i, s)| {
-                        let label = labels
-                            .get(i)
-                            .cloned()
-                            .unwrap_or_else(|| format!("LABEL_{i}"));
-                        json!({ "label": label, "score": s })
-                    })
-                    .collect();
                 m.insert("label".into(), json!(label));
                 m.insert("score".into(), json!(score));
-                m.insert("scores".into(), json!(named));
+                m.insert("scores".into(), Self::named_scores(scores, labels));
             }
             Self::Score(s) => {
                 m.insert("score".into(), json!(s));
@@ -119,6 +108,23 @@ impl Output {
             }
         }
         m
+    }
+
+    /// A classifier's scores as its result carries them: every label's `{label, score}`, in
+    /// label-id order, named by `labels` (`LABEL_i` past their end).
+    pub fn named_scores(scores: &[f32], labels: &[String]) -> serde_json::Value {
+        let named: Vec<serde_json::Value> = scores
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let label = labels
+                    .get(i)
+                    .cloned()
+                    .unwrap_or_else(|| format!("LABEL_{i}"));
+                serde_json::json!({ "label": label, "score": s })
+            })
+            .collect();
+        serde_json::Value::Array(named)
     }
 
     /// Whether every number in it is finite (a NaN or an infinity is refused, never written).
