@@ -10,8 +10,10 @@
 //!    every message carries an `Ack`; only the sink resolves it, after its commit
 //!   ```
 //!
-//! * [`model`]: tokenization, the encoders behind one `Model` (the fused CPU encoder of
-//!   `crates/bert-cpu`, the candle encoder for CUDA), pooling, and the thread that runs them.
+//! * [`model`]: every model the worker runs (text encoders with their task heads, image models,
+//!   generation's decoder), the engines that compute them (the fused CPU encoder of
+//!   `crates/bert-cpu`, candle on the CPU or CUDA, the CPU decoder), and the thread that runs
+//!   them.
 //! * [`external`]: the outside world the pipeline talks to: Pub/Sub, Cloud Storage, the
 //!   database (results, failures and jobs), the early-drain watches, logs and metrics.
 //!

@@ -4,7 +4,8 @@ use spotinfer::config::{BenchArgs, EmbedArgs};
 use spotinfer::model::offline;
 use std::time::Instant;
 
-/// Embeds a file into `{"id", "embedding"}` lines.
+/// Runs the text model over a file into result lines: `{"id", …}` with the task's keys
+/// (`embedding`; `label`, `score`, `scores`; `entities`).
 pub async fn embed(mut a: EmbedArgs) -> anyhow::Result<()> {
     a.model.source.model = super::model_dir(&a.model).await?;
     tokio::task::spawn_blocking(move || embed_file(a)).await?

@@ -225,7 +225,8 @@ pub struct EmbedArgs {
     /// Input JSONL: one {"id","text"} object per line.
     #[arg(long)]
     pub input: PathBuf,
-    /// Output JSONL: one {"id","embedding"} object per line.
+    /// Output JSONL: one object per input line, its "id" and the task's result ("embedding";
+    /// "label", "score", "scores"; "entities").
     #[arg(long)]
     pub output: PathBuf,
 }
