@@ -381,3 +381,47 @@ fn auto_holds_cosine_0_999_against_f32_on_real_text_in_every_script() {
         "below cosine 0.999 against f32: {failures:#?}"
     );
 }
+
+/// The one factory (`model::load`) opens each kind of model from its files, on a model thread
+/// that computes it: a sentence-transformers folder as a text encoder, a ViT folder as an image
+/// classifier, a transformers Llama folder and a GGUF file as generation models.
+#[tokio::test]
+async fn the_factory_opens_every_kind_of_model_from_its_files() {
+    use spotinfer::model::generate::Interrupt;
+    use spotinfer::model::load::{spawn, LoadRequest};
+    use spotinfer::model::{GenerationDefaults, Reads, Task, Text};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cases = [
+        (common::model_dir(), Task::Embed, Reads::Texts),
+        (
+            root.join("tests/fixtures/images/models/vit"),
+            Task::Classify,
+            Reads::Images,
+        ),
+        (
+            root.join("tests/fixtures/llm/models/llama"),
+            Task::Generate,
+            Reads::Prompts,
+        ),
+        (
+            root.join("tests/fixtures/llm/gguf/llama.gguf"),
+            Task::Generate,
+            Reads::Prompts,
+        ),
+    ];
+    for (dir, task, reads) in cases {
+        let request = LoadRequest {
+            options: LoadOptions::new(DeviceChoice::Cpu),
+            generation: GenerationDefaults::default(),
+            max_batch_tokens: 0,
+        };
+        let model = spawn(dir.clone(), request, Interrupt::new())
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let info = model.info();
+        assert_eq!((info.task, info.reads), (task, reads), "{}", dir.display());
+        if reads == Reads::Texts {
+            let out = model.predict(vec![Text::from("a text".to_string())]).await;
+            assert_eq!(out.unwrap().outputs.len(), 1);
+        }
+    }
+}

@@ -13,8 +13,8 @@ use anyhow::Context;
 use spotinfer::config::ModelArgs;
 use spotinfer::external::gcs::{FileList, Gcs};
 use spotinfer::model::generate::{is_generation_model, Interrupt};
-use spotinfer::model::{GenerateTask, GenerationDefaults};
-use spotinfer::model::{ImageTask, LoadOptions, Model, ModelHandle, Predict, PromptChoice, Reload};
+use spotinfer::model::load::{self, LoadRequest};
+use spotinfer::model::{GenerationDefaults, LoadOptions, Model, ModelHandle, PromptChoice};
 use std::path::Path;
 use std::time::Instant;
 
@@ -72,29 +72,6 @@ fn open_text_model(dir: &Path, m: &ModelArgs) -> anyhow::Result<Model> {
     Ok(Model::open(dir, &load_options(m))?.with_max_batch_tokens(m.max_batch_tokens))
 }
 
-/// Whatever model `dir` holds (a text model, an image model, or a generation model, which
-/// stops its batch when `interrupt` is set), as `m` describes it.
-fn load_any(dir: &Path, m: &ModelArgs, interrupt: &Interrupt) -> anyhow::Result<Box<dyn Predict>> {
-    if spotinfer::model::is_image_model(dir)? {
-        return Ok(Box::new(ImageTask::open(dir, &load_options(m))?));
-    }
-    if is_generation_model(dir) {
-        let g = &m.generation;
-        let defaults = GenerationDefaults {
-            max_new_tokens: g.max_new_tokens,
-            temperature: g.temperature,
-            top_p: g.top_p,
-            top_k: g.top_k,
-            truncate_prompt: g.truncate_prompt,
-            max_seconds: (!g.max_generation_seconds.is_zero()).then_some(g.max_generation_seconds),
-            max_batch_tokens: m.max_batch_tokens,
-        };
-        let task = GenerateTask::open(dir, &load_options(m), defaults, interrupt.clone())?;
-        return Ok(Box::new(task));
-    }
-    Ok(Box::new(open_text_model(dir, m)?))
-}
-
 /// How `m` asks for the model to be loaded.
 fn load_options(m: &ModelArgs) -> LoadOptions {
     let prompt = match (&m.prompt_name, &m.prompt) {
@@ -113,14 +90,28 @@ fn load_options(m: &ModelArgs) -> LoadOptions {
     }
 }
 
-/// The model on its own thread, for the worker; a generation model stops its batch when
-/// `interrupt` is set (the worker sets it at shutdown).
+/// How `m` asks for the model to be opened, whatever its kind (`model::load`).
+fn load_request(m: &ModelArgs) -> LoadRequest {
+    let g = &m.generation;
+    LoadRequest {
+        options: load_options(m),
+        generation: GenerationDefaults {
+            max_new_tokens: g.max_new_tokens,
+            temperature: g.temperature,
+            top_p: g.top_p,
+            top_k: g.top_k,
+            truncate_prompt: g.truncate_prompt,
+            max_seconds: (!g.max_generation_seconds.is_zero()).then_some(g.max_generation_seconds),
+            max_batch_tokens: m.max_batch_tokens,
+        },
+        max_batch_tokens: m.max_batch_tokens,
+    }
+}
+
+/// The model on its own thread, for the worker (`model::load::spawn`); a generation model stops
+/// its batch when `interrupt` is set (the worker sets it whenever its pipeline stops).
 pub async fn load_model(m: &ModelArgs, interrupt: Interrupt) -> anyhow::Result<ModelHandle> {
     let dir = model_dir(m).await?;
-    let m = m.clone();
-    let (d, a, i) = (dir.clone(), m.clone(), interrupt.clone());
-    let model = tokio::task::spawn_blocking(move || load_any(&d, &a, &i)).await??;
-    let reload: Reload =
-        Box::new(move || load_any(&dir, &m, &interrupt).map_err(|e| format!("{e:#}")));
-    ModelHandle::spawn_with_reload(model, Some(reload)).context("cannot start the model thread")
+    let request = load_request(m);
+    Ok(tokio::task::spawn_blocking(move || load::spawn(dir, request, interrupt)).await??)
 }

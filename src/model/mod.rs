@@ -30,6 +30,7 @@ mod engine;
 mod fused;
 pub mod generate;
 pub mod image;
+pub mod load;
 pub mod offline;
 mod options;
 mod predict;

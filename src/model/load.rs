@@ -1,0 +1,57 @@
+//! The one place a model folder (or GGUF file) becomes a running model: which kind it is (an
+//! image model, a generation model, else a text encoder with its task head) is read from its
+//! files here, so the worker's commands, the tests and the load test open every model the same
+//! way and get the same model thread, rebuilt from its files after a fault.
+
+use super::generate::{is_generation_model, Interrupt};
+use super::{
+    is_image_model, GenerateTask, GenerationDefaults, ImageTask, LoadOptions, Model, ModelError,
+    ModelHandle, Predict, Reload,
+};
+use std::path::{Path, PathBuf};
+
+/// How to open a model, whatever its kind: each kind reads what concerns it.
+#[derive(Debug, Clone)]
+pub struct LoadRequest {
+    /// Device, engine, precision, name, prompt and sequence length.
+    pub options: LoadOptions,
+    /// A generation model's defaults for what a record leaves out (and its cache budget).
+    pub generation: GenerationDefaults,
+    /// A text encoder's most padded tokens in one forward pass (0: no limit).
+    pub max_batch_tokens: usize,
+}
+
+/// Whatever model `dir` holds, as `request` asks: an image model, a generation model (which
+/// stops its batches when `interrupt` is set), else a text model.
+pub fn open(
+    dir: &Path,
+    request: &LoadRequest,
+    interrupt: &Interrupt,
+) -> Result<Box<dyn Predict>, ModelError> {
+    if is_image_model(dir)? {
+        return Ok(Box::new(ImageTask::open(dir, &request.options)?));
+    }
+    if is_generation_model(dir) {
+        let defaults = request.generation.clone();
+        let task = GenerateTask::open(dir, &request.options, defaults, interrupt.clone())?;
+        return Ok(Box::new(task));
+    }
+    let model = Model::open(dir, &request.options)?;
+    Ok(Box::new(
+        model.with_max_batch_tokens(request.max_batch_tokens),
+    ))
+}
+
+/// [`open`] on a model thread of its own, which opens the model again from `dir` after a fault
+/// that is not the input's. Call it from a blocking context: loading reads and packs weights.
+pub fn spawn(
+    dir: PathBuf,
+    request: LoadRequest,
+    interrupt: Interrupt,
+) -> Result<ModelHandle, ModelError> {
+    let model = open(&dir, &request, &interrupt)?;
+    let reload: Reload =
+        Box::new(move || open(&dir, &request, &interrupt).map_err(|e| e.to_string()));
+    ModelHandle::spawn_with_reload(model, Some(reload))
+        .map_err(|e| ModelError::Device(format!("cannot start the model thread: {e}")))
+}
