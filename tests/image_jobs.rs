@@ -418,20 +418,6 @@ async fn an_image_to_a_text_model_is_a_failure_row() {
     );
 }
 
-/// A 16-bit RGBA PNG of `side` × `side`, 8 bytes a pixel once decoded, that compresses to a few
-/// hundred kB: the picture that costs a decoder the most memory for its size.
-fn worst_png(side: u32) -> Vec<u8> {
-    let img = image::ImageBuffer::from_fn(side, side, |x, _| {
-        let v = (x * 97 % 65536) as u16;
-        image::Rgba([v, v / 2, 65535 - v, 40000])
-    });
-    let mut png = Vec::new();
-    image::DynamicImage::ImageRgba16(img)
-        .write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
-        .unwrap();
-    png
-}
-
 /// Issue 40: the worker's own peak memory (VmHWM) with four of the worst pictures in one batch,
 /// decoded one slice per core, stays within `--image-decode-memory` above the same worker's peak
 /// on four small photographs; without a bound (a budget larger than the machine) it does not.

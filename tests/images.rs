@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::png_declaring;
+use common::{png_declaring, worst_png};
 use spotinfer::model::image::decode::decode;
 use spotinfer::model::image::resample::{resize, Filter, Rgb8};
 use spotinfer::model::image::Processor;
@@ -309,20 +309,6 @@ fn bad_images_are_refused_with_their_reason() {
     let first = decode(&gif, LIMIT).unwrap();
     assert_eq!((first.width, first.height), (2, 2));
     assert_eq!(&first.data[..3], &[0, 0, 0]);
-}
-
-/// The worst picture for decoding's memory: a 16-bit RGBA PNG (8 bytes a pixel decoded) whose rows
-/// repeat, so `pixels` of them compress to a few hundred kB.
-fn worst_png(side: u32) -> Vec<u8> {
-    let img = image::ImageBuffer::from_fn(side, side, |x, _| {
-        let v = (x * 97 % 65536) as u16;
-        image::Rgba([v, v / 2, 65535 - v, 40000])
-    });
-    let mut png = Vec::new();
-    image::DynamicImage::ImageRgba16(img)
-        .write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
-        .unwrap();
-    png
 }
 
 /// A line of /proc/self/status, in KiB.

@@ -653,6 +653,20 @@ pub fn floats(v: &serde_json::Value) -> Vec<f32> {
         .collect()
 }
 
+/// The worst picture for decoding's memory: a 16-bit RGBA PNG of `side` × `side` (8 bytes a
+/// pixel decoded) whose rows repeat, so it compresses to a few hundred kB.
+pub fn worst_png(side: u32) -> Vec<u8> {
+    let img = image::ImageBuffer::from_fn(side, side, |x, _| {
+        let v = (x * 97 % 65536) as u16;
+        image::Rgba([v, v / 2, 65535 - v, 40000])
+    });
+    let mut png = Vec::new();
+    image::DynamicImage::ImageRgba16(img)
+        .write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
+        .unwrap();
+    png
+}
+
 /// A tiny PNG whose header declares `width` × `height` pixels, with a few bytes of image data.
 pub fn png_declaring(width: u32, height: u32) -> Vec<u8> {
     fn chunk(out: &mut Vec<u8>, kind: &[u8], data: &[u8]) {
