@@ -363,20 +363,10 @@ fn out_of_range_durations_are_refused_with_the_flag_and_its_range() {
 #[test]
 fn json_logs_carry_cloud_logging_severity() {
     // A worker waiting for an unreachable database logs a warning per attempt; SIGTERM ends it.
-    let child = spotinfer()
-        .arg("work")
-        .env("DATABASE_URL", "sqlite:///nonexistent-dir/results.db")
-        .env("PUBSUB_EMULATOR_HOST", emulator())
-        .env("SPOTINFER_LOG_FORMAT", "json")
-        .env("RUST_LOG", "info")
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let out = child.wait_with_output().unwrap();
+    let out = waiting_for_the_database(
+        "sqlite:///nonexistent-dir/results.db",
+        &[("SPOTINFER_LOG_FORMAT", "json"), ("RUST_LOG", "info")],
+    );
     assert!(out.status.success(), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     let logs: Vec<serde_json::Value> = stderr
@@ -401,18 +391,14 @@ fn json_logs_carry_cloud_logging_severity() {
     }
 }
 
-/// Issue 40: a password holding `?` or `#` defeated the redaction and was logged on every
-/// connect retry of a worker waiting for its database.
-#[test]
-fn connect_retries_never_log_a_password_with_url_delimiters() {
+/// What `spotinfer work` printed while it waited 1.5 s for the database at `url` (which it cannot
+/// reach), with `env`, then took a SIGTERM.
+fn waiting_for_the_database(url: &str, env: &[(&str, &str)]) -> std::process::Output {
     let child = spotinfer()
         .arg("work")
-        .env(
-            "DATABASE_URL",
-            "postgres://someone:hun?ter#2@127.0.0.1:1/nope",
-        )
+        .env("DATABASE_URL", url)
         .env("PUBSUB_EMULATOR_HOST", emulator())
-        .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
         .stderr(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -420,7 +406,17 @@ fn connect_retries_never_log_a_password_with_url_delimiters() {
     std::thread::sleep(std::time::Duration::from_millis(1500));
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let out = child.wait_with_output().unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// Issue 40: a password holding `?` or `#` defeated the redaction and was logged on every
+/// connect retry of a worker waiting for its database.
+#[test]
+fn connect_retries_never_log_a_password_with_url_delimiters() {
+    let out = waiting_for_the_database(
+        "postgres://someone:hun?ter#2@127.0.0.1:1/nope",
+        &[("RUST_LOG", "warn")],
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("database not ready"), "{stderr}");
     assert!(stderr.contains("someone:***@"), "{stderr}");
