@@ -238,7 +238,9 @@ async fn a_notice_that_clears_resumes_pulling() {
         a.ready().await
     })
     .await;
-    // It finishes the job and exits by itself once idle.
+    // It finishes the job and exits by itself once idle. Messages the server had pushed into the
+    // closed stream after it was read out come back only when their lease (10 s) runs out: the
+    // idle clock waits for that (before, under load, the worker exited 16 records short).
     let (status, _) = a.wait(Duration::from_secs(240));
     assert!(status.success(), "{status}");
     let store = spotinfer::external::store::Store::connect(&db)

@@ -333,6 +333,7 @@ impl Pipeline {
                 _ = notice.cleared() => {}
             }
             self.metrics.set_draining(false);
+            self.metrics.not_idle_for(self.cfg.lease_extension);
             tracing::info!("the termination notice cleared without a SIGTERM: pulling again");
         }
     }

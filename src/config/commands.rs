@@ -166,6 +166,8 @@ pub struct WorkArgs {
     #[arg(long, env = "SPOTINFER_STALL_TIMEOUT", value_parser = duration_in(secs(60), secs(24 * 3600)), default_value = "5m")]
     pub stall_timeout: Duration,
     /// Exit once no message has arrived for this long and nothing is in flight (1s to 7d): 0.
+    /// After an early drain whose notice cleared, the quiet counts only from one
+    /// --lease-extension on (what the closed stream held comes back when its lease runs out).
     /// With --exit-when-job-complete, only once the job has not moved (no record settled or
     /// published by any worker) for as long either, then 66: a peer still committing it is
     /// waited for.

@@ -197,7 +197,14 @@ impl Metrics {
     /// waiting for the database or loading the model does not count as idle).
     pub fn mark_active(&self) {
         self.last_received_ms
-            .store(self.now_ms(), Ordering::Relaxed);
+            .fetch_max(self.now_ms(), Ordering::Relaxed);
+    }
+    /// Holds the idle clock at zero for `period` from now. After an early drain, messages the
+    /// closed stream had been sent but never read come back only when their lease runs out
+    /// (`--lease-extension`): until then the subscription is not idle, only quiet.
+    pub fn not_idle_for(&self, period: Duration) {
+        let until = self.now_ms().saturating_add(period.as_millis() as u64);
+        self.last_received_ms.fetch_max(until, Ordering::Relaxed);
     }
     /// Counts acks.
     pub fn acked(&self, n: u64) {
@@ -336,5 +343,24 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("spotinfer_batch_size_count 3"), "{text}");
+    }
+
+    #[test]
+    fn the_idle_clock_waits_out_the_lease_of_what_a_closed_stream_held() {
+        let (m, at) = on_fake_clock();
+        at(5);
+        m.received(1);
+        at(8);
+        assert_eq!(m.idle_for(), Duration::from_secs(3));
+        m.not_idle_for(Duration::from_secs(10));
+        at(17);
+        assert_eq!(m.idle_for(), Duration::ZERO, "inside the lease");
+        m.mark_active();
+        at(20);
+        assert_eq!(
+            m.idle_for(),
+            Duration::from_secs(2),
+            "counted from the lease's end"
+        );
     }
 }
