@@ -1,7 +1,7 @@
 //! `spotinfer embed` and `spotinfer bench`: the model over a JSONL file, without Pub/Sub.
 
 use spotinfer::config::{BenchArgs, EmbedArgs};
-use spotinfer::model::offline;
+use spotinfer::jobs::offline;
 use std::time::Instant;
 
 /// Runs the text model over a file into result lines: `{"id", …}` with the task's keys

@@ -1,6 +1,7 @@
 //! A batch job as its user sees it, from a file in to a file out: [`publish`] a JSONL file as a
 //! job (every id registered before its message goes out, every refused line recorded), and
-//! [`export`] the job's results or failures to Parquet or JSON lines. Where the job stands
+//! [`export`] the job's results or failures to Parquet or JSON lines; [`offline`] runs a file
+//! of records through a model with no queue and no database (`embed`, `bench`). Where the job stands
 //! (`status`) is a read of the job tables in [`crate::external::store`]; the workers in between
 //! know nothing of jobs beyond the `job` field of a record.
 //!
@@ -8,4 +9,5 @@
 //! adapters to it, so they live here rather than in `external`.
 
 pub mod export;
+pub mod offline;
 pub mod publish;

@@ -21,8 +21,8 @@
 //!
 //! [`ModelHandle`] (in `thread`) runs a model of either kind ([`Predict`]) on its own OS thread;
 //! a text model's tokenizing ([`prepare`]) runs before each batch reaches that thread, so the
-//! thread that drives the device only computes. [`offline`] runs whole files of texts without the
-//! pipeline, tokenizing ahead of the model the same way.
+//! thread that drives the device only computes. `crate::jobs::offline` runs whole files of texts
+//! without the pipeline, tokenizing ahead of the model the same way.
 
 mod budget;
 mod candle_bert;
@@ -31,7 +31,6 @@ mod fused;
 pub mod generate;
 pub mod image;
 pub mod load;
-pub mod offline;
 mod options;
 mod predict;
 mod prefix;

@@ -6,7 +6,6 @@
 //! Without a `seed`, the record's id gives one, so a redelivery samples the same text.
 
 use super::RecordError;
-use crate::model::generate::{Input, Message, Prompt};
 use serde_json::{Map, Value};
 
 /// The roles a message may have.
@@ -19,6 +18,66 @@ pub const MAX_STOP_BYTES: usize = 256;
 pub const MAX_MESSAGES: usize = 1024;
 /// Highest temperature accepted (OpenAI's range is 0 to 2).
 pub const MAX_TEMPERATURE: f64 = 2.0;
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Message {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// Its text.
+    pub content: String,
+}
+
+/// What the model continues.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    /// A raw completion prompt, tokenized as it is.
+    Raw(String),
+    /// A conversation, rendered by the model's chat template with the assistant's turn opened.
+    Chat(Vec<Message>),
+}
+
+/// What a generation record asks for; the options it leaves out take the worker's defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Input {
+    /// The prompt or conversation.
+    pub prompt: Prompt,
+    /// Most tokens to generate.
+    pub max_new_tokens: Option<usize>,
+    /// 0: greedy.
+    pub temperature: Option<f32>,
+    /// Nucleus sampling's probability mass.
+    pub top_p: Option<f32>,
+    /// Keep this many of the likeliest tokens (0: all).
+    pub top_k: Option<usize>,
+    /// The sampling seed: the record's, else one derived from its id.
+    pub seed: u64,
+    /// Strings that end the completion.
+    pub stop: Vec<String>,
+}
+
+impl Input {
+    /// Hex SHA-256 of everything that decides the completion (the prompt and every option given),
+    /// in a fixed layout: the result row's `input_sha256`, and the key a checkpoint is kept
+    /// under, so a record republished with another prompt never resumes the old one's tokens.
+    pub fn sha256(&self) -> String {
+        use sha2::Digest;
+        let prompt = match &self.prompt {
+            Prompt::Raw(p) => serde_json::json!({ "prompt": p }),
+            Prompt::Chat(m) => serde_json::json!({ "messages": m }),
+        };
+        let canonical = serde_json::json!([
+            prompt,
+            self.max_new_tokens,
+            self.temperature,
+            self.top_p,
+            self.top_k,
+            self.seed,
+            self.stop
+        ]);
+        hex::encode(sha2::Sha256::digest(canonical.to_string().as_bytes()))
+    }
+}
 
 fn bad(message: String) -> RecordError {
     RecordError::Generation(message)

@@ -8,7 +8,7 @@
 //! a [`RecordError`], which the worker records in `failed_records` and acks: a bad payload never
 //! becomes a redelivery loop and is never dropped silently.
 
-mod generation;
+pub mod generation;
 
 use serde_json::Value;
 
@@ -45,7 +45,7 @@ pub struct Record {
     /// The picture of an image record (`image_base64`, or a `uri` read for an image model).
     pub image: Option<Image>,
     /// A generation record's prompt and options (`prompt` or `messages`).
-    pub generation: Option<std::sync::Arc<crate::model::generate::Input>>,
+    pub generation: Option<std::sync::Arc<generation::Input>>,
     /// The tokens an earlier run of this generation wrote: read from its checkpoint before the
     /// model runs it, or set when a shutdown interrupts it (for the worker to save). Empty for
     /// every other record.

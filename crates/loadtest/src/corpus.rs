@@ -35,7 +35,7 @@ pub async fn publish(
     let records = match (&args.input, &args.images) {
         (_, Some(dir)) => image_corpus(dir, args.records, name)?,
         (Some(path), None) => {
-            let mut r = spotinfer::model::offline::read_records(path, usize::MAX)?;
+            let mut r = spotinfer::jobs::offline::read_records(path, usize::MAX)?;
             for rec in &mut r {
                 rec.id = format!("{name}-{}", rec.id);
                 rec.job = Some(name.to_string());

@@ -154,7 +154,7 @@ pub enum LoadtestError {
     Model(#[from] spotinfer::model::ModelError),
     /// Bad input.
     #[error(transparent)]
-    Offline(#[from] spotinfer::model::offline::OfflineError),
+    Offline(#[from] spotinfer::jobs::offline::OfflineError),
 }
 
 impl From<std::io::Error> for LoadtestError {

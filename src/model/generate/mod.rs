@@ -24,70 +24,11 @@ pub use load::is_generation_model;
 pub use sampling::{argmax, Sampling};
 
 use super::ModelError;
+pub use crate::record::generation::{Input, Message, Prompt};
 use spotinfer_bert_cpu::CpuDecoder;
 use std::path::Path;
 use template::ChatTemplate;
 use tokenizers::Tokenizer;
-
-/// One chat message.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Message {
-    /// `system`, `user`, `assistant` or `tool`.
-    pub role: String,
-    /// Its text.
-    pub content: String,
-}
-
-/// What the model continues.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Prompt {
-    /// A raw completion prompt, tokenized as it is.
-    Raw(String),
-    /// A conversation, rendered by the model's chat template with the assistant's turn opened.
-    Chat(Vec<Message>),
-}
-
-/// What a generation record asks for; the options it leaves out take the worker's defaults.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Input {
-    /// The prompt or conversation.
-    pub prompt: Prompt,
-    /// Most tokens to generate.
-    pub max_new_tokens: Option<usize>,
-    /// 0: greedy.
-    pub temperature: Option<f32>,
-    /// Nucleus sampling's probability mass.
-    pub top_p: Option<f32>,
-    /// Keep this many of the likeliest tokens (0: all).
-    pub top_k: Option<usize>,
-    /// The sampling seed: the record's, else one derived from its id.
-    pub seed: u64,
-    /// Strings that end the completion.
-    pub stop: Vec<String>,
-}
-
-impl Input {
-    /// Hex SHA-256 of everything that decides the completion (the prompt and every option given),
-    /// in a fixed layout: the result row's `input_sha256`, and the key a checkpoint is kept
-    /// under, so a record republished with another prompt never resumes the old one's tokens.
-    pub fn sha256(&self) -> String {
-        use sha2::Digest;
-        let prompt = match &self.prompt {
-            Prompt::Raw(p) => serde_json::json!({ "prompt": p }),
-            Prompt::Chat(m) => serde_json::json!({ "messages": m }),
-        };
-        let canonical = serde_json::json!([
-            prompt,
-            self.max_new_tokens,
-            self.temperature,
-            self.top_p,
-            self.top_k,
-            self.seed,
-            self.stop
-        ]);
-        hex::encode(sha2::Sha256::digest(canonical.to_string().as_bytes()))
-    }
-}
 
 /// One generation to run: an [`Input`] with the worker's defaults filled in.
 #[derive(Debug, Clone, PartialEq)]
