@@ -72,7 +72,8 @@ async fn exactly_once_subscription_with_confirmed_acks() {
     let (_dir, db) = fresh_sqlite();
     let store = Store::connect(&db).await.unwrap();
     store.migrate().await.unwrap();
-    let model = ModelHandle::spawn(Model::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap();
+    let model =
+        served(ModelHandle::spawn(Model::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap());
     let report = worker::run(
         config(cfg.clone(), true),
         store.clone(),
@@ -98,7 +99,8 @@ async fn exactly_once_flag_refuses_an_at_least_once_subscription() {
     let (_dir, db) = fresh_sqlite();
     let store = Store::connect(&db).await.unwrap();
     store.migrate().await.unwrap();
-    let model = ModelHandle::spawn(Model::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap();
+    let model =
+        served(ModelHandle::spawn(Model::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap());
     let err = worker::run(
         config(cfg, true),
         store,
@@ -168,7 +170,8 @@ async fn a_stopping_worker_hands_back_what_it_holds_counted_apart_from_failures(
     let store = Store::connect(&slow_db).await.unwrap();
     store.migrate().await.unwrap();
     proxy.set_latency(Duration::from_millis(300));
-    let model = ModelHandle::spawn(Model::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap();
+    let model =
+        served(ModelHandle::spawn(Model::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap());
     let worker_cfg = |idle| WorkerConfig {
         window: Window::fixed(64, 1),
         batch: BatchConfig {
@@ -276,7 +279,8 @@ async fn a_message_on_its_last_attempt_is_finished_at_shutdown_not_dead_lettered
     let store = Store::connect(&slow_db).await.unwrap();
     store.migrate().await.unwrap();
     proxy.set_latency(Duration::from_millis(150));
-    let model = ModelHandle::spawn(Model::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap();
+    let model =
+        served(ModelHandle::spawn(Model::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap());
     let metrics = Metrics::new();
     let shutdown = Shutdown::new();
     let run = tokio::spawn(worker::run(

@@ -135,8 +135,8 @@ fn uri_worker_config(
     }
 }
 
-fn model() -> ModelHandle {
-    ModelHandle::spawn(Model::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap()
+fn model() -> spotinfer::pipeline::infer::Served {
+    served(ModelHandle::spawn(Model::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

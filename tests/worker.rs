@@ -20,8 +20,8 @@ fn config_for(args: &PubsubArgs, idle: Option<Duration>) -> WorkerConfig {
     }
 }
 
-fn model() -> ModelHandle {
-    ModelHandle::spawn(Model::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap()
+fn model() -> spotinfer::pipeline::infer::Served {
+    served(ModelHandle::spawn(Model::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap())
 }
 
 async fn run_until_idle(args: &PubsubArgs, db: &str) -> Report {
@@ -458,7 +458,7 @@ async fn records_choose_their_prompt_and_rows_name_the_model() {
     let (q, p, none) = (want(Some("query")), want(Some("passage")), want(None));
     assert!(cosine(&q, &p) < 0.9999, "the prompts change the vector");
     let cfg = config_for(&args, Some(Duration::from_secs(5)));
-    let model = ModelHandle::spawn(Model::load(&dir, DeviceChoice::Cpu).unwrap()).unwrap();
+    let model = served(ModelHandle::spawn(Model::load(&dir, DeviceChoice::Cpu).unwrap()).unwrap());
     let report = worker::run(cfg, store.clone(), model, Metrics::new(), Shutdown::new())
         .await
         .unwrap();

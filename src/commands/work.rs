@@ -21,8 +21,9 @@ use spotinfer::external::drain::{self, DrainConfig, Notice};
 use spotinfer::external::store::{self, Store, StoreError};
 use spotinfer::external::telemetry::{self, Metrics};
 use spotinfer::model::generate::Interrupt;
-use spotinfer::model::{ModelHandle, Reads};
+use spotinfer::model::{load, ModelHandle, Reads};
 use spotinfer::pipeline::batcher::BatchConfig;
+use spotinfer::pipeline::infer::Served;
 use spotinfer::pipeline::window::{self, Window};
 use spotinfer::pipeline::worker::{self, WorkerConfig};
 use spotinfer::shutdown::{self, Shutdown};
@@ -231,7 +232,6 @@ async fn work(
         storage_emulator_host: a.model.storage.storage_emulator_host.clone(),
         max_object_bytes: a.model.storage.max_object_bytes,
         allowed_buckets: a.model.storage.allowed_buckets.clone(),
-        max_image_pixels: a.model.max_image_pixels,
     };
     if let Some(job) = &a.exit_when_job_complete {
         let watch = JobWatch {
@@ -245,10 +245,14 @@ async fn work(
         };
         tokio::spawn(watch.run());
     }
+    let serving = load::Serving {
+        max_image_pixels: a.model.max_image_pixels,
+        checkpoints: Some(std::sync::Arc::new(store.clone())),
+    };
     let pipeline = Pipeline {
         cfg,
         store: store.clone(),
-        model,
+        model: load::serve(model, serving),
         metrics: metrics.clone(),
         interrupt,
     };
@@ -273,7 +277,7 @@ async fn work(
 struct Pipeline {
     cfg: WorkerConfig,
     store: Store,
-    model: ModelHandle,
+    model: Served,
     metrics: std::sync::Arc<Metrics>,
     /// Stops a generation model's running batches, so their tokens come back to be
     /// checkpointed: set whenever the pipeline stops (SIGTERM, an early drain, an idle exit),

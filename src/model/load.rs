@@ -1,14 +1,17 @@
 //! The one place a model folder (or GGUF file) becomes a running model: which kind it is (an
 //! image model, a generation model, else a text encoder with its task head) is read from its
 //! files here, so the worker's commands, the tests and the load test open every model the same
-//! way and get the same model thread, rebuilt from its files after a fault.
+//! way and get the same model thread, rebuilt from its files after a fault. [`serve`] then puts
+//! that thread behind the pipeline's one seam, [`Infer`], with the task's way of readying
+//! records and settling results.
 
 use super::generate::{is_generation_model, Interrupt};
 use super::{
-    is_image_model, GenerateTask, GenerationDefaults, ImageTask, LoadOptions, Model, ModelError,
-    ModelHandle, Predict, Reload,
+    is_image_model, Checkpoints, GenerateTask, GenerationDefaults, Generations, ImageTask, Infer,
+    LoadOptions, Model, ModelError, ModelHandle, Pictures, Predict, Reads, Reload, Texts,
 };
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// How to open a model, whatever its kind: each kind reads what concerns it.
 #[derive(Debug, Clone)]
@@ -54,4 +57,30 @@ pub fn spawn(
         Box::new(move || open(&dir, &request, &interrupt).map_err(|e| e.to_string()));
     ModelHandle::spawn_with_reload(model, Some(reload))
         .map_err(|e| ModelError::Device(format!("cannot start the model thread: {e}")))
+}
+
+/// What serving a model needs beyond its files: the pictures' pixel limit
+/// (`--max-image-pixels`) and where generations keep their checkpoints between deliveries.
+#[derive(Clone)]
+pub struct Serving {
+    /// Most pixels a picture may declare, and its processor's resize may make: the bound on a
+    /// decode's memory.
+    pub max_image_pixels: u64,
+    /// Where a generation model keeps its checkpoints (the worker's database); none: every
+    /// generation starts over.
+    pub checkpoints: Option<Arc<dyn Checkpoints>>,
+}
+
+/// The model on `handle`'s thread behind the one seam the pipeline talks to ([`Infer`]), with
+/// its task's way of readying records and settling results: a generation model's, an image
+/// model's, else a text model's. A new task is a new [`Infer`] and a line here.
+pub fn serve(handle: ModelHandle, serving: Serving) -> Arc<dyn Infer> {
+    let info = handle.info().clone();
+    if info.reads == Reads::Prompts {
+        return Arc::new(Generations::new(handle, serving.checkpoints));
+    }
+    if let Some(processor) = info.processor {
+        return Arc::new(Pictures::new(handle, processor, serving.max_image_pixels));
+    }
+    Arc::new(Texts::new(handle))
 }

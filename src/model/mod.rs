@@ -36,6 +36,7 @@ mod predict;
 mod prefix;
 pub mod prepare;
 mod prompt;
+mod seam;
 pub mod spec;
 mod task;
 mod thread;
@@ -44,9 +45,13 @@ mod wordpiece;
 
 pub use options::{default_model_name, Backend, CpuKernels, DeviceChoice, LoadOptions, Precision};
 pub use prompt::PromptChoice;
+pub use seam::{unfit, Checkpoint, Checkpoints, Infer, Saved, Settled};
 pub use spec::{ModelSpec, Task};
 pub use task::generate::{GenerateTask, GenerationDefaults};
+pub use task::generate::{Generations, INTERRUPT_GRACE};
+pub use task::image::Pictures;
 pub use task::image::{is_image_model, ImageTask};
+pub use task::text::Texts;
 pub use task::{Entity, Output};
 pub use thread::{Item, Joining, ModelHandle, Predict, Prepare, Reload, Reply, Text};
 

@@ -34,11 +34,11 @@
 //!   (from 250 ms, doubling with jitter) and then the message is NACKed; on the subscription's
 //!   last delivery attempt (its dead-letter limit) it is a failure row saying so instead, as a
 //!   NACK would dead-letter it unrecorded.
-//! * **Model** ([`crate::pipeline::embed`]): a record naming a prompt the model lacks, an image
+//! * **Model** ([`crate::pipeline::infer`], through [`crate::model::Infer`]): a record naming a prompt the model lacks, an image
 //!   for a text model, a text for an image classifier, an image that cannot be decoded or is
 //!   past `--max-image-pixels` is a failure row. A batch the model fails on because of its input
-//!   ([`crate::model::ModelError::blames_input`]) is embedded again record by record: the
-//!   records that embed alone go on, each one that fails alone is a failure row quoting the
+//!   ([`crate::model::ModelError::blames_input`]) is computed again record by record: the
+//!   records computed alone go on, each one that fails alone is a failure row quoting the
 //!   model; so is a batch that panics the model (a bug some input meets: computing it again
 //!   whole, or handing it back, would only meet the same input again), the record that panics
 //!   alone recorded with the panic's message. Any other fault that is not the input's (the

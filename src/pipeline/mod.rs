@@ -4,9 +4,8 @@
 //! * [`source`]: Pub/Sub streaming pull in, parsed [`message::Delivery`]s out (the message data
 //!   contract is [`crate::record`]);
 //! * [`batcher`]: deliveries into bounded, length-grouped [`message::Batch`]es;
-//! * [`embed`]: the model stage, batches to [`message::Outcome`]s on the model thread;
-//!   [`generation`]: what it does for generation records (resume from a checkpoint, settle an
-//!   interrupted batch), and what the worker saves of them at shutdown;
+//! * [`infer`]: batches to [`message::Outcome`]s through the one model seam
+//!   ([`crate::model::Infer`]): it knows no task and no engine;
 //! * [`sink`]: one transaction per outcome, then the acks;
 //! * [`ack`]: the ack that travels with each message (dropping it NACKs), and how every message
 //!   ends, at shutdown too: the one description of the worker's settlement and shutdown;
@@ -17,9 +16,8 @@
 
 pub mod ack;
 pub mod batcher;
-pub mod embed;
 pub mod fault;
-pub mod generation;
+pub mod infer;
 pub mod message;
 pub mod sink;
 pub mod source;

@@ -8,6 +8,7 @@ use crate::external::store::Store;
 use crate::external::telemetry::Metrics;
 use crate::model::{DeviceChoice, LoadOptions, Model, ModelHandle, Output};
 use crate::pipeline::ack::{Ack, LeaseLoop, NackHold, Settle};
+use crate::pipeline::infer::Served;
 use crate::pipeline::message::{Batch, Delivery, MessageMeta, Outcome};
 use crate::shutdown::Shutdown;
 use bytes::Bytes;
@@ -310,19 +311,24 @@ fn fixture_dir() -> std::path::PathBuf {
 }
 
 /// The fixture model on its thread, on the CPU.
-pub fn model() -> ModelHandle {
+pub fn model() -> Served {
     let embedder = Model::open(&fixture_dir(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
-    spawn(embedder, None)
+    served(spawn(embedder, None))
+}
+
+/// A text model's thread behind the seam, as the worker's factory serves it.
+fn served(handle: ModelHandle) -> Served {
+    std::sync::Arc::new(crate::model::Texts::new(handle))
 }
 
 /// The fixture model on its thread, failing its first `faults` batches (`None`: every batch)
 /// with a device fault ([`crate::model::ModelError::Device`], not the input's).
-pub fn faulty_model(faults: Option<u64>) -> ModelHandle {
+pub fn faulty_model(faults: Option<u64>) -> Served {
     let embedder = Model::open(&fixture_dir(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
-    spawn(
+    served(spawn(
         embedder,
         Some(faults.map_or("always".into(), |n| n.to_string())),
-    )
+    ))
 }
 
 /// Spawns the model thread with `SPOTINFER_TEST_DEVICE_FAULT` set to `faults` (unset: none).
@@ -363,7 +369,7 @@ fn spawn(embedder: Model, faults: Option<String>) -> ModelHandle {
 /// holding that word makes the model compute a NaN vector, which it refuses
 /// ([`crate::model::ModelError::NonFinite`], an error the input is to blame for); the others
 /// embed as usual. The directory must outlive the model's loading only.
-pub fn poisoned_model(word: &str) -> ModelHandle {
+pub fn poisoned_model(word: &str) -> Served {
     let src = fixture_dir();
     let dir = tempfile::tempdir().unwrap();
     for entry in std::fs::read_dir(&src).unwrap() {
@@ -388,12 +394,12 @@ pub fn poisoned_model(word: &str) -> ModelHandle {
     }
     std::fs::write(dir.path().join("model.safetensors"), bytes).unwrap();
     let embedder = Model::open(dir.path(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
-    spawn(embedder, None)
+    served(spawn(embedder, None))
 }
 
 /// The fixture model, panicking on every batch that holds a text containing `word` (a bug
 /// some input meets), on its thread; the other batches embed as usual.
-pub fn panicking_model(word: &str) -> ModelHandle {
+pub fn panicking_model(word: &str) -> Served {
     struct Panicking(Model, String);
     impl crate::model::Predict for Panicking {
         fn info(&self) -> &crate::model::ModelInfo {
@@ -411,5 +417,5 @@ pub fn panicking_model(word: &str) -> ModelHandle {
         }
     }
     let embedder = Model::open(&fixture_dir(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
-    ModelHandle::spawn(Panicking(embedder, word.to_string())).unwrap()
+    served(ModelHandle::spawn(Panicking(embedder, word.to_string())).unwrap())
 }

@@ -7,10 +7,9 @@ use crate::external::gcs::InputReader;
 use crate::external::pubsub::{PubsubConfig, QueueError};
 use crate::external::store::Store;
 use crate::external::telemetry::{Counts, Metrics};
-use crate::model::ModelHandle;
 use crate::pipeline::ack::{LeaseLoop, NackHold, NackRelease};
 use crate::pipeline::batcher::{self, BatchConfig};
-use crate::pipeline::embed;
+use crate::pipeline::infer::{self, Served};
 use crate::pipeline::message::{Delivery, HandBack};
 use crate::pipeline::sink::{self, SinkConfig};
 use crate::pipeline::source;
@@ -68,9 +67,6 @@ pub struct WorkerConfig {
     pub max_object_bytes: u64,
     /// Buckets `uri` records may name (empty: any).
     pub allowed_buckets: Vec<String>,
-    /// Most pixels an image may declare, and its processor's resize may make
-    /// (`--max-image-pixels`): the bound on a decode's memory.
-    pub max_image_pixels: u64,
 }
 
 /// What a finished worker did.
@@ -110,7 +106,7 @@ pub enum WorkerError {
 pub async fn run(
     cfg: WorkerConfig,
     store: Store,
-    model: ModelHandle,
+    model: Served,
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
 ) -> Result<Report, WorkerError> {
@@ -176,11 +172,10 @@ struct LastChance {
     /// What the model stage and the sink held at the shutdown.
     handback: HandBack,
     batch_size: usize,
-    model: ModelHandle,
+    model: Served,
     store: Store,
     sink: SinkConfig,
     metrics: Arc<Metrics>,
-    max_image_pixels: u64,
 }
 
 impl LastChance {
@@ -206,15 +201,13 @@ impl LastChance {
         let (otx, orx) = mpsc::channel(1);
         // Its own hand-back: at the deadline what it holds is dropped with it.
         let handback = HandBack::default();
-        let stage = embed::run(
+        let stage = infer::run(
             brx,
             otx,
             self.model.clone(),
             self.metrics.clone(),
             lane.clone(),
             handback.clone(),
-            self.max_image_pixels,
-            None,
         );
         let sink = sink::run(
             orx,
@@ -254,7 +247,7 @@ impl LastChance {
 async fn start(
     cfg: &WorkerConfig,
     store: Store,
-    model: &ModelHandle,
+    model: &Served,
     metrics: &Arc<Metrics>,
     shutdown: &Shutdown,
 ) -> Result<Running, WorkerError> {
@@ -287,15 +280,13 @@ async fn start(
     // Room for the outcomes that finish while a commit runs: they join the next one.
     let (otx, orx) = mpsc::channel(SINK_QUEUE);
     let handback = HandBack::default();
-    let stage = embed::run(
+    let stage = infer::run(
         brx,
         otx,
         model.clone(),
         metrics.clone(),
         shutdown.clone(),
         handback.clone(),
-        cfg.max_image_pixels,
-        Some(store.clone()),
     );
     let stage = shutdown::spawn_supervised("model stage", stage, shutdown);
     let sink_cfg = SinkConfig {
@@ -314,7 +305,6 @@ async fn start(
         store: store.clone(),
         sink: sink_cfg.clone(),
         metrics: metrics.clone(),
-        max_image_pixels: cfg.max_image_pixels,
     };
     let sink = sink::run(
         orx,
@@ -447,14 +437,16 @@ async fn stop(
         .chain(last_chance.handback.take())
         .partition(|d| last_chance.is_last(d));
     last_chance.finish(last, deadline).await;
-    // Step 4b: the tokens of the generations handed back are checkpointed, for the next
-    // delivery to resume from.
-    let weights = crate::pipeline::generation::Weights {
-        name: &last_chance.sink.model,
-        hash: &last_chance.sink.model_hash,
-    };
-    let store = &last_chance.store;
-    crate::pipeline::generation::save(&rest, store, &weights, last_chance.limit, deadline).await;
+    // Step 4b: what the handed-back records carry for their next delivery (a generation's
+    // tokens) is kept, through the model seam; those on their last attempt are not.
+    let back = rest.iter().filter_map(|d| {
+        let r = d.payload.as_ref().ok()?;
+        let last = last_chance
+            .limit
+            .is_some_and(|limit| d.meta.delivery_attempt >= limit);
+        Some((r, last))
+    });
+    last_chance.model.hand_back(back.collect(), deadline).await;
     // Step 5: a NACK that overtakes a stream's cancel sends its message back into that dead
     // stream, where it waits out its lease; a short grace after closing lets the cancel land
     // first. Then what was handed back is dropped (parked) and every parked NACK sent.
@@ -536,7 +528,6 @@ mod tests {
                 confirm_acks: false,
             },
             metrics: kit.metrics.clone(),
-            max_image_pixels: 50_000_000,
         }
     }
 

@@ -372,7 +372,6 @@ pub fn worker_config(pubsub: PubsubConfig) -> WorkerConfig {
         storage_emulator_host: None,
         max_object_bytes: 1 << 20,
         allowed_buckets: Vec::new(),
-        max_image_pixels: 50_000_000,
     }
 }
 
@@ -704,4 +703,14 @@ pub fn png_declaring(width: u32, height: u32) -> Vec<u8> {
     );
     chunk(&mut out, b"IEND", &[]);
     out
+}
+
+/// A model's thread behind the pipeline's seam, served as the worker serves it (no checkpoint
+/// store: generations start over).
+pub fn served(handle: spotinfer::model::ModelHandle) -> spotinfer::pipeline::infer::Served {
+    let serving = spotinfer::model::load::Serving {
+        max_image_pixels: 50_000_000,
+        checkpoints: None,
+    };
+    spotinfer::model::load::serve(handle, serving)
 }

@@ -9,21 +9,45 @@
 //! abandoned) is purged once no delivery can come back for it ([`Store::purge_checkpoints`]).
 
 use super::{Store, StoreError};
+use futures::future::BoxFuture;
 use std::collections::HashMap;
 
-/// One generation's progress.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Checkpoint {
-    /// The record.
-    pub record_id: String,
-    /// The model generating it, by name.
-    pub model: String,
-    /// Which weights wrote the tokens (`ModelInfo::hash`).
-    pub model_hash: String,
-    /// Hex SHA-256 of the record's prompt and options (`generate::Input::sha256`).
-    pub input_sha256: String,
-    /// The token ids generated so far.
-    pub tokens: Vec<u32>,
+pub use crate::model::Checkpoint;
+
+/// The worker's checkpoints are kept in its database.
+impl crate::model::Checkpoints for Store {
+    fn read<'a>(
+        &'a self,
+        model: &'a str,
+        model_hash: &'a str,
+        keys: &'a [(String, String)],
+    ) -> BoxFuture<'a, Result<crate::model::Saved, String>> {
+        Box::pin(async move {
+            self.checkpoints(model, model_hash, keys)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn save<'a>(&'a self, checkpoints: &'a [Checkpoint]) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            self.save_checkpoints(checkpoints)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn forget<'a>(
+        &'a self,
+        model: &'a str,
+        record_ids: &'a [String],
+    ) -> BoxFuture<'a, Result<u64, String>> {
+        Box::pin(async move {
+            self.forget_checkpoints(model, record_ids)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
 }
 
 /// How long a checkpoint is kept: Pub/Sub's longest message retention (31 days), past which no

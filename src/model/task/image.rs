@@ -16,12 +16,17 @@
 use super::Output;
 use crate::model::image::fused::FusedImages;
 use crate::model::image::towers::ImageModel;
+use crate::model::seam::{text_item, unfit, Infer};
 use crate::model::spec::{classification_function, read_optional, ScoreFunction, Task};
 use crate::model::thread::{Item, Predict};
+use crate::model::Reply;
 use crate::model::{
     default_model_name, engine, weights_hash, Backend, LoadOptions, ModelError, ModelInfo,
     Precision, Predicted, PromptChoice, Reads,
 };
+use crate::record::{ImageData, Record, RecordError};
+use crate::shutdown::Shutdown;
+use futures::future::BoxFuture;
 use std::path::Path;
 use std::sync::Arc;
 use tokenizers::Tokenizer;
@@ -274,5 +279,128 @@ impl Predict for ImageTask {
             .collect::<Option<_>>()
             .ok_or_else(|| ModelError::Input("the towers returned too few results".into()))?;
         Predicted::checked(outputs, tokens, started)
+    }
+}
+
+/// An image model on its thread, serving its task ([`Infer`]): each record's picture is decoded
+/// and preprocessed with the model's processor on blocking threads, one slice of the batch per
+/// core, so the model thread only ever sees pixel values and the next batch's decoding overlaps
+/// this one's compute. A picture that cannot be used (not an image, truncated, past
+/// `--max-image-pixels`) is refused with the reason; a text goes to the text tower (CLIP,
+/// SigLIP) or is refused (ViT).
+pub struct Pictures {
+    handle: crate::model::ModelHandle,
+    processor: Arc<crate::model::image::Processor>,
+    max_pixels: u64,
+}
+
+impl Pictures {
+    /// Serves the image model on `handle`'s thread with its `processor`, refusing pictures past
+    /// `max_pixels`.
+    pub fn new(
+        handle: crate::model::ModelHandle,
+        processor: Arc<crate::model::image::Processor>,
+        max_pixels: u64,
+    ) -> Self {
+        Self {
+            handle,
+            processor,
+            max_pixels,
+        }
+    }
+
+    /// Decodes `work`'s pictures (record index, bytes) on blocking threads; `None`: the
+    /// shutdown began first.
+    async fn decode(
+        &self,
+        work: Vec<(usize, Arc<[u8]>)>,
+        shutdown: &Shutdown,
+    ) -> Option<Vec<(usize, Result<Vec<f32>, String>)>> {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let per_task = work.len().div_ceil(cores).max(1);
+        let (mut parts, mut tasks) = (Vec::new(), Vec::new());
+        for part in work.chunks(per_task) {
+            parts.push(part.iter().map(|(i, _)| *i).collect::<Vec<_>>());
+            let (part, processor, max) = (part.to_vec(), self.processor.clone(), self.max_pixels);
+            tasks.push(tokio::task::spawn_blocking(move || {
+                part.into_iter()
+                    .map(|(i, bytes)| (i, processor.prepare(&bytes, max).map_err(|e| e.0)))
+                    .collect::<Vec<_>>()
+            }));
+        }
+        let done = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return None,
+            done = futures::future::join_all(tasks) => done,
+        };
+        let mut decoded = Vec::new();
+        for (result, part) in done.into_iter().zip(parts) {
+            // A decoder that panics fails the pictures of its slice, with the reason.
+            decoded.extend(result.unwrap_or_else(|e| {
+                let why = format!("the image decoder panicked: {e}");
+                part.iter().map(|&i| (i, Err(why.clone()))).collect()
+            }));
+        }
+        Some(decoded)
+    }
+}
+
+impl Infer for Pictures {
+    fn info(&self) -> &ModelInfo {
+        self.handle.info()
+    }
+
+    fn prepare<'a>(
+        &'a self,
+        mut records: Vec<&'a mut Record>,
+        shutdown: &'a Shutdown,
+    ) -> BoxFuture<'a, Option<Vec<Result<Item, RecordError>>>> {
+        Box::pin(async move {
+            let info = self.handle.info();
+            let mut items: Vec<Result<Item, RecordError>> = records
+                .iter()
+                .map(|r| match unfit(info, r) {
+                    Some(why) => Err(why),
+                    None => Ok(text_item(r)),
+                })
+                .collect();
+            let work: Vec<(usize, Arc<[u8]>)> = records
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| items[*i].is_ok())
+                .filter_map(|(i, r)| match r.image.as_ref().map(|im| &im.data) {
+                    Some(ImageData::Encoded(bytes)) => Some((i, bytes.clone())),
+                    _ => None,
+                })
+                .collect();
+            for (i, decoded) in self.decode(work, shutdown).await? {
+                items[i] = match (decoded, records[i].image.as_mut()) {
+                    (Ok(pixels), Some(image)) => {
+                        let pixels: Arc<[f32]> = pixels.into();
+                        image.data = ImageData::Pixels(pixels.clone());
+                        Ok(Item::Pixels(pixels))
+                    }
+                    (Err(why), _) => Err(RecordError::Image(why)),
+                    (Ok(_), None) => Err(RecordError::Image("no picture".into())),
+                };
+            }
+            // A picture decoded by an earlier delivery of the batch (a retry) is used as it is.
+            for (item, r) in items.iter_mut().zip(&records) {
+                if let (Ok(_), Some(ImageData::Pixels(p))) =
+                    (&item, r.image.as_ref().map(|im| &im.data))
+                {
+                    *item = Ok(Item::Pixels(p.clone()));
+                }
+            }
+            Some(items)
+        })
+    }
+
+    fn submit(&self, items: Vec<Item>) -> BoxFuture<'_, Result<Reply, ModelError>> {
+        Box::pin(self.handle.submit(items))
+    }
+
+    fn predict(&self, items: Vec<Item>) -> BoxFuture<'_, Result<Predicted, ModelError>> {
+        Box::pin(self.handle.predict(items))
     }
 }

@@ -17,6 +17,7 @@ pub(super) mod generate;
 pub(super) mod image;
 pub(in crate::model) mod linear;
 mod sequence;
+pub(super) mod text;
 mod tokens;
 
 pub(super) use embed::Head;

@@ -1,33 +1,36 @@
-//! The model stage: batches in, [`Outcome`]s out, with the model thread kept busy.
+//! The infer stage: batches of records in, [`Outcome`]s out, with the model thread kept busy.
+//! It knows no task and no engine: everything it asks of the model goes through the one seam,
+//! [`Infer`] (`crate::model::seam`), which readies each record (or refuses it with the reason),
+//! computes the batch and says what becomes of each result.
 //!
-//! Two tasks, so the model never waits on the pipeline: one queues each batch at the model thread
-//! as soon as it has room (one batch computing, one queued), the other collects the results in
-//! order and hands them to the sink. So batch n+1 computes while batch n commits.
+//! Two tasks, so the model never waits on the pipeline: one readies each batch and queues it at
+//! the model thread as soon as it has room (one batch computing, one queued), the other collects
+//! the results in order and hands them to the sink. So batch n+1 computes while batch n commits.
 //!
 //! How a failing model ends each message is described in [`crate::pipeline::ack`]: a batch that
 //! fails because of its input ([`ModelError::blames_input`]) or panics ([`ModelError::is_panic`])
-//! is embedded again record by record (`isolate`), so one bad input neither blocks its
+//! is computed again record by record (`isolate`), so one bad input neither blocks its
 //! neighbours nor comes back for ever; any other fault is retried and, if it persists, ends the
-//! worker
-//! (`retry_device_faults`), so Kubernetes reschedules the pod instead of records being blamed
-//! for a broken device.
+//! worker (`retry_device_faults`), so Kubernetes reschedules the pod instead of records being
+//! blamed for a broken device.
 
-use crate::external::store::Store;
 use crate::external::telemetry::Metrics;
-use crate::model::image::decode::Undecodable;
-use crate::model::image::Processor;
-use crate::model::{Item, ModelError, ModelHandle, Predicted, Reads, Reply, Text};
-use crate::pipeline::generation;
+use crate::model::{Infer, Item, ModelError, Output, Predicted, Reply, Settled};
 use crate::pipeline::message::{Batch, Delivery, HandBack, Outcome, Pending, Rejected};
-use crate::record::{Image, ImageData, RecordError};
+use crate::record::RecordError;
 use crate::shutdown::{self, Shutdown};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-/// A batch whose texts are at the model, waiting for their vectors.
+/// The model: whatever task and engine, behind the seam.
+pub type Served = Arc<dyn Infer>;
+
+/// A batch at the model, waiting for its results.
 struct AtModel {
     records: Vec<Pending>,
+    /// What the model computes for each of `records`, in order (kept for retries).
+    items: Vec<Item>,
     rejected: Vec<Rejected>,
     /// The model's reply; none for a batch of rejected payloads only.
     reply: Option<Result<Reply, ModelError>>,
@@ -40,118 +43,90 @@ impl AtModel {
     }
 }
 
-/// Runs the model stage (the two tasks of the module documentation) until shutdown or `rx`
-/// closes; on shutdown what the stage holds goes to `handback`. Image records are decoded and
-/// preprocessed here, refusing images past `max_image_pixels` (`--max-image-pixels`);
-/// generation records resume from their checkpoints in `checkpoints` (see
-/// [`crate::pipeline::generation`]). An error: the model kept failing for a reason that is not
-/// its input's, and the stage began the shutdown.
-#[allow(clippy::too_many_arguments)]
+/// Runs the infer stage (the two tasks of the module documentation) until shutdown or `rx`
+/// closes; on shutdown what the stage holds goes to `handback`. An error: the model kept failing
+/// for a reason that is not its input's, and the stage began the shutdown.
 pub async fn run(
     mut rx: mpsc::Receiver<Batch>,
     tx: mpsc::Sender<Outcome>,
-    model: ModelHandle,
+    model: Served,
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
     handback: HandBack,
-    max_image_pixels: u64,
-    checkpoints: Option<Store>,
 ) -> Result<(), ModelError> {
     let (qtx, mut qrx) = mpsc::channel(1);
-    let (m, h) = (model.clone(), metrics.clone());
     let submit = async {
-        let limits = Limits {
-            max_image_pixels,
-            checkpoints,
-        };
-        submit_batches(&mut rx, qtx, m, h, &shutdown, &handback, &limits).await;
+        submit_batches(&mut rx, qtx, &model, &metrics, &shutdown, &handback).await;
         handback.put_queued(&mut rx, Batch::into_deliveries);
     };
-    let generating = model.info().reads == Reads::Prompts;
     let collect = async {
-        let result = collect_results(&mut qrx, tx, model, metrics, &shutdown, &handback).await;
-        if generating {
-            settle_queued(&mut qrx, &handback).await;
-        }
+        let result = collect_results(&mut qrx, tx, &model, &metrics, &shutdown, &handback).await;
+        settle_queued(&mut qrx, &model, &handback).await;
         handback.put_queued(&mut qrx, AtModel::into_deliveries);
         result
     };
     tokio::join!(submit, collect).1
 }
 
-/// What the submitting task needs beyond the model: the image limit and where generation
-/// checkpoints are kept.
-struct Limits {
-    max_image_pixels: u64,
-    checkpoints: Option<Store>,
+/// Readies `batch` through the seam: the records the model refuses move to `rejected` with the
+/// reason. `Err`: the shutdown began first (the batch is as it came).
+async fn ready(batch: Batch, model: &Served, shutdown: &Shutdown) -> Result<AtModel, Batch> {
+    let Batch {
+        mut records,
+        mut rejected,
+    } = batch;
+    let verdicts = {
+        let refs = records.iter_mut().map(|p| &mut p.record).collect();
+        model.prepare(refs, shutdown).await
+    };
+    let Some(verdicts) = verdicts else {
+        return Err(Batch { records, rejected });
+    };
+    let (mut kept, mut items) = (Vec::with_capacity(records.len()), Vec::new());
+    for (p, verdict) in records.into_iter().zip(verdicts) {
+        match verdict {
+            Ok(item) => {
+                kept.push(p);
+                items.push(item);
+            }
+            Err(why) => rejected.push(p.into_rejected(why)),
+        }
+    }
+    Ok(AtModel {
+        records: kept,
+        items,
+        rejected,
+        reply: None,
+    })
 }
 
-/// The submitting task: refuses what the model cannot take, prepares images, resumes
-/// generations, queues each batch at the model thread and passes it on to the collecting task.
+/// The submitting task: readies each batch, queues it at the model thread and passes it on to
+/// the collecting task.
 async fn submit_batches(
     rx: &mut mpsc::Receiver<Batch>,
     tx: mpsc::Sender<AtModel>,
-    model: ModelHandle,
-    metrics: Arc<Metrics>,
+    model: &Served,
+    metrics: &Metrics,
     shutdown: &Shutdown,
     handback: &HandBack,
-    limits: &Limits,
 ) {
     loop {
         let Some(batch) = shutdown::recv(rx, shutdown).await else {
             return;
         };
-        let Batch {
-            mut records,
-            mut rejected,
-        } = batch;
-        refuse_unfit(&mut records, &mut rejected, &model);
-        if let Some(processor) = &model.info().processor {
-            records = match prepare_images(
-                records,
-                &mut rejected,
-                processor,
-                limits.max_image_pixels,
-                shutdown,
-            )
-            .await
-            {
-                Ok(records) => records,
-                Err(records) => {
-                    let held = Batch { records, rejected };
-                    handback.put(held.into_deliveries());
-                    return;
-                }
-            };
-        }
-        if let (Some(store), Reads::Prompts) = (&limits.checkpoints, model.info().reads) {
-            let info = model.info();
-            let weights = generation::Weights {
-                name: &info.name,
-                hash: &info.hash,
-            };
-            let read = generation::resume(&mut records, store, &weights);
-            if tokio::time::timeout(generation::INTERRUPT_GRACE, read)
-                .await
-                .is_err()
-            {
-                tracing::warn!(
-                    "reading the generation checkpoints timed out; these records start over"
-                );
+        let mut at = match ready(batch, model, shutdown).await {
+            Ok(at) => at,
+            Err(batch) => {
+                handback.put(batch.into_deliveries());
+                return;
             }
-        }
-        let mut at = AtModel {
-            records,
-            rejected,
-            reply: None,
         };
         if !at.records.is_empty() {
             metrics.batch_size.observe(at.records.len() as f64);
-            let items = model_items(&at.records);
             let reply = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => None,
-                r = model.submit(items) => Some(r),
+                r = model.submit(at.items.clone()) => Some(r),
             };
             let Some(reply) = reply else {
                 handback.put(at.into_deliveries());
@@ -166,188 +141,13 @@ async fn submit_batches(
     }
 }
 
-/// What the model thread computes for a record: its image's pixel values (decoded by
-/// [`prepare_images`] before the batch is queued), else its text.
-fn model_item(p: &Pending) -> Item {
-    if let Some(g) = &p.record.generation {
-        return Item::Generate(g.clone(), p.record.checkpoint.clone());
-    }
-    if let Some(Image {
-        data: ImageData::Pixels(pixels),
-        ..
-    }) = &p.record.image
-    {
-        return Item::Pixels(pixels.clone());
-    }
-    Item::Text(Text {
-        text: p.record.text.clone(),
-        text_pair: p.record.text_pair.clone(),
-        prompt_name: p.record.prompt_name.clone(),
-    })
-}
-
-/// The model items of `records`, in order.
-fn model_items(records: &[Pending]) -> Vec<Item> {
-    records.iter().map(model_item).collect()
-}
-
-/// Decodes and preprocesses the batch's images with the model's processor, on blocking
-/// threads, one slice of the batch per core, so the model thread only ever sees pixel values and
-/// the next batch's decoding overlaps this one's compute. An image that cannot be used (not an
-/// image, truncated, past `max_pixels`) moves to `rejected` with the reason. `Err`: shutdown
-/// began first (the records are as they were, still holding their bytes).
-async fn prepare_images(
-    records: Vec<Pending>,
-    rejected: &mut Vec<Rejected>,
-    processor: &Arc<Processor>,
-    max_pixels: u64,
-    shutdown: &Shutdown,
-) -> Result<Vec<Pending>, Vec<Pending>> {
-    let encoded = |p: &Pending| match &p.record.image {
-        Some(Image {
-            data: ImageData::Encoded(bytes),
-            ..
-        }) => Some(bytes.clone()),
-        _ => None,
-    };
-    let work: Vec<(usize, Arc<[u8]>)> = records
-        .iter()
-        .enumerate()
-        .filter_map(|(i, p)| encoded(p).map(|b| (i, b)))
-        .collect();
-    if work.is_empty() {
-        return Ok(records);
-    }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let per_task = work.len().div_ceil(cores);
-    let (mut parts, mut tasks) = (Vec::new(), Vec::new());
-    for part in work.chunks(per_task) {
-        parts.push(part.iter().map(|(i, _)| *i).collect::<Vec<_>>());
-        let (part, processor) = (part.to_vec(), processor.clone());
-        tasks.push(tokio::task::spawn_blocking(move || {
-            part.into_iter()
-                .map(|(i, bytes)| (i, processor.prepare(&bytes, max_pixels)))
-                .collect::<Vec<_>>()
-        }));
-    }
-    let done = tokio::select! {
-        biased;
-        _ = shutdown.cancelled() => return Err(records),
-        done = futures::future::join_all(tasks) => done,
-    };
-    let mut prepared: Vec<Option<Result<Vec<f32>, String>>> = vec![None; records.len()];
-    for (result, part) in done.into_iter().zip(parts) {
-        // A decoder that panics fails the images of its slice, with the reason.
-        let results = result.unwrap_or_else(|e| {
-            let why = format!("the image decoder panicked: {e}");
-            part.iter()
-                .map(|&i| (i, Err(Undecodable(why.clone()))))
-                .collect()
-        });
-        for (i, r) in results {
-            prepared[i] = Some(r.map_err(|e| e.0));
-        }
-    }
-    let mut kept = Vec::with_capacity(records.len());
-    for (mut p, prep) in records.into_iter().zip(prepared) {
-        match (prep, p.record.image.as_mut()) {
-            (Some(Ok(pixels)), Some(image)) => {
-                image.data = ImageData::Pixels(pixels.into());
-                kept.push(p);
-            }
-            (Some(Err(why)), _) => rejected.push(p.into_rejected(RecordError::Image(why))),
-            _ => kept.push(p),
-        }
-    }
-    Ok(kept)
-}
-
-/// Moves the records the model cannot take to `rejected`, each a final failure recorded with
-/// the reason, never a batch failure: an image for a text model, a text for an image
-/// classifier, a prompt the model lacks (with its prompt names), a `text_pair` for a model that
-/// reads single texts, a single text for a cross-encoder.
-fn refuse_unfit(records: &mut Vec<Pending>, rejected: &mut Vec<Rejected>, model: &ModelHandle) {
-    let info = model.info();
-    let why = |p: &Pending| -> Option<RecordError> {
-        let r = &p.record;
-        match (r.generation.is_some(), info.reads == Reads::Prompts) {
-            (true, false) => {
-                return Some(RecordError::WrongInput(format!(
-                    "a \"prompt\" or \"messages\" to generate from, but the model {} is a {} \
-                     model",
-                    info.name,
-                    info.task.name()
-                )))
-            }
-            (false, true) => {
-                return Some(RecordError::WrongInput(format!(
-                    "the model {} generates: send \"prompt\" or \"messages\", not a text or an \
-                     image",
-                    info.name
-                )))
-            }
-            (true, true) => return None,
-            (false, false) => {}
-        }
-        match (r.image.is_some(), info.reads) {
-            (true, Reads::Texts) => {
-                return Some(RecordError::WrongInput(format!(
-                    "an image, but the model {} reads texts",
-                    info.name
-                )))
-            }
-            (false, Reads::Images) => {
-                return Some(RecordError::WrongInput(format!(
-                    "a text, but the model {} is an image classifier: it reads images \
-                     (\"uri\" or \"image_base64\")",
-                    info.name
-                )))
-            }
-            _ => {}
-        }
-        if let Some(name) = r.prompt_name.as_ref().filter(|n| !info.prompts.contains(n)) {
-            return Some(RecordError::UnknownPrompt(format!(
-                "the model has no prompt named {name:?} (its prompts: {})",
-                if info.prompts.is_empty() {
-                    "none".to_string()
-                } else {
-                    info.prompts.join(", ")
-                }
-            )));
-        }
-        match (
-            &r.text_pair,
-            info.task.takes_pairs(),
-            info.task.needs_pairs(),
-        ) {
-            (Some(_), false, _) => Some(RecordError::Pair(format!(
-                "the model {} is a {} model, which reads single texts",
-                info.name,
-                info.task.name()
-            ))),
-            (None, _, true) => Some(RecordError::Pair(format!(
-                "missing: the model {} is a cross-encoder, which scores (text, text_pair) pairs",
-                info.name
-            ))),
-            _ => None,
-        }
-    };
-    if !records.iter().any(|p| why(p).is_some()) {
-        return;
-    }
-    for p in std::mem::take(records) {
-        match why(&p) {
-            Some(error) => rejected.push(p.into_rejected(error)),
-            None => records.push(p),
-        }
-    }
-}
-
+/// The collecting task: waits for each batch's results in order, retries device faults,
+/// isolates the record to blame, settles each result through the seam and sends the outcome on.
 async fn collect_results(
     rx: &mut mpsc::Receiver<AtModel>,
     tx: mpsc::Sender<Outcome>,
-    model: ModelHandle,
-    metrics: Arc<Metrics>,
+    model: &Served,
+    metrics: &Metrics,
     shutdown: &Shutdown,
     handback: &HandBack,
 ) -> Result<(), ModelError> {
@@ -357,6 +157,7 @@ async fn collect_results(
         };
         let AtModel {
             records,
+            items,
             rejected,
             reply,
         } = at;
@@ -369,49 +170,24 @@ async fn collect_results(
             let first = match reply {
                 Ok(reply) => tokio::select! {
                     biased;
-                    // The model thread skips or finishes the work; the records go back. A
-                    // generation batch is waited for a little longer: the shutdown interrupts
-                    // it, and what it wrote comes back to be checkpointed.
-                    _ = given_up(shutdown, model.info().reads) => Err(ModelError::Stopped),
+                    // The model thread skips or finishes the work; the records go back. A model
+                    // with a grace (a decoder) is waited for a little longer: the shutdown
+                    // interrupts it, and what it wrote comes back to be kept.
+                    _ = given_up(shutdown, model.grace()) => Err(ModelError::Stopped),
                     r = reply.wait() => r,
                 },
                 Err(e) => Err(e),
             };
-            let result =
-                match retry_device_faults(first, &records, &model, &metrics, shutdown).await {
-                    Ok(r) => r,
-                    Err(halt) => {
-                        handback.put(records.into_iter().map(Delivery::from));
-                        handback.put(outcome.into_deliveries());
-                        return halt.into_result(shutdown);
-                    }
-                };
-            match result {
-                Ok(embedded) => {
-                    metrics.inference_seconds.observe(embedded.seconds);
-                    metrics.tokens(embedded.tokens as u64);
-                    outcome.done = records.into_iter().zip(embedded.outputs).collect();
-                    generation::settle(&mut outcome, handback);
-                }
-                Err(e) => {
-                    metrics.model_error();
-                    tracing::warn!(error = %e, records = records.len(), "model failed on a batch; embedding its records one by one");
-                    if let Err(halt) = isolate(
-                        records,
-                        e,
-                        &model,
-                        &metrics,
-                        &mut outcome,
-                        shutdown,
-                        handback,
-                    )
-                    .await
-                    {
-                        handback.put(outcome.into_deliveries());
-                        return halt.into_result(shutdown);
-                    }
-                    generation::settle(&mut outcome, handback);
-                }
+            let at = Computed {
+                records,
+                items,
+                model,
+                metrics,
+                shutdown,
+            };
+            if let Err(halt) = at.judge(first, &mut outcome, handback).await {
+                handback.put(outcome.into_deliveries());
+                return halt.into_result(shutdown);
             }
         }
         if outcome.is_empty() {
@@ -424,30 +200,105 @@ async fn collect_results(
     }
 }
 
-/// At shutdown, a generation model's queued batches come back interrupted too (one decode loop
-/// runs them all): what they wrote is kept on their records for the checkpoints, and they go to
-/// the hand-back.
-async fn settle_queued(rx: &mut mpsc::Receiver<AtModel>, handback: &HandBack) {
+/// A batch whose first result is in, and what judging it needs.
+struct Computed<'a> {
+    records: Vec<Pending>,
+    items: Vec<Item>,
+    model: &'a Served,
+    metrics: &'a Metrics,
+    shutdown: &'a Shutdown,
+}
+
+impl Computed<'_> {
+    /// Turns the batch's `first` result into `outcome`: results settled through the seam, or,
+    /// when the batch failed because of an input or a panic, each record computed alone. A
+    /// device fault is retried first. `Err`: the stage halts (the records not done went to
+    /// `handback`).
+    async fn judge(
+        self,
+        first: Result<Predicted, ModelError>,
+        outcome: &mut Outcome,
+        handback: &HandBack,
+    ) -> Result<(), Halt> {
+        let (model, metrics, shutdown) = (self.model, self.metrics, self.shutdown);
+        let result = match retry_device_faults(first, &self.items, model, metrics, shutdown).await {
+            Ok(r) => r,
+            Err(halt) => {
+                handback.put(self.records.into_iter().map(Delivery::from));
+                return Err(halt);
+            }
+        };
+        match result {
+            Ok(predicted) => {
+                metrics.inference_seconds.observe(predicted.seconds);
+                metrics.tokens(predicted.tokens as u64);
+                let done = self.records.into_iter().zip(predicted.outputs);
+                settle(model, done, outcome, handback);
+                Ok(())
+            }
+            Err(e) => {
+                metrics.model_error();
+                tracing::warn!(error = %e, records = self.records.len(), "model failed on a batch; computing its records one by one");
+                let mut alone = Outcome::default();
+                let isolated = isolate(self, e, &mut alone, handback).await;
+                outcome.rejected.append(&mut alone.rejected);
+                settle(model, alone.done, outcome, handback);
+                isolated
+            }
+        }
+    }
+}
+
+/// Settles each computed result through the seam: kept for the sink, refused as a failure with
+/// its reason, or, interrupted by the shutdown, handed back (what it computed kept on its
+/// record).
+fn settle(
+    model: &Served,
+    done: impl IntoIterator<Item = (Pending, Output)>,
+    outcome: &mut Outcome,
+    handback: &HandBack,
+) {
+    let mut interrupted = Vec::new();
+    for (mut p, output) in done {
+        match model.settle(&mut p.record, output) {
+            Settled::Keep(output) => outcome.done.push((p, output)),
+            Settled::Refuse(why) => outcome.rejected.push(p.into_rejected(why)),
+            Settled::Interrupted => interrupted.push(Delivery::from(p)),
+        }
+    }
+    if !interrupted.is_empty() {
+        tracing::info!(
+            records = interrupted.len(),
+            "results interrupted by the shutdown go back with what they computed"
+        );
+        handback.put(interrupted);
+    }
+}
+
+/// At shutdown, a model with a grace (a decoder) has its queued batches come back interrupted
+/// too (one decode loop runs them all): they are settled, so what they computed is kept, and go
+/// to the hand-back.
+async fn settle_queued(rx: &mut mpsc::Receiver<AtModel>, model: &Served, handback: &HandBack) {
+    if model.grace().is_zero() {
+        return;
+    }
     while let Ok(at) = rx.try_recv() {
         let AtModel {
             records,
             rejected,
             reply,
+            ..
         } = at;
         handback.put(rejected.into_iter().map(Delivery::from));
         let result = match reply {
-            Some(Ok(reply)) => tokio::time::timeout(generation::INTERRUPT_GRACE, reply.wait())
-                .await
-                .ok(),
+            Some(Ok(reply)) => tokio::time::timeout(model.grace(), reply.wait()).await.ok(),
             _ => None,
         };
         match result {
             Some(Ok(predicted)) if predicted.outputs.len() == records.len() => {
-                let mut outcome = Outcome {
-                    done: records.into_iter().zip(predicted.outputs).collect(),
-                    rejected: Vec::new(),
-                };
-                generation::settle(&mut outcome, handback);
+                let mut outcome = Outcome::default();
+                let done = records.into_iter().zip(predicted.outputs);
+                settle(model, done, &mut outcome, handback);
                 handback.put(outcome.into_deliveries());
             }
             _ => handback.put(records.into_iter().map(Delivery::from)),
@@ -455,12 +306,11 @@ async fn settle_queued(rx: &mut mpsc::Receiver<AtModel>, handback: &HandBack) {
     }
 }
 
-/// Resolves when the stage stops waiting for a batch's results: at the shutdown, or, for a
-/// generation model, [`generation::INTERRUPT_GRACE`] later.
-async fn given_up(shutdown: &Shutdown, reads: Reads) {
+/// Resolves when the stage stops waiting for a batch's results: `grace` after the shutdown.
+async fn given_up(shutdown: &Shutdown, grace: Duration) {
     shutdown.cancelled().await;
-    if reads == Reads::Prompts {
-        tokio::time::sleep(generation::INTERRUPT_GRACE).await;
+    if !grace.is_zero() {
+        tokio::time::sleep(grace).await;
     }
 }
 
@@ -481,7 +331,7 @@ fn device_retry_pauses() -> impl Iterator<Item = Duration> {
         .map(|p| if cfg!(test) { p / 1000 } else { p })
 }
 
-/// Why the model stage stops before its input ends.
+/// Why the infer stage stops before its input ends.
 enum Halt {
     /// The shutdown began.
     Shutdown,
@@ -504,14 +354,14 @@ impl Halt {
 }
 
 /// `first`, or, when it is a fault that is not the input's ([`ModelError::blames_input`]) nor a
-/// panic, the same texts computed again after each of [`DEVICE_RETRY_PAUSES`] (the model thread
+/// panic, the same items computed again after each of [`DEVICE_RETRY_PAUSES`] (the model thread
 /// rebuilds its model after such a fault). The messages stay leased meanwhile and the worker
-/// reports itself not ready. `Ok` holds a result the records can be judged by: vectors, or an
+/// reports itself not ready. `Ok` holds a result the records can be judged by: results, or an
 /// error the input is to blame for, or a panic (see [`ModelError::is_panic`]).
 async fn retry_device_faults(
     first: Result<Predicted, ModelError>,
-    records: &[Pending],
-    model: &ModelHandle,
+    items: &[Item],
+    model: &Served,
     metrics: &Metrics,
     shutdown: &Shutdown,
 ) -> Result<Result<Predicted, ModelError>, Halt> {
@@ -531,62 +381,63 @@ async fn retry_device_faults(
         metrics.model_error();
         metrics.set_model_loaded(false);
         let Some(pause) = pauses.next() else {
-            tracing::error!(%error, records = records.len(), "the model keeps failing for a reason that is not the input's: handing the messages back and exiting");
+            tracing::error!(%error, records = items.len(), "the model keeps failing for a reason that is not the input's: handing the messages back and exiting");
             return Err(Halt::Device(error));
         };
-        tracing::warn!(%error, records = records.len(), retry_in = ?pause, "the model failed for a reason that is not the input's; retrying the batch (the messages stay leased, not ready meanwhile)");
+        tracing::warn!(%error, records = items.len(), retry_in = ?pause, "the model failed for a reason that is not the input's; retrying the batch (the messages stay leased, not ready meanwhile)");
         result = tokio::select! {
             biased;
             _ = shutdown.cancelled() => return Err(Halt::Shutdown),
             r = async {
                 tokio::time::sleep(pause).await;
-                model.predict(model_items(records)).await
+                model.predict(items.to_vec()).await
             } => r,
         };
     }
 }
 
-/// Embeds `records` one at a time after the model failed on them together with `error`, an
-/// error their input is to blame for or a panic: each success joins `outcome.done`, each record the model
-/// fails on alone joins `outcome.rejected` with that failure. A fault that is not the input's
-/// is retried as for a batch; the records not done when the stage halts go to `handback`.
+/// Computes `at`'s records one at a time after the model failed on them together with `error`,
+/// an error their input is to blame for or a panic: each success joins `outcome.done`, each
+/// record the model fails on alone joins `outcome.rejected` with that failure. A fault that is
+/// not the input's is retried as for a batch; the records not done when the stage halts go to
+/// `handback`.
 async fn isolate(
-    records: Vec<Pending>,
+    at: Computed<'_>,
     error: ModelError,
-    model: &ModelHandle,
-    metrics: &Metrics,
     outcome: &mut Outcome,
-    shutdown: &Shutdown,
     handback: &HandBack,
 ) -> Result<(), Halt> {
-    if records.len() == 1 {
+    let (model, metrics, shutdown) = (at.model, at.metrics, at.shutdown);
+    if at.records.len() == 1 {
         outcome.rejected.extend(
-            records
+            at.records
                 .into_iter()
                 .map(|p| p.into_rejected(RecordError::Model(error.to_string()))),
         );
         return Ok(());
     }
-    let mut records = records.into_iter();
-    while let Some(p) = records.next() {
+    let mut records = at.records.into_iter().zip(at.items);
+    while let Some((p, item)) = records.next() {
         let alone = tokio::select! {
             biased;
             _ = shutdown.cancelled() => Err(Halt::Shutdown),
             r = async {
-                let alone = model.predict(vec![model_item(&p)]).await;
-                retry_device_faults(alone, std::slice::from_ref(&p), model, metrics, shutdown).await
+                let one = std::slice::from_ref(&item);
+                let alone = model.predict(one.to_vec()).await;
+                retry_device_faults(alone, one, model, metrics, shutdown).await
             } => r,
         };
         let alone = match alone {
             Ok(alone) => alone,
             Err(halt) => {
-                handback.put(std::iter::once(p).chain(records).map(Delivery::from));
+                let rest = records.map(|(p, _)| p);
+                handback.put(std::iter::once(p).chain(rest).map(Delivery::from));
                 return Err(halt);
             }
         };
         let alone = alone.and_then(|mut e| match (e.outputs.pop(), e.outputs.is_empty()) {
             (Some(v), true) => Ok(v),
-            _ => Err(ModelError::Input("not one vector for one input".into())),
+            _ => Err(ModelError::Input("not one result for one input".into())),
         });
         match alone {
             Ok(v) => outcome.done.push((p, v)),
@@ -617,7 +468,7 @@ mod tests {
     );
 
     /// A model stage on `model`.
-    fn spawn_stage(kit: &Kit, model: ModelHandle) -> Stage {
+    fn spawn_stage(kit: &Kit, model: Served) -> Stage {
         let (btx, brx) = mpsc::channel(1);
         let (otx, orx) = mpsc::channel(1);
         let handback = HandBack::default();
@@ -628,8 +479,6 @@ mod tests {
             kit.metrics.clone(),
             kit.shutdown.clone(),
             handback.clone(),
-            50_000_000,
-            None,
         ));
         (btx, orx, handback, stage)
     }

@@ -1,0 +1,175 @@
+//! The one seam between the pipeline and the models: [`Infer`]. The pipeline's infer stage
+//! (`crate::pipeline::infer`) hands it batches of records and gets back, for each record, a
+//! result or a refusal with its reason; it never asks which task or engine is behind it.
+//!
+//! Each task implements it in its own file (`task::text`, `task::image`, `task::generate`):
+//! what its records must hold, how they are readied off the model thread (texts as they are,
+//! tokenized by the model thread's preparer; pictures decoded; generations resumed from their
+//! checkpoints), and what becomes of each result (kept, refused, or handed back interrupted).
+//! `load::serve` picks the implementation for a loaded model.
+
+use super::{Item, ModelError, ModelInfo, Output, Predicted, Reply};
+use crate::record::{Record, RecordError};
+use crate::shutdown::Shutdown;
+use futures::future::BoxFuture;
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// A loaded model serving its task, as the pipeline sees it: records in, one result or one
+/// refusal per record out.
+pub trait Infer: Send + Sync {
+    /// What the model is (name, weights hash, task, what it reads): for rows, logs, metrics.
+    fn info(&self) -> &ModelInfo;
+    /// Readies `records` for the model, off its thread: per record, in order, the item the
+    /// model computes or why the record cannot be computed (a final failure, never a batch
+    /// failure). `None`: the shutdown began first.
+    fn prepare<'a>(
+        &'a self,
+        records: Vec<&'a mut Record>,
+        shutdown: &'a Shutdown,
+    ) -> BoxFuture<'a, Option<Vec<Result<Item, RecordError>>>>;
+    /// Queues prepared items at the model thread; the reply comes when they are computed.
+    fn submit(&self, items: Vec<Item>) -> BoxFuture<'_, Result<Reply, ModelError>>;
+    /// Computes prepared items now (the stage's retries and its one-by-one isolation).
+    fn predict(&self, items: Vec<Item>) -> BoxFuture<'_, Result<Predicted, ModelError>>;
+    /// How long after the shutdown began a batch's results are still waited for: a decoder's
+    /// come back interrupted, holding what they wrote. Zero: not waited for.
+    fn grace(&self) -> Duration {
+        Duration::ZERO
+    }
+    /// What becomes of one computed result; by default it is kept for the sink.
+    fn settle(&self, _record: &mut Record, output: Output) -> Settled {
+        Settled::Keep(output)
+    }
+    /// Called at shutdown with the records about to go back to Pub/Sub (each with whether it is
+    /// on its last delivery attempt) before `deadline`: keeps what they carry for their next
+    /// delivery (a generation's tokens). Returns how many it kept.
+    fn hand_back<'a>(
+        &'a self,
+        _records: Vec<(&'a Record, bool)>,
+        _deadline: tokio::time::Instant,
+    ) -> BoxFuture<'a, usize> {
+        Box::pin(std::future::ready(0))
+    }
+}
+
+/// What becomes of one computed result ([`Infer::settle`]).
+#[derive(Debug)]
+pub enum Settled {
+    /// A result for the sink to commit.
+    Keep(Output),
+    /// The model refused the record: a failure row with the reason.
+    Refuse(RecordError),
+    /// The shutdown interrupted it: back to Pub/Sub, what it computed kept on the record.
+    Interrupted,
+}
+
+/// Why a record does not fit the model at all, whatever the task: a generation record for an
+/// encoder or the reverse, an image for a text model, a text for an image classifier, a prompt
+/// name the model lacks, a pair for a single-text task or a single text for a cross-encoder.
+pub fn unfit(info: &ModelInfo, r: &Record) -> Option<RecordError> {
+    use super::Reads;
+    let wrong = |why: String| Some(RecordError::WrongInput(why));
+    match (r.generation.is_some(), info.reads == Reads::Prompts) {
+        (true, false) => {
+            return wrong(format!(
+                "a \"prompt\" or \"messages\" to generate from, but the model {} is a {} model",
+                info.name,
+                info.task.name()
+            ))
+        }
+        (false, true) => {
+            return wrong(format!(
+                "the model {} generates: send \"prompt\" or \"messages\", not a text or an image",
+                info.name
+            ))
+        }
+        (true, true) => return None,
+        (false, false) => {}
+    }
+    match (r.image.is_some(), info.reads) {
+        (true, Reads::Texts) => {
+            return wrong(format!("an image, but the model {} reads texts", info.name))
+        }
+        (false, Reads::Images) => {
+            return wrong(format!(
+                "a text, but the model {} is an image classifier: it reads images (\"uri\" or \
+                 \"image_base64\")",
+                info.name
+            ))
+        }
+        _ => {}
+    }
+    if let Some(name) = r.prompt_name.as_ref().filter(|n| !info.prompts.contains(n)) {
+        let known = match info.prompts.is_empty() {
+            true => "none".to_string(),
+            false => info.prompts.join(", "),
+        };
+        return Some(RecordError::UnknownPrompt(format!(
+            "the model has no prompt named {name:?} (its prompts: {known})"
+        )));
+    }
+    match (
+        &r.text_pair,
+        info.task.takes_pairs(),
+        info.task.needs_pairs(),
+    ) {
+        (Some(_), false, _) => Some(RecordError::Pair(format!(
+            "the model {} is a {} model, which reads single texts",
+            info.name,
+            info.task.name()
+        ))),
+        (None, _, true) => Some(RecordError::Pair(format!(
+            "missing: the model {} is a cross-encoder, which scores (text, text_pair) pairs",
+            info.name
+        ))),
+        _ => None,
+    }
+}
+
+/// A record's text as the model thread reads it.
+pub fn text_item(r: &Record) -> Item {
+    Item::Text(super::Text {
+        text: r.text.clone(),
+        text_pair: r.text_pair.clone(),
+        prompt_name: r.prompt_name.clone(),
+    })
+}
+
+/// One generation's progress, kept between deliveries ([`Checkpoints`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// The record.
+    pub record_id: String,
+    /// The model generating it, by name.
+    pub model: String,
+    /// Which weights wrote the tokens (`ModelInfo::hash`).
+    pub model_hash: String,
+    /// Hex SHA-256 of the record's prompt and options (`generation::Input::sha256`).
+    pub input_sha256: String,
+    /// The token ids generated so far.
+    pub tokens: Vec<u32>,
+}
+
+/// The tokens saved per (record id, prompt hash).
+pub type Saved = HashMap<(String, String), Vec<u32>>;
+
+/// Where a generation model keeps its checkpoints between deliveries: the database, in the
+/// worker (`crate::external::store`). A trait, so the model layer does not depend on the store.
+pub trait Checkpoints: Send + Sync {
+    /// The tokens saved for each (record id, prompt hash) of `keys` by these weights.
+    fn read<'a>(
+        &'a self,
+        model: &'a str,
+        model_hash: &'a str,
+        keys: &'a [(String, String)],
+    ) -> BoxFuture<'a, Result<Saved, String>>;
+    /// Saves (or replaces) these checkpoints.
+    fn save<'a>(&'a self, checkpoints: &'a [Checkpoint]) -> BoxFuture<'a, Result<(), String>>;
+    /// Deletes the checkpoints of these records: they will not be delivered again.
+    fn forget<'a>(
+        &'a self,
+        model: &'a str,
+        record_ids: &'a [String],
+    ) -> BoxFuture<'a, Result<u64, String>>;
+}
