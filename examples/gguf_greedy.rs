@@ -10,7 +10,7 @@
 //!
 //!     cargo run --release --example gguf_greedy -- GGUF REFERENCE.json
 
-use spotinfer::model::generate::{LanguageModel, Message, Prompt};
+use spotinfer::model::engines::decoder::{LanguageModel, Message, Prompt};
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -47,7 +47,7 @@ fn main() -> anyhow::Result<()> {
         let mut first_miss = None;
         for (k, &next) in want.iter().enumerate() {
             let row = &logits[(prompt.len() - 1 + k) * vocab..][..vocab];
-            let top = spotinfer::model::generate::argmax(row);
+            let top = spotinfer::model::engines::decoder::argmax(row);
             positions += 1;
             if top == next {
                 agree += 1;

@@ -8,7 +8,9 @@
 //! PROMPTS.json: {"cases": [{"messages": [...]}, ...]} as `bench/llm_greedy.py` writes it. Prints
 //! one JSON line: generated tokens, seconds (prompt processing included), tokens/s.
 
-use spotinfer::model::generate::{Generated, Interrupt, LanguageModel, Message, Prompt, Request};
+use spotinfer::model::engines::decoder::{
+    Generated, Interrupt, LanguageModel, Message, Prompt, Request,
+};
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();

@@ -3,7 +3,7 @@
 # for aarch64-unknown-linux-gnu and run its tests under qemu-user, twice:
 #   - on an emulated CPU with Arm's dotprod (`-cpu max`): f32 on the gemm crate's NEON kernels,
 #     int8 on sdot, both checked against the vectors sentence-transformers recorded on x86-64
-#     (crates/bert-cpu/tests/reference.rs);
+#     (crates/fused-cpu/tests/reference.rs);
 #   - on a Cortex-A72 (Graviton 1's core: NEON, no dotprod): f32 as above, int8 refused.
 # Installs what it needs: the Rust target, Debian's aarch64 cross compiler and qemu-user.
 set -euo pipefail
@@ -25,7 +25,7 @@ for cpu in "max:NEON dotprod (sdot)" "cortex-a72:none"; do
     export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -cpu ${cpu%%:*} -L /usr/aarch64-linux-gnu"
     export SPOTINFER_EXPECT_INT8=${cpu#*:}
     echo "check-arm: aarch64 under qemu -cpu ${cpu%%:*} (int8 kernels expected: $SPOTINFER_EXPECT_INT8)"
-    if ! cargo test -p spotinfer-bert-cpu --release --target "$target" -- --nocapture \
+    if ! cargo test -p spotinfer-fused-cpu --release --target "$target" -- --nocapture \
         >"$log" 2>&1; then
         tail -n 60 "$log" >&2
         echo "check-arm: the encoder's tests failed under qemu -cpu ${cpu%%:*}" >&2

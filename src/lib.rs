@@ -12,7 +12,7 @@
 //!
 //! * [`model`]: every model the worker runs (text encoders with their task heads, image models,
 //!   generation's decoder), the engines that compute them (the fused CPU encoder of
-//!   `crates/bert-cpu`, candle on the CPU or CUDA, the CPU decoder), and the thread that runs
+//!   `crates/fused-cpu`, candle on the CPU or CUDA, the CPU decoder), and the thread that runs
 //!   them.
 //! * [`external`]: the outside world the pipeline talks to: Pub/Sub, Cloud Storage, the
 //!   database (results, failures and jobs), the early-drain watches, logs and metrics.

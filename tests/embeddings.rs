@@ -107,12 +107,12 @@ fn fused_reduced_precisions_match_sentence_transformers_where_the_cpu_has_them()
     let cases = [
         (
             Precision::Int8,
-            spotinfer_bert_cpu::int8_supported(),
+            spotinfer_fused_cpu::int8_supported(),
             "integer dot products",
         ),
         (
             Precision::Bf16,
-            spotinfer_bert_cpu::bf16_supported(),
+            spotinfer_fused_cpu::bf16_supported(),
             "AVX-512 BF16",
         ),
     ];
@@ -136,8 +136,8 @@ fn fused_reduced_precisions_match_sentence_transformers_where_the_cpu_has_them()
         "{device} / {check}"
     );
     let tried = [
-        ("int8", spotinfer_bert_cpu::int8_supported()),
-        ("bf16", spotinfer_bert_cpu::bf16_full_rate()),
+        ("int8", spotinfer_fused_cpu::int8_supported()),
+        ("bf16", spotinfer_fused_cpu::bf16_full_rate()),
     ];
     let refused: Vec<&str> = check.refused.iter().map(|(p, _)| *p).collect();
     let before: Vec<&str> = tried

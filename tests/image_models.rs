@@ -5,8 +5,8 @@
 mod common;
 
 use common::floats;
+use spotinfer::model::engines::towers::ImageModel;
 use spotinfer::model::image::decode::decode;
-use spotinfer::model::image::towers::ImageModel;
 use std::path::{Path, PathBuf};
 
 fn fixtures() -> PathBuf {
@@ -277,7 +277,8 @@ fn reduced_precisions_on_the_cpu_image_tower_are_checked_and_close() {
                 Err(e) => {
                     eprintln!("{name} {precision:?}: {e}");
                     assert!(e.to_string().contains("--precision"), "{e}");
-                    let int8 = precision == Precision::Int8 && spotinfer_bert_cpu::int8_supported();
+                    let int8 =
+                        precision == Precision::Int8 && spotinfer_fused_cpu::int8_supported();
                     assert!(!(name == "clip" && int8), "CLIP int8 refused: {e}");
                     continue;
                 }

@@ -7,7 +7,7 @@
 //! 8 bits (Q8_1), spotinfer by the f32 activations, so near-ties can fall the other way
 //! (examples/gguf_greedy.rs reports each one's logit gap).
 
-use spotinfer::model::generate::{argmax, LanguageModel, Message, Prompt};
+use spotinfer::model::engines::decoder::{argmax, LanguageModel, Message, Prompt};
 use std::path::Path;
 
 #[test]

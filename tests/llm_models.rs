@@ -6,7 +6,7 @@
 //! reference wrote one) — alone, in a batch, under a small cache budget, and resumed from any
 //! point of an interrupted run.
 
-use spotinfer::model::generate::{
+use spotinfer::model::engines::decoder::{
     FinishReason, Generated, Interrupt, LanguageModel, Message, Prompt, Request,
 };
 use std::path::{Path, PathBuf};

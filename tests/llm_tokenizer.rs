@@ -1,9 +1,9 @@
-//! The SmolLM2 GGUF's tokenizer, rebuilt from the file's metadata (`model::generate`), against
+//! The SmolLM2 GGUF's tokenizer, rebuilt from the file's metadata (`model::engines::decoder`), against
 //! llama.cpp's tokenization of the same file on real text (Debian's fortunes in eight
 //! languages, WordNet glosses, man pages) and on chat strings with their special tokens
 //! (tests/fixtures/llm/make_llm_refs.py wrote the references).
 
-use spotinfer::model::generate::gguf_tokenizer;
+use spotinfer::model::engines::decoder::gguf_tokenizer;
 use std::path::{Path, PathBuf};
 
 fn gguf() -> PathBuf {

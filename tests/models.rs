@@ -287,7 +287,7 @@ fn every_fixture_model_holds_in_half_precision() {
     let reference = reference();
     let texts = texts(&reference);
     let mut paths = vec![(Backend::Candle, Precision::F16)];
-    if spotinfer_bert_cpu::bf16_supported() {
+    if spotinfer_fused_cpu::bf16_supported() {
         paths.push((Backend::Fused, Precision::Bf16));
     }
     for (name, m) in reference["models"].as_object().unwrap() {
@@ -387,7 +387,7 @@ fn auto_holds_cosine_0_999_against_f32_on_real_text_in_every_script() {
 /// classifier, a transformers Llama folder and a GGUF file as generation models.
 #[tokio::test]
 async fn the_factory_opens_every_kind_of_model_from_its_files() {
-    use spotinfer::model::generate::Interrupt;
+    use spotinfer::model::engines::decoder::Interrupt;
     use spotinfer::model::load::{spawn, LoadRequest};
     use spotinfer::model::{GenerationDefaults, Reads, Task, Text};
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));

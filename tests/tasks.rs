@@ -312,8 +312,8 @@ fn a_pair_where_the_task_takes_none_and_a_single_text_to_a_cross_encoder_are_ref
 #[test]
 fn reduced_precisions_on_a_task_model_are_measured_against_f32_and_never_chosen_by_auto() {
     let reduced: Vec<Precision> = [
-        (Precision::Bf16, spotinfer_bert_cpu::bf16_supported()),
-        (Precision::Int8, spotinfer_bert_cpu::int8_supported()),
+        (Precision::Bf16, spotinfer_fused_cpu::bf16_supported()),
+        (Precision::Int8, spotinfer_fused_cpu::int8_supported()),
     ]
     .into_iter()
     .filter_map(|(p, supported)| supported.then_some(p))

@@ -12,7 +12,7 @@ pub mod work;
 use anyhow::Context;
 use spotinfer::config::ModelArgs;
 use spotinfer::external::gcs::{FileList, Gcs};
-use spotinfer::model::generate::{is_generation_model, Interrupt};
+use spotinfer::model::engines::decoder::{is_generation_model, Interrupt};
 use spotinfer::model::load::{self, LoadRequest};
 use spotinfer::model::{GenerationDefaults, LoadOptions, Model, ModelHandle, PromptChoice};
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! is refused.
 
 use spotinfer::config::{ModelsArgs, ModelsCommand};
-use spotinfer::model::image::fused::probe_images;
+use spotinfer::model::engines::fused_images::probe_images;
 use spotinfer::model::{Backend, DeviceChoice, ImageTask, Item, Predict, Reads, Text};
 use spotinfer::model::{Input, LoadOptions, Model, ModelSpec, Output};
 
@@ -15,7 +15,7 @@ pub async fn run(a: ModelsArgs) -> anyhow::Result<()> {
             if spotinfer::model::is_image_model(&dir)? {
                 return check_image_model(dir, c.backend).await;
             }
-            if spotinfer::model::generate::is_generation_model(&dir) {
+            if spotinfer::model::engines::decoder::is_generation_model(&dir) {
                 return check_generation_model(dir).await;
             }
             let spec = ModelSpec::read(&dir)?;
@@ -99,7 +99,7 @@ async fn check_image_model(dir: std::path::PathBuf, backend: Backend) -> anyhow:
 /// The check for a generation model: loaded, then asked for eight greedy tokens of a chat
 /// answer (a raw prompt where it has no chat template).
 async fn check_generation_model(path: std::path::PathBuf) -> anyhow::Result<()> {
-    use spotinfer::model::generate::{Input, Interrupt, Message, Prompt};
+    use spotinfer::model::engines::decoder::{Input, Interrupt, Message, Prompt};
     use spotinfer::model::{GenerateTask, GenerationDefaults};
     let (task, output) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
         let options = LoadOptions::new(DeviceChoice::Cpu);

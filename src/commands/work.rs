@@ -20,7 +20,7 @@ use spotinfer::config::WorkArgs;
 use spotinfer::external::drain::{self, DrainConfig, Notice};
 use spotinfer::external::store::{self, Store, StoreError};
 use spotinfer::external::telemetry::{self, Metrics};
-use spotinfer::model::generate::Interrupt;
+use spotinfer::model::engines::decoder::Interrupt;
 use spotinfer::model::{load, ModelHandle, Reads};
 use spotinfer::pipeline::batcher::BatchConfig;
 use spotinfer::pipeline::infer::Served;

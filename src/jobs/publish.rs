@@ -360,8 +360,11 @@ fn record_json(rec: &record::Record) -> serde_json::Value {
 
 /// A generation record's message data: its prompt or messages and the options it gave (its
 /// seed written out, the one the worker would derive from the id when it gave none).
-fn generation_json(rec: &record::Record, g: &crate::model::generate::Input) -> serde_json::Value {
-    use crate::model::generate::Prompt;
+fn generation_json(
+    rec: &record::Record,
+    g: &crate::model::engines::decoder::Input,
+) -> serde_json::Value {
+    use crate::model::engines::decoder::Prompt;
     let mut data = serde_json::json!({"id": rec.id, "job": rec.job, "seed": g.seed});
     match &g.prompt {
         Prompt::Raw(p) => data["prompt"] = p.as_str().into(),

@@ -5,7 +5,7 @@
 //! that thread behind the pipeline's one seam, [`Infer`], with the task's way of readying
 //! records and settling results.
 
-use super::generate::{is_generation_model, Interrupt};
+use super::engines::decoder::{is_generation_model, Interrupt};
 use super::{
     is_image_model, Checkpoints, GenerateTask, GenerationDefaults, Generations, ImageTask, Infer,
     LoadOptions, Model, ModelError, ModelHandle, Pictures, Predict, Reads, Reload, Texts,

@@ -30,7 +30,7 @@ impl Choice for DeviceChoice {
 pub enum Backend {
     /// Fused on the CPU, candle on CUDA.
     Auto,
-    /// The fused CPU encoder (`crates/bert-cpu`).
+    /// The fused CPU encoder (`crates/fused-cpu`).
     Fused,
     /// The candle encoder (`src/model/candle_bert.rs`).
     Candle,

@@ -5,7 +5,8 @@
 //! off the thread ([`Prepare`]: a text model's tokenizer) has each batch prepared as it is queued,
 //! on blocking threads, while the model computes the batch before it.
 
-use super::{Model, ModelError, ModelInfo, Predicted};
+use super::item::{Item, Prepare};
+use super::types::{ModelError, ModelInfo, Predicted};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
@@ -30,15 +31,6 @@ pub trait Predict: Send {
     }
 }
 
-/// The part of a model's work that needs no device and may run on any thread: a text model's
-/// tokenizing (`super::prepare`). Run by [`ModelHandle::submit`] before a batch queues, so the
-/// model thread, which drives the device, only computes.
-pub trait Prepare: Send + Sync {
-    /// The batch made ready for the model thread, in order; none: leave it as it is (the model
-    /// thread prepares it itself, and fails it with the reason if it must).
-    fn prepare(&self, items: &[Item]) -> Option<Vec<Item>>;
-}
-
 /// A model that takes new batches while it computes: the model thread admits each batch as it
 /// arrives and answers each when it is done, so a generation batch's short answers do not wait
 /// for a batch before it, and its last long answer runs beside the next batch's.
@@ -55,73 +47,6 @@ pub trait Joining {
     /// Forgets the admitted batch `job`, whose results nobody waits for any more (its pipeline
     /// was drained), so its sequences stop taking the model's time and cache.
     fn forget(&mut self, job: u64);
-}
-
-/// One input for the model thread.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Item {
-    /// A text (or a pair).
-    Text(Text),
-    /// An image's pixel values from the model's processor (channels, then rows).
-    Pixels(Arc<[f32]>),
-    /// A generation record's prompt and options, and the tokens a checkpoint of an interrupted
-    /// run holds (empty: start over).
-    Generate(Arc<super::generate::Input>, Vec<u32>),
-    /// A text already tokenized for the model's task (by its [`Prepare`]).
-    Tokens(Arc<super::prepare::Tokenized>),
-}
-
-impl From<Text> for Item {
-    fn from(text: Text) -> Self {
-        Self::Text(text)
-    }
-}
-
-impl Predict for Model {
-    fn info(&self) -> &ModelInfo {
-        Model::info(self)
-    }
-
-    fn predict_items(&self, items: &[Item]) -> Result<Predicted, ModelError> {
-        Model::predict_items(self, items)
-    }
-
-    fn preparer(&self) -> Option<Arc<dyn Prepare>> {
-        Some(self.prep().clone())
-    }
-}
-
-/// One input for the model thread: a text, the second text of a pair, and the name of the
-/// prompt it asks for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Text {
-    /// The text.
-    pub text: String,
-    /// The second text of a pair, for the tasks that score pairs.
-    pub text_pair: Option<String>,
-    /// The model prompt to put before it; none: the worker's default.
-    pub prompt_name: Option<String>,
-}
-
-impl Text {
-    /// The text as the model's tokenizing reads it.
-    pub fn input(&self) -> super::Input<'_> {
-        super::Input {
-            text: &self.text,
-            text_pair: self.text_pair.as_deref(),
-            prompt_name: self.prompt_name.as_deref(),
-        }
-    }
-}
-
-impl From<String> for Text {
-    fn from(text: String) -> Self {
-        Self {
-            text,
-            text_pair: None,
-            prompt_name: None,
-        }
-    }
 }
 
 struct Job {
@@ -424,8 +349,8 @@ mod fault {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::prepare::Tokenized;
     use crate::model::{Output, Reads, Task, TokenIds};
+    use crate::model::{Text, Tokenized};
 
     /// A model that answers 1 for each input that reached it tokenized, 0 for a raw text.
     struct Echo(ModelInfo, Option<Arc<dyn Prepare>>);

@@ -386,7 +386,7 @@ mod tests {
     /// every kind of result: the export and `spotinfer embed` agree with the table.
     #[test]
     fn the_columns_hold_what_the_result_line_says() {
-        use crate::model::generate::{Completion, FinishReason};
+        use crate::model::engines::decoder::{Completion, FinishReason};
         use crate::model::Entity;
         let labels = vec!["neg".to_string(), "pos".to_string()];
         let cases = [

@@ -612,8 +612,8 @@ pub fn pyarrow_json(script: &str, path: &std::path::Path) -> serde_json::Value {
 pub fn uninterrupted_completions(
     model: &std::path::Path,
     records: &[serde_json::Value],
-) -> Vec<spotinfer::model::generate::Completion> {
-    use spotinfer::model::generate::{Generated, Interrupt, LanguageModel};
+) -> Vec<spotinfer::model::engines::decoder::Completion> {
+    use spotinfer::model::engines::decoder::{Generated, Interrupt, LanguageModel};
     let generator = LanguageModel::open(model).expect("the generation model loads");
     let requests: Vec<_> = records
         .iter()

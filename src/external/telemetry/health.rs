@@ -3,7 +3,7 @@
 //! with how that threshold is worked out from the worker's own speed.
 
 use super::metrics::Metrics;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 impl Metrics {
@@ -71,34 +71,6 @@ impl Metrics {
             stalled.as_secs_f64(),
             Duration::from_millis(threshold).as_secs_f64()
         ))
-    }
-}
-
-/// When the worker last made progress and since when it has held messages, in milliseconds on
-/// its clock.
-#[derive(Debug, Default)]
-pub(super) struct Progress {
-    last_ms: AtomicU64,
-    busy_since_ms: AtomicU64,
-    /// 0: not set, never stalled.
-    threshold_ms: AtomicU64,
-}
-
-impl Progress {
-    pub(super) fn made(&self, now_ms: u64) {
-        self.last_ms.fetch_max(now_ms, Ordering::Relaxed);
-    }
-
-    pub(super) fn busy_from(&self, now_ms: u64) {
-        self.busy_since_ms.fetch_max(now_ms, Ordering::Relaxed);
-    }
-
-    fn stalled_ms(&self, now_ms: u64) -> u64 {
-        let since = self
-            .last_ms
-            .load(Ordering::Relaxed)
-            .max(self.busy_since_ms.load(Ordering::Relaxed));
-        now_ms.saturating_sub(since)
     }
 }
 

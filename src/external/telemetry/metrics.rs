@@ -2,7 +2,7 @@
 //! atomic add, rendered for Prometheus, plus the clock the idle and liveness rules read. The
 //! readiness and liveness rules themselves are in `health`.
 
-use super::health::Progress;
+use super::progress::Progress;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;

@@ -15,11 +15,13 @@
 //! * `logging`: [`LogFormat`] and [`init_logging`] (text, or JSON with Cloud Logging's fields);
 //! * `metrics`: [`Metrics`], the registry and the counters every stage updates;
 //! * `health`: the readiness conditions and the liveness (stall) rule, with its threshold;
+//!   `progress`: the liveness clock it reads;
 //! * `server`: [`serve`], the `/metrics`, `/healthz` and `/readyz` endpoints.
 
 mod health;
 mod logging;
 mod metrics;
+mod progress;
 mod server;
 
 pub use health::{longest_batch, stall_threshold};

@@ -8,15 +8,13 @@
 //! * `resample`: Pillow's resize, byte for byte;
 //! * [`Processor`]: the processor's steps in its order: resize by its size rule, center crop,
 //!   rescale, normalise, to channels-first f32;
-//! * `towers`: the networks on candle (CLIP's and SigLIP's image and text towers, ViT's
-//!   classifier), loaded from the folder and refused where candle computes otherwise;
-//! * `fused`: CLIP's and ViT's image towers on the CPU encoder's kernels, the CPU default.
+//!
+//! The networks that read those pixels are engines (`super::engines::towers` on candle,
+//! `super::engines::fused_images` on the CPU).
 
 pub mod budget;
 pub mod decode;
-pub mod fused;
 pub mod resample;
-pub mod towers;
 
 use super::spec::read_json;
 use super::ModelError;

@@ -3,7 +3,7 @@
 
 use super::super::ModelError;
 use serde_json::Value;
-use spotinfer_bert_cpu::Pooling;
+use spotinfer_fused_cpu::Pooling;
 use std::path::{Path, PathBuf};
 
 /// One entry of `modules.json`, by the last part of its type name.

@@ -1,0 +1,529 @@
+//! A decoder-only transformer of the Llama family (Llama and SmolLM, Qwen2, Qwen3) on the CPU,
+//! for batched generation: the sequences of a batch advance together, each with its own key and
+//! value cache, one forward pass for all of their new tokens (a prompt's many, a decoding
+//! sequence's one).
+//!
+//! Why not candle-transformers' Llama: its models keep one cache per layer for one sequence and
+//! return the last position's logits only, so sequences of different lengths cannot share a
+//! step, and its quantised CPU products ran about a ninth of llama.cpp's speed here.
+//!
+//! **A row's result does not depend on its neighbours.** The dense layers are this crate's packed
+//! f32 kernels, which sum each output in input order whatever the tile or thread
+//! (`packed::linear_wide`); normalisation, rotary embedding and attention are computed per row
+//! in a fixed order. So a sequence computes the same logits alone or in any batch, and a prompt
+//! processed in one pass gives the same logits, bit for bit, as the same tokens decoded one at a
+//! time. That is what lets a generation interrupted by a shutdown resume from its tokens and
+//! continue exactly as it would have. (It holds on x86-64 with AVX-512 or AVX2, where both
+//! kernels sum the same way; elsewhere the `gemm` crate's f32 products are used.)
+//!
+//! Weights are f32 in memory, whatever the file held (f16, bf16 or a GGUF quantisation, widened
+//! by the loader), and named as transformers names them (`model.layers.0.self_attn.q_proj.weight`).
+
+use crate::kernels::{exp, linear, softmax_row};
+use crate::packed::{self, Fma, Format, PackedWeights};
+use crate::FusedError;
+use rayon::prelude::*;
+
+/// The shape of a decoder, from its `config.json` (or a GGUF's metadata).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DecoderDims {
+    /// Transformer layers.
+    pub layers: usize,
+    /// Width of the residual stream.
+    pub hidden: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key and value heads (grouped-query attention when fewer than `heads`).
+    pub kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Width of the gated feed-forward layer.
+    pub intermediate: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Most positions (the context window).
+    pub max_positions: usize,
+    /// Rotary embedding base.
+    pub rope_theta: f32,
+    /// RMSNorm epsilon.
+    pub eps: f32,
+    /// Qwen3's RMSNorm of each query and key head before the rotary embedding.
+    pub qk_norm: bool,
+    /// The output projection is the token embedding (`tie_word_embeddings`).
+    pub tied: bool,
+}
+
+impl DecoderDims {
+    fn q_dim(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    fn kv_dim(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+}
+
+/// A dense layer's weights in the form the CPU multiplies fastest: packed for this crate's f32
+/// kernel on x86-64, as read elsewhere.
+enum Matrix {
+    Packed(PackedWeights),
+    Plain { w: Vec<f32>, k: usize },
+}
+
+impl Matrix {
+    fn new(w: Vec<f32>, k: usize) -> Self {
+        match Fma::best(false) {
+            Some(fma) => Self::Packed(PackedWeights::pack(Format::F32(fma), &w, k, &[])),
+            None => Self::Plain { w, k },
+        }
+    }
+
+    fn apply(&self, x: &[f32], b: Option<&[f32]>, out: &mut [f32]) {
+        match self {
+            Self::Packed(w) => packed::linear_wide(x, w, b, out),
+            Self::Plain { w, k } => linear(x, *k, w, b, out),
+        }
+    }
+
+    fn kernels(&self) -> &'static str {
+        match self {
+            Self::Packed(w) => w.format.kernels(),
+            Self::Plain { .. } => crate::kernels::gemm_instructions(),
+        }
+    }
+}
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    /// Query, key and value projections stacked: `(q_dim + 2 kv_dim, hidden)`.
+    qkv: Matrix,
+    qkv_bias: Option<Vec<f32>>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    out: Matrix,
+    out_bias: Option<Vec<f32>>,
+    ffn_norm: Vec<f32>,
+    /// Gate and up projections stacked: `(2 intermediate, hidden)`.
+    gate_up: Matrix,
+    down: Matrix,
+}
+
+/// One sequence's keys and values, every layer, every position so far (empty for a new one).
+#[derive(Debug, Clone, Default)]
+pub struct KvCache {
+    len: usize,
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+}
+
+impl KvCache {
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// One sequence's part of a forward pass: its cache and the tokens to append to it.
+pub struct Step<'a> {
+    /// The sequence's cache, extended by the pass.
+    pub cache: &'a mut KvCache,
+    /// Its new tokens (at least one).
+    pub tokens: &'a [u32],
+}
+
+/// A loaded decoder.
+pub struct CpuDecoder {
+    dims: DecoderDims,
+    embed: Vec<f32>,
+    layers: Vec<Layer>,
+    norm: Vec<f32>,
+    lm_head: Matrix,
+    /// Per position, `head_dim / 2` cosines then as many sines.
+    rope: Vec<f32>,
+}
+
+impl CpuDecoder {
+    /// Builds the decoder from `read(name, shape)`, which returns a tensor transformers names
+    /// `name` as f32 of exactly `shape`, or `None` when the file has no such tensor (an optional
+    /// bias). Each dense layer is packed as it is read.
+    pub fn load(
+        dims: DecoderDims,
+        mut read: impl FnMut(&str, &[usize]) -> Result<Option<Vec<f32>>, FusedError>,
+    ) -> Result<Self, FusedError> {
+        let d = dims;
+        if d.heads == 0
+            || d.kv_heads == 0
+            || !d.heads.is_multiple_of(d.kv_heads)
+            || !d.head_dim.is_multiple_of(2)
+        {
+            return Err(FusedError::Unsupported(format!(
+                "{} query heads over {} key/value heads of width {}",
+                d.heads, d.kv_heads, d.head_dim
+            )));
+        }
+        let embed = required(&mut read, "model.embed_tokens.weight", &[d.vocab, d.hidden])?;
+        let mut layers = Vec::with_capacity(d.layers);
+        for i in 0..d.layers {
+            layers.push(Self::load_layer(&d, i, &mut read)?);
+        }
+        let norm = required(&mut read, "model.norm.weight", &[d.hidden])?;
+        let lm_head = match (d.tied, read("lm_head.weight", &[d.vocab, d.hidden])?) {
+            (false, Some(w)) => w,
+            (_, _) => embed.clone(),
+        };
+        Ok(Self {
+            dims,
+            rope: rope_table(&d),
+            lm_head: Matrix::new(lm_head, d.hidden),
+            embed,
+            layers,
+            norm,
+        })
+    }
+
+    fn load_layer(
+        d: &DecoderDims,
+        i: usize,
+        read: &mut impl FnMut(&str, &[usize]) -> Result<Option<Vec<f32>>, FusedError>,
+    ) -> Result<Layer, FusedError> {
+        let at = |part: &str| format!("model.layers.{i}.{part}");
+        let (h, q, kv) = (d.hidden, d.q_dim(), d.kv_dim());
+        let mut qkv = required(read, &at("self_attn.q_proj.weight"), &[q, h])?;
+        qkv.extend(required(read, &at("self_attn.k_proj.weight"), &[kv, h])?);
+        qkv.extend(required(read, &at("self_attn.v_proj.weight"), &[kv, h])?);
+        let mut gate_up = required(read, &at("mlp.gate_proj.weight"), &[d.intermediate, h])?;
+        gate_up.extend(required(
+            read,
+            &at("mlp.up_proj.weight"),
+            &[d.intermediate, h],
+        )?);
+        let layer = Layer {
+            attn_norm: required(read, &at("input_layernorm.weight"), &[h])?,
+            qkv: Matrix::new(qkv, h),
+            qkv_bias: None,
+            q_norm: None,
+            k_norm: None,
+            out: Matrix::new(required(read, &at("self_attn.o_proj.weight"), &[h, q])?, q),
+            out_bias: read(&at("self_attn.o_proj.bias"), &[h])?,
+            ffn_norm: required(read, &at("post_attention_layernorm.weight"), &[h])?,
+            gate_up: Matrix::new(gate_up, h),
+            down: Matrix::new(
+                required(read, &at("mlp.down_proj.weight"), &[h, d.intermediate])?,
+                d.intermediate,
+            ),
+        };
+        let biases = [("q", q), ("k", kv), ("v", kv)]
+            .map(|(p, n)| read(&at(&format!("self_attn.{p}_proj.bias")), &[n]));
+        let [bq, bk, bv] = biases;
+        let qkv_bias = match (bq?, bk?, bv?) {
+            (Some(mut b), Some(k), Some(v)) => {
+                b.extend(k);
+                b.extend(v);
+                Some(b)
+            }
+            (None, None, None) => None,
+            _ => {
+                return Err(FusedError::Unsupported(format!(
+                    "layer {i}: biases on some of the query, key and value projections only"
+                )))
+            }
+        };
+        let (q_norm, k_norm) = match d.qk_norm {
+            true => (
+                Some(required(
+                    read,
+                    &at("self_attn.q_norm.weight"),
+                    &[d.head_dim],
+                )?),
+                Some(required(
+                    read,
+                    &at("self_attn.k_norm.weight"),
+                    &[d.head_dim],
+                )?),
+            ),
+            false => (None, None),
+        };
+        Ok(Layer {
+            qkv_bias,
+            q_norm,
+            k_norm,
+            ..layer
+        })
+    }
+
+    /// The decoder's shape.
+    pub fn dims(&self) -> &DecoderDims {
+        &self.dims
+    }
+
+    /// The instructions the dense layers run on, for logs and benchmarks.
+    pub fn kernels(&self) -> &'static str {
+        self.lm_head.kernels()
+    }
+
+    /// Appends each step's tokens to its sequence and returns, per step, the logits after its
+    /// last token (`vocab` values), or after every one of its tokens when `every_position`
+    /// (`tokens × vocab`, for teacher-forced checks).
+    pub fn forward(
+        &self,
+        steps: &mut [Step<'_>],
+        every_position: bool,
+    ) -> Result<Vec<Vec<f32>>, FusedError> {
+        let d = self.dims;
+        // Each row's (step, position), in step order.
+        let mut rows = Vec::new();
+        for (s, step) in steps.iter().enumerate() {
+            let start = step.cache.len;
+            if step.tokens.is_empty() || start + step.tokens.len() > d.max_positions {
+                return Err(FusedError::Input(format!(
+                    "{} new tokens after {start} do not fit a context of {}",
+                    step.tokens.len(),
+                    d.max_positions
+                )));
+            }
+            if let Some(&bad) = step.tokens.iter().find(|&&t| t as usize >= d.vocab) {
+                return Err(FusedError::Input(format!(
+                    "token id {bad} outside the vocabulary of {}",
+                    d.vocab
+                )));
+            }
+            rows.extend((0..step.tokens.len()).map(|j| (s, start + j)));
+        }
+        for step in steps.iter_mut() {
+            step.cache.keys.resize(d.layers, Vec::new());
+            step.cache.values.resize(d.layers, Vec::new());
+        }
+        let h = d.hidden;
+        let tokens: Vec<u32> = steps
+            .iter()
+            .flat_map(|s| s.tokens.iter().copied())
+            .collect();
+        let mut x: Vec<f32> = Vec::with_capacity(rows.len() * h);
+        for &t in &tokens {
+            x.extend_from_slice(&self.embed[t as usize * h..][..h]);
+        }
+        for (l, layer) in self.layers.iter().enumerate() {
+            self.layer(l, layer, &mut x, &rows, steps);
+        }
+        for step in steps.iter_mut() {
+            step.cache.len += step.tokens.len();
+        }
+        // The rows whose logits are wanted, normalised, through the output projection.
+        let mut picked = Vec::new();
+        let mut counts = Vec::with_capacity(steps.len());
+        let mut first = 0;
+        for step in steps.iter() {
+            let n = step.tokens.len();
+            let take = if every_position {
+                first..first + n
+            } else {
+                first + n - 1..first + n
+            };
+            counts.push(take.len());
+            for r in take {
+                let mut row = x[r * h..][..h].to_vec();
+                rms_norm(&mut row, &self.norm, d.eps);
+                picked.extend(row);
+            }
+            first += n;
+        }
+        let mut logits = vec![0f32; picked.len() / h * d.vocab];
+        self.lm_head.apply(&picked, None, &mut logits);
+        let mut out = Vec::with_capacity(steps.len());
+        let mut rest = &logits[..];
+        for n in counts {
+            let (this, more) = rest.split_at(n * d.vocab);
+            out.push(this.to_vec());
+            rest = more;
+        }
+        Ok(out)
+    }
+
+    /// One layer over every row: attention (appending the rows' keys and values to their
+    /// sequences' caches), then the gated feed-forward, each added to the residual stream `x`.
+    fn layer(
+        &self,
+        l: usize,
+        layer: &Layer,
+        x: &mut [f32],
+        rows: &[(usize, usize)],
+        steps: &mut [Step<'_>],
+    ) {
+        let d = &self.dims;
+        let (h, q_dim, kv_dim, hd) = (d.hidden, d.q_dim(), d.kv_dim(), d.head_dim);
+        let n = rows.len();
+        let mut normed = x.to_vec();
+        normed
+            .par_chunks_mut(h)
+            .for_each(|r| rms_norm(r, &layer.attn_norm, d.eps));
+        let width = q_dim + 2 * kv_dim;
+        let mut qkv = vec![0f32; n * width];
+        layer
+            .qkv
+            .apply(&normed, layer.qkv_bias.as_deref(), &mut qkv);
+        qkv.par_chunks_mut(width)
+            .zip(rows.par_iter())
+            .for_each(|(row, &(_, pos))| {
+                let (q, k) = row[..q_dim + kv_dim].split_at_mut(q_dim);
+                for (head, norm) in [(q, &layer.q_norm), (k, &layer.k_norm)] {
+                    for one in head.chunks_exact_mut(hd) {
+                        if let Some(w) = norm {
+                            rms_norm(one, w, d.eps);
+                        }
+                        self.rotate(one, pos);
+                    }
+                }
+            });
+        for (r, &(s, _)) in rows.iter().enumerate() {
+            let row = &qkv[r * width..][..width];
+            let cache = &mut *steps[s].cache;
+            cache.keys[l].extend_from_slice(&row[q_dim..q_dim + kv_dim]);
+            cache.values[l].extend_from_slice(&row[q_dim + kv_dim..]);
+        }
+        let mut ctx = vec![0f32; n * q_dim];
+        let caches: Vec<&KvCache> = steps.iter().map(|s| &*s.cache).collect();
+        let group = d.heads / d.kv_heads;
+        let scale = 1.0 / (hd as f32).sqrt();
+        ctx.par_chunks_mut(hd).enumerate().for_each(|(i, out)| {
+            let (r, head) = (i / d.heads, i % d.heads);
+            let (s, pos) = rows[r];
+            let q = &qkv[r * width + head * hd..][..hd];
+            let kv_head = head / group;
+            attend(
+                q,
+                &caches[s].keys[l],
+                &caches[s].values[l],
+                pos + 1,
+                kv_dim,
+                kv_head * hd,
+                scale,
+                out,
+            );
+        });
+        let mut projected = vec![0f32; n * h];
+        layer
+            .out
+            .apply(&ctx, layer.out_bias.as_deref(), &mut projected);
+        x.iter_mut().zip(&projected).for_each(|(v, p)| *v += p);
+
+        normed.copy_from_slice(x);
+        normed
+            .par_chunks_mut(h)
+            .for_each(|r| rms_norm(r, &layer.ffn_norm, d.eps));
+        let inter = d.intermediate;
+        let mut gate_up = vec![0f32; n * 2 * inter];
+        layer.gate_up.apply(&normed, None, &mut gate_up);
+        let mut act = vec![0f32; n * inter];
+        act.par_chunks_mut(inter)
+            .zip(gate_up.par_chunks(2 * inter))
+            .for_each(|(a, gu)| silu_mul(a, &gu[..inter], &gu[inter..]));
+        layer.down.apply(&act, None, &mut projected);
+        x.iter_mut().zip(&projected).for_each(|(v, p)| *v += p);
+    }
+
+    /// Rotary embedding of one head at `pos`, transformers' layout: the first half of the head
+    /// rotated against the second (`rotate_half`).
+    fn rotate(&self, head: &mut [f32], pos: usize) {
+        let half = self.dims.head_dim / 2;
+        let table = &self.rope[pos * 2 * half..][..2 * half];
+        let (cos, sin) = table.split_at(half);
+        let (a, b) = head.split_at_mut(half);
+        for i in 0..half {
+            let (x, y) = (a[i], b[i]);
+            a[i] = x * cos[i] - y * sin[i];
+            b[i] = y * cos[i] + x * sin[i];
+        }
+    }
+}
+
+/// The tensor `name`, which the decoder cannot do without.
+fn required(
+    read: &mut impl FnMut(&str, &[usize]) -> Result<Option<Vec<f32>>, FusedError>,
+    name: &str,
+    shape: &[usize],
+) -> Result<Vec<f32>, FusedError> {
+    read(name, shape)?.ok_or_else(|| FusedError::Unsupported(format!("no tensor {name}")))
+}
+
+/// Cosines and sines of every position's angles, computed in f32 as transformers computes them:
+/// `inv_freq = 1 / theta^(2i / dim)`, angle = position × inv_freq.
+fn rope_table(d: &DecoderDims) -> Vec<f32> {
+    let half = d.head_dim / 2;
+    let inv: Vec<f32> = (0..half)
+        .map(|i| 1.0 / d.rope_theta.powf((2 * i) as f32 / d.head_dim as f32))
+        .collect();
+    let mut table = Vec::with_capacity(d.max_positions * 2 * half);
+    for pos in 0..d.max_positions {
+        let angles: Vec<f32> = inv.iter().map(|f| pos as f32 * f).collect();
+        table.extend(angles.iter().map(|a| a.cos()));
+        table.extend(angles.iter().map(|a| a.sin()));
+    }
+    table
+}
+
+/// RMSNorm of one row in place: `w · x / sqrt(mean(x²) + eps)`.
+fn rms_norm(row: &mut [f32], w: &[f32], eps: f32) {
+    let inv = 1.0 / (sum_of_products(row, row) / row.len() as f32 + eps).sqrt();
+    row.iter_mut().zip(w).for_each(|(v, w)| *v = w * (*v * inv));
+}
+
+/// `silu(gate) · up`, elementwise.
+fn silu_mul(out: &mut [f32], gate: &[f32], up: &[f32]) {
+    for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
+        *o = g / (1.0 + exp(-g)) * u;
+    }
+}
+
+/// Σ aᵢbᵢ with sixteen lane sums in a fixed order (so the same inputs give the same bits on any
+/// x86-64 vector width).
+#[inline(always)]
+fn sum_of_products(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..16 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut half = [0f32; 8];
+    for i in 0..8 {
+        half[i] = acc[i] + acc[i + 8];
+    }
+    half.iter().sum::<f32>() + tail
+}
+
+/// One query head's attention over the first `len` positions of its key/value head (at `offset`
+/// within rows of `kv_dim`): softmax of the scaled scores, then the values' weighted sum.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    len: usize,
+    kv_dim: usize,
+    offset: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    let mut scores: Vec<f32> = (0..len)
+        .map(|j| sum_of_products(q, &keys[j * kv_dim + offset..][..hd]) * scale)
+        .collect();
+    softmax_row(&mut scores);
+    out.fill(0.0);
+    for (j, p) in scores.iter().enumerate() {
+        let v = &values[j * kv_dim + offset..][..hd];
+        out.iter_mut().zip(v).for_each(|(o, v)| *o += p * v);
+    }
+}

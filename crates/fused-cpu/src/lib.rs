@@ -1,0 +1,34 @@
+//! spotinfer's networks on the CPU, each fused by hand for throughput rather than built from a
+//! general tensor library's operations:
+//!
+//! - the text encoder ([`CpuBert`]): BERT, RoBERTa, XLM-RoBERTa and DistilBERT checkpoints, with
+//!   the pooling sentence-transformers configures, over unpadded batches;
+//! - the image towers ([`CpuVision`]): CLIP's and ViT's vision transformers;
+//! - the decoder ([`CpuDecoder`]): Llama-style models (Llama and SmolLM, Qwen2, Qwen3) for
+//!   batched generation, each sequence with its own key and value cache.
+//!
+//! Their dense layers run on this crate's kernels over weights packed at load: f32, bf16
+//! (AVX-512 BF16) or int8 (integer dot products on x86-64 and Arm), as [`Precision`] picks for
+//! the encoder and the image towers; the decoder computes in f32. Where a CPU has no packed f32
+//! kernel, the f32 products fall back to the `gemm` crate. The passes between the products
+//! (attention, softmax, norms, activations) are fused and parallel over rows. The encoder and
+//! the image towers read their weights from memory-mapped safetensors files; the decoder takes
+//! its tensors from a reader the caller passes.
+
+#![deny(missing_docs)]
+
+mod decoder;
+mod encoder;
+mod error;
+mod kernels;
+mod packed;
+mod types;
+mod vision;
+mod weights;
+
+pub use decoder::{CpuDecoder, DecoderDims, KvCache, Step};
+pub use encoder::{CpuBert, SMALL_BATCH_MACS};
+pub use error::FusedError;
+pub use packed::bf16::{full_rate as bf16_full_rate, supported as bf16_supported};
+pub use types::{int8_kernels, int8_supported, Dims, Layout, Pooling, Precision, Tokens};
+pub use vision::{CpuVision, VisionDims, VisionLayout};

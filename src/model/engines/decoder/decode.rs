@@ -1,0 +1,415 @@
+//! The decode loop ([`Scheduler`]): the running sequences advance together, one forward pass per
+//! step for all of them (what fits of a newly admitted sequence's prompt, every other's last
+//! token). A sequence that finishes leaves at once and a waiting one takes its place, as long as
+//! the cache the running sequences may grow to (prompt plus `max_new_tokens` each) stays within
+//! the token budget; a new batch can be admitted between any two steps and its sequences join
+//! the running ones (continuous batching across the batches the worker holds), and each batch
+//! is done when its last sequence is.
+//!
+//! A resumed request reads its prompt and its checkpointed tokens in one pass and goes on; the
+//! decoder computes every row alike whatever its neighbours (see `CpuDecoder`), and the sampler
+//! draws by position, so the continuation is the one the uninterrupted run would have written.
+
+use super::{Completion, FinishReason, Generated, LanguageModel, Request};
+use spotinfer_fused_cpu::{KvCache, Step};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Asks running generations to stop at their next step and hand back their tokens (set when the
+/// worker's pipeline stops: SIGTERM, an early drain). Cheap to clone; every clone sees the same
+/// flag.
+#[derive(Debug, Clone, Default)]
+pub struct Interrupt(Arc<AtomicBool>);
+
+impl Interrupt {
+    /// A flag not set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets it.
+    pub fn set(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    /// Clears it: a pipeline that stopped on an early drain runs again when the notice clears,
+    /// and its generations must not stop at once.
+    pub fn clear(&self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+
+    /// Whether it is set.
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// One request on its way.
+struct Sequence {
+    /// The batch it came in, and its place there.
+    job: u64,
+    index: usize,
+    request: Request,
+    prompt: Vec<u32>,
+    generated: Vec<u32>,
+    cache: KvCache,
+    /// Cache tokens it may grow to: its share of the budget.
+    need: usize,
+    started: Option<Instant>,
+}
+
+impl Sequence {
+    /// Tokens of its prompt and completion not yet in its cache.
+    fn unread_len(&self) -> usize {
+        self.prompt.len() + self.generated.len() - self.cache.len()
+    }
+
+    /// The first `most` of those tokens.
+    fn unread(&self, most: usize) -> Vec<u32> {
+        let read = self.cache.len();
+        let prompt = self.prompt.get(read..).unwrap_or_default();
+        let generated = &self.generated[read.saturating_sub(self.prompt.len())..];
+        prompt.iter().chain(generated).take(most).copied().collect()
+    }
+}
+
+/// A batch admitted and not yet done: its results so far, in request order.
+struct Job {
+    id: u64,
+    results: Vec<Option<Generated>>,
+    left: usize,
+}
+
+/// The decode loop's state, kept between steps so that batches can join while others run: the
+/// batches admitted and not yet done, and their sequences, running or waiting for room in the
+/// cache budget (oldest first).
+pub struct Scheduler {
+    budget: usize,
+    max_seconds: Option<Duration>,
+    jobs: Vec<Job>,
+    waiting: VecDeque<Sequence>,
+    active: Vec<Sequence>,
+    reserved: usize,
+}
+
+impl Scheduler {
+    /// A loop that runs at most `budget` cache tokens at a time (0: no limit), each sequence for
+    /// at most `max_seconds` once it runs.
+    pub fn new(budget: usize, max_seconds: Option<Duration>) -> Self {
+        Self {
+            budget,
+            max_seconds,
+            jobs: Vec::new(),
+            waiting: VecDeque::new(),
+            active: Vec::new(),
+            reserved: 0,
+        }
+    }
+
+    /// Whether no admitted batch is left to finish.
+    pub fn is_idle(&self) -> bool {
+        self.jobs.is_empty()
+    }
+
+    /// Drops the batch `job` and its sequences, running or waiting: nobody waits for them.
+    pub fn forget(&mut self, job: u64) {
+        self.jobs.retain(|j| j.id != job);
+        self.waiting.retain(|s| s.job != job);
+        let (gone, kept): (Vec<Sequence>, Vec<Sequence>) = std::mem::take(&mut self.active)
+            .into_iter()
+            .partition(|s| s.job == job);
+        let freed: usize = gone.iter().map(|s| s.need).sum();
+        self.reserved = self.reserved.saturating_sub(freed);
+        self.active = kept;
+    }
+
+    /// Admits a batch as `job`: each request's prompt is tokenized and fitted now (a refusal is
+    /// its result at once), and it runs as soon as the budget has room.
+    pub fn admit(&mut self, model: &LanguageModel, job: u64, requests: Vec<Request>) {
+        self.jobs.push(Job {
+            id: job,
+            results: vec![None; requests.len()],
+            left: requests.len(),
+        });
+        for (index, request) in requests.into_iter().enumerate() {
+            // A panic tokenizing or templating one prompt (a bug its text meets) refuses that
+            // record alone.
+            let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                prepare(model, job, index, request)
+            }))
+            .unwrap_or_else(|p| {
+                Err(format!(
+                    "the model panicked reading the prompt: {}",
+                    crate::shutdown::panic_message(p.as_ref())
+                ))
+            });
+            match prepared {
+                Ok(seq) => match (seq.generated.is_empty(), finished(model, &seq)) {
+                    // A checkpoint taken after the generation ended (a shutdown between its
+                    // last step and its commit) needs no step.
+                    (false, Some(done)) => self.record(job, index, Generated::Done(done)),
+                    _ => self.waiting.push_back(seq),
+                },
+                Err(reason) => self.record(job, index, Generated::Refused(reason)),
+            }
+        }
+    }
+
+    /// One step: every running sequence advances (or, once `interrupt` is set, every sequence
+    /// stops with the tokens it has). Returns the batches now done, each with its results in
+    /// request order.
+    pub fn step(
+        &mut self,
+        model: &LanguageModel,
+        interrupt: &Interrupt,
+    ) -> Vec<(u64, Vec<Generated>)> {
+        if interrupt.is_set() {
+            let stopped: Vec<Sequence> = self
+                .active
+                .drain(..)
+                .chain(self.waiting.drain(..))
+                .collect();
+            self.reserved = 0;
+            for seq in stopped {
+                self.record(seq.job, seq.index, Generated::Interrupted(seq.generated));
+            }
+        } else {
+            self.start_waiting();
+            if !self.active.is_empty() {
+                match step(model, &mut self.active) {
+                    Ok(()) => self.retire_finished(model),
+                    Err(e) => {
+                        self.reserved = 0;
+                        for seq in std::mem::take(&mut self.active) {
+                            self.record(seq.job, seq.index, Generated::Refused(e.clone()));
+                        }
+                    }
+                }
+            }
+        }
+        let (done, running): (Vec<Job>, Vec<Job>) = std::mem::take(&mut self.jobs)
+            .into_iter()
+            .partition(|j| j.left == 0);
+        self.jobs = running;
+        done.into_iter()
+            .map(|j| {
+                let results = j.results.into_iter().flatten().collect();
+                (j.id, results)
+            })
+            .collect()
+    }
+
+    /// Moves waiting sequences into the running ones while the budget has room (always one when
+    /// none runs, however large).
+    fn start_waiting(&mut self) {
+        while let Some(next) = self.waiting.front() {
+            let full = self.budget > 0 && self.reserved + next.need > self.budget;
+            if !self.active.is_empty() && full {
+                break;
+            }
+            let Some(mut seq) = self.waiting.pop_front() else {
+                break;
+            };
+            self.reserved += seq.need;
+            seq.started = Some(Instant::now());
+            self.active.push(seq);
+        }
+    }
+
+    /// Takes out of the running sequences those that ended, or ran past `max_seconds`.
+    fn retire_finished(&mut self, model: &LanguageModel) {
+        let mut i = 0;
+        while i < self.active.len() {
+            let seq = &self.active[i];
+            let overdue = self
+                .max_seconds
+                .filter(|&m| seq.started.is_some_and(|s| s.elapsed() > m));
+            let result = match (finished(model, seq), overdue) {
+                (Some(done), _) => Some(Generated::Done(done)),
+                (None, Some(m)) => Some(Generated::Refused(format!(
+                    "the generation ran past --max-generation-seconds ({} s) after {} tokens",
+                    m.as_secs_f64(),
+                    seq.generated.len()
+                ))),
+                (None, None) => None,
+            };
+            match result {
+                Some(r) => {
+                    let seq = self.active.swap_remove(i);
+                    self.reserved -= seq.need;
+                    self.record(seq.job, seq.index, r);
+                }
+                None => i += 1,
+            }
+        }
+    }
+
+    fn record(&mut self, job: u64, index: usize, result: Generated) {
+        if let Some(j) = self.jobs.iter_mut().find(|j| j.id == job) {
+            if j.results[index].replace(result).is_none() {
+                j.left -= 1;
+            }
+        }
+    }
+}
+
+/// Runs `requests` as one batch to the end (see [`LanguageModel::generate`]).
+pub(super) fn run(
+    model: &LanguageModel,
+    requests: &[Request],
+    budget: usize,
+    interrupt: &Interrupt,
+    max_seconds: Option<Duration>,
+) -> Vec<Generated> {
+    let mut scheduler = Scheduler::new(budget, max_seconds);
+    scheduler.admit(model, 0, requests.to_vec());
+    loop {
+        if let Some((_, results)) = scheduler.step(model, interrupt).pop() {
+            return results;
+        }
+    }
+}
+
+/// The request's prompt tokenized and fitted to the context, or why it cannot run.
+fn prepare(
+    model: &LanguageModel,
+    job: u64,
+    index: usize,
+    request: Request,
+) -> Result<Sequence, String> {
+    let context = model.context();
+    let max_new = request.max_new_tokens;
+    if max_new == 0 || max_new >= context {
+        return Err(format!(
+            "max_new_tokens {max_new} must be at least 1 and below the model's context of {context} tokens"
+        ));
+    }
+    let mut prompt = model.prompt_ids(&request.prompt)?;
+    if prompt.is_empty() {
+        return Err("the prompt is empty once tokenized".into());
+    }
+    if prompt.len() + max_new > context {
+        if !request.truncate_prompt {
+            return Err(format!(
+                "the prompt's {} tokens and max_new_tokens {max_new} exceed the model's context of \
+                 {context} tokens (lower max_new_tokens, or let the worker cut the prompt's start \
+                 with --truncate-prompt)",
+                prompt.len()
+            ));
+        }
+        prompt.drain(..prompt.len() + max_new - context);
+    }
+    let generated = resumable(model, &request);
+    Ok(Sequence {
+        job,
+        index,
+        need: prompt.len() + max_new,
+        prompt,
+        generated,
+        cache: KvCache::default(),
+        request,
+        started: None,
+    })
+}
+
+/// The checkpointed tokens `request` resumes from, or none (it starts over) when they cannot be
+/// this model's continuation: an id past its vocabulary or more tokens than the request may
+/// write. Such a checkpoint fails no sequence, its own included: it is only not used.
+fn resumable(model: &LanguageModel, request: &Request) -> Vec<u32> {
+    let vocab = model.vocab();
+    let resume = &request.resume;
+    let bad_id = resume.iter().find(|&&t| t as usize >= vocab);
+    if bad_id.is_none() && resume.len() <= request.max_new_tokens {
+        return resume.clone();
+    }
+    tracing::warn!(
+        tokens = resume.len(),
+        max_new_tokens = request.max_new_tokens,
+        bad_id = ?bad_id,
+        vocab,
+        "a checkpoint this model cannot continue from; the record starts over"
+    );
+    Vec::new()
+}
+
+/// Most new tokens one forward pass reads. A prompt longer than what is left of it is read in
+/// parts over several steps (each row computes the same either way), so one step stays short:
+/// the interrupt at a shutdown is seen within a fraction of a second even while long prompts
+/// are read, and the activations of a step stay small.
+pub const STEP_TOKENS: usize = 512;
+
+/// One forward pass for the running sequences: each decoding one's last token first, then what
+/// fits of the prompts being read; a sequence whose input is all read gets its next token.
+fn step(model: &LanguageModel, active: &mut [Sequence]) -> Result<(), String> {
+    let mut order: Vec<usize> = (0..active.len()).collect();
+    // Decoding sequences (a cache, one token unread) first: false sorts before true.
+    order.sort_by_key(|&i| active[i].cache.is_empty() || active[i].unread_len() != 1);
+    let mut left = STEP_TOKENS;
+    let mut feeds: Vec<(usize, Vec<u32>, bool)> = Vec::new();
+    for i in order {
+        if left == 0 {
+            break;
+        }
+        let whole = active[i].unread_len() <= left;
+        let tokens = active[i].unread(left);
+        left -= tokens.len();
+        feeds.push((i, tokens, whole));
+    }
+    feeds.sort_by_key(|f| f.0);
+    let logits = {
+        let mut feeding = feeds.iter().peekable();
+        let mut steps: Vec<Step<'_>> = Vec::with_capacity(feeds.len());
+        for (i, s) in active.iter_mut().enumerate() {
+            if let Some((_, tokens, _)) = feeding.next_if(|f| f.0 == i) {
+                steps.push(Step {
+                    cache: &mut s.cache,
+                    tokens,
+                });
+            }
+        }
+        model
+            .decoder
+            .forward(&mut steps, false)
+            .map_err(|e| e.to_string())?
+    };
+    for ((i, _, whole), logits) in feeds.iter().zip(logits) {
+        if *whole {
+            let seq = &mut active[*i];
+            let next = seq.request.sampling.choose(&logits, seq.generated.len());
+            seq.generated.push(next);
+        }
+    }
+    Ok(())
+}
+
+/// The completion, if the sequence's last token ended it.
+fn finished(model: &LanguageModel, seq: &Sequence) -> Option<Completion> {
+    let done = |text: String, finish_reason| Completion {
+        text,
+        finish_reason,
+        prompt_tokens: seq.prompt.len(),
+        completion_tokens: seq.generated.len(),
+        tokens: seq.generated.clone(),
+    };
+    let last = *seq.generated.last()?;
+    if model.stop_ids.contains(&last) {
+        return Some(done(model.text(&seq.generated), FinishReason::Stop));
+    }
+    if !seq.request.stop.is_empty() {
+        let text = model.text(&seq.generated);
+        let cut = seq
+            .request
+            .stop
+            .iter()
+            .filter_map(|s| text.find(s.as_str()))
+            .min();
+        if let Some(at) = cut {
+            return Some(done(text[..at].to_string(), FinishReason::Stop));
+        }
+    }
+    let length = seq.generated.len() >= seq.request.max_new_tokens
+        || seq.prompt.len() + seq.generated.len() >= model.context();
+    length.then(|| done(model.text(&seq.generated), FinishReason::Length))
+}

@@ -1,0 +1,577 @@
+//! The generation task: a record's prompt or conversation and options in, a completion out
+//! (`text`, `finish_reason`, `prompt_tokens`, `completion_tokens`).
+//!
+//! The options a record leaves out take the worker's defaults ([`GenerationDefaults`], from its
+//! flags). A record the model cannot compute (a prompt past its context, a template that refuses
+//! the messages, a generation past `--max-generation-seconds`) comes out as
+//! [`Output::Refused`] with the reason, so the pipeline records it alone and the rest of the
+//! batch commits. At shutdown the worker sets the task's [`Interrupt`]: the batch stops at its
+//! next step and each unfinished record comes out as [`Output::Interrupted`] with its tokens,
+//! for the worker to checkpoint before it hands the message back.
+//!
+//! On the worker's model thread the task is [`Joining`]: each batch is admitted into one
+//! decode loop ([`Scheduler`]) as it arrives, its sequences run beside those of the batches
+//! before it, and it is answered when its last record is done.
+//!
+//! The network and the decode loop are the engine's (`model::engines::decoder`).
+
+use crate::model::engines::decoder::{
+    Generated, Input, Interrupt, LanguageModel, Request, Sampling, Scheduler,
+};
+use crate::model::seam::{unfit, Checkpoint, Checkpoints, Infer, Settled};
+use crate::model::spec::Task;
+use crate::model::Output;
+use crate::model::Reply;
+use crate::model::{
+    default_model_name, weights_hash, LoadOptions, ModelError, ModelInfo, Predicted, Reads,
+};
+use crate::model::{Item, Joining, Predict};
+use crate::record::{Record, RecordError};
+use crate::shutdown::Shutdown;
+use futures::future::BoxFuture;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The worker's generation settings: the options a record may leave out, and the limits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationDefaults {
+    /// Tokens to generate at most, when the record does not say.
+    pub max_new_tokens: usize,
+    /// 0: greedy.
+    pub temperature: f32,
+    /// Nucleus sampling's mass (1: off).
+    pub top_p: f32,
+    /// Likeliest tokens kept (0: all).
+    pub top_k: usize,
+    /// Cut a prompt's start to fit the context instead of refusing it.
+    pub truncate_prompt: bool,
+    /// Longest one record may generate for.
+    pub max_seconds: Option<Duration>,
+    /// Most cache tokens (prompts and the completions they may grow to) decoding at once; 0: no
+    /// limit.
+    pub max_batch_tokens: usize,
+}
+
+impl Default for GenerationDefaults {
+    fn default() -> Self {
+        Self {
+            max_new_tokens: 256,
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            truncate_prompt: false,
+            max_seconds: None,
+            max_batch_tokens: 0,
+        }
+    }
+}
+
+/// A loaded generation model, the worker's defaults, and the decode loop the model thread
+/// admits batches into.
+pub struct GenerateTask {
+    model: LanguageModel,
+    defaults: GenerationDefaults,
+    interrupt: Interrupt,
+    info: ModelInfo,
+    scheduler: Scheduler,
+    /// Each admitted batch: when it came, and how many checkpointed tokens each record brought.
+    admitted: std::collections::HashMap<u64, (std::time::Instant, Vec<usize>)>,
+}
+
+impl GenerateTask {
+    /// Loads the generation model at `path` (a `.gguf` file, or a transformers folder) to run
+    /// on the CPU decoder in f32; `interrupt` is the flag the worker sets at shutdown.
+    pub fn open(
+        path: &Path,
+        options: &LoadOptions,
+        defaults: GenerationDefaults,
+        interrupt: Interrupt,
+    ) -> Result<Self, ModelError> {
+        let model = LanguageModel::open(path)?;
+        let files: Vec<&Path> = model.weight_files.iter().map(PathBuf::as_path).collect();
+        let info = ModelInfo {
+            name: options
+                .name
+                .clone()
+                .unwrap_or_else(|| default_model_name(path)),
+            hash: weights_hash(&files)?,
+            dim: 0,
+            max_seq_len: model.context(),
+            device: format!(
+                "Cpu (decoder, f32 from {}, {})",
+                model.format,
+                model.kernels()
+            ),
+            prompts: Vec::new(),
+            task: Task::Generate,
+            labels: Vec::new(),
+            reads: Reads::Prompts,
+            processor: None,
+        };
+        Ok(Self {
+            scheduler: Scheduler::new(defaults.max_batch_tokens, defaults.max_seconds),
+            admitted: std::collections::HashMap::new(),
+            model,
+            defaults,
+            interrupt,
+            info,
+        })
+    }
+
+    /// The batch's requests, or why the batch cannot be taken (an item that is not a prompt).
+    fn requests(&self, items: &[Item]) -> Result<Vec<Request>, ModelError> {
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| match item {
+                Item::Generate(input, resume) => Ok(self.defaults.request(input, resume)),
+                _ => Err(ModelError::Input(format!(
+                    "input {i}: a text or an image, but this model generates from a \"prompt\" or \"messages\""
+                ))),
+            })
+            .collect()
+    }
+}
+
+impl GenerationDefaults {
+    /// A record's input with these defaults filled in, to continue from `resume`.
+    pub fn request(&self, input: &Input, resume: &[u32]) -> Request {
+        Request {
+            prompt: input.prompt.clone(),
+            max_new_tokens: input.max_new_tokens.unwrap_or(self.max_new_tokens),
+            sampling: Sampling {
+                temperature: input.temperature.unwrap_or(self.temperature),
+                top_p: input.top_p.unwrap_or(self.top_p),
+                top_k: input.top_k.unwrap_or(self.top_k),
+                seed: input.seed,
+            },
+            stop: input.stop.clone(),
+            resume: resume.to_vec(),
+            truncate_prompt: self.truncate_prompt,
+        }
+    }
+}
+
+/// A batch's results as the pipeline takes them; the tokens counted are those generated here
+/// (a resumed record's checkpointed ones are not).
+fn outputs(
+    generated: Vec<Generated>,
+    resumed: &[usize],
+    started: std::time::Instant,
+) -> Result<Predicted, ModelError> {
+    let mut tokens = 0;
+    let outputs = generated
+        .into_iter()
+        .zip(resumed)
+        .map(|(g, &resumed)| match g {
+            Generated::Done(c) => {
+                tokens += c.completion_tokens.saturating_sub(resumed);
+                Output::Generated(c)
+            }
+            Generated::Interrupted(t) => {
+                tokens += t.len().saturating_sub(resumed);
+                Output::Interrupted(t)
+            }
+            Generated::Refused(why) => Output::Refused(why),
+        })
+        .collect();
+    Predicted::checked(outputs, tokens, started)
+}
+
+impl Predict for GenerateTask {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    /// One batch alone, to the end (`models check`; the worker's model thread uses
+    /// [`Joining`]).
+    fn predict_items(&self, items: &[Item]) -> Result<Predicted, ModelError> {
+        let started = std::time::Instant::now();
+        let requests = self.requests(items)?;
+        let resumed: Vec<usize> = requests.iter().map(|r| r.resume.len()).collect();
+        let d = &self.defaults;
+        let generated = self.model.generate(
+            &requests,
+            d.max_batch_tokens,
+            &self.interrupt,
+            d.max_seconds,
+        );
+        outputs(generated, &resumed, started)
+    }
+
+    fn joining(&mut self) -> Option<&mut dyn Joining> {
+        Some(self)
+    }
+}
+
+impl Joining for GenerateTask {
+    fn admit(&mut self, job: u64, items: &[Item]) -> Result<(), ModelError> {
+        let requests = self.requests(items)?;
+        let resumed = requests.iter().map(|r| r.resume.len()).collect();
+        self.admitted
+            .insert(job, (std::time::Instant::now(), resumed));
+        self.scheduler.admit(&self.model, job, requests);
+        Ok(())
+    }
+
+    fn step(&mut self) -> Vec<(u64, Result<Predicted, ModelError>)> {
+        let done = self.scheduler.step(&self.model, &self.interrupt);
+        done.into_iter()
+            .map(|(job, generated)| {
+                let (started, resumed) = self
+                    .admitted
+                    .remove(&job)
+                    .unwrap_or_else(|| (std::time::Instant::now(), Vec::new()));
+                (job, outputs(generated, &resumed, started))
+            })
+            .collect()
+    }
+
+    fn idle(&self) -> bool {
+        self.scheduler.is_idle()
+    }
+
+    fn forget(&mut self, job: u64) {
+        self.scheduler.forget(job);
+        self.admitted.remove(&job);
+    }
+
+    fn reset(&mut self) {
+        let d = &self.defaults;
+        self.scheduler = Scheduler::new(d.max_batch_tokens, d.max_seconds);
+        self.admitted.clear();
+    }
+}
+
+/// How long the infer stage waits, after the shutdown began, for a generation batch to come
+/// back interrupted (its running step finishes first: a long prompt's prefill on a small CPU
+/// can take a second or two). Reading the checkpoints is given as long.
+pub const INTERRUPT_GRACE: Duration = Duration::from_secs(5);
+
+/// A generation model on its thread, serving its task ([`Infer`]), with resumption:
+///
+/// * before a batch goes to the model ([`Infer::prepare`]), the checkpoint of each record is
+///   read: a record an earlier worker was interrupted on continues from the tokens it wrote;
+/// * when the batch comes back ([`Infer::settle`]), a record the model refused becomes a
+///   failure with the reason; one the shutdown interrupted keeps its tokens on the record and
+///   goes back; a finished one keeps its tokens too, in case the shutdown hands it back before
+///   the sink commits it (its next delivery then finishes without generating);
+/// * at shutdown ([`Infer::hand_back`]), the tokens the handed-back records carry are saved,
+///   keyed by record id, model and the hash of the record's prompt and options, and marked
+///   with the weights that wrote them (only they resume from them). A record on its last
+///   delivery attempt goes to the dead-letter topic: its checkpoint is deleted instead. A
+///   committed result or a failure row deletes its checkpoint (the sink).
+pub struct Generations {
+    handle: crate::model::ModelHandle,
+    checkpoints: Option<std::sync::Arc<dyn Checkpoints>>,
+}
+
+impl Generations {
+    /// Serves the generation model on `handle`'s thread, resuming from and saving to
+    /// `checkpoints` (none: every generation starts over).
+    pub fn new(
+        handle: crate::model::ModelHandle,
+        checkpoints: Option<std::sync::Arc<dyn Checkpoints>>,
+    ) -> Self {
+        Self {
+            handle,
+            checkpoints,
+        }
+    }
+
+    /// Puts each generation record's checkpointed tokens on it. A store that cannot be read (or
+    /// not within [`INTERRUPT_GRACE`]) costs only the resumption: the records start over.
+    async fn resume(&self, records: &mut [&mut Record]) {
+        let Some(store) = &self.checkpoints else {
+            return;
+        };
+        let keys: Vec<(String, String)> = records
+            .iter()
+            .filter_map(|r| Some((r.id.clone(), r.generation.as_ref()?.sha256())))
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        let info = self.handle.info();
+        let read = store.read(&info.name, &info.hash, &keys);
+        let found = match tokio::time::timeout(INTERRUPT_GRACE, read).await {
+            Ok(Ok(found)) => found,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot read the generation checkpoints; these records start over");
+                return;
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "reading the generation checkpoints timed out; these records start over"
+                );
+                return;
+            }
+        };
+        let with_prompt = records.iter_mut().filter(|r| r.generation.is_some());
+        let mut resumed = 0;
+        for (r, key) in with_prompt.zip(keys) {
+            if let Some(tokens) = found.get(&key) {
+                r.checkpoint = tokens.clone();
+                resumed += 1;
+            }
+        }
+        if resumed > 0 {
+            tracing::info!(
+                records = resumed,
+                "resuming generations from their checkpoints"
+            );
+        }
+    }
+
+    /// Saves `keep`'s checkpoints and deletes `dead`'s by `deadline`; how many it saved.
+    async fn save(
+        &self,
+        store: &dyn Checkpoints,
+        keep: Vec<Checkpoint>,
+        dead: Vec<String>,
+        deadline: tokio::time::Instant,
+    ) -> usize {
+        let name = &self.handle.info().name;
+        if !dead.is_empty() {
+            let forget = store.forget(name, &dead);
+            if let Ok(Err(e)) = tokio::time::timeout_at(deadline, forget).await {
+                tracing::warn!(error = %e, "cannot delete the checkpoints of dead-lettered generations");
+            }
+        }
+        if keep.is_empty() {
+            return 0;
+        }
+        match tokio::time::timeout_at(deadline, store.save(&keep)).await {
+            Ok(Ok(())) => {
+                let tokens: usize = keep.iter().map(|c| c.tokens.len()).sum();
+                tracing::info!(
+                    records = keep.len(),
+                    tokens,
+                    "saved the generation checkpoints"
+                );
+                keep.len()
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot save the generation checkpoints; these records will start over");
+                0
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "the shutdown budget ran out before the generation checkpoints were saved"
+                );
+                0
+            }
+        }
+    }
+}
+
+impl Infer for Generations {
+    fn info(&self) -> &ModelInfo {
+        self.handle.info()
+    }
+
+    fn prepare<'a>(
+        &'a self,
+        mut records: Vec<&'a mut Record>,
+        _shutdown: &'a Shutdown,
+    ) -> BoxFuture<'a, Option<Vec<Result<Item, RecordError>>>> {
+        Box::pin(async move {
+            self.resume(&mut records).await;
+            let info = self.handle.info();
+            let items = records
+                .iter()
+                .map(|r| match (unfit(info, r), &r.generation) {
+                    (Some(why), _) => Err(why),
+                    (None, Some(g)) => Ok(Item::Generate(g.clone(), r.checkpoint.clone())),
+                    (None, None) => Err(RecordError::Missing("prompt")),
+                })
+                .collect();
+            Some(items)
+        })
+    }
+
+    fn submit(&self, items: Vec<Item>) -> BoxFuture<'_, Result<Reply, ModelError>> {
+        Box::pin(self.handle.submit(items))
+    }
+
+    fn predict(&self, items: Vec<Item>) -> BoxFuture<'_, Result<Predicted, ModelError>> {
+        Box::pin(self.handle.predict(items))
+    }
+
+    fn grace(&self) -> Duration {
+        INTERRUPT_GRACE
+    }
+
+    fn settle(&self, record: &mut Record, output: Output) -> Settled {
+        match output {
+            Output::Refused(why) => Settled::Refuse(RecordError::Generation(why)),
+            Output::Interrupted(tokens) => {
+                record.checkpoint = tokens;
+                Settled::Interrupted
+            }
+            Output::Generated(c) => {
+                record.checkpoint = c.tokens.clone();
+                Settled::Keep(Output::Generated(c))
+            }
+            other => Settled::Keep(other),
+        }
+    }
+
+    fn hand_back<'a>(
+        &'a self,
+        records: Vec<(&'a Record, bool)>,
+        deadline: tokio::time::Instant,
+    ) -> BoxFuture<'a, usize> {
+        Box::pin(async move {
+            let Some(store) = &self.checkpoints else {
+                return 0;
+            };
+            let info = self.handle.info();
+            let (mut keep, mut dead) = (Vec::new(), Vec::new());
+            for (r, last_attempt) in records {
+                let Some(g) = &r.generation else { continue };
+                if last_attempt {
+                    dead.push(r.id.clone());
+                } else if !r.checkpoint.is_empty() {
+                    keep.push(Checkpoint {
+                        record_id: r.id.clone(),
+                        model: info.name.clone(),
+                        model_hash: info.hash.clone(),
+                        input_sha256: g.sha256(),
+                        tokens: r.checkpoint.clone(),
+                    });
+                }
+            }
+            self.save(store.as_ref(), keep, dead, deadline).await
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ModelHandle;
+    use crate::pipeline::testkit::{execute, sqlite};
+    use std::sync::Arc;
+
+    /// A generation model's thread that is never asked to compute: what the checkpoint hooks
+    /// need of it is its name and its weights' hash.
+    struct Named(ModelInfo);
+
+    impl Predict for Named {
+        fn info(&self) -> &ModelInfo {
+            &self.0
+        }
+        fn predict_items(&self, _: &[Item]) -> Result<Predicted, ModelError> {
+            Err(ModelError::Input("not computed in these tests".into()))
+        }
+    }
+
+    /// The generation model `llm` with weights `hash`, keeping checkpoints in `store`.
+    fn served(store: &crate::external::store::Store, hash: &str) -> Generations {
+        let info = ModelInfo {
+            name: "llm".into(),
+            hash: hash.into(),
+            dim: 0,
+            max_seq_len: 64,
+            device: "cpu".into(),
+            prompts: Vec::new(),
+            task: Task::Generate,
+            labels: Vec::new(),
+            reads: Reads::Prompts,
+            processor: None,
+        };
+        let handle = ModelHandle::spawn(Named(info)).unwrap();
+        Generations::new(handle, Some(Arc::new(store.clone())))
+    }
+
+    /// Generation record `id` holding `tokens` as its progress.
+    fn interrupted(id: &str, tokens: &[u32]) -> Record {
+        let data = serde_json::json!({"id": id, "prompt": "Once upon a time"}).to_string();
+        let mut r = crate::record::parse(data.as_bytes(), 1 << 20).unwrap();
+        r.checkpoint = tokens.to_vec();
+        r
+    }
+
+    fn far() -> tokio::time::Instant {
+        tokio::time::Instant::now() + Duration::from_secs(10)
+    }
+
+    /// Hands `records` (id, tokens, on its last attempt) back through the seam.
+    async fn hand_back(g: &Generations, records: &[(&str, &[u32], bool)]) -> usize {
+        let held: Vec<Record> = records
+            .iter()
+            .map(|(id, t, _)| interrupted(id, t))
+            .collect();
+        let back = held.iter().zip(records).map(|(r, (_, _, last))| (r, *last));
+        g.hand_back(back.collect(), far()).await
+    }
+
+    /// The checkpointed tokens `g` readies record `id` with (what its next delivery resumes).
+    async fn resumed(g: &Generations, id: &str) -> Vec<u32> {
+        let mut r = interrupted(id, &[]);
+        let items = g.prepare(vec![&mut r], &Shutdown::new()).await.unwrap();
+        match &items[0] {
+            Ok(Item::Generate(_, tokens)) => tokens.clone(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Issue 40: a model swapped under the same name does not resume another model's tokens.
+    #[tokio::test]
+    async fn a_checkpoint_resumes_only_on_the_weights_that_wrote_it() {
+        let (_dir, store) = sqlite().await;
+        let (a, b) = (served(&store, "aaaa"), served(&store, "bbbb"));
+        assert_eq!(hand_back(&a, &[("r", &[7, 8], false)]).await, 1);
+        assert_eq!(resumed(&b, "r").await, Vec::<u32>::new());
+        assert_eq!(resumed(&a, "r").await, [7, 8]);
+    }
+
+    /// Issue 40: a record the hand-back dead-letters (its last delivery attempt) leaves no
+    /// checkpoint behind, not even one an earlier delivery saved; the others are saved.
+    #[tokio::test]
+    async fn a_dead_lettered_generation_leaves_no_checkpoint() {
+        let (_dir, store) = sqlite().await;
+        let a = served(&store, "aaaa");
+        hand_back(&a, &[("last", &[1], false)]).await;
+        let back: [(&str, &[u32], bool); 2] = [("last", &[1, 2], true), ("early", &[3], false)];
+        assert_eq!(hand_back(&a, &back).await, 1);
+        assert_eq!(resumed(&a, "last").await, Vec::<u32>::new());
+        assert_eq!(resumed(&a, "early").await, [3]);
+        assert_eq!(store.checkpoint_count().await.unwrap(), 1);
+    }
+
+    /// Issue 40: checkpoints no delivery can come back for are purged; recent ones stay.
+    #[tokio::test]
+    async fn checkpoints_past_the_retention_are_purged() {
+        let (_dir, store) = sqlite().await;
+        let a = served(&store, "aaaa");
+        hand_back(&a, &[("old", &[1], false), ("new", &[2], false)]).await;
+        execute(
+            &store,
+            "UPDATE generation_checkpoints SET saved_at = '2020-01-01T00:00:00.000Z' \
+             WHERE record_id = 'old'",
+        )
+        .await;
+        assert_eq!(store.purge_checkpoints().await.unwrap(), 1);
+        assert_eq!(resumed(&a, "new").await, [2]);
+    }
+
+    /// A result settles through the seam as the sink and the hand-back need it: a refusal is a
+    /// failure with its reason, an interruption goes back holding its tokens.
+    #[tokio::test]
+    async fn results_settle_as_refusals_interruptions_or_completions() {
+        let (_dir, store) = sqlite().await;
+        let g = served(&store, "aaaa");
+        let mut r = interrupted("r", &[]);
+        assert!(matches!(
+            g.settle(&mut r, Output::Refused("too long".into())),
+            Settled::Refuse(RecordError::Generation(why)) if why == "too long"
+        ));
+        assert!(matches!(
+            g.settle(&mut r, Output::Interrupted(vec![4, 5])),
+            Settled::Interrupted
+        ));
+        assert_eq!(r.checkpoint, [4, 5]);
+    }
+}
