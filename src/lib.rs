@@ -6,14 +6,15 @@
 //!   the ack after commit:
 //!
 //!   ```text
-//!    source  ->  batcher  ->  embed (model stage)  ->  sink
-//!    every message carries an `Ack`; only the sink resolves it, after its commit
+//!    source  ->  batcher  ->  infer  ->  sink
+//!    every message carries an `Ack`; only the sink resolves it, after its commit;
+//!    infer talks to the model through one trait, model::Infer, and knows no task
 //!   ```
 //!
-//! * [`model`]: every model the worker runs (text encoders with their task heads, image models,
-//!   generation's decoder), the engines that compute them (the fused CPU encoder of
-//!   `crates/fused-cpu`, candle on the CPU or CUDA, the CPU decoder), and the thread that runs
-//!   them.
+//! * [`model`]: every model the worker runs behind that one seam: the engines that compute a
+//!   network (the fused CPU networks of `crates/fused-cpu`, candle on the CPU or CUDA), apart
+//!   from the tasks that say what goes in and comes out (embed, classify, score, tag, images,
+//!   generate), the factory that loads a folder, and the thread that runs it.
 //! * [`external`]: the outside world the pipeline talks to: Pub/Sub, Cloud Storage, the
 //!   database (results, failures and jobs), the early-drain watches, logs and metrics.
 //!
@@ -27,6 +28,8 @@
 //! (`setup`, `publish`, `work`, …) are thin entry points in the binary's `src/commands/`; the
 //! load test is a crate of its own (`crates/loadtest`), so the worker a user deploys carries no
 //! chaos tooling.
+
+#![deny(missing_docs)]
 
 pub mod choice;
 pub mod config;
