@@ -9,7 +9,7 @@ use spotinfer::external::pubsub::SubscriptionPolicy;
 use spotinfer::external::store::Store;
 use spotinfer::external::telemetry::Metrics;
 use spotinfer::model::DeviceChoice;
-use spotinfer::model::{Model, ModelHandle};
+use spotinfer::model::{ModelHandle, TextModel};
 use spotinfer::pipeline::batcher::BatchConfig;
 use spotinfer::pipeline::window::Window;
 use spotinfer::pipeline::worker::{self, WorkerConfig, WorkerError};
@@ -72,8 +72,9 @@ async fn exactly_once_subscription_with_confirmed_acks() {
     let (_dir, db) = fresh_sqlite();
     let store = Store::connect(&db).await.unwrap();
     store.migrate().await.unwrap();
-    let model =
-        served(ModelHandle::spawn(Model::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap());
+    let model = served(
+        ModelHandle::spawn(TextModel::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap(),
+    );
     let report = worker::run(
         config(cfg.clone(), true),
         store.clone(),
@@ -99,8 +100,9 @@ async fn exactly_once_flag_refuses_an_at_least_once_subscription() {
     let (_dir, db) = fresh_sqlite();
     let store = Store::connect(&db).await.unwrap();
     store.migrate().await.unwrap();
-    let model =
-        served(ModelHandle::spawn(Model::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap());
+    let model = served(
+        ModelHandle::spawn(TextModel::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap(),
+    );
     let err = worker::run(
         config(cfg, true),
         store,
@@ -170,8 +172,9 @@ async fn a_stopping_worker_hands_back_what_it_holds_counted_apart_from_failures(
     let store = Store::connect(&slow_db).await.unwrap();
     store.migrate().await.unwrap();
     proxy.set_latency(Duration::from_millis(300));
-    let model =
-        served(ModelHandle::spawn(Model::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap());
+    let model = served(
+        ModelHandle::spawn(TextModel::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap(),
+    );
     let worker_cfg = |idle| WorkerConfig {
         window: Window::fixed(64, 1),
         batch: BatchConfig {
@@ -279,8 +282,9 @@ async fn a_message_on_its_last_attempt_is_finished_at_shutdown_not_dead_lettered
     let store = Store::connect(&slow_db).await.unwrap();
     store.migrate().await.unwrap();
     proxy.set_latency(Duration::from_millis(150));
-    let model =
-        served(ModelHandle::spawn(Model::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap());
+    let model = served(
+        ModelHandle::spawn(TextModel::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap(),
+    );
     let metrics = Metrics::new();
     let shutdown = Shutdown::new();
     let run = tokio::spawn(worker::run(

@@ -3,7 +3,7 @@
 
 mod common;
 
-use spotinfer::model::{cosine, LoadOptions, Model, ModelError, MIN_PROBE_COSINE};
+use spotinfer::model::{cosine, LoadOptions, ModelError, TextModel, MIN_PROBE_COSINE};
 use spotinfer::model::{Backend, CpuKernels, DeviceChoice, Precision};
 
 struct Reference {
@@ -70,7 +70,7 @@ fn a_token_budget_splits_batches_without_changing_a_vector() {
     let refs = reference();
     let texts: Vec<&str> = refs.iter().map(|r| r.text.as_str()).collect();
     let dir = common::model_dir();
-    let whole = Model::open(
+    let whole = TextModel::open(
         &dir,
         &LoadOptions::new(DeviceChoice::Cpu)
             .backend(Backend::Candle)
@@ -79,7 +79,7 @@ fn a_token_budget_splits_batches_without_changing_a_vector() {
     .unwrap()
     .embed(&texts)
     .unwrap();
-    let split = Model::open(
+    let split = TextModel::open(
         &dir,
         &LoadOptions::new(DeviceChoice::Cpu)
             .backend(Backend::Candle)
@@ -165,7 +165,7 @@ fn fused_reduced_precisions_match_sentence_transformers_where_the_cpu_has_them()
 #[test]
 fn each_encoder_refuses_the_precision_it_does_not_compute_in() {
     let dir = common::model_dir();
-    let err = Model::open(
+    let err = TextModel::open(
         &dir,
         &LoadOptions::new(DeviceChoice::Cpu)
             .backend(Backend::Fused)
@@ -174,7 +174,7 @@ fn each_encoder_refuses_the_precision_it_does_not_compute_in() {
     .err()
     .expect("the fused encoder computes in f32, bf16 or int8");
     assert!(err.to_string().contains("not f16"), "{err}");
-    let err = Model::open(
+    let err = TextModel::open(
         &dir,
         &LoadOptions::new(DeviceChoice::Cpu)
             .backend(Backend::Candle)
@@ -190,7 +190,7 @@ fn each_encoder_refuses_the_precision_it_does_not_compute_in() {
 
 fn matches_sentence_transformers(backend: Backend, precision: Precision) {
     let refs = reference();
-    let model = Model::open(
+    let model = TextModel::open(
         &common::model_dir(),
         &LoadOptions::new(device())
             .backend(backend)
@@ -226,14 +226,14 @@ fn matches_sentence_transformers(backend: Backend, precision: Precision) {
 fn the_fused_encoder_agrees_with_candle_on_varied_lengths() {
     // f32: this compares the two computations; what int8 and bf16 change is measured against
     // sentence-transformers above.
-    let fused = Model::open(
+    let fused = TextModel::open(
         &common::model_dir(),
         &LoadOptions::new(DeviceChoice::Cpu)
             .backend(Backend::Fused)
             .precision(Precision::F32),
     )
     .unwrap();
-    let candle = Model::open(
+    let candle = TextModel::open(
         &common::model_dir(),
         &LoadOptions::new(DeviceChoice::Cpu).backend(Backend::Candle),
     )
@@ -275,7 +275,7 @@ fn the_fused_encoder_agrees_with_candle_on_varied_lengths() {
 #[test]
 fn truncates_and_counts_tokens_like_sentence_transformers() {
     let refs = reference();
-    let model = Model::load(&common::model_dir(), DeviceChoice::Cpu).unwrap();
+    let model = TextModel::load(&common::model_dir(), DeviceChoice::Cpu).unwrap();
     let texts: Vec<&str> = refs.iter().map(|r| r.text.as_str()).collect();
     let counts = model.token_counts(&texts).unwrap();
     for (r, n) in refs.iter().zip(counts) {
@@ -292,7 +292,7 @@ fn truncates_and_counts_tokens_like_sentence_transformers() {
 /// CJK, which the tokenizer splits per character.
 #[test]
 fn long_texts_tokenize_exactly_as_the_whole_text() {
-    let model = Model::load(&common::model_dir(), DeviceChoice::Cpu).unwrap();
+    let model = TextModel::load(&common::model_dir(), DeviceChoice::Cpu).unwrap();
     let mut whole =
         tokenizers::Tokenizer::from_file(common::model_dir().join("tokenizer.json")).unwrap();
     let mut truncation = whole.get_truncation().cloned().unwrap_or_default();
@@ -333,7 +333,7 @@ fn long_texts_tokenize_exactly_as_the_whole_text() {
 /// the text or hands it over; most of these texts it takes.
 #[test]
 fn the_fast_tokenizer_path_gives_the_tokenizers_ids() {
-    let model = Model::load(&common::model_dir(), DeviceChoice::Cpu).unwrap();
+    let model = TextModel::load(&common::model_dir(), DeviceChoice::Cpu).unwrap();
     let texts = common::tokenizer_texts(4000);
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let started = std::time::Instant::now();
@@ -367,7 +367,7 @@ fn the_fast_tokenizer_path_gives_the_tokenizers_ids() {
 #[test]
 fn a_missing_model_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    let err = match Model::load(dir.path(), DeviceChoice::Cpu) {
+    let err = match TextModel::load(dir.path(), DeviceChoice::Cpu) {
         Ok(_) => panic!("loaded a model from an empty directory"),
         Err(e) => e.to_string(),
     };
@@ -387,7 +387,7 @@ fn limited_to_avx2_the_fused_encoder_takes_the_path_of_cpus_without_avx512() {
     let open = |precision| fused(precision, CpuKernels::Avx2);
     let refs = reference();
     let texts: Vec<&str> = refs.iter().map(|r| r.text.as_str()).collect();
-    let check = |model: &Model, device: &str, bar: f32| {
+    let check = |model: &TextModel, device: &str, bar: f32| {
         assert_eq!(model.info().device, device);
         for (r, v) in refs.iter().zip(model.embed(&texts).unwrap().vectors) {
             let c = cosine(&v, &r.embedding);
@@ -418,8 +418,8 @@ fn limited_to_avx2_the_fused_encoder_takes_the_path_of_cpus_without_avx512() {
 }
 
 /// all-MiniLM-L6-v2 on the fused encoder in `precision`, its kernels limited by `kernels`.
-fn fused(precision: Precision, kernels: CpuKernels) -> Result<Model, ModelError> {
-    Model::open(
+fn fused(precision: Precision, kernels: CpuKernels) -> Result<TextModel, ModelError> {
+    TextModel::open(
         &common::model_dir(),
         &LoadOptions::new(DeviceChoice::Cpu)
             .backend(Backend::Fused)

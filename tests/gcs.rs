@@ -8,7 +8,7 @@ use spotinfer::external::gcs::{FileList, Gcs, StorageError};
 use spotinfer::external::store::Store;
 use spotinfer::external::telemetry::Metrics;
 use spotinfer::model::DeviceChoice;
-use spotinfer::model::{cosine, Model, ModelHandle};
+use spotinfer::model::{cosine, ModelHandle, TextModel};
 use spotinfer::pipeline::batcher::BatchConfig;
 use spotinfer::pipeline::worker::{self, WorkerConfig};
 use spotinfer::shutdown::Shutdown;
@@ -92,8 +92,8 @@ async fn model_from_gs_is_verified_cached_and_shared_by_concurrent_workers() {
     assert_eq!(repaired.downloaded, vec!["tokenizer.json".to_string()]);
 
     // The cached model is the model.
-    let from_cache = Model::load(&dir, DeviceChoice::Cpu).unwrap();
-    let local = Model::load(&model_dir(), DeviceChoice::Cpu).unwrap();
+    let from_cache = TextModel::load(&dir, DeviceChoice::Cpu).unwrap();
+    let local = TextModel::load(&model_dir(), DeviceChoice::Cpu).unwrap();
     let a = &from_cache
         .embed(&["weights from a bucket"])
         .unwrap()
@@ -136,7 +136,7 @@ fn uri_worker_config(
 }
 
 fn model() -> spotinfer::pipeline::infer::Served {
-    served(ModelHandle::spawn(Model::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap())
+    served(ModelHandle::spawn(TextModel::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,7 +177,7 @@ async fn worker_embeds_uri_records_and_records_unusable_objects() {
     assert_eq!(report.counts.nacked, 0, "{report:?}");
     let rows = store.embeddings().await.unwrap();
     assert_eq!(rows.len(), 1);
-    let want = &Model::load(&model_dir(), DeviceChoice::Cpu)
+    let want = &TextModel::load(&model_dir(), DeviceChoice::Cpu)
         .unwrap()
         .embed(&[text])
         .unwrap()
@@ -350,8 +350,8 @@ async fn a_model_from_gs_brings_the_modules_its_modules_json_names() {
         );
     }
     assert!(!fetched.dir.join("unrelated.bin").exists());
-    let from_bucket = Model::load(&fetched.dir, DeviceChoice::Cpu).unwrap();
-    let local = Model::load(&fixture, DeviceChoice::Cpu).unwrap();
+    let from_bucket = TextModel::load(&fetched.dir, DeviceChoice::Cpu).unwrap();
+    let local = TextModel::load(&fixture, DeviceChoice::Cpu).unwrap();
     assert_eq!(from_bucket.info().hash, local.info().hash);
     let a = &from_bucket
         .embed(&["dense layers from a bucket"])

@@ -322,7 +322,7 @@ fn status_kib(key: &str) -> u64 {
 }
 
 /// Run in its own process by the test below: four copies of the picture at
-/// SPOTINFER_TEST_WORST_PNG through the CLIP processor at once, as the model stage prepares one
+/// SPOTINFER_TEST_WORST_PNG through the CLIP processor at once, as the infer stage readies one
 /// batch on four cores, with a decode budget of SPOTINFER_TEST_DECODE_MEMORY bytes; prints the
 /// resident set before and the process's peak after, in KiB.
 #[test]

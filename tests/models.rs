@@ -6,7 +6,7 @@
 mod common;
 
 use common::floats;
-use spotinfer::model::{cosine, Input, LoadOptions, Model, ModelSpec, PromptChoice};
+use spotinfer::model::{cosine, Input, LoadOptions, ModelSpec, PromptChoice, TextModel};
 use spotinfer::model::{Backend, DeviceChoice, Precision};
 use std::path::{Path, PathBuf};
 
@@ -33,14 +33,14 @@ fn norm(v: &[f32]) -> f32 {
     v.iter().map(|x| x * x).sum::<f32>().sqrt()
 }
 
-fn load(name: &str, backend: Backend, prompt: PromptChoice) -> Model {
+fn load(name: &str, backend: Backend, prompt: PromptChoice) -> TextModel {
     let options = LoadOptions {
         backend,
         precision: Precision::F32,
         prompt,
         ..LoadOptions::new(DeviceChoice::Cpu)
     };
-    Model::open(&fixtures().join(name), &options)
+    TextModel::open(&fixtures().join(name), &options)
         .unwrap_or_else(|e| panic!("{name} ({backend:?}): {e}"))
 }
 
@@ -212,7 +212,7 @@ fn unsupported_models_are_refused_with_the_reason() {
                 backend,
                 ..LoadOptions::new(DeviceChoice::Cpu)
             };
-            let err = match Model::open(&dir, &options) {
+            let err = match TextModel::open(&dir, &options) {
                 Ok(_) => panic!("{name} loaded with {backend:?}"),
                 Err(e) => e.to_string(),
             };
@@ -232,7 +232,7 @@ fn bad_prompts_and_limits_are_errors() {
         max_seq_len: max,
         ..LoadOptions::new(DeviceChoice::Cpu)
     };
-    let err = Model::open(&dir, &options(PromptChoice::Named("nope".into()), None))
+    let err = TextModel::open(&dir, &options(PromptChoice::Named("nope".into()), None))
         .err()
         .unwrap()
         .to_string();
@@ -240,12 +240,12 @@ fn bad_prompts_and_limits_are_errors() {
         err.contains("no prompt named \"nope\"") && err.contains("passage, query"),
         "{err}"
     );
-    let err = Model::open(&dir, &options(PromptChoice::ModelDefault, Some(10_000)))
+    let err = TextModel::open(&dir, &options(PromptChoice::ModelDefault, Some(10_000)))
         .err()
         .unwrap()
         .to_string();
     assert!(err.contains("can only lower it"), "{err}");
-    let model = Model::open(&dir, &options(PromptChoice::ModelDefault, Some(8))).unwrap();
+    let model = TextModel::open(&dir, &options(PromptChoice::ModelDefault, Some(8))).unwrap();
     assert_eq!(model.info().max_seq_len, 8);
     assert_eq!(
         model
@@ -297,7 +297,7 @@ fn every_fixture_model_holds_in_half_precision() {
                 precision,
                 ..LoadOptions::new(DeviceChoice::Cpu)
             };
-            let model = Model::open(&fixtures().join(name), &options).unwrap();
+            let model = TextModel::open(&fixtures().join(name), &options).unwrap();
             let case = &m["cases"][0];
             let got = model.embed(&texts).unwrap().vectors;
             let mut worst = 1.0f32;
@@ -353,7 +353,7 @@ fn auto_holds_cosine_0_999_against_f32_on_real_text_in_every_script() {
                 precision,
                 ..LoadOptions::new(DeviceChoice::Cpu)
             };
-            Model::open(&dir, &options).unwrap()
+            TextModel::open(&dir, &options).unwrap()
         };
         let auto = open(Precision::Auto);
         let exact = open(Precision::F32).embed(&texts).unwrap().vectors;

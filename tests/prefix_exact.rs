@@ -1,4 +1,4 @@
-//! A long text is tokenized by a prefix (src/model/prefix.rs). That is only allowed where it is
+//! A long text is tokenized by a prefix (src/model/text/prefix.rs). That is only allowed where it is
 //! exact, so this test holds the project's ids against the `tokenizers` crate's encoding of the
 //! WHOLE text, truncated to the same limit, on random texts built to break it: every kind of
 //! Unicode whitespace, the control and format characters normalizers delete, combining marks,
@@ -14,7 +14,7 @@
 //! prefix was made exact, 80 of these 27,000 texts came out different (9 for MiniLM).
 
 use spotinfer::model::{Backend, DeviceChoice, Precision};
-use spotinfer::model::{LoadOptions, Model, ModelSpec};
+use spotinfer::model::{LoadOptions, ModelSpec, TextModel};
 use std::path::{Path, PathBuf};
 use tokenizers::normalizers::{Lowercase, NormalizerWrapper, Sequence};
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams};
@@ -578,7 +578,7 @@ fn a_prefix_yields_the_whole_texts_ids_for_every_accepted_tokenizer() {
             precision: Precision::F32,
             ..LoadOptions::new(DeviceChoice::Cpu)
         };
-        let embedder = Model::open(&dir, &options)
+        let embedder = TextModel::open(&dir, &options)
             .unwrap_or_else(|e| panic!("{name}: {e} (scripts/fetch-model.sh fetches MiniLM)"));
         let max_len = embedder.info().max_seq_len;
         // Fixture models that share a tokenizer and its settings would repeat the same texts.
@@ -790,7 +790,7 @@ fn english(bytes: usize, typographic: bool) -> String {
 #[ignore]
 fn prefix_speed() {
     let dir = minilm();
-    let embedder = Model::open(&dir, &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
+    let embedder = TextModel::open(&dir, &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
     let spec = ModelSpec::read(&dir).unwrap();
     let max_len = embedder.info().max_seq_len;
     let whole = reference(&spec, max_len);

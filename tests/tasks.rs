@@ -6,7 +6,7 @@
 
 mod common;
 
-use spotinfer::model::{Backend, DeviceChoice, Input, LoadOptions, Model, Precision};
+use spotinfer::model::{Backend, DeviceChoice, Input, LoadOptions, Precision, TextModel};
 use spotinfer::model::{Entity, ModelSpec, Output, Task};
 use std::path::{Path, PathBuf};
 
@@ -22,13 +22,13 @@ fn reference() -> serde_json::Value {
     serde_json::from_str(&raw).unwrap()
 }
 
-fn load(name: &str, backend: Backend, precision: Precision) -> Model {
+fn load(name: &str, backend: Backend, precision: Precision) -> TextModel {
     let options = LoadOptions {
         backend,
         precision,
         ..LoadOptions::new(DeviceChoice::Cpu)
     };
-    Model::open(&fixtures().join(name), &options)
+    TextModel::open(&fixtures().join(name), &options)
         .unwrap_or_else(|e| panic!("{name} ({backend:?}): {e}"))
 }
 
@@ -267,7 +267,7 @@ fn heads_spotinfer_cannot_compute_exactly_are_refused_at_load_with_the_reason() 
         ),
     ];
     for (dir, reason) in refused {
-        let err = Model::load(dir.path(), DeviceChoice::Cpu)
+        let err = TextModel::load(dir.path(), DeviceChoice::Cpu)
             .err()
             .unwrap_or_else(|| panic!("{reason}: loaded"));
         assert!(err.to_string().contains(reason), "{reason}: {err}");
@@ -277,7 +277,9 @@ fn heads_spotinfer_cannot_compute_exactly_are_refused_at_load_with_the_reason() 
         c["num_labels"] = 9.into();
         c.as_object_mut().unwrap().remove("id2label");
     });
-    let err = Model::load(dir.path(), DeviceChoice::Cpu).err().unwrap();
+    let err = TextModel::load(dir.path(), DeviceChoice::Cpu)
+        .err()
+        .unwrap();
     assert!(err.to_string().contains("classifier.weight"), "{err}");
 }
 

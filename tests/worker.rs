@@ -8,7 +8,7 @@ use spotinfer::config::PubsubArgs;
 use spotinfer::external::store::{ResultRow, Store};
 use spotinfer::external::telemetry::Metrics;
 use spotinfer::model::DeviceChoice;
-use spotinfer::model::{cosine, Model, ModelHandle};
+use spotinfer::model::{cosine, ModelHandle, TextModel};
 use spotinfer::pipeline::worker::{self, Report, WorkerConfig};
 use spotinfer::shutdown::Shutdown;
 use std::time::{Duration, Instant};
@@ -21,7 +21,7 @@ fn config_for(args: &PubsubArgs, idle: Option<Duration>) -> WorkerConfig {
 }
 
 fn model() -> spotinfer::pipeline::infer::Served {
-    served(ModelHandle::spawn(Model::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap())
+    served(ModelHandle::spawn(TextModel::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap())
 }
 
 async fn run_until_idle(args: &PubsubArgs, db: &str) -> Report {
@@ -101,7 +101,7 @@ async fn commits_every_record_once(db: &str, name: &str) {
     let first = &rows[&format!("{name}-00000")];
     assert_eq!(first.input_sha256, hex::encode(Sha256::digest(newer_text)));
     // Stored vectors are the model's vectors for those texts.
-    let embedder = Model::load(&model_dir(), DeviceChoice::Cpu).unwrap();
+    let embedder = TextModel::load(&model_dir(), DeviceChoice::Cpu).unwrap();
     for line in lines.iter().skip(1).step_by(17) {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
         let want = &embedder
@@ -442,7 +442,7 @@ async fn records_choose_their_prompt_and_rows_name_the_model() {
     let (_tmp, db) = fresh_sqlite();
     let store = Store::connect(&db).await.unwrap();
     store.migrate().await.unwrap();
-    let embedder = Model::load(&dir, DeviceChoice::Cpu).unwrap();
+    let embedder = TextModel::load(&dir, DeviceChoice::Cpu).unwrap();
     let info = embedder.info().clone();
     let want = |prompt: Option<&str>| {
         embedder
@@ -458,7 +458,8 @@ async fn records_choose_their_prompt_and_rows_name_the_model() {
     let (q, p, none) = (want(Some("query")), want(Some("passage")), want(None));
     assert!(cosine(&q, &p) < 0.9999, "the prompts change the vector");
     let cfg = config_for(&args, Some(Duration::from_secs(5)));
-    let model = served(ModelHandle::spawn(Model::load(&dir, DeviceChoice::Cpu).unwrap()).unwrap());
+    let model =
+        served(ModelHandle::spawn(TextModel::load(&dir, DeviceChoice::Cpu).unwrap()).unwrap());
     let report = worker::run(cfg, store.clone(), model, Metrics::new(), Shutdown::new())
         .await
         .unwrap();

@@ -14,7 +14,7 @@ use spotinfer::config::ModelArgs;
 use spotinfer::external::gcs::{FileList, Gcs};
 use spotinfer::model::engines::decoder::{is_generation_model, Interrupt};
 use spotinfer::model::load::{self, LoadRequest};
-use spotinfer::model::{GenerationDefaults, LoadOptions, Model, ModelHandle, PromptChoice};
+use spotinfer::model::{GenerationDefaults, LoadOptions, ModelHandle, PromptChoice, TextModel};
 use std::path::Path;
 use std::time::Instant;
 
@@ -49,7 +49,7 @@ pub async fn fetch_model(
 }
 
 /// The text model as `m` describes it, from `dir` (what [`model_dir`] returned), on this thread.
-pub fn load_embedder(dir: &Path, m: &ModelArgs) -> anyhow::Result<Model> {
+pub fn load_embedder(dir: &Path, m: &ModelArgs) -> anyhow::Result<TextModel> {
     if is_generation_model(dir) {
         anyhow::bail!(
             "{} is a generation model: `embed` and `bench` run encoders; run prompt records \
@@ -68,8 +68,8 @@ pub fn load_embedder(dir: &Path, m: &ModelArgs) -> anyhow::Result<Model> {
 }
 
 /// The text model in `dir` as `m` describes it.
-fn open_text_model(dir: &Path, m: &ModelArgs) -> anyhow::Result<Model> {
-    Ok(Model::open(dir, &load_options(m))?.with_max_batch_tokens(m.max_batch_tokens))
+fn open_text_model(dir: &Path, m: &ModelArgs) -> anyhow::Result<TextModel> {
+    Ok(TextModel::open(dir, &load_options(m))?.with_max_batch_tokens(m.max_batch_tokens))
 }
 
 /// How `m` asks for the model to be loaded.

@@ -5,7 +5,7 @@
 use spotinfer::config::{ModelsArgs, ModelsCommand};
 use spotinfer::model::engines::fused_images::probe_images;
 use spotinfer::model::{Backend, DeviceChoice, ImageTask, Item, Predict, Reads, Text};
-use spotinfer::model::{Input, LoadOptions, Model, ModelSpec, Output};
+use spotinfer::model::{Input, LoadOptions, ModelSpec, Output, TextModel};
 
 /// Runs a `models` subcommand.
 pub async fn run(a: ModelsArgs) -> anyhow::Result<()> {
@@ -25,8 +25,8 @@ pub async fn run(a: ModelsArgs) -> anyhow::Result<()> {
                 ..LoadOptions::new(DeviceChoice::Cpu)
             };
             let (embedder, output) =
-                tokio::task::spawn_blocking(move || -> anyhow::Result<(Model, Output)> {
-                    let e = Model::open(&dir, &options)?;
+                tokio::task::spawn_blocking(move || -> anyhow::Result<(TextModel, Output)> {
+                    let e = TextModel::open(&dir, &options)?;
                     let input = Input {
                         text: "spotinfer checks this model",
                         text_pair: e.info().task.needs_pairs().then_some("on one input"),

@@ -3,7 +3,7 @@
 //! Both read the same JSONL contract as the worker and report bad lines by number. The bench
 //! excludes model load time and prints, as its last line, one JSON object with the figures.
 
-use crate::model::{DeviceStages, Input, Model, ModelError, Output, PrecisionCheck};
+use crate::model::{DeviceStages, Input, ModelError, Output, PrecisionCheck, TextModel};
 use crate::record::{self, Record};
 use serde::Serialize;
 use std::io::{BufRead, Write};
@@ -87,7 +87,7 @@ const EMBED_CHUNK: usize = 8192;
 /// `output` only once complete: an interrupted run leaves no half-written file under that name.
 /// Returns how many records were embedded.
 pub fn embed_file(
-    embedder: &Model,
+    embedder: &TextModel,
     input: &std::path::Path,
     output: &std::path::Path,
     max_text_bytes: usize,
@@ -114,7 +114,7 @@ pub fn embed_file(
 
 /// Embeds `records` chunk by chunk into `path`, synced to disk; returns how many.
 fn write_vectors(
-    embedder: &Model,
+    embedder: &TextModel,
     records: &mut impl Iterator<Item = Result<Record, OfflineError>>,
     path: &std::path::Path,
     batch_size: usize,
@@ -164,7 +164,7 @@ pub fn length_sorted_batches(records: &[Record], batch_size: usize) -> Vec<Vec<u
 /// Runs the model over every record (with the default prompt); results come back in input
 /// order, with the tokens computed.
 pub fn predict_all(
-    embedder: &Model,
+    embedder: &TextModel,
     records: &[Record],
     batch_size: usize,
 ) -> Result<(Vec<Output>, usize), OfflineError> {
@@ -190,9 +190,9 @@ struct Run {
 /// in slices across the cores), [`TOKENIZED_AHEAD`] batches ahead of the model, as the worker's
 /// model thread is fed: the model computes one batch while the next is tokenized.
 ///
-/// [`TextPrep::tokenize_parallel`]: crate::model::prepare::TextPrep::tokenize_parallel
+/// [`TextPrep::tokenize_parallel`]: crate::model::text::prepare::TextPrep::tokenize_parallel
 fn predict_ahead(
-    embedder: &Model,
+    embedder: &TextModel,
     records: &[Record],
     batch_size: usize,
 ) -> Result<Run, OfflineError> {
@@ -315,7 +315,7 @@ fn rusage() -> (f64, f64, f64) {
 
 /// Runs `warmup` untimed batches, then embeds every record once, timed.
 pub fn bench(
-    embedder: &Model,
+    embedder: &TextModel,
     records: &[Record],
     batch_size: usize,
     warmup: usize,

@@ -8,7 +8,7 @@
 use super::engines::decoder::{is_generation_model, Interrupt};
 use super::{
     is_image_model, Checkpoints, GenerateTask, GenerationDefaults, Generations, ImageTask, Infer,
-    LoadOptions, Model, ModelError, ModelHandle, Pictures, Predict, Reads, Reload, Texts,
+    LoadOptions, ModelError, ModelHandle, Pictures, Predict, Reads, Reload, TextModel, Texts,
 };
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -22,6 +22,18 @@ pub struct LoadRequest {
     pub generation: GenerationDefaults,
     /// A text encoder's most padded tokens in one forward pass (0: no limit).
     pub max_batch_tokens: usize,
+}
+
+impl LoadRequest {
+    /// A request with `options` and every other setting at its default (the worker's flag
+    /// defaults): how the tests and the load test open a model.
+    pub fn new(options: LoadOptions) -> Self {
+        Self {
+            options,
+            generation: GenerationDefaults::default(),
+            max_batch_tokens: 0,
+        }
+    }
 }
 
 /// Whatever model `dir` holds, as `request` asks: an image model, a generation model (which
@@ -39,7 +51,7 @@ pub fn open(
         let task = GenerateTask::open(dir, &request.options, defaults, interrupt.clone())?;
         return Ok(Box::new(task));
     }
-    let model = Model::open(dir, &request.options)?;
+    let model = TextModel::open(dir, &request.options)?;
     Ok(Box::new(
         model.with_max_batch_tokens(request.max_batch_tokens),
     ))

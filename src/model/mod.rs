@@ -14,7 +14,7 @@
 //!   records (its [`Infer`]), its head and its typed result: embed, classify and score
 //!   (`sequence`), tag (`tokens`), the text tasks' seam (`texts`), images (`image`) and
 //!   generation (`generate`, with its checkpoints);
-//! * `text/`: the text model ([`Model`]): tokenizer, prompts, tokenizing off the model thread,
+//! * `text/`: the text model ([`TextModel`]): tokenizer, prompts, tokenizing off the model thread,
 //!   an engine and a task head; `image/`: pictures to pixel values as the folder's processor
 //!   makes them;
 //! * `thread`: the model's own OS thread, which runs every kind behind [`Predict`] (a generation
@@ -46,6 +46,6 @@ pub use tasks::image::{is_image_model, ImageTask, Pictures};
 pub use tasks::texts::Texts;
 pub use text::precision::{PrecisionCheck, MIN_PROBE_COSINE};
 pub use text::prompt::PromptChoice;
-pub use text::{Embedded, Model};
+pub use text::{Embedded, TextModel};
 pub use thread::{Joining, ModelHandle, Predict, Reload, Reply};
 pub use types::{weights_hash, Input, ModelError, ModelInfo, Predicted, Reads};

@@ -32,7 +32,7 @@ pub enum Backend {
     Auto,
     /// The fused CPU encoder (`crates/fused-cpu`).
     Fused,
-    /// The candle encoder (`src/model/candle_bert.rs`).
+    /// The candle encoder (`src/model/engines/candle_bert.rs`).
     Candle,
 }
 

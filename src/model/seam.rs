@@ -2,7 +2,7 @@
 //! (`crate::pipeline::infer`) hands it batches of records and gets back, for each record, a
 //! result or a refusal with its reason; it never asks which task or engine is behind it.
 //!
-//! Each task implements it in its own file (`task::text`, `task::image`, `task::generate`):
+//! Each task implements it in its own file (`tasks::texts`, `tasks::image`, `tasks::generate`):
 //! what its records must hold, how they are readied off the model thread (texts as they are,
 //! tokenized by the model thread's preparer; pictures decoded; generations resumed from their
 //! checkpoints), and what becomes of each result (kept, refused, or handed back interrupted).

@@ -1,6 +1,6 @@
 //! The model thread: a loaded model on a dedicated OS thread behind a channel, so a batch that
 //! computes for seconds never stalls the async runtime that keeps Pub/Sub leases, acks and nacks
-//! flowing. Text models ([`Model`]) and image models (`task::image::ImageTask`) sit behind one
+//! flowing. Text models ([`TextModel`]) and image models (`tasks::image::ImageTask`) sit behind one
 //! trait, [`Predict`], so the pipeline never asks which it has. A model that prepares its inputs
 //! off the thread ([`Prepare`]: a text model's tokenizer) has each batch prepared as it is queued,
 //! on blocking threads, while the model computes the batch before it.

@@ -118,7 +118,7 @@ pub struct ModelInfo {
     pub labels: Vec<String>,
     /// Which records it takes: texts, images, or both (CLIP, SigLIP).
     pub reads: Reads,
-    /// An image model's processor: the model stage turns image bytes into pixel values with it,
+    /// An image model's processor: the infer stage turns image bytes into pixel values with it,
     /// off the model thread.
     pub processor: Option<std::sync::Arc<super::image::Processor>>,
 }

@@ -45,7 +45,7 @@
 //!   device, a model thread that is gone) is never recorded against a record: the batch is
 //!   computed again after 1, 2 and 4 s, its messages still leased (the worker reports itself not
 //!   ready meanwhile, and the model thread rebuilds its model after each such fault); if it
-//!   still fails the model stage hands its messages back and begins the shutdown, and the worker
+//!   still fails the infer stage hands its messages back and begins the shutdown, and the worker
 //!   exits 1 so the pod is rescheduled.
 //! * **Commit** ([`crate::pipeline::sink`]): the results and failure rows of one or more batches
 //!   are written in one transaction, then every message in it is acked. A commit the database
@@ -79,7 +79,7 @@
 //!    still be acked.
 //! 2. **Hand-backs.** The stages stop taking work and give what they hold to the worker instead
 //!    of dropping it: the sources what they drained, the batcher its window (its return value),
-//!    the model stage and the sink what they hold or have queued
+//!    the infer stage and the sink what they hold or have queued
 //!    ([`crate::pipeline::message::HandBack`]). What is dropped anyway from the cancel on (a
 //!    Cloud Storage read abandoned in the source, a task aborted at the deadline, a stage
 //!    unwinding from a panic) is not NACKed but parked in the [`NackHold`].
@@ -88,7 +88,7 @@
 //!    messages are handed back.
 //! 4. **Last chance.** Of the messages handed back, those on the subscription's last delivery
 //!    attempt that can be finished as they are ([`crate::pipeline::message::Delivery::ready`]) are
-//!    embedded, committed and acked by a model stage and a sink of their own: a hand-back would
+//!    embedded, committed and acked by an infer stage and a sink of their own: a hand-back would
 //!    move them to the dead-letter topic unprocessed.
 //! 5. **NACKs.** At least 100 ms after the streams closed, so that the server has seen each
 //!    stream's cancel first, the rest is dropped and the parked NACKs are released. A NACK sent

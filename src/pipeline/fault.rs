@@ -12,7 +12,7 @@ pub enum Stage {
     Source,
     /// The batcher.
     Batcher,
-    /// The model stage.
+    /// The infer stage.
     Embed,
     /// The store sink.
     Sink,

@@ -459,7 +459,7 @@ mod tests {
     use crate::pipeline::testkit::{faulty_model, poisoned_model, Call, Kit};
     use std::collections::BTreeSet;
 
-    /// A running model stage: its input, its output, its hand-back and its task.
+    /// A running infer stage: its input, its output, its hand-back and its task.
     type Stage = (
         mpsc::Sender<Batch>,
         mpsc::Receiver<Outcome>,
@@ -467,7 +467,7 @@ mod tests {
         tokio::task::JoinHandle<Result<(), ModelError>>,
     );
 
-    /// A model stage on `model`.
+    /// An infer stage on `model`.
     fn spawn_stage(kit: &Kit, model: Served) -> Stage {
         let (btx, brx) = mpsc::channel(1);
         let (otx, orx) = mpsc::channel(1);
@@ -533,7 +533,7 @@ mod tests {
         );
         assert!(
             kit.ledger.calls().is_empty(),
-            "the model stage settles nothing"
+            "the infer stage settles nothing"
         );
         drop(btx);
         assert!(stage.await.unwrap().is_ok());

@@ -2,7 +2,7 @@
 //! the [`Ack`] that settles it riding along, so a reader finds every hand-off type in one place.
 //!
 //! ```text
-//! source ──Delivery──► batcher ──Batch{Pending, Rejected}──► model stage ──Outcome──► sink
+//! source ──Delivery──► batcher ──Batch{Pending, Rejected}──► infer ──Outcome──► sink
 //! ```
 //!
 //! Dropping any of them drops its acks, which NACKs the messages for redelivery; only the sink,

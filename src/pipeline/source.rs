@@ -3,7 +3,7 @@
 //! Each stream runs in its own task. A message becomes a [`Delivery`] carrying its [`Ack`]; bad
 //! payloads are parsed into a [`RecordError`] here, not dropped, so the sink can record them,
 //! and a `uri` record's object is read from Cloud Storage here (its text, or for an image model
-//! its image's bytes, decoded later by the model stage). On shutdown the task stops
+//! its image's bytes, decoded later by the infer stage). On shutdown the task stops
 //! pulling, reads out what the server already pushed and closes its streaming pull (step 1 of
 //! the shutdown in [`crate::pipeline::ack`], which also says how a failed read ends).
 

@@ -6,7 +6,7 @@
 
 use crate::external::store::Store;
 use crate::external::telemetry::Metrics;
-use crate::model::{DeviceChoice, LoadOptions, Model, ModelHandle, Output};
+use crate::model::{DeviceChoice, LoadOptions, ModelHandle, Output, TextModel};
 use crate::pipeline::ack::{Ack, LeaseLoop, NackHold, Settle};
 use crate::pipeline::infer::Served;
 use crate::pipeline::message::{Batch, Delivery, MessageMeta, Outcome};
@@ -264,7 +264,7 @@ impl Kit {
         batch
     }
 
-    /// An outcome as the model stage makes one: a record (with a vector) per id of `done`, an
+    /// An outcome as the infer stage makes one: a record (with a vector) per id of `done`, an
     /// invalid payload per id of `rejected`.
     pub fn outcome(&self, done: &[&str], rejected: &[&str]) -> Outcome {
         let batch = self.batch(
@@ -312,7 +312,7 @@ fn fixture_dir() -> std::path::PathBuf {
 
 /// The fixture model on its thread, on the CPU.
 pub fn model() -> Served {
-    let embedder = Model::open(&fixture_dir(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
+    let embedder = TextModel::open(&fixture_dir(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
     served(spawn(embedder, None))
 }
 
@@ -324,7 +324,7 @@ fn served(handle: ModelHandle) -> Served {
 /// The fixture model on its thread, failing its first `faults` batches (`None`: every batch)
 /// with a device fault ([`crate::model::ModelError::Device`], not the input's).
 pub fn faulty_model(faults: Option<u64>) -> Served {
-    let embedder = Model::open(&fixture_dir(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
+    let embedder = TextModel::open(&fixture_dir(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
     served(spawn(
         embedder,
         Some(faults.map_or("always".into(), |n| n.to_string())),
@@ -337,7 +337,7 @@ pub fn faulty_model(faults: Option<u64>) -> Served {
 /// is set around the spawn and its first batch, one lock for every model thread the tests
 /// start: a thread started beside it never sees another's faults. The first batch, spent
 /// here, is one more fault when faults are asked for.
-fn spawn(embedder: Model, faults: Option<String>) -> ModelHandle {
+fn spawn(embedder: TextModel, faults: Option<String>) -> ModelHandle {
     static ENV: Mutex<()> = Mutex::new(());
     const VAR: &str = "SPOTINFER_TEST_DEVICE_FAULT";
     let _env = ENV
@@ -393,14 +393,14 @@ pub fn poisoned_model(word: &str) -> Served {
         x.copy_from_slice(&f32::NAN.to_le_bytes());
     }
     std::fs::write(dir.path().join("model.safetensors"), bytes).unwrap();
-    let embedder = Model::open(dir.path(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
+    let embedder = TextModel::open(dir.path(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
     served(spawn(embedder, None))
 }
 
 /// The fixture model, panicking on every batch that holds a text containing `word` (a bug
 /// some input meets), on its thread; the other batches embed as usual.
 pub fn panicking_model(word: &str) -> Served {
-    struct Panicking(Model, String);
+    struct Panicking(TextModel, String);
     impl crate::model::Predict for Panicking {
         fn info(&self) -> &crate::model::ModelInfo {
             self.0.info()
@@ -416,6 +416,6 @@ pub fn panicking_model(word: &str) -> Served {
             self.0.predict_items(items)
         }
     }
-    let embedder = Model::open(&fixture_dir(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
+    let embedder = TextModel::open(&fixture_dir(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
     served(ModelHandle::spawn(Panicking(embedder, word.to_string())).unwrap())
 }

@@ -166,10 +166,10 @@ struct Running {
 /// dead-letter limit. Preemptions can hand a healthy
 /// record back again and again (the batcher takes redelivered messages first, which makes it
 /// rare); on its last attempt it is embedded and committed before the worker exits, within the
-/// shutdown budget, by a model stage and a sink of its own that end when their input does.
+/// shutdown budget, by an infer stage and a sink of its own that end when their input does.
 struct LastChance {
     limit: Option<u32>,
-    /// What the model stage and the sink held at the shutdown.
+    /// What the infer stage and the sink held at the shutdown.
     handback: HandBack,
     batch_size: usize,
     model: Served,
@@ -288,7 +288,7 @@ async fn start(
         shutdown.clone(),
         handback.clone(),
     );
-    let stage = shutdown::spawn_supervised("model stage", stage, shutdown);
+    let stage = shutdown::spawn_supervised("infer stage", stage, shutdown);
     let sink_cfg = SinkConfig {
         model: model.info().name.clone(),
         model_hash: model.info().hash.clone(),
@@ -403,7 +403,7 @@ async fn stop(
     // cancels its gRPC call at once) and returns what it read out of the stream's buffers.
     let drained = close_streams(sources, deadline, &mut failures).await;
     let streams_closed = tokio::time::Instant::now();
-    // Step 2: the batcher returns its window; the model stage puts what it holds in the
+    // Step 2: the batcher returns its window; the infer stage puts what it holds in the
     // hand-back.
     let held = match shutdown::join("batcher", batcher, deadline).await {
         Ok(held) => held.unwrap_or_default(),
@@ -412,7 +412,7 @@ async fn stop(
             Vec::new()
         }
     };
-    let stage = shutdown::join("model stage", stage, deadline).await;
+    let stage = shutdown::join("infer stage", stage, deadline).await;
     // Step 3: the sink finishes the commit in flight and acks it; it hands back the rest.
     let sink = match sink_ended {
         Some(r) => r.unwrap_or_else(|e| {

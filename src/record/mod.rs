@@ -52,7 +52,7 @@ pub struct Record {
     pub checkpoint: Vec<u32>,
 }
 
-/// An image record's picture: its encoded bytes until the model stage decodes them, then the
+/// An image record's picture: its encoded bytes until the infer stage decodes them, then the
 /// model's pixel values; the hash of the bytes stays for the result row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Image {

@@ -429,7 +429,7 @@ pub fn output_with_peak_rss(cmd: &mut Command) -> (std::process::Output, f64) {
     (output, peak_kib as f64 / 1024.0)
 }
 
-/// Texts that exercise every rule of the WordPiece fast path (src/model/wordpiece.rs) and every
+/// Texts that exercise every rule of the WordPiece fast path (src/model/text/wordpiece.rs) and every
 /// reason to leave it: words in and out of a BERT vocabulary, case, digits, each ASCII
 /// punctuation character, every whitespace byte, words around `max_input_chars_per_word`,
 /// texts past the token limit, added tokens written in the text, and (in every other text)

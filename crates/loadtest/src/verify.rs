@@ -11,8 +11,9 @@ use crate::{Args, LoadtestError};
 use sha2::{Digest, Sha256};
 use spotinfer::external::pubsub::PubsubConfig;
 use spotinfer::external::store::StoredEmbedding;
+use spotinfer::model::engines::decoder::Interrupt;
 use spotinfer::model::Backend;
-use spotinfer::model::{cosine, is_image_model, ImageTask, Item, LoadOptions, Model, ModelError};
+use spotinfer::model::{cosine, load, Item, LoadOptions, ModelError};
 use spotinfer::model::{ModelInfo, Output, Predict, Task, Text};
 use spotinfer::record::{self, ImageData, Record};
 use std::collections::{HashMap, HashSet};
@@ -179,10 +180,8 @@ async fn reference_model(args: &Args) -> Result<Box<dyn Predict>, LoadtestError>
     let (model_dir, device) = (args.model.clone(), args.device);
     tokio::task::spawn_blocking(move || -> Result<Box<dyn Predict>, ModelError> {
         let options = LoadOptions::new(device).backend(Backend::Candle);
-        if is_image_model(&model_dir)? {
-            return Ok(Box::new(ImageTask::open(&model_dir, &options)?));
-        }
-        Ok(Box::new(Model::open(&model_dir, &options)?))
+        let request = load::LoadRequest::new(options);
+        load::open(&model_dir, &request, &Interrupt::default())
     })
     .await
     .map_err(|e| LoadtestError::Io(e.to_string()))?

@@ -1,5 +1,5 @@
 //! Generation checkpoints: the tokens an interrupted generation had written, saved at shutdown
-//! by the worker before it hands the message back, and read by the model stage when the message
+//! by the worker before it hands the message back, and read by the infer stage when the message
 //! comes again (on any worker), so the generation continues instead of starting over. Keyed by
 //! record id, model and the hash of the record's prompt and options, and read only by the
 //! weights that wrote it (a model swapped under the same name starts over). A committed result

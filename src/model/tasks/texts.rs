@@ -1,6 +1,6 @@
 //! The text tasks (embed, classify, score, tag) as the pipeline sees them ([`Infer`]): a record's
 //! text (and pair, and prompt name) goes to the model thread as it is; the thread's preparer
-//! tokenizes it off the device thread (`model::prepare`). A record the model does not read is
+//! tokenizes it off the device thread (`model::text::prepare`). A record the model does not read is
 //! refused here with the reason ([`unfit`]).
 
 use crate::model::seam::{text_item, unfit, Infer};

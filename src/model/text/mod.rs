@@ -1,6 +1,6 @@
 //! The text model: a model folder's tokenizer and prompts (`prepare`, `tokenize`, `prompt`), an
 //! engine for its encoder (`super::engines`), and its task's head (`super::tasks`): embed,
-//! classify, score or tag. [`Model::open`] loads it; `predict` runs a batch through its task;
+//! classify, score or tag. [`TextModel::open`] loads it; `predict` runs a batch through its task;
 //! `budget` splits a batch within `--max-batch-tokens`.
 
 pub(super) mod budget;
@@ -49,7 +49,7 @@ pub struct Embedded {
 
 /// A loaded model: its preparation (tokenizer, prompts: `prepare`), an engine for its encoder,
 /// and its task's head; `predict` runs its task on a batch.
-pub struct Model {
+pub struct TextModel {
     engine: Engine,
     prep: Arc<TextPrep>,
     head: TaskHead,
@@ -60,9 +60,9 @@ pub struct Model {
     precision: Option<PrecisionCheck>,
 }
 
-impl Model {
+impl TextModel {
     /// Loads the model in `dir` as its own files describe it, on `device` with the default
-    /// encoder and precision: [`Model::open`] with [`LoadOptions::new`].
+    /// encoder and precision: [`TextModel::open`] with [`LoadOptions::new`].
     pub fn load(dir: &Path, device: DeviceChoice) -> Result<Self, ModelError> {
         Self::open(dir, &LoadOptions::new(device))
     }
@@ -163,14 +163,14 @@ impl Model {
 
     /// Measures where the candle encoder's batches spend their time ([`DeviceStages`]: inputs
     /// to the device, the layers, results back), synchronising the device after each stage.
-    /// The fused encoder has no device stages: [`Model::device_stages`] stays none.
+    /// The fused encoder has no device stages: [`TextModel::device_stages`] stays none.
     pub fn with_device_profile(mut self) -> Self {
         self.engine.profile_stages();
         self
     }
 
     /// Where the candle encoder's batches have spent their time, when
-    /// [`Model::with_device_profile`] asked for it.
+    /// [`TextModel::with_device_profile`] asked for it.
     pub fn device_stages(&self) -> Option<DeviceStages> {
         self.engine.stages()
     }
@@ -211,7 +211,7 @@ impl Model {
         self.prep.tokenizer.encode(texts)
     }
 
-    /// [`Model::tokenize`] by the `tokenizers` crate alone, without the WordPiece fast path
+    /// [`TextModel::tokenize`] by the `tokenizers` crate alone, without the WordPiece fast path
     /// (`wordpiece`), and whether this model has that path: for tests that compare the two.
     pub fn tokenize_without_fast_path(
         &self,
@@ -264,13 +264,13 @@ pub(super) fn plain(text: &str) -> Input<'_> {
 }
 
 /// A text model runs on the model thread with its tokenizing done before (`prepare`).
-impl super::Predict for Model {
+impl super::Predict for TextModel {
     fn info(&self) -> &ModelInfo {
-        Model::info(self)
+        TextModel::info(self)
     }
 
     fn predict_items(&self, items: &[Item]) -> Result<Predicted, ModelError> {
-        Model::predict_items(self, items)
+        TextModel::predict_items(self, items)
     }
 
     fn preparer(&self) -> Option<Arc<dyn super::Prepare>> {

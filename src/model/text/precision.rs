@@ -3,7 +3,7 @@
 //! [`MIN_PROBE_COSINE`] of f32, else f32. The one statement of the accuracy promise is
 //! docs/performance.md, "The accuracy promise"; this is where it is kept.
 
-use super::Model;
+use super::TextModel;
 use crate::model::engines::fused::{precision_name, reduced_candidates};
 use crate::model::engines::Engine;
 use crate::model::{cosine, Input, ModelError, Precision, Task};
@@ -75,7 +75,7 @@ impl std::fmt::Display for PrecisionCheck {
     }
 }
 
-impl Model {
+impl TextModel {
     /// Settles the fused encoder's precision: the one asked for, or for `auto` the first of
     /// [`reduced_candidates`] whose probe vectors stay within [`MIN_COSINE`] of f32's, else f32
     /// (with the reason logged). The f32 weights are freed once a packed copy replaces them.
@@ -184,7 +184,7 @@ impl Model {
     }
 }
 
-impl Model {
+impl TextModel {
     /// Runs `texts` through the fused encoder (in f32) recording each dense layer's input
     /// ranges, from which int8 smooths its inputs.
     fn calibrate(&self, texts: &[&str]) -> Result<(), ModelError> {

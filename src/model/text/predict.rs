@@ -1,17 +1,17 @@
-//! [`Model::predict`]: one batch through the model's task, whatever the task. The inputs arrive
+//! [`TextModel::predict`]: one batch through the model's task, whatever the task. The inputs arrive
 //! tokenized ([`Item::Tokens`], prepared off the model thread by `super::prepare`) or as texts,
 //! which are tokenized here the same way; then the engine, and the task's head: pooling and the
 //! Dense/Normalize head for embeddings, the first token's row for a sequence head, every token's
 //! row for the tagger.
 
-use super::{budget, Model, TaskHead};
+use super::{budget, TaskHead, TextModel};
 use crate::model::tasks::{Head, SequenceHead, TokenHead};
 use crate::model::Output;
 use crate::model::Tokenized;
 use crate::model::{Input, Item, ModelError, Predicted, TokenIds};
 use std::time::Instant;
 
-impl Model {
+impl TextModel {
     /// Computes the model's task for a batch: embeddings, labels, pair scores or entities.
     pub fn predict(&self, inputs: &[Input<'_>]) -> Result<Predicted, ModelError> {
         let started = Instant::now();
@@ -19,7 +19,7 @@ impl Model {
         self.compute(&tokenized.iter().collect::<Vec<_>>(), started)
     }
 
-    /// [`Model::predict`] for the model thread's items: texts are tokenized here, tokens taken
+    /// [`TextModel::predict`] for the model thread's items: texts are tokenized here, tokens taken
     /// as they are; an image or a prompt fails the batch as the input's fault.
     pub(super) fn predict_items(&self, items: &[Item]) -> Result<Predicted, ModelError> {
         let started = Instant::now();

@@ -11,7 +11,7 @@
 //!   token, stop string, length, interruption).
 //!
 //! [`LanguageModel`] puts them together: requests in, completions out. What a record asks for
-//! and what its result row holds is the task's (`task::generate`).
+//! and what its result row holds is the task's (`tasks::generate`).
 
 mod decode;
 pub mod gguf_tokenizer;
