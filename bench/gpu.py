@@ -166,12 +166,14 @@ def check_correctness(args, st_model_dir, model):
     ids = [f"t{i:07d}" for i in range(len(texts))]
     # .float(): transformers 5 loads a checkpoint in its stored dtype, and an f16 checkpoint would
     # make the "fp32" reference an fp16 one.
-    model = SentenceTransformer(st_model_dir, device="cuda").float()
-    model.max_seq_length = 256
-    assert next(model.parameters()).dtype == torch.float32
-    reference = model.encode(texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True)
-    st16 = model.half().encode(texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True)
-    del model
+    # `model` stays the folder spotinfer is given; the peer gets its own name (rebinding `model`
+    # and deleting it made the spotinfer runs below fail with UnboundLocalError).
+    st = SentenceTransformer(st_model_dir, device="cuda").float()
+    st.max_seq_length = 256
+    assert next(st.parameters()).dtype == torch.float32
+    reference = st.encode(texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True)
+    st16 = st.half().encode(texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True)
+    del st
     torch.cuda.empty_cache()
     result = {"texts": len(texts), "sentence_transformers_fp16": summary(cosines(st16, reference))}
     for precision in ["f32", "f16"]:

@@ -49,7 +49,7 @@ pub async fn fetch_model(
 }
 
 /// The text model as `m` describes it, from `dir` (what [`model_dir`] returned), on this thread.
-pub fn load_embedder(dir: &Path, m: &ModelArgs) -> anyhow::Result<TextModel> {
+pub fn load_text_model(dir: &Path, m: &ModelArgs) -> anyhow::Result<TextModel> {
     if is_generation_model(dir) {
         anyhow::bail!(
             "{} is a generation model: `embed` and `bench` run encoders; run prompt records \

@@ -24,7 +24,7 @@ pub async fn run(a: ModelsArgs) -> anyhow::Result<()> {
                 backend: c.backend,
                 ..LoadOptions::new(DeviceChoice::Cpu)
             };
-            let (embedder, output) =
+            let (model, output) =
                 tokio::task::spawn_blocking(move || -> anyhow::Result<(TextModel, Output)> {
                     let e = TextModel::open(&dir, &options)?;
                     let input = Input {
@@ -37,11 +37,11 @@ pub async fn run(a: ModelsArgs) -> anyhow::Result<()> {
                     Ok((e, output))
                 })
                 .await??;
-            let info = embedder.info();
+            let info = model.info();
             println!("name:           {}", info.name);
             println!("weights hash:   {}", info.hash);
             println!("loaded on:      {} and ran one input", info.device);
-            if let Some(check) = embedder.precision_check() {
+            if let Some(check) = model.precision_check() {
                 println!("precision:      {check}");
             }
             println!("computed:       {}", summary(&output));

@@ -12,9 +12,9 @@ pub async fn embed(mut a: EmbedArgs) -> anyhow::Result<()> {
 }
 
 fn embed_file(a: EmbedArgs) -> anyhow::Result<()> {
-    let embedder = super::load_embedder(&a.model.source.model, &a.model)?;
+    let model = super::load_text_model(&a.model.source.model, &a.model)?;
     let n = offline::embed_file(
-        &embedder,
+        &model,
         &a.input,
         &a.output,
         a.model.max_text_bytes,
@@ -33,23 +33,17 @@ pub async fn bench(mut a: BenchArgs) -> anyhow::Result<()> {
 fn bench_file(a: BenchArgs) -> anyhow::Result<()> {
     let records = offline::read_records(&a.input, a.model.max_text_bytes)?;
     let started = Instant::now();
-    let mut embedder = super::load_embedder(&a.model.source.model, &a.model)?;
+    let mut model = super::load_text_model(&a.model.source.model, &a.model)?;
     if a.profile_device {
-        embedder = embedder.with_device_profile();
+        model = model.with_device_profile();
         anyhow::ensure!(
-            embedder.device_stages().is_some(),
+            model.device_stages().is_some(),
             "--profile-device times the candle encoder's device stages; this model runs on the \
              fused CPU encoder (add --backend candle)"
         );
     }
     let load_seconds = started.elapsed().as_secs_f64();
-    let report = offline::bench(
-        &embedder,
-        &records,
-        a.batch.batch_size,
-        a.warmup,
-        load_seconds,
-    )?;
+    let report = offline::bench(&model, &records, a.batch.batch_size, a.warmup, load_seconds)?;
     println!(
         "{} records, {} tokens in {:.3} s: {:.1} records/s, {:.0} tokens/s on {}; the model \
          computed {:.0}% of the time, tokenizing took {:.3} s beside it",

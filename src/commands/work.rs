@@ -174,35 +174,9 @@ async fn work(
         return Ok(("stopped before the model was loaded".into(), Some(store)));
     };
     metrics.set_model_loaded(true);
-    let longest_batch = window.measured_rate.map(|rate| {
-        let max_tokens = model.info().max_seq_len;
-        let measured = window::CALIBRATION_WORDS.min(max_tokens);
-        telemetry::longest_batch(a.batch.batch_size, rate, max_tokens, measured)
-    });
-    // A generation batch may run as long as its records may, one after another at worst.
-    let generating = model.info().reads == Reads::Prompts;
-    let longest_batch = match a.model.generation.max_generation_seconds {
-        limit if generating && !limit.is_zero() => {
-            Some(limit.saturating_mul(a.batch.batch_size as u32))
-        }
-        _ => longest_batch,
-    };
-    let stall_threshold = telemetry::stall_threshold(
-        a.stall_timeout,
-        a.batch.batch_wait,
-        a.commit_timeout,
-        longest_batch,
-    );
-    metrics.set_stall_threshold(stall_threshold);
     let job_mode = a.exit_when_job_complete.is_some();
-    let short_idle = a.exit_when_idle.zip(longest_batch);
-    if let Some((idle, longest_batch)) = short_idle.filter(|(i, b)| job_mode && i < b) {
-        tracing::warn!(
-            ?idle,
-            ?longest_batch,
-            "--exit-when-idle is shorter than a batch may run without a commit: a job whose last records are all in long batches may be taken for stuck"
-        );
-    }
+    let stall_threshold = stall_rule(a, &model, &window, job_mode);
+    metrics.set_stall_threshold(stall_threshold);
     tracing::info!(
         startup_seconds = started.elapsed().as_secs_f64(),
         window = window.messages,
@@ -212,27 +186,7 @@ async fn work(
         stall_threshold_seconds = stall_threshold.as_secs_f64(),
         "database and model ready"
     );
-    let cfg = WorkerConfig {
-        pubsub: a.pubsub.config(),
-        window,
-        max_outstanding_bytes: a.max_outstanding_bytes,
-        lease_extension: a.lease_extension,
-        max_lease: a.max_lease,
-        batch: BatchConfig {
-            max_records: a.batch.batch_size,
-            max_wait: a.batch.batch_wait,
-            window: window.messages,
-        },
-        max_text_bytes: a.model.max_text_bytes,
-        commit_timeout: a.commit_timeout,
-        shutdown_timeout: a.shutdown_timeout,
-        // In job mode the job watch decides an idle exit: only when the job stops moving too.
-        exit_when_idle: a.exit_when_idle.filter(|_| !job_mode),
-        exactly_once: a.exactly_once,
-        storage_emulator_host: a.model.storage.storage_emulator_host.clone(),
-        max_object_bytes: a.model.storage.max_object_bytes,
-        allowed_buckets: a.model.storage.allowed_buckets.clone(),
-    };
+    let cfg = worker_config(a, window, job_mode);
     if let Some(job) = &a.exit_when_job_complete {
         let watch = JobWatch {
             store: store.clone(),
@@ -259,8 +213,72 @@ async fn work(
     if !pipeline.run_until_stopped(shutdown, notice).await? {
         return Ok(("stopped before it started".into(), Some(store)));
     }
+    let said = summary(metrics, started);
+    Ok((said, Some(store)))
+}
+
+/// The liveness threshold for this model (see `telemetry::stall_threshold`): the longest a
+/// batch may run without a commit, from the measured rate or, for a generation model, from
+/// `--max-generation-seconds`. Warns when a job-mode idle limit is shorter than that.
+fn stall_rule(a: &WorkArgs, model: &ModelHandle, window: &Window, job_mode: bool) -> Duration {
+    let longest_batch = window.measured_rate.map(|rate| {
+        let max_tokens = model.info().max_seq_len;
+        let measured = window::CALIBRATION_WORDS.min(max_tokens);
+        telemetry::longest_batch(a.batch.batch_size, rate, max_tokens, measured)
+    });
+    // A generation batch may run as long as its records may, one after another at worst.
+    let generating = model.info().reads == Reads::Prompts;
+    let longest_batch = match a.model.generation.max_generation_seconds {
+        limit if generating && !limit.is_zero() => {
+            Some(limit.saturating_mul(a.batch.batch_size as u32))
+        }
+        _ => longest_batch,
+    };
+    let short_idle = a.exit_when_idle.zip(longest_batch);
+    if let Some((idle, longest_batch)) = short_idle.filter(|(i, b)| job_mode && i < b) {
+        tracing::warn!(
+            ?idle,
+            ?longest_batch,
+            "--exit-when-idle is shorter than a batch may run without a commit: a job whose last records are all in long batches may be taken for stuck"
+        );
+    }
+    telemetry::stall_threshold(
+        a.stall_timeout,
+        a.batch.batch_wait,
+        a.commit_timeout,
+        longest_batch,
+    )
+}
+
+/// The pipeline's settings from the flags and the measured window.
+fn worker_config(a: &WorkArgs, window: Window, job_mode: bool) -> WorkerConfig {
+    WorkerConfig {
+        pubsub: a.pubsub.config(),
+        window,
+        max_outstanding_bytes: a.max_outstanding_bytes,
+        lease_extension: a.lease_extension,
+        max_lease: a.max_lease,
+        batch: BatchConfig {
+            max_records: a.batch.batch_size,
+            max_wait: a.batch.batch_wait,
+            window: window.messages,
+        },
+        max_text_bytes: a.model.max_text_bytes,
+        commit_timeout: a.commit_timeout,
+        shutdown_timeout: a.shutdown_timeout,
+        // In job mode the job watch decides an idle exit: only when the job stops moving too.
+        exit_when_idle: a.exit_when_idle.filter(|_| !job_mode),
+        exactly_once: a.exactly_once,
+        storage_emulator_host: a.model.storage.storage_emulator_host.clone(),
+        max_object_bytes: a.model.storage.max_object_bytes,
+        allowed_buckets: a.model.storage.allowed_buckets.clone(),
+    }
+}
+
+/// What to print after `worker done: `: the worker's counts and its rate since `started`.
+fn summary(metrics: &Metrics, started: Instant) -> String {
     let c = metrics.counts();
-    let said = format!(
+    format!(
         "{} received, {} acked, {} nacked, {} released at shutdown, {} results committed, {} failed payloads recorded, {:.1} records/s",
         c.received,
         c.acked,
@@ -269,8 +287,7 @@ async fn work(
         c.committed,
         c.failed,
         c.committed as f64 / started.elapsed().as_secs_f64().max(1e-9)
-    );
-    Ok((said, Some(store)))
+    )
 }
 
 /// The pipeline and what it runs with, so it can be run again after an early drain.

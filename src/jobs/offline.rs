@@ -87,7 +87,7 @@ const EMBED_CHUNK: usize = 8192;
 /// `output` only once complete: an interrupted run leaves no half-written file under that name.
 /// Returns how many records were embedded.
 pub fn embed_file(
-    embedder: &TextModel,
+    model: &TextModel,
     input: &std::path::Path,
     output: &std::path::Path,
     max_text_bytes: usize,
@@ -97,7 +97,7 @@ pub fn embed_file(
     let mut partial = output.as_os_str().to_owned();
     partial.push(".partial");
     let partial = std::path::PathBuf::from(partial);
-    let written = write_vectors(embedder, &mut records, &partial, batch_size);
+    let written = write_vectors(model, &mut records, &partial, batch_size);
     let io = |source| OfflineError::Io {
         path: output.display().to_string(),
         source,
@@ -114,7 +114,7 @@ pub fn embed_file(
 
 /// Embeds `records` chunk by chunk into `path`, synced to disk; returns how many.
 fn write_vectors(
-    embedder: &TextModel,
+    model: &TextModel,
     records: &mut impl Iterator<Item = Result<Record, OfflineError>>,
     path: &std::path::Path,
     batch_size: usize,
@@ -133,8 +133,8 @@ fn write_vectors(
         if chunk.is_empty() {
             break;
         }
-        let (outputs, _) = predict_all(embedder, &chunk, batch_size)?;
-        let labels = &embedder.info().labels;
+        let (outputs, _) = predict_all(model, &chunk, batch_size)?;
+        let labels = &model.info().labels;
         for (r, output) in chunk.iter().zip(outputs) {
             let mut line = serde_json::Map::new();
             line.insert("id".into(), r.id.clone().into());
@@ -164,11 +164,11 @@ pub fn length_sorted_batches(records: &[Record], batch_size: usize) -> Vec<Vec<u
 /// Runs the model over every record (with the default prompt); results come back in input
 /// order, with the tokens computed.
 pub fn predict_all(
-    embedder: &TextModel,
+    model: &TextModel,
     records: &[Record],
     batch_size: usize,
 ) -> Result<(Vec<Output>, usize), OfflineError> {
-    let run = predict_ahead(embedder, records, batch_size)?;
+    let run = predict_ahead(model, records, batch_size)?;
     Ok((run.outputs, run.tokens))
 }
 
@@ -192,12 +192,12 @@ struct Run {
 ///
 /// [`TextPrep::tokenize_parallel`]: crate::model::text::prepare::TextPrep::tokenize_parallel
 fn predict_ahead(
-    embedder: &TextModel,
+    model: &TextModel,
     records: &[Record],
     batch_size: usize,
 ) -> Result<Run, OfflineError> {
     let batches = length_sorted_batches(records, batch_size);
-    let prep = embedder.prep().clone();
+    let prep = model.prep().clone();
     let mut run = Run {
         outputs: vec![Output::Embedding(Vec::new()); records.len()],
         tokens: 0,
@@ -223,7 +223,7 @@ fn predict_ahead(
         });
         for (batch, tokenized) in batches.iter().zip(rx.iter()) {
             let tokenized = tokenized?;
-            let out = embedder.compute(&tokenized.iter().collect::<Vec<_>>(), Instant::now())?;
+            let out = model.compute(&tokenized.iter().collect::<Vec<_>>(), Instant::now())?;
             run.model_seconds += out.seconds;
             run.tokens += out.tokens;
             for (&i, v) in batch.iter().zip(out.outputs) {
@@ -315,7 +315,7 @@ fn rusage() -> (f64, f64, f64) {
 
 /// Runs `warmup` untimed batches, then embeds every record once, timed.
 pub fn bench(
-    embedder: &TextModel,
+    model: &TextModel,
     records: &[Record],
     batch_size: usize,
     warmup: usize,
@@ -325,12 +325,12 @@ pub fn bench(
         .iter()
         .take(warmup)
     {
-        embedder.predict(&inputs(records, batch))?;
+        model.predict(&inputs(records, batch))?;
     }
     let (user0, sys0, _) = rusage();
-    let stages0 = embedder.device_stages();
+    let stages0 = model.device_stages();
     let started = Instant::now();
-    let run = predict_ahead(embedder, records, batch_size)?;
+    let run = predict_ahead(model, records, batch_size)?;
     let seconds = started.elapsed().as_secs_f64();
     let tokens = run.tokens;
     let (user1, sys1, peak_kib) = rusage();
@@ -342,8 +342,8 @@ pub fn bench(
         tokens_per_s: tokens as f64 / seconds,
         load_seconds,
         batch_size,
-        device: embedder.info().device.clone(),
-        precision: embedder.precision_check().cloned(),
+        device: model.info().device.clone(),
+        precision: model.precision_check().cloned(),
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         cpu_user_s: user1 - user0,
         cpu_sys_s: sys1 - sys0,
@@ -351,7 +351,7 @@ pub fn bench(
         model_seconds: run.model_seconds,
         model_busy: run.model_seconds / seconds,
         tokenize_seconds: run.tokenize_seconds,
-        device_stages: embedder
+        device_stages: model
             .device_stages()
             .zip(stages0)
             .map(|(after, before)| after.since(&before)),

@@ -23,7 +23,7 @@ pub trait Infer: Send + Sync {
     /// Readies `records` for the model, off its thread: per record, in order, the item the
     /// model computes or why the record cannot be computed (a final failure, never a batch
     /// failure). `None`: the shutdown began first.
-    fn prepare<'a>(
+    fn ready<'a>(
         &'a self,
         records: Vec<&'a mut Record>,
         shutdown: &'a Shutdown,

@@ -77,7 +77,7 @@ async fn ready(batch: Batch, model: &Served, shutdown: &Shutdown) -> Result<AtMo
     } = batch;
     let verdicts = {
         let refs = records.iter_mut().map(|p| &mut p.record).collect();
-        model.prepare(refs, shutdown).await
+        model.ready(refs, shutdown).await
     };
     let Some(verdicts) = verdicts else {
         return Err(Batch { records, rejected });

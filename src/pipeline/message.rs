@@ -49,7 +49,7 @@ impl Delivery {
     }
 }
 
-/// A valid record waiting for its embedding.
+/// A valid record waiting for its result.
 #[derive(Debug)]
 pub struct Pending {
     /// The record.

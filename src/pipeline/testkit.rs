@@ -312,8 +312,8 @@ fn fixture_dir() -> std::path::PathBuf {
 
 /// The fixture model on its thread, on the CPU.
 pub fn model() -> Served {
-    let embedder = TextModel::open(&fixture_dir(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
-    served(spawn(embedder, None))
+    let text_model = TextModel::open(&fixture_dir(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
+    served(spawn(text_model, None))
 }
 
 /// A text model's thread behind the seam, as the worker's factory serves it.
@@ -324,9 +324,9 @@ fn served(handle: ModelHandle) -> Served {
 /// The fixture model on its thread, failing its first `faults` batches (`None`: every batch)
 /// with a device fault ([`crate::model::ModelError::Device`], not the input's).
 pub fn faulty_model(faults: Option<u64>) -> Served {
-    let embedder = TextModel::open(&fixture_dir(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
+    let text_model = TextModel::open(&fixture_dir(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
     served(spawn(
-        embedder,
+        text_model,
         Some(faults.map_or("always".into(), |n| n.to_string())),
     ))
 }
@@ -337,7 +337,7 @@ pub fn faulty_model(faults: Option<u64>) -> Served {
 /// is set around the spawn and its first batch, one lock for every model thread the tests
 /// start: a thread started beside it never sees another's faults. The first batch, spent
 /// here, is one more fault when faults are asked for.
-fn spawn(embedder: TextModel, faults: Option<String>) -> ModelHandle {
+fn spawn(text_model: TextModel, faults: Option<String>) -> ModelHandle {
     static ENV: Mutex<()> = Mutex::new(());
     const VAR: &str = "SPOTINFER_TEST_DEVICE_FAULT";
     let _env = ENV
@@ -351,7 +351,7 @@ fn spawn(embedder: TextModel, faults: Option<String>) -> ModelHandle {
         Some(f) => std::env::set_var(VAR, f),
         None => std::env::remove_var(VAR),
     }
-    let model = ModelHandle::spawn(embedder).unwrap();
+    let model = ModelHandle::spawn(text_model).unwrap();
     // Blocks this thread for one tiny batch: once it is back, the thread has read the variable.
     let first = futures::executor::block_on(
         model.predict(vec![crate::model::Text::from("warm up".to_string())]),
@@ -393,8 +393,8 @@ pub fn poisoned_model(word: &str) -> Served {
         x.copy_from_slice(&f32::NAN.to_le_bytes());
     }
     std::fs::write(dir.path().join("model.safetensors"), bytes).unwrap();
-    let embedder = TextModel::open(dir.path(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
-    served(spawn(embedder, None))
+    let text_model = TextModel::open(dir.path(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
+    served(spawn(text_model, None))
 }
 
 /// The fixture model, panicking on every batch that holds a text containing `word` (a bug
@@ -416,6 +416,6 @@ pub fn panicking_model(word: &str) -> Served {
             self.0.predict_items(items)
         }
     }
-    let embedder = TextModel::open(&fixture_dir(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
-    served(ModelHandle::spawn(Panicking(embedder, word.to_string())).unwrap())
+    let text_model = TextModel::open(&fixture_dir(), &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
+    served(ModelHandle::spawn(Panicking(text_model, word.to_string())).unwrap())
 }

@@ -250,7 +250,7 @@ pub const INTERRUPT_GRACE: Duration = Duration::from_secs(5);
 
 /// A generation model on its thread, serving its task ([`Infer`]), with resumption:
 ///
-/// * before a batch goes to the model ([`Infer::prepare`]), the checkpoint of each record is
+/// * before a batch goes to the model ([`Infer::ready`]), the checkpoint of each record is
 ///   read: a record an earlier worker was interrupted on continues from the tokens it wrote;
 /// * when the batch comes back ([`Infer::settle`]), a record the model refused becomes a
 ///   failure with the reason; one the shutdown interrupted keeps its tokens on the record and
@@ -370,7 +370,7 @@ impl Infer for Generations {
         self.handle.info()
     }
 
-    fn prepare<'a>(
+    fn ready<'a>(
         &'a self,
         mut records: Vec<&'a mut Record>,
         _shutdown: &'a Shutdown,
@@ -510,7 +510,7 @@ mod tests {
     /// The checkpointed tokens `g` readies record `id` with (what its next delivery resumes).
     async fn resumed(g: &Generations, id: &str) -> Vec<u32> {
         let mut r = interrupted(id, &[]);
-        let items = g.prepare(vec![&mut r], &Shutdown::new()).await.unwrap();
+        let items = g.ready(vec![&mut r], &Shutdown::new()).await.unwrap();
         match &items[0] {
             Ok(Item::Generate(_, tokens)) => tokens.clone(),
             other => panic!("{other:?}"),

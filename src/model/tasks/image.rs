@@ -350,7 +350,7 @@ impl Infer for Pictures {
         self.handle.info()
     }
 
-    fn prepare<'a>(
+    fn ready<'a>(
         &'a self,
         mut records: Vec<&'a mut Record>,
         shutdown: &'a Shutdown,

@@ -26,7 +26,7 @@ impl Infer for Texts {
         self.handle.info()
     }
 
-    fn prepare<'a>(
+    fn ready<'a>(
         &'a self,
         records: Vec<&'a mut Record>,
         _shutdown: &'a Shutdown,

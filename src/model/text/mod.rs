@@ -147,7 +147,7 @@ impl TextModel {
             spec.task.task,
             max_seq_len,
         );
-        let mut embedder = Self {
+        let mut model = Self {
             engine,
             prep: Arc::new(prep),
             head,
@@ -156,9 +156,9 @@ impl TextModel {
             precision: None,
         };
         if fused {
-            embedder.choose_cpu_precision(options.precision)?;
+            model.choose_cpu_precision(options.precision)?;
         }
-        Ok(embedder)
+        Ok(model)
     }
 
     /// Measures where the candle encoder's batches spend their time ([`DeviceStages`]: inputs
