@@ -1,6 +1,7 @@
-//! The encoder alone in f32 and in bf16, alternated: records/s of each and the cosine between
-//! their vectors, on random token ids of realistic lengths. For tuning the kernels; the figures
-//! of record come from `spotinfer bench` and bench/compare.py.
+//! The encoder alone in f32, bf16 and int8, alternated: records/s of each (with the kernels
+//! that ran and the CPU model) and the worst cosine of bf16's and int8's vectors against f32's,
+//! on random token ids of realistic lengths. For tuning the kernels; the figures of record come
+//! from `spotinfer bench` and bench/compare.py.
 //!
 //!     cargo run --release -p spotinfer-fused-cpu --example precision -- MODEL.safetensors [ROUNDS]
 //!
@@ -69,29 +70,52 @@ fn main() {
             .collect();
         (texts.len() as f64 / started.elapsed().as_secs_f64(), v)
     };
-    let (mut f, mut b) = (Vec::new(), Vec::new());
-    let mut worst = 1.0f64;
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(str::to_owned)
+        })
+        .unwrap_or_default();
+    println!("{cpu}");
+    let calibration: Vec<Tokens<'_>> = batches[batches.len() / 2].clone();
+    bert.calibrate(&calibration).expect("calibrate");
+    let sides = [Precision::F32, Precision::Bf16, Precision::Int8];
+    let mut rates = vec![Vec::new(); sides.len()];
+    let mut worst = vec![1.0f64; sides.len()];
+    let mut kernels = vec![""; sides.len()];
     for r in 0..rounds {
-        let (rf, vf) = run(&mut bert, Precision::F32);
-        let (rb, vb) = run(&mut bert, Precision::Bf16);
-        for (x, y) in vf.iter().zip(&vb) {
-            let dot: f64 = x.iter().zip(y).map(|(a, b)| f64::from(a * b)).sum();
-            let nx: f64 = x.iter().map(|a| f64::from(a * a)).sum::<f64>().sqrt();
-            let ny: f64 = y.iter().map(|a| f64::from(a * a)).sum::<f64>().sqrt();
-            worst = worst.min(dot / (nx * ny));
+        let mut reference = Vec::new();
+        for (i, &p) in sides.iter().enumerate() {
+            let (rate, v) = run(&mut bert, p);
+            kernels[i] = bert.kernels();
+            if i == 0 {
+                reference = v;
+            } else {
+                for (x, y) in reference.iter().zip(&v) {
+                    worst[i] = worst[i].min(cosine(x, y));
+                }
+            }
+            println!("round {r}: {p:?} on {}: {rate:.1} rec/s", kernels[i]);
+            rates[i].push(rate);
         }
-        println!(
-            "round {r}: f32 {rf:.1} rec/s, bf16 {rb:.1} rec/s, {:.2}x",
-            rb / rf
-        );
-        f.push(rf);
-        b.push(rb);
     }
-    f.sort_by(f64::total_cmp);
-    b.sort_by(f64::total_cmp);
-    let (mf, mb) = (f[f.len() / 2], b[b.len() / 2]);
-    println!(
-        "median: f32 {mf:.1} rec/s, bf16 {mb:.1} rec/s, {:.2}x; worst cosine {worst:.7}",
-        mb / mf
-    );
+    for (i, p) in sides.iter().enumerate() {
+        rates[i].sort_by(f64::total_cmp);
+        let median = rates[i][rates[i].len() / 2];
+        println!(
+            "median {p:?} on {}: {median:.1} rec/s, {:.2}x f32; worst cosine against f32 {:.7}",
+            kernels[i],
+            median / rates[0][rates[0].len() / 2],
+            worst[i]
+        );
+    }
+}
+
+fn cosine(x: &[f32], y: &[f32]) -> f64 {
+    let dot: f64 = x.iter().zip(y).map(|(a, b)| f64::from(a * b)).sum();
+    let nx: f64 = x.iter().map(|a| f64::from(a * a)).sum::<f64>().sqrt();
+    let ny: f64 = y.iter().map(|a| f64::from(a * a)).sum::<f64>().sqrt();
+    dot / (nx * ny)
 }

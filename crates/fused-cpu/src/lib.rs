@@ -29,6 +29,16 @@ mod weights;
 pub use decoder::{CpuDecoder, DecoderDims, KvCache, Step};
 pub use encoder::{CpuBert, SMALL_BATCH_MACS};
 pub use error::FusedError;
+/// Whether bf16 products run on AMX tiles here (the CPU has AMX-BF16 and Linux granted the tile
+/// state): then bf16 is the fastest precision, int8 on AVX-512 VNNI included.
+#[cfg(target_arch = "x86_64")]
+pub use packed::amx::supported as amx_supported;
 pub use packed::bf16::{full_rate as bf16_full_rate, supported as bf16_supported};
 pub use types::{int8_kernels, int8_supported, Dims, Layout, Pooling, Precision, Tokens};
 pub use vision::{CpuVision, VisionDims, VisionLayout};
+
+/// Whether bf16 products run on AMX tiles here: never off x86-64.
+#[cfg(not(target_arch = "x86_64"))]
+pub fn amx_supported() -> bool {
+    false
+}

@@ -166,6 +166,9 @@ impl Precision {
             Self::Bf16 if !Format::Bf16.supported() => {
                 Err("bf16 needs a CPU with AVX-512 BF16 (avx512_bf16); this one has none".into())
             }
+            // AMX's tiles where the CPU and Linux give them; the same products, many times the
+            // rate.
+            Self::Bf16 if Format::Bf16Amx.supported() => Ok(Some(Format::Bf16Amx)),
             Self::Bf16 => Ok(Some(Format::Bf16)),
             Self::Int8 => Dot::best(avx2_only)
                 .map(|dot| Some(Format::Int8(dot)))

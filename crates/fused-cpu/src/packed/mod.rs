@@ -17,6 +17,8 @@
 //! four). The driver below (blocks, threads, tiles) is shared; each format brings its row
 //! conversion and its kernels.
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod amx;
 pub(crate) mod bf16;
 pub(crate) mod f32;
 pub(crate) mod int8;
@@ -39,8 +41,12 @@ pub(crate) const MR: usize = 6;
 /// (int8's tiles are half as wide: each needs i32 sums for a group beside its f32 sums.)
 pub(crate) const NR: usize = 4;
 /// Rows converted and multiplied together, so their converted copy stays in the core's L2 while
-/// every panel passes over them.
+/// every panel passes over them. A multiple of two AMX row tiles: the AMX kernel reads whole
+/// tiles of converted rows (those past the last are read, not stored).
 pub(crate) const MC: usize = 64;
+/// An AMX row tile's rows, and a weight tile's depth in steps (see [`amx`]).
+const AMX_TILE_ROWS: usize = 16;
+const AMX_DEPTH: usize = 16;
 
 /// The number format of a packed weight matrix and of the products computed on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +55,9 @@ pub(crate) enum Format {
     F32(Fma),
     /// bf16 products, f32 sums, on AVX-512 BF16.
     Bf16,
+    /// bf16 products, f32 sums, on AMX tiles: the same packing and row conversion as `Bf16`,
+    /// its steps padded to a tile's depth.
+    Bf16Amx,
     /// int8 products, i32 sums: weights per output column, rows per row, on the integer dot
     /// products named.
     Int8(Dot),
@@ -59,7 +68,7 @@ impl Format {
     const fn per_lane(self) -> usize {
         match self {
             Self::F32(_) => 1,
-            Self::Bf16 => 2,
+            Self::Bf16 | Self::Bf16Amx => 2,
             Self::Int8(_) => 4,
         }
     }
@@ -70,6 +79,7 @@ impl Format {
     const fn tile_panels(self) -> usize {
         match self {
             Self::F32(Fma::Avx512) | Self::Bf16 => NR,
+            Self::Bf16Amx => 2,
             Self::Int8(Dot::Avx512Vnni) => NR / 2,
             Self::F32(Fma::Avx2) | Self::Int8(_) => 1,
         }
@@ -80,6 +90,7 @@ impl Format {
     const fn tile_rows(self) -> usize {
         match self {
             Self::Int8(Dot::Avx2) => 4,
+            Self::Bf16Amx => 2 * AMX_TILE_ROWS,
             _ => MR,
         }
     }
@@ -89,6 +100,10 @@ impl Format {
         match self {
             Self::F32(fma) => fma.supported(),
             Self::Bf16 => bf16::supported(),
+            #[cfg(target_arch = "x86_64")]
+            Self::Bf16Amx => amx::supported(),
+            #[cfg(not(target_arch = "x86_64"))]
+            Self::Bf16Amx => false,
             Self::Int8(dot) => dot.supported(),
         }
     }
@@ -99,6 +114,7 @@ impl Format {
             Self::F32(Fma::Avx512) => "AVX-512",
             Self::F32(Fma::Avx2) => "AVX2/FMA",
             Self::Bf16 => "AVX-512 BF16",
+            Self::Bf16Amx => "AMX-BF16",
             Self::Int8(dot) => dot.name(),
         }
     }
@@ -141,7 +157,11 @@ impl PackedWeights {
         );
         let n = w.len() / k;
         let per = format.per_lane();
-        let steps = k.div_ceil(per);
+        let steps = match format {
+            // A weight tile is 16 steps deep: the tail is padded with zero weights.
+            Format::Bf16Amx => k.div_ceil(per).next_multiple_of(AMX_DEPTH),
+            _ => k.div_ceil(per),
+        };
         let panels = n.div_ceil(PANEL);
         let smoothed: Vec<f32>;
         let (w, input_scales) = match format {
@@ -173,7 +193,9 @@ impl PackedWeights {
                     let v = w[col * k + i];
                     match format {
                         Format::F32(_) => v.to_bits(),
-                        Format::Bf16 => u32::from(half::bf16::from_f32(v).to_bits()) << (16 * j),
+                        Format::Bf16 | Format::Bf16Amx => {
+                            u32::from(half::bf16::from_f32(v).to_bits()) << (16 * j)
+                        }
                         Format::Int8(_) => u32::from(quantised[col * k + i] as u8) << (8 * j),
                     }
                 })
@@ -330,7 +352,7 @@ unsafe fn run_block(
             let dst = &mut rows[r * steps..][..steps];
             match w.format {
                 Format::F32(_) => f32::convert(row, dst),
-                Format::Bf16 => bf16::convert(row, dst),
+                Format::Bf16 | Format::Bf16Amx => bf16::convert(row, dst),
                 Format::Int8(dot) => {
                     int8::convert(row, dst, &mut params[r * per_row..][..per_row], dot)
                 }
@@ -373,6 +395,10 @@ unsafe fn multiply(format: Format, tile: &Tile, height: usize, panels: usize) {
         Format::F32(Fma::Avx2) => for_each_shape!(@rows f32::kernel_avx2, tile, height, 1),
         #[cfg(target_arch = "x86_64")]
         Format::Bf16 => for_each_shape!(bf16::kernel, tile, height, panels),
+        #[cfg(target_arch = "x86_64")]
+        Format::Bf16Amx if panels == 2 => amx::kernel::<2>(tile, height),
+        #[cfg(target_arch = "x86_64")]
+        Format::Bf16Amx => amx::kernel::<1>(tile, height),
         #[cfg(target_arch = "x86_64")]
         Format::Int8(Dot::Avx512Vnni) => for_each_shape!(int8::kernel, tile, height, panels),
         #[cfg(target_arch = "x86_64")]
@@ -505,7 +531,7 @@ mod tests {
             v.chunks(k)
                 .flat_map(|r| match format {
                     Format::F32(_) => r.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(),
-                    Format::Bf16 => r.iter().map(|&v| round(v)).collect(),
+                    Format::Bf16 | Format::Bf16Amx => r.iter().map(|&v| round(v)).collect(),
                     Format::Int8(dot) if activations => r
                         .chunks(int8::GROUP)
                         .flat_map(|g| {
@@ -555,6 +581,7 @@ mod tests {
             Format::F32(Fma::Avx512),
             Format::F32(Fma::Avx2),
             Format::Bf16,
+            Format::Bf16Amx,
         ]
         .into_iter()
         .chain(dots.into_iter().map(Format::Int8))

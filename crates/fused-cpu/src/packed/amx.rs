@@ -1,0 +1,169 @@
+//! The dense layers in bf16 with f32 sums, on AMX tiles (Intel Sapphire Rapids and later:
+//! Google Cloud's C3, C4 and N4).
+//!
+//! One `tdpbf16ps` multiplies a 16 × 32 bf16 tile of rows by a 32 × 16 tile of weights into
+//! 16 × 16 f32 sums: 16,384 multiply-adds, against `vdpbf16ps`'s 32. The weights are packed
+//! exactly as for the AVX-512 BF16 kernel ([`super::bf16`]): in a panel, each step's 16 columns
+//! of input pairs side by side, 64 bytes a step, which is the layout a weight tile is loaded in;
+//! only their steps are padded to a multiple of 16 (one tile's depth) with zeros. The rows are
+//! rounded to bf16 by the same conversion, so AMX and AVX-512 BF16 compute the same products;
+//! only the order in which the f32 sums are added differs.
+//!
+//! Rust's AMX intrinsics are nightly-only, so the instructions are written as inline assembly;
+//! the tile registers are never touched by compiled code, so they hold their values between the
+//! `asm!` blocks of one kernel call. Linux hands a process the tile state only on request
+//! (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`): [`supported`] asks once.
+
+use super::{Tile, PANEL};
+
+use super::{AMX_DEPTH as DEPTH, AMX_TILE_ROWS as TILE_ROWS};
+
+/// Whether this CPU and kernel run AMX bf16 products: the CPU reports AMX-TILE and AMX-BF16,
+/// the AVX-512 BF16 conversion the rows go through is there, and Linux granted the process the
+/// tile state (asked once, on the first call).
+pub fn supported() -> bool {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        static GRANTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *GRANTED.get_or_init(|| cpu_has_amx_bf16() && super::bf16::supported() && request_tiles())
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    {
+        false
+    }
+}
+
+/// CPUID leaf 7: AMX-BF16 (EDX bit 22) and AMX-TILE (EDX bit 24).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn cpu_has_amx_bf16() -> bool {
+    if std::arch::x86_64::__cpuid(0).eax < 7 {
+        return false;
+    }
+    let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
+    edx & (1 << 22) != 0 && edx & (1 << 24) != 0
+}
+
+/// Asks Linux for the AMX tile data state; false where the kernel refuses it (a kernel before
+/// 5.16, or one that disabled AMX).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn request_tiles() -> bool {
+    const SYS_ARCH_PRCTL: i64 = 158;
+    const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+    const XFEATURE_XTILEDATA: i64 = 18;
+    let result: i64;
+    // SAFETY: the arch_prctl system call with these arguments changes only which register
+    // state this process may use; it reads and writes no memory of ours.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") SYS_ARCH_PRCTL => result,
+            in("rdi") ARCH_REQ_XCOMP_PERM,
+            in("rsi") XFEATURE_XTILEDATA,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    result == 0
+}
+
+/// The tile configuration every kernel call loads: palette 1; tmm0–3 the sums (16 rows of 16
+/// f32), tmm4–5 two row tiles (16 rows of 32 bf16), tmm6–7 two weight tiles (16 steps of 16
+/// columns' pairs). Every tile is 16 rows of 64 bytes.
+#[repr(C, align(64))]
+struct Config([u8; 64]);
+
+impl Config {
+    const fn full() -> Self {
+        let mut c = [0u8; 64];
+        c[0] = 1;
+        let mut t = 0;
+        while t < 8 {
+            c[16 + 2 * t] = 64;
+            c[48 + t] = 16;
+            t += 1;
+        }
+        Self(c)
+    }
+}
+
+static CONFIG: Config = Config::full();
+
+/// `tileloadd tmmN, [ptr + stride]`, and the other tile instructions, by register number.
+macro_rules! tile {
+    (zero $n:literal) => {
+        std::arch::asm!(concat!("tilezero tmm", $n), options(nostack))
+    };
+    (load $n:literal, $ptr:expr, $stride:expr) => {
+        std::arch::asm!(
+            concat!("tileloadd tmm", $n, ", [{p} + {s}*1]"),
+            p = in(reg) $ptr,
+            s = in(reg) $stride,
+            options(nostack, readonly),
+        )
+    };
+    (dot $c:literal, $a:literal, $b:literal) => {
+        std::arch::asm!(
+            concat!("tdpbf16ps tmm", $c, ", tmm", $a, ", tmm", $b),
+            options(nostack, nomem),
+        )
+    };
+    (store $n:literal, $ptr:expr) => {
+        std::arch::asm!(
+            concat!("tilestored [{p} + {s}*1], tmm", $n),
+            p = in(reg) $ptr,
+            s = in(reg) 64usize,
+            options(nostack),
+        )
+    };
+}
+
+/// Up to 32 rows (two row tiles; the second only when `height` > 16) by `P` (1 or 2) panels of
+/// the product, the sums over every step in tiles; then bias and store the `height` rows.
+///
+/// # Safety
+/// [`supported`]; the tile's rows cover 32 rows of `steps` lanes (rows past `height` are read
+/// but not stored), `steps` is a multiple of [`DEPTH`], and its weights cover `P` panels.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn kernel<const P: usize>(t: &Tile, height: usize) {
+    let two = height > TILE_ROWS;
+    let row_stride = t.steps * 4;
+    let panel = t.steps * PANEL;
+    std::arch::asm!("ldtilecfg [{0}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
+    tile!(zero 0);
+    tile!(zero 1);
+    tile!(zero 2);
+    tile!(zero 3);
+    for c in (0..t.steps).step_by(DEPTH) {
+        let a = t.rows.add(c);
+        let w = t.weights.add(c * PANEL);
+        tile!(load 4, a, row_stride);
+        tile!(load 6, w, 64usize);
+        tile!(dot 0, 4, 6);
+        if P == 2 {
+            tile!(load 7, w.add(panel), 64usize);
+            tile!(dot 1, 4, 7);
+        }
+        if two {
+            tile!(load 5, a.add(TILE_ROWS * t.steps), row_stride);
+            tile!(dot 2, 5, 6);
+            if P == 2 {
+                tile!(dot 3, 5, 7);
+            }
+        }
+    }
+    let mut sums = [[[0f32; PANEL]; TILE_ROWS]; 4];
+    tile!(store 0, sums[0].as_mut_ptr());
+    tile!(store 1, sums[1].as_mut_ptr());
+    tile!(store 2, sums[2].as_mut_ptr());
+    tile!(store 3, sums[3].as_mut_ptr());
+    let cols = t.cols.min(P * PANEL);
+    for r in 0..height {
+        let (half, row) = (r / TILE_ROWS, r % TILE_ROWS);
+        let out = std::slice::from_raw_parts_mut(t.out.add(r * t.n), cols);
+        for (c, o) in out.iter_mut().enumerate() {
+            let v = sums[half * 2 + c / PANEL][row][c % PANEL];
+            *o = v + t.bias.map_or(0.0, |b| *b.add(c));
+        }
+    }
+}
