@@ -111,6 +111,7 @@ def main():
     import torch
 
     started = time.perf_counter()
+    model_dir = a.model or default_model()
     model = load_model(model_dir)
     assert next(model.parameters()).dtype == torch.float32
     reference = model.encode(texts, batch_size=a.batch_size, convert_to_numpy=True,

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """The PyTorch baseline for `spotinfer bench`: sentence-transformers on the CPU.
 
-    python bench/st_encode.py --input corpus.jsonl [--batch-size 32] [--model DIR]
+    python bench/st_encode.py --input corpus.jsonl [--batch-size 32] [--model DIR] [--bf16]
 
 Reads the same JSONL records, runs one untimed warm-up batch, then times
 `model.encode(texts, batch_size=32, normalize_embeddings=True)` (which sorts by length itself)
 and prints one JSON object with the figures, shaped like `spotinfer bench`'s last line.
+`--bf16` casts the model to bfloat16 first, as a PyTorch user on an AMX Xeon would (oneDNN
+then multiplies on AMX tiles; `ONEDNN_VERBOSE=1` shows which kernels ran).
 """
 import argparse
 import json
@@ -20,12 +22,15 @@ def main():
     p.add_argument("--model", help="sentence-transformers model folder (default: the package's)")
     p.add_argument("--input", required=True)
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--bf16", action="store_true", help="cast the model to bfloat16 first")
     args = p.parse_args()
 
     import torch
 
     t0 = time.perf_counter()
     model = load_model(args.model or default_model())
+    if args.bf16:
+        model = model.to(torch.bfloat16)
     load_seconds = time.perf_counter() - t0
     with open(args.input, encoding="utf-8") as f:
         texts = [json.loads(line)["text"] for line in f if line.strip()]
@@ -52,6 +57,7 @@ def main():
         "peak_rss_mib": after.ru_maxrss / 1024,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "dtype": "bfloat16" if args.bf16 else "float32",
     }))
 
 

@@ -157,13 +157,40 @@ pub(crate) unsafe fn kernel<const P: usize>(t: &Tile, height: usize) {
     tile!(store 1, sums[1].as_mut_ptr());
     tile!(store 2, sums[2].as_mut_ptr());
     tile!(store 3, sums[3].as_mut_ptr());
-    let cols = t.cols.min(P * PANEL);
-    for r in 0..height {
-        let (half, row) = (r / TILE_ROWS, r % TILE_ROWS);
-        let out = std::slice::from_raw_parts_mut(t.out.add(r * t.n), cols);
-        for (c, o) in out.iter_mut().enumerate() {
-            let v = sums[half * 2 + c / PANEL][row][c % PANEL];
-            *o = v + t.bias.map_or(0.0, |b| *b.add(c));
+    store(t, &sums, height, P);
+}
+
+/// Adds the bias to the tile sums and writes the `height` rows' columns that exist, 16 at a
+/// time (the last panel masked), so the store costs a few instructions per row, not one per sum.
+///
+/// # Safety
+/// AVX-512 F (implied by [`supported`]); the tile's output covers `height` rows and `cols`
+/// columns from its first, and its bias (if any) as many.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn store(t: &Tile, sums: &[[[f32; PANEL]; TILE_ROWS]; 4], height: usize, panels: usize) {
+    use std::arch::x86_64::*;
+    let cols = t.cols.min(panels * PANEL);
+    for p in 0..panels {
+        let first = p * PANEL;
+        if first >= cols {
+            break;
+        }
+        let left = (cols - first).min(PANEL);
+        let mask: __mmask16 = if left == PANEL {
+            0xffff
+        } else {
+            (1u16 << left) - 1
+        };
+        let bias = match t.bias {
+            Some(b) => _mm512_maskz_loadu_ps(mask, b.add(first)),
+            None => _mm512_setzero_ps(),
+        };
+        for r in 0..height {
+            let (half, row) = (r / TILE_ROWS, r % TILE_ROWS);
+            let v = _mm512_loadu_ps(sums[half * 2 + p][row].as_ptr());
+            let out = t.out.add(r * t.n + first);
+            _mm512_mask_storeu_ps(out, mask, _mm512_add_ps(v, bias));
         }
     }
 }
