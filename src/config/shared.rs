@@ -134,8 +134,9 @@ pub struct ModelArgs {
     #[arg(long, env = "SPOTINFER_BACKEND", value_parser = choice::<Backend>(), default_value = "auto")]
     pub backend: Backend,
     /// Precision of the encoder's matrix products: `auto` (for an embedding model f16 on CUDA;
-    /// on the CPU int8 where the CPU has integer dot products (AVX-512 VNNI, AVX-VNNI, AVX2,
-    /// Arm's dotprod), else bf16 where it has full-rate AVX-512 BF16, whichever first keeps
+    /// on the CPU bf16 on AMX tiles where the CPU has them, then int8 where it has integer dot
+    /// products (AVX-512 VNNI, AVX-VNNI, AVX2, Arm's dotprod), then bf16 where it has full-rate
+    /// AVX-512 BF16, whichever first keeps
     /// every probe text (35, in 26 languages, under the model's prompts) within cosine 0.99985
     /// of f32 at load, so that every vector stays within 0.999, else f32; for a classify, score
     /// or tag model f32, whose labels a drift can flip), `f32`, `bf16` or `int8` (fused CPU

@@ -85,6 +85,23 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
     dot(a, b) / (dot(a, a) * dot(b, b)).sqrt()
 }
 
+/// Type ids for the reference texts: all zero (single texts).
+fn type_ids(want: &[(Vec<u32>, Vec<f32>)]) -> Vec<Vec<u32>> {
+    want.iter().map(|(ids, _)| vec![0; ids.len()]).collect()
+}
+
+/// The reference texts as the encoder takes them.
+fn tokens<'a>(want: &'a [(Vec<u32>, Vec<f32>)], types: &'a [Vec<u32>]) -> Vec<Tokens<'a>> {
+    want.iter()
+        .zip(types)
+        .map(|((ids, _), type_ids)| Tokens {
+            ids,
+            type_ids,
+            skip: 0,
+        })
+        .collect()
+}
+
 /// The worst cosine of the encoder's vectors against the reference, every text in one batch.
 fn worst_cosine(bert: &CpuBert, texts: &[Tokens<'_>], want: &[(Vec<u32>, Vec<f32>)]) -> f64 {
     let got = bert.embed(texts).unwrap();
@@ -97,16 +114,8 @@ fn worst_cosine(bert: &CpuBert, texts: &[Tokens<'_>], want: &[(Vec<u32>, Vec<f32
 #[test]
 fn f32_reproduces_and_int8_stays_near_sentence_transformers_on_this_cpu() {
     let want = reference();
-    let types: Vec<Vec<u32>> = want.iter().map(|(ids, _)| vec![0; ids.len()]).collect();
-    let texts: Vec<Tokens<'_>> = want
-        .iter()
-        .zip(&types)
-        .map(|((ids, _), type_ids)| Tokens {
-            ids,
-            type_ids,
-            skip: 0,
-        })
-        .collect();
+    let types = type_ids(&want);
+    let texts = tokens(&want, &types);
     let mut bert = load();
     let f32_worst = worst_cosine(&bert, &texts, &want);
     eprintln!("f32 on {}: worst cosine {f32_worst:.7}", bert.kernels());
@@ -142,16 +151,8 @@ fn f32_reproduces_and_int8_stays_near_sentence_transformers_on_this_cpu() {
 #[test]
 fn bf16_stays_within_the_bf16_bar_of_sentence_transformers_on_this_cpu() {
     let want = reference();
-    let types: Vec<Vec<u32>> = want.iter().map(|(ids, _)| vec![0; ids.len()]).collect();
-    let texts: Vec<Tokens<'_>> = want
-        .iter()
-        .zip(&types)
-        .map(|((ids, _), type_ids)| Tokens {
-            ids,
-            type_ids,
-            skip: 0,
-        })
-        .collect();
+    let types = type_ids(&want);
+    let texts = tokens(&want, &types);
     let mut bert = load();
     if !spotinfer_fused_cpu::bf16_supported() {
         let refused = bert.set_precision(Precision::Bf16).unwrap_err();
