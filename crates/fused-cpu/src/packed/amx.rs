@@ -89,6 +89,24 @@ impl Config {
 
 static CONFIG: Config = Config::full();
 
+thread_local! {
+    /// Whether this thread's tiles are configured: the configuration stays until a
+    /// `tilerelease`, which this crate never issues, so each thread loads it once.
+    static CONFIGURED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Loads [`CONFIG`] into this thread's tile configuration, once per thread.
+///
+/// # Safety
+/// [`supported`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn configure() {
+    if !CONFIGURED.get() {
+        std::arch::asm!("ldtilecfg [{0}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
+        CONFIGURED.set(true);
+    }
+}
+
 /// `tileloadd tmmN, [ptr + stride]`, and the other tile instructions, by register number.
 macro_rules! tile {
     (zero $n:literal) => {
@@ -129,7 +147,7 @@ pub(crate) unsafe fn kernel<const P: usize>(t: &Tile, height: usize) {
     let two = height > TILE_ROWS;
     let row_stride = t.steps * 4;
     let panel = t.steps * PANEL;
-    std::arch::asm!("ldtilecfg [{0}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
+    configure();
     tile!(zero 0);
     tile!(zero 1);
     tile!(zero 2);
