@@ -359,10 +359,16 @@ impl Infer for Pictures {
             let info = self.handle.info();
             let mut items: Vec<Result<Item, RecordError>> = records
                 .iter()
-                .map(|r| match unfit(info, r) {
-                    Some(why) => Err(why),
-                    None => Ok(text_item(r)),
-                })
+                .map(
+                    |r| match (unfit(info, r), r.image.as_ref().map(|im| &im.data)) {
+                        (Some(why), _) => Err(why),
+                        // Decoded before (a record handed back after its batch was readied, then
+                        // finished on its last delivery attempt): its pixels as they are.
+                        (None, Some(ImageData::Pixels(p))) => Ok(Item::Pixels(p.clone())),
+                        // A text; a picture still encoded is replaced below, once decoded.
+                        (None, _) => Ok(text_item(r)),
+                    },
+                )
                 .collect();
             let work: Vec<(usize, Arc<[u8]>)> = records
                 .iter()
@@ -383,14 +389,6 @@ impl Infer for Pictures {
                     (Err(why), _) => Err(RecordError::Image(why)),
                     (Ok(_), None) => Err(RecordError::Image("no picture".into())),
                 };
-            }
-            // A picture decoded by an earlier delivery of the batch (a retry) is used as it is.
-            for (item, r) in items.iter_mut().zip(&records) {
-                if let (Ok(_), Some(ImageData::Pixels(p))) =
-                    (&item, r.image.as_ref().map(|im| &im.data))
-                {
-                    *item = Ok(Item::Pixels(p.clone()));
-                }
             }
             Some(items)
         })
