@@ -71,17 +71,23 @@ async fn publish_holds_at_most_its_byte_bound_whatever_the_lines_sizes() {
         input.push(b'\n');
     }
     assert!(input.len() > 4 * BOUND, "the input must dwarf the bound");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.jsonl");
+    std::fs::write(&path, &input).unwrap();
+    let input = spotinfer::jobs::input::list(path.to_str().unwrap(), None, None)
+        .await
+        .unwrap();
     let publisher = cfg.publisher().await.unwrap();
-    let summary = spotinfer::jobs::publish::publish_lines(
-        &publisher,
-        tokio::io::BufReader::new(input.as_slice()),
-        None,
-        None,
-        BOUND,
-        &indicatif::ProgressBar::hidden(),
-    )
-    .await
-    .unwrap();
+    let publish = spotinfer::jobs::publish::Publish {
+        publisher: &publisher,
+        gcs: None,
+        columns: None,
+        job: None,
+        target: None,
+        max_held_bytes: BOUND,
+        progress: &indicatif::ProgressBar::hidden(),
+    };
+    let summary = publish.run(&input).await.unwrap();
     assert_eq!(summary.published, LINES as u64, "{summary:?}");
     assert!(
         summary.held_bytes_peak > TEXT as u64,

@@ -262,10 +262,15 @@ async fn values_holding_nul_are_stored_and_exported_exact(url: &str) {
     let store = Store::connect(url).await.unwrap();
     store.migrate().await.unwrap();
     store.register_job("nul", "m").await.unwrap();
-    store
-        .register_records("nul", &["gen", "label", "tag", "plain"])
-        .await
-        .unwrap();
+    let ids = ["gen", "label", "tag", "plain"];
+    let records: Vec<_> = (0..4)
+        .map(|i| spotinfer::external::store::Registration {
+            id: ids[i],
+            origin: i as i64,
+            columns: None,
+        })
+        .collect();
+    store.register_records("nul", 1, &records).await.unwrap();
     let text = "a\0b\u{1}c\u{7f}\u{1b}[0m\r\n\u{fffd}\\u0000 end\0";
     let label = "LABEL\0X";
     let scores =

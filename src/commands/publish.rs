@@ -1,30 +1,36 @@
-//! `spotinfer publish`: one message per JSONL line, from a file or gs://, read as it is
-//! published (constant memory), with a progress bar over the input's bytes; with `--job`, the
-//! job and every record id are registered in the database before the messages go out, and
-//! every line refused is recorded in the job.
+//! `spotinfer publish`: one message per record of an input (a file, a folder, a gs:// object,
+//! prefix or glob; JSON lines, CSV, TSV or Parquet), read as it is published (bounded memory),
+//! with a progress bar on a terminal; with `--job`, the job and every record id are registered
+//! in the database before the messages go out, every refused row is recorded in the job, and a
+//! re-run skips the shards an earlier run finished.
 
-use anyhow::Context;
 use spotinfer::config::PublishArgs;
 use spotinfer::external::gcs::Gcs;
 use spotinfer::external::store::Store;
-use spotinfer::jobs::publish::{self, JobTarget};
-use tokio::io::AsyncBufRead;
+use spotinfer::jobs::input::{self, Format, Input};
+use spotinfer::jobs::publish::{JobTarget, Publish, PublishSummary};
 
-/// Publishes every valid line; fails when any publish failed.
+/// Publishes every valid record; fails when any publish failed.
 pub async fn run(a: PublishArgs) -> anyhow::Result<()> {
     let ps = a.pubsub.config();
+    let columns = a.columns.columns();
+    let gcs = match a.input.starts_with("gs://") {
+        true => Some(Gcs::new(a.storage.storage_emulator_host.as_deref()).await?),
+        false => None,
+    };
+    let input = input::list(&a.input, a.format, gcs.as_ref()).await?;
+    if !input.skipped.is_empty() {
+        eprintln!(
+            "left out {} files with no known suffix (such as {}); --format reads them",
+            input.skipped.len(),
+            input.skipped[0]
+        );
+    }
     let publisher = ps.publisher().await?;
-    let (size, input_reader) = open_input(&a).await?;
-    let progress = indicatif::ProgressBar::new(size).with_style(
-        indicatif::ProgressStyle::with_template(
-            "{bar:40} {bytes}/{total_bytes} read {binary_bytes_per_sec}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
+    let progress = progress_bar(input.bytes());
     let model = a.model.name();
-    let input = input_name(&a);
     let store = match &a.job {
-        Some(job) => Some(register(&a, job, &model, &input).await?),
+        Some(job) => Some(register(&a, job, &model).await?),
         None => None,
     };
     let target = store
@@ -33,32 +39,21 @@ pub async fn run(a: PublishArgs) -> anyhow::Result<()> {
         .map(|(store, job)| JobTarget {
             store,
             job,
-            input: &input,
             model: &model,
             skip_done: a.skip_done,
         });
-    let summary = publish::publish_lines(
-        &publisher,
-        input_reader,
-        a.job.as_deref(),
+    let publish = Publish {
+        publisher: &publisher,
+        gcs: gcs.as_ref(),
+        columns: columns.as_ref(),
+        job: a.job.as_deref(),
         target,
-        a.max_publish_bytes,
-        &progress,
-    )
-    .await?;
+        max_held_bytes: a.max_publish_bytes,
+        progress: &progress,
+    };
+    let summary = publish.run(&input).await?;
     progress.finish_and_clear();
-    println!(
-        "published {} records to {} ({} lines skipped, {} failed{})",
-        summary.published,
-        ps.topic,
-        summary.skipped,
-        summary.failed,
-        if a.skip_done {
-            format!(", {} already done", summary.already_done)
-        } else {
-            String::new()
-        }
-    );
+    report(&a, &input, &summary, &ps.topic);
     if summary.failed > 0 {
         anyhow::bail!(
             "{} publishes failed; run the same publish again (the job's count will not double)",
@@ -66,49 +61,67 @@ pub async fn run(a: PublishArgs) -> anyhow::Result<()> {
         );
     }
     if let Some(t) = target {
-        let records = (summary.published + summary.already_done) as i64;
-        t.store.finish_input(t.job, &input, records).await?;
         let status = t.store.job_status(t.job).await?;
         println!(
-            "job {}: {} records in all, {} lines refused (`export --failed` lists them), model {}",
-            t.job, status.published, status.refused, status.model
+            "job {}: {} records in all, {} {} refused (`export --failed` lists them), model {}",
+            t.job,
+            status.published,
+            status.refused,
+            unit(&input),
+            status.model
         );
     }
     Ok(())
 }
 
-/// Opens the database, registers `job` for `model` and marks `input` as being published to it.
-async fn register(a: &PublishArgs, job: &str, model: &str, input: &str) -> anyhow::Result<Store> {
+/// Prints what the publish did.
+fn report(a: &PublishArgs, input: &Input, summary: &PublishSummary, topic: &str) {
+    println!(
+        "published {} records to {} ({} {} skipped, {} failed{})",
+        summary.published,
+        topic,
+        summary.skipped,
+        unit(input),
+        summary.failed,
+        if a.skip_done {
+            format!(", {} already done", summary.already_done)
+        } else {
+            String::new()
+        }
+    );
+    if input.shards.len() > 1 || summary.shards_skipped > 0 {
+        println!(
+            "shards: {} read, {} skipped (finished by an earlier run), {} in all",
+            summary.shards,
+            summary.shards_skipped,
+            input.shards.len()
+        );
+    }
+}
+
+/// What the input's rows are called: lines of JSON lines, rows of a table.
+fn unit(input: &Input) -> &'static str {
+    match input.shards.iter().all(|s| s.format == Format::Jsonl) {
+        true => "lines",
+        false => "rows",
+    }
+}
+
+/// The progress bar over the input's bytes, with rows read, published and refused, the rate
+/// and the time left; drawn only on a terminal (logs and CI see the final count alone).
+fn progress_bar(bytes: u64) -> indicatif::ProgressBar {
+    indicatif::ProgressBar::new(bytes).with_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {bytes}/{total_bytes} {msg} ({binary_bytes_per_sec}, ETA {eta})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    )
+}
+
+/// Opens the database and registers `job` for `model`.
+async fn register(a: &PublishArgs, job: &str, model: &str) -> anyhow::Result<Store> {
     let store = Store::connect(&a.db.database_url).await?;
     store.migrate().await?;
     store.register_job(job, model).await?;
-    store.start_input(job, input).await?;
     Ok(store)
-}
-
-/// How the input is named in the job's list of inputs: a gs:// URI as given, a local file by
-/// its absolute path (so a re-run from another directory is the same input).
-fn input_name(a: &PublishArgs) -> String {
-    let given = a.file.to_string_lossy();
-    if given.starts_with("gs://") {
-        return given.into_owned();
-    }
-    std::fs::canonicalize(&a.file)
-        .map(|p| p.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| given.into_owned())
-}
-
-/// The input's size and a reader over it: a local file or a gs:// object.
-async fn open_input(
-    a: &PublishArgs,
-) -> anyhow::Result<(u64, Box<dyn AsyncBufRead + Unpin + Send>)> {
-    if let Some(uri) = a.file.to_str().filter(|s| s.starts_with("gs://")) {
-        let gcs = Gcs::new(a.storage.storage_emulator_host.as_deref()).await?;
-        let (size, reader) = gcs.open(uri).await?;
-        return Ok((size, Box::new(reader)));
-    }
-    let context = || format!("cannot read {}", a.file.display());
-    let file = tokio::fs::File::open(&a.file).await.with_context(context)?;
-    let size = file.metadata().await.with_context(context)?.len();
-    Ok((size, Box::new(tokio::io::BufReader::new(file))))
 }

@@ -93,8 +93,17 @@ pub struct PublishArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub pubsub: PubsubArgs,
-    /// The JSONL file to publish: a local path or gs://BUCKET/OBJECT.
-    pub file: PathBuf,
+    /// What to publish: a file, a folder of shards, gs://BUCKET/OBJECT, a gs:// prefix
+    /// (gs://BUCKET/exports/) or glob (gs://BUCKET/exports/*.parquet). JSON lines, CSV, TSV or
+    /// Parquet, by suffix (.jsonl, .csv, .tsv, .parquet; .gz or .zst compressed) or --format.
+    #[arg(value_name = "INPUT")]
+    pub input: String,
+    /// The input's format, whatever its files' suffixes.
+    #[arg(long, value_enum)]
+    pub format: Option<crate::jobs::input::Format>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub columns: ColumnArgs,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub storage: StorageArgs,
@@ -116,6 +125,72 @@ pub struct PublishArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub model: ModelRef,
+}
+
+/// Which columns of a table (or keys of a JSON line) make a record. Without any of these flags,
+/// a JSON line is a record as it is, and a table's columns are named as its keys (`id`,
+/// `text`, `text_pair`, `messages`, `prompt`, `uri`, `image_base64`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct ColumnArgs {
+    /// The record id's column (strings or integers).
+    #[arg(long, value_name = "COLUMN", conflicts_with = "generate_ids")]
+    pub id_column: Option<String>,
+    /// Ids made of each row's shard and number (`part-00003.parquet:1042`), the same on every
+    /// run: for a table with no id column.
+    #[arg(long)]
+    pub generate_ids: bool,
+    /// The text's column.
+    #[arg(long, value_name = "COLUMN", group = "payload")]
+    pub text_column: Option<String>,
+    /// The column of a pair's second text (cross-encoders, NLI).
+    #[arg(long, value_name = "COLUMN")]
+    pub text_pair_column: Option<String>,
+    /// The image's column: a gs:// URI (strings) or the encoded file (bytes).
+    #[arg(long, value_name = "COLUMN", group = "payload")]
+    pub image_column: Option<String>,
+    /// The chat's column: a list of {role, content}, or strings holding it as JSON.
+    #[arg(long, value_name = "COLUMN", group = "payload")]
+    pub messages_column: Option<String>,
+    /// A raw completion prompt's column.
+    #[arg(long, value_name = "COLUMN", group = "payload")]
+    pub prompt_column: Option<String>,
+    /// Columns kept with each record, into the job and its exports (to join the results back
+    /// to the source table by), comma-separated.
+    #[arg(long, value_name = "COLUMNS", value_delimiter = ',', requires = "job")]
+    pub keep_columns: Vec<String>,
+}
+
+impl ColumnArgs {
+    /// The mapping the flags give; `None` when none was given.
+    pub fn columns(&self) -> Option<crate::jobs::input::columns::Columns> {
+        use crate::jobs::input::columns::{Columns, Payload};
+        let payload = if let Some(c) = &self.image_column {
+            Payload::Image(c.clone())
+        } else if let Some(c) = &self.messages_column {
+            Payload::Messages(c.clone())
+        } else if let Some(c) = &self.prompt_column {
+            Payload::Prompt(c.clone())
+        } else if self.text_column.is_some() || self.text_pair_column.is_some() {
+            Payload::Text {
+                column: self.text_column.clone().unwrap_or_else(|| "text".into()),
+                pair: self.text_pair_column.clone(),
+            }
+        } else {
+            Payload::Auto
+        };
+        let any = self.id_column.is_some() || self.generate_ids || !self.keep_columns.is_empty();
+        if payload == Payload::Auto && !any {
+            return None;
+        }
+        Some(Columns {
+            id: match self.generate_ids {
+                true => None,
+                false => Some(self.id_column.clone().unwrap_or_else(|| "id".into())),
+            },
+            payload,
+            keep: self.keep_columns.clone(),
+        })
+    }
 }
 
 /// `spotinfer work`.

@@ -9,5 +9,6 @@
 //! adapters to it, so they live here rather than in `external`.
 
 pub mod export;
+pub mod input;
 pub mod offline;
 pub mod publish;

@@ -8,15 +8,18 @@
 //!   records that carry a `uri` instead of a `text`;
 //! * `model_cache`: [`Gcs::fetch_model`], a model folder copied into a local cache, each file
 //!   checked against the object's checksum under a per-file lock;
-//! * `upload`: [`Gcs::upload`], resumable uploads for `export`.
+//! * `upload`: [`Gcs::upload`], resumable uploads for `export`;
+//! * `list`: [`Gcs::list`], the objects under a prefix (the shards `publish` reads).
 //!
 //! The official crate does not read `STORAGE_EMULATOR_HOST`; spotinfer does, like Google's other
 //! client libraries: when set, the client talks to that endpoint with anonymous credentials.
 
+mod list;
 mod model_cache;
 mod read;
 mod upload;
 
+pub use list::Listed;
 pub use model_cache::{cache_path, FetchedModel, FileList};
 pub use read::InputReader;
 pub use upload::Upload;
@@ -140,6 +143,11 @@ pub fn parse_uri(uri: &str) -> Result<(String, String), StorageError> {
 #[derive(Clone, Debug)]
 pub struct Gcs {
     client: Storage,
+    /// Where the JSON API is reached (the emulator's host, or Cloud Storage's), for listings.
+    endpoint: String,
+    /// The credentials listings carry; none for the emulator.
+    credentials: Option<google_cloud_auth::credentials::Credentials>,
+    http: reqwest::Client,
 }
 
 impl Gcs {
@@ -147,21 +155,34 @@ impl Gcs {
     /// or for the emulator at `emulator_host` (`STORAGE_EMULATOR_HOST`) with anonymous credentials.
     pub async fn new(emulator_host: Option<&str>) -> Result<Self, StorageError> {
         let mut b = Storage::builder();
-        if let Some(host) = emulator_host.filter(|h| !h.trim().is_empty()) {
-            let endpoint = if host.starts_with("http://") || host.starts_with("https://") {
-                host.to_string()
-            } else {
-                format!("http://{host}")
-            };
-            b = b
-                .with_endpoint(endpoint)
-                .with_credentials(anonymous::Builder::new().build());
+        let mut endpoint = "https://storage.googleapis.com".to_string();
+        let mut credentials = None;
+        match emulator_host.filter(|h| !h.trim().is_empty()) {
+            Some(host) => {
+                endpoint = if host.starts_with("http://") || host.starts_with("https://") {
+                    host.to_string()
+                } else {
+                    format!("http://{host}")
+                };
+                b = b
+                    .with_endpoint(endpoint.clone())
+                    .with_credentials(anonymous::Builder::new().build());
+            }
+            None => {
+                let adc = google_cloud_auth::credentials::Builder::default().build();
+                credentials = adc.ok();
+            }
         }
         let client = b
             .build()
             .await
             .map_err(|e| StorageError::Client(e.to_string()))?;
-        Ok(Self { client })
+        Ok(Self {
+            client,
+            endpoint,
+            credentials,
+            http: reqwest::Client::new(),
+        })
     }
 }
 

@@ -16,7 +16,7 @@ use sqlx::Row;
 use std::collections::HashSet;
 
 /// Most ids one registration or lookup statement carries (well under both databases' limits).
-const IDS_PER_STATEMENT: usize = 1000;
+pub(super) const IDS_PER_STATEMENT: usize = 1000;
 
 /// Refused lines per INSERT: 8 binds each, well under both databases' limits, and at most
 /// 6.4 MiB of kept bytes per statement.
@@ -328,21 +328,6 @@ impl Store {
         on_pool!(self, p => {
             sqlx::query(&sql).bind(job).bind(input).bind(records).execute(p).await?;
         });
-        Ok(())
-    }
-
-    /// Adds `ids` to `job` (ids already there are left as they are).
-    pub async fn register_records(&self, job: &str, ids: &[&str]) -> Result<(), StoreError> {
-        for chunk in ids.chunks(IDS_PER_STATEMENT) {
-            on_pool!(self, p => {
-                let mut q = sqlx::QueryBuilder::new("INSERT INTO job_records (job, record_id) ");
-                q.push_values(chunk, |mut b, id| {
-                    b.push_bind(job).push_bind(*id);
-                });
-                q.push(" ON CONFLICT (job, record_id) DO NOTHING");
-                q.build().execute(p).await?;
-            });
-        }
         Ok(())
     }
 

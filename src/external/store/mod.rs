@@ -13,6 +13,8 @@
 //!   refusals are the data's);
 //! * `read`: counts and whole-table reads for `status`, verification and tests;
 //! * `rows`: a job's rows streamed for `export`; `jobs`: job registration and progress;
+//! * `registry`: what a publish writes before its messages go out (record ids, where each was
+//!   read, the columns kept with it) and which shards of an input are finished;
 //! * `vector`: the pgvector column and its indexes;
 //! * `checkpoints`: interrupted generations' tokens, saved at shutdown and read on redelivery;
 //! * `redact`: the database URL with its passwords hidden, for logs and errors.
@@ -32,6 +34,7 @@ mod checkpoints;
 mod jobs;
 mod read;
 mod redact;
+mod registry;
 mod rows;
 mod vector;
 mod write;
@@ -40,6 +43,7 @@ pub use checkpoints::Checkpoint;
 pub use jobs::{ExportedRefusal, JobCounts, JobStatus, RefusedLine, REFUSED_RAW_BYTES};
 pub use read::{StatusCounts, StoredEmbedding};
 pub use redact::redact_url;
+pub use registry::Registration;
 pub use rows::{ExportedFailure, ExportedResult};
 pub use vector::VectorColumn;
 pub use write::{

@@ -28,6 +28,8 @@ pub struct ExportedResult {
     pub publish_time_us: i64,
     /// When the row was committed, microseconds since the epoch.
     pub processed_at_us: i64,
+    /// The columns its publish kept with it (`--keep-columns`), a JSON object.
+    pub columns: Option<String>,
 }
 
 /// One failure row of a job whose record has no result, with when it was recorded.
@@ -43,13 +45,13 @@ const RESULTS_PG: &str = "SELECT e.record_id, e.embedding::real[] AS embedding, 
      e.model_hash, r.job, e.input_sha256, e.message_id, e.publish_time_us, \
      e.task, e.label, e.score, e.scores::text AS scores, e.entities::text AS entities, \
      e.text, e.finish_reason, e.prompt_tokens::BIGINT AS prompt_tokens, \
-     e.completion_tokens::BIGINT AS completion_tokens, e.exact, \
+     e.completion_tokens::BIGINT AS completion_tokens, e.exact, r.columns, \
      (EXTRACT(EPOCH FROM e.processed_at) * 1000000)::BIGINT AS processed_at_us \
      FROM job_records r JOIN embeddings e ON e.record_id = r.record_id AND e.model = $2 \
      WHERE r.job = $1 ORDER BY r.record_id";
 const RESULTS_SQLITE: &str = "SELECT e.record_id, e.embedding, e.model, e.model_hash, r.job, \
      e.input_sha256, e.message_id, e.publish_time_us, e.task, e.label, e.score, e.scores, \
-     e.entities, e.text, e.finish_reason, e.prompt_tokens, e.completion_tokens, e.exact, \
+     e.entities, e.text, e.finish_reason, e.prompt_tokens, e.completion_tokens, e.exact, r.columns, \
      CAST(ROUND((julianday(e.processed_at) - 2440587.5) * 86400000000.0) AS INTEGER) AS processed_at_us \
      FROM job_records r JOIN embeddings e ON e.record_id = r.record_id AND e.model = $2 \
      WHERE r.job = $1 ORDER BY r.record_id";
@@ -192,6 +194,7 @@ where
         message_id: row.try_get("message_id")?,
         publish_time_us: row.try_get("publish_time_us")?,
         processed_at_us: row.try_get("processed_at_us")?,
+        columns: row.try_get("columns")?,
     })
 }
 

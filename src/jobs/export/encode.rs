@@ -1,6 +1,7 @@
 //! Rows in, file bytes out: JSON lines or Parquet, handed over in pieces so the whole file is
 //! never in memory.
 
+use super::kept::KeptColumns;
 use super::table::Table;
 use super::ExportError;
 use parquet::arrow::ArrowWriter;
@@ -37,8 +38,15 @@ impl Format {
     }
 }
 
-/// An encoder of rows of `T`: push rows, take whatever bytes are ready, finish.
-pub enum Encoder<T: Table> {
+/// An encoder of rows of `T` (with the job's kept columns): push rows, take whatever bytes are
+/// ready, finish.
+pub struct Encoder<T: Table> {
+    kept: KeptColumns,
+    sink: Sink<T>,
+}
+
+/// Where an encoder's rows go.
+enum Sink<T: Table> {
     /// JSON lines.
     Jsonl(Vec<u8>),
     /// Parquet: the writer (over a buffer drained after each row group) and the rows of the
@@ -47,36 +55,45 @@ pub enum Encoder<T: Table> {
 }
 
 impl<T: Table> Encoder<T> {
-    /// An encoder for `format`.
-    pub fn new(format: Format) -> Result<Self, ExportError> {
-        Ok(match format {
-            Format::Jsonl => Self::Jsonl(Vec::with_capacity(JSONL_CHUNK + 4096)),
+    /// An encoder for `format`, whose rows end with `kept`.
+    pub fn new(format: Format, kept: KeptColumns) -> Result<Self, ExportError> {
+        let sink = match format {
+            Format::Jsonl => Sink::Jsonl(Vec::with_capacity(JSONL_CHUNK + 4096)),
             Format::Parquet => {
                 let props = WriterProperties::builder()
                     .set_compression(Compression::SNAPPY)
                     .set_max_row_group_row_count(Some(ROWS_PER_GROUP))
                     .build();
-                let writer = ArrowWriter::try_new(Vec::new(), T::schema(), Some(props))?;
-                Self::Parquet(Box::new(writer), Vec::with_capacity(ROWS_PER_GROUP))
+                let writer = ArrowWriter::try_new(Vec::new(), kept.schema::<T>(), Some(props))?;
+                Sink::Parquet(Box::new(writer), Vec::with_capacity(ROWS_PER_GROUP))
             }
-        })
+        };
+        Ok(Self { kept, sink })
+    }
+
+    /// The file format it writes.
+    pub fn format(&self) -> Format {
+        match self.sink {
+            Sink::Jsonl(_) => Format::Jsonl,
+            Sink::Parquet(..) => Format::Parquet,
+        }
     }
 
     /// Adds a row; returns bytes when a piece of the file is ready.
     pub fn push(&mut self, row: T) -> Result<Option<Vec<u8>>, ExportError> {
-        match self {
-            Self::Jsonl(buf) => {
-                serde_json::to_writer(&mut *buf, &row.json())
+        match &mut self.sink {
+            Sink::Jsonl(buf) => {
+                serde_json::to_writer(&mut *buf, &self.kept.json(&row))
                     .map_err(|e| ExportError::Encode(e.to_string()))?;
                 buf.push(b'\n');
                 Ok((buf.len() >= JSONL_CHUNK).then(|| std::mem::take(buf)))
             }
-            Self::Parquet(writer, rows) => {
+            Sink::Parquet(writer, rows) => {
                 rows.push(row);
                 if rows.len() < ROWS_PER_GROUP {
                     return Ok(None);
                 }
-                write_group(writer, rows)?;
+                write_group(writer, rows, &self.kept)?;
                 Ok(Some(drain(writer)?))
             }
         }
@@ -84,10 +101,10 @@ impl<T: Table> Encoder<T> {
 
     /// The rest of the file (for Parquet: the last row group and the footer).
     pub fn finish(self) -> Result<Vec<u8>, ExportError> {
-        match self {
-            Self::Jsonl(buf) => Ok(buf),
-            Self::Parquet(mut writer, mut rows) => {
-                write_group(&mut writer, &mut rows)?;
+        match self.sink {
+            Sink::Jsonl(buf) => Ok(buf),
+            Sink::Parquet(mut writer, mut rows) => {
+                write_group(&mut writer, &mut rows, &self.kept)?;
                 writer.finish()?;
                 drain(&mut writer)
             }
@@ -99,9 +116,10 @@ impl<T: Table> Encoder<T> {
 fn write_group<T: Table>(
     writer: &mut ArrowWriter<Vec<u8>>,
     rows: &mut Vec<T>,
+    kept: &KeptColumns,
 ) -> Result<(), ExportError> {
     if !rows.is_empty() {
-        let batch = T::batch(rows)?;
+        let batch = kept.batch(rows)?;
         writer.write(&batch)?;
         writer.flush()?;
         rows.clear();

@@ -9,14 +9,16 @@
 
 pub mod destination;
 pub mod encode;
+pub mod kept;
 pub mod table;
 pub mod task_table;
 
 use crate::external::gcs::StorageError;
-use crate::external::store::{Store, StoreError};
+use crate::external::store::{ExportedResult, Store, StoreError};
 use destination::Destination;
 use encode::{Encoder, Format};
 use futures::stream::{BoxStream, StreamExt};
+use kept::KeptColumns;
 use std::path::PathBuf;
 use table::{FailedRow, Table};
 use task_table::TaskResult;
@@ -96,16 +98,20 @@ pub async fn export(
     let model = store.job_model(job).await?;
     let destination = Destination::open(output, emulator_host).await?;
     store.refresh_stale_statistics().await;
+    let columns = store.job_columns(job).await?;
     match what {
         What::Results if store.job_task(job, &model).await? == "embed" => {
             let rows = store.job_results(job, &model);
-            write_all(rows, format, destination, progress).await
+            let kept = KeptColumns::new::<ExportedResult>(columns.as_deref());
+            write_all(rows, Encoder::new(format, kept)?, destination, progress).await
         }
         What::Results => {
             let rows = store
                 .job_results(job, &model)
                 .map(|r| r.map(TaskResult::from));
-            write_all(rows.boxed(), format, destination, progress).await
+            let kept = KeptColumns::new::<TaskResult>(columns.as_deref());
+            let encoder = Encoder::new(format, kept)?;
+            write_all(rows.boxed(), encoder, destination, progress).await
         }
         What::Failures => {
             // The workers' failure rows, then the lines the publishes refused: every line of
@@ -114,9 +120,10 @@ pub async fn export(
                 .job_failures(job, &model)
                 .map(|r| r.map(FailedRow::from));
             let refused = store.job_refused_lines(job).map(|r| r.map(FailedRow::from));
+            let encoder = Encoder::new(format, KeptColumns::default())?;
             write_all(
                 failures.chain(refused).boxed(),
-                format,
+                encoder,
                 destination,
                 progress,
             )
@@ -128,15 +135,14 @@ pub async fn export(
 /// Streams `rows` through an encoder into `destination`, committing it at the end.
 async fn write_all<T: Table>(
     mut rows: BoxStream<'_, Result<T, StoreError>>,
-    format: Format,
+    mut encoder: Encoder<T>,
     mut destination: Destination,
     progress: &indicatif::ProgressBar,
 ) -> Result<ExportSummary, ExportError> {
-    let mut encoder = Encoder::<T>::new(format)?;
     let mut summary = ExportSummary {
         rows: 0,
         bytes: 0,
-        format,
+        format: encoder.format(),
     };
     while let Some(row) = rows.next().await {
         if let Some(bytes) = encoder.push(row?)? {
@@ -171,7 +177,17 @@ mod tests {
             message_id: i.to_string(),
             publish_time_us: 1,
             processed_at_us: 1_700_000_000_000_000,
+            columns: i
+                .is_multiple_of(2)
+                .then(|| format!(r#"{{"doc_id":{i},"lang":"en"}}"#)),
         }
+    }
+
+    /// A Parquet encoder whose rows keep two columns.
+    fn encoder() -> Encoder<ExportedResult> {
+        let columns = r#"[{"name":"doc_id","type":"int64"},{"name":"lang","type":"string"}]"#;
+        let kept = KeptColumns::new::<ExportedResult>(Some(columns));
+        Encoder::new(Format::Parquet, kept).unwrap()
     }
 
     /// A database that fails part-way through (after whole row groups went to disk) leaves
@@ -188,7 +204,7 @@ mod tests {
             .unwrap();
         let bar = indicatif::ProgressBar::hidden();
         let stream = futures::stream::iter(rows).boxed();
-        let r = write_all(stream, Format::Parquet, destination, &bar).await;
+        let r = write_all(stream, encoder(), destination, &bar).await;
         assert!(r.is_err());
         assert_eq!(
             std::fs::read_dir(dir.path()).unwrap().count(),
@@ -208,7 +224,7 @@ mod tests {
             .unwrap();
         let bar = indicatif::ProgressBar::hidden();
         let stream = futures::stream::iter((0..n).map(|i| Ok(row(i)))).boxed();
-        let summary = write_all(stream, Format::Parquet, destination, &bar)
+        let summary = write_all(stream, encoder(), destination, &bar)
             .await
             .unwrap();
         assert_eq!(summary.rows, n as u64);
@@ -216,8 +232,17 @@ mod tests {
         let reader =
             parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
         assert_eq!(reader.metadata().num_row_groups(), 3);
-        let total: usize = reader.build().unwrap().map(|b| b.unwrap().num_rows()).sum();
+        let batches: Vec<_> = reader.build().unwrap().map(|b| b.unwrap()).collect();
+        let total: usize = batches.iter().map(|b| b.num_rows()).sum();
         assert_eq!(total, n);
+        // The kept columns, typed as the job keeps them: null where a row kept none.
+        use arrow_array::cast::AsArray;
+        use arrow_array::Array;
+        let ids = batches[0].column_by_name("doc_id").unwrap();
+        let ids = ids.as_primitive::<arrow_array::types::Int64Type>();
+        assert_eq!((ids.value(0), ids.is_null(1), ids.value(2)), (0, true, 2));
+        let lang = batches[0].column_by_name("lang").unwrap();
+        assert_eq!(lang.as_string::<i32>().value(0), "en");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 }

@@ -23,6 +23,10 @@ pub trait Table: Send + 'static {
         Self: Sized;
     /// The row as one JSON line's object.
     fn json(&self) -> serde_json::Value;
+    /// The columns its publish kept with its record (a JSON object), if any.
+    fn kept(&self) -> Option<&str> {
+        None
+    }
 }
 
 pub(super) fn utc_micros() -> DataType {
@@ -127,6 +131,10 @@ impl Table for ExportedResult {
         ];
         columns.extend(provenance_columns(rows.iter()));
         RecordBatch::try_new(Self::schema(), columns)
+    }
+
+    fn kept(&self) -> Option<&str> {
+        self.columns.as_deref()
     }
 
     fn json(&self) -> Value {

@@ -165,6 +165,10 @@ impl Table for TaskResult {
         RecordBatch::try_new(Self::schema(), columns)
     }
 
+    fn kept(&self) -> Option<&str> {
+        self.0.columns.as_deref()
+    }
+
     fn json(&self) -> Value {
         let r = &self.0;
         let p = &r.prediction;

@@ -1,0 +1,95 @@
+//! What a publish writes of a job before its messages go out: each record's id, where it was
+//! read and the columns kept with it; which shards of an input are finished (a re-run skips
+//! them); and the kept columns' names and types, the same for every input of the job.
+
+use super::jobs::IDS_PER_STATEMENT;
+use super::{Store, StoreError};
+use std::collections::{HashMap, HashSet};
+
+/// One record a publish registers.
+#[derive(Debug, Clone, Copy)]
+pub struct Registration<'a> {
+    /// Its id.
+    pub id: &'a str,
+    /// Where in its input it was read (a hash of its shard and row): a second row of the same
+    /// input holding the id is a repeat.
+    pub origin: i64,
+    /// Its kept columns, a JSON object.
+    pub columns: Option<&'a str>,
+}
+
+impl Store {
+    /// Adds `records`, read from the input `source` (a hash of its name), to `job`; returns the
+    /// positions in `records` of repeats: ids that another row of the same input registered
+    /// first (that one stays, with its columns). An id registered by another input is not a
+    /// repeat: it is the same record published again, counted once.
+    pub async fn register_records(
+        &self,
+        job: &str,
+        source: i64,
+        records: &[Registration<'_>],
+    ) -> Result<Vec<usize>, StoreError> {
+        let mut repeats = Vec::new();
+        for (n, chunk) in records.chunks(IDS_PER_STATEMENT).enumerate() {
+            let first: HashMap<String, i64> = on_pool!(self, p => {
+                let mut q = sqlx::QueryBuilder::new(
+                    "INSERT INTO job_records (job, record_id, source, origin, columns) ",
+                );
+                q.push_values(chunk, |mut b, r| {
+                    b.push_bind(job)
+                        .push_bind(r.id)
+                        .push_bind(source)
+                        .push_bind(r.origin)
+                        .push_bind(r.columns);
+                });
+                q.push(" ON CONFLICT (job, record_id) DO NOTHING");
+                q.build().execute(p).await?;
+                let mut q = sqlx::QueryBuilder::new(
+                    "SELECT record_id, origin FROM job_records WHERE job = ",
+                );
+                q.push_bind(job).push(" AND source = ").push_bind(source);
+                q.push(" AND record_id IN (");
+                let mut list = q.separated(", ");
+                for r in chunk {
+                    list.push_bind(r.id);
+                }
+                q.push(")");
+                let rows: Vec<(String, Option<i64>)> = q.build_query_as().fetch_all(p).await?;
+                rows.into_iter().filter_map(|(id, o)| Some((id, o?))).collect()
+            });
+            let base = n * IDS_PER_STATEMENT;
+            for (i, r) in chunk.iter().enumerate() {
+                if first.get(r.id).is_some_and(|o| *o != r.origin) {
+                    repeats.push(base + i);
+                }
+            }
+        }
+        Ok(repeats)
+    }
+
+    /// The inputs (shards) of `job` whose publish finished.
+    pub async fn finished_inputs(&self, job: &str) -> Result<HashSet<String>, StoreError> {
+        let sql = "SELECT input FROM job_inputs WHERE job = $1 AND finished_at IS NOT NULL";
+        let names: Vec<String> =
+            on_pool!(self, p => sqlx::query_scalar(sql).bind(job).fetch_all(p).await?);
+        Ok(names.into_iter().collect())
+    }
+
+    /// The kept columns of `job` (a JSON array of names and export types), set by its first
+    /// publish that kept any.
+    pub async fn job_columns(&self, job: &str) -> Result<Option<String>, StoreError> {
+        let sql = "SELECT columns FROM jobs WHERE job = $1";
+        let columns: Option<Option<String>> =
+            on_pool!(self, p => sqlx::query_scalar(sql).bind(job).fetch_optional(p).await?);
+        Ok(columns.flatten())
+    }
+
+    /// Sets the kept columns of `job` unless they are set already; returns what the job holds.
+    pub async fn set_job_columns(&self, job: &str, columns: &str) -> Result<String, StoreError> {
+        let sql = "UPDATE jobs SET columns = $2 WHERE job = $1 AND columns IS NULL";
+        on_pool!(self, p => {
+            sqlx::query(sql).bind(job).bind(columns).execute(p).await?;
+        });
+        Ok(self.job_columns(job).await?.unwrap_or_default())
+    }
+}

@@ -1,0 +1,755 @@
+//! Reading one shard into rows, on a blocking thread (the Parquet, CSV and decompression
+//! readers are synchronous), sent to the publisher in batches over a bounded channel: memory
+//! holds a few batches whatever the shard's size.
+
+use super::columns::{Cell, Columns, Kept, Kind, Payload, Plan};
+use super::{Compression, Format, InputError, Shard};
+use crate::external::store::REFUSED_RAW_BYTES;
+use arrow_array::{Array, ArrayRef};
+use sha2::{Digest, Sha256};
+use std::io::{BufRead, Read};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// Rows sent to the publisher at once (or fewer, holding [`BATCH_BYTES`]).
+const BATCH_ROWS: usize = 1000;
+/// Bytes of rows sent at once.
+const BATCH_BYTES: usize = 4 << 20;
+
+/// Rows of one shard, and how far into its bytes they reach.
+#[derive(Debug)]
+pub struct Batch {
+    /// The rows, in order.
+    pub rows: Vec<Row>,
+    /// The shard's bytes read since the last batch (what the progress bar counts).
+    pub bytes: u64,
+    /// The columns its rows keep, with their export types: on a shard's first batch.
+    pub kept: Option<Vec<Kept>>,
+}
+
+/// One row of a shard: numbered from 1 (a line, a CSV record after the header, a table row).
+#[derive(Debug)]
+pub struct Row {
+    /// Its number in the shard.
+    pub number: u64,
+    /// What it holds.
+    pub kind: RowKind,
+}
+
+/// What a row holds for the publisher.
+#[derive(Debug)]
+pub enum RowKind {
+    /// A JSON line as read (checked against the message contract by the publisher).
+    Line(Vec<u8>),
+    /// A line longer than a message may be: its start, its length and its SHA-256 (hex).
+    TooLong {
+        /// Its first [`REFUSED_RAW_BYTES`].
+        start: Vec<u8>,
+        /// Its length.
+        len: usize,
+        /// The hex SHA-256 of all of it.
+        sha256: String,
+    },
+    /// A record made of columns: its message JSON and its kept columns (a JSON object).
+    Mapped {
+        /// The message contract's JSON.
+        record: String,
+        /// The kept columns.
+        kept: Option<String>,
+    },
+    /// A row refused by the mapping (a null text, a mistyped value, a malformed CSV record).
+    Refused {
+        /// Why.
+        error: String,
+        /// The row as read (JSON for a table row), for `export --failed`.
+        raw: Vec<u8>,
+    },
+}
+
+impl RowKind {
+    /// Bytes the row holds (what a batch is bounded by).
+    fn bytes(&self) -> usize {
+        match self {
+            RowKind::Line(b) | RowKind::TooLong { start: b, .. } => b.len(),
+            RowKind::Mapped { record, kept } => record.len() + kept.as_ref().map_or(0, String::len),
+            RowKind::Refused { error, raw } => error.len() + raw.len(),
+        }
+    }
+}
+
+/// Where a shard's bytes come from.
+pub enum Bytes {
+    /// A local file (or a downloaded copy of a `gs://` Parquet shard, which is read by seeking).
+    File(std::fs::File),
+    /// A stream (a `gs://` object read as it arrives).
+    Stream(Box<dyn Read + Send>),
+}
+
+/// Reads `shard` from `bytes` and sends its rows to `tx`; `columns` maps a table's columns (and
+/// a JSON line's keys) to records, `None` publishes JSON lines as they are (a CSV or Parquet
+/// shard then reads the contract's own column names). Stops early, without error, once the
+/// receiver is gone.
+pub fn rows(
+    shard: &Shard,
+    bytes: Bytes,
+    columns: Option<&Columns>,
+    tx: &mpsc::Sender<Batch>,
+) -> Result<(), InputError> {
+    let unreadable = |reason: String| InputError::Unreadable {
+        shard: shard.name.clone(),
+        reason,
+    };
+    let default = Columns {
+        id: Some("id".into()),
+        payload: Payload::Auto,
+        keep: Vec::new(),
+    };
+    let mut out = Sender::new(tx);
+    match shard.format {
+        Format::Parquet => {
+            let Bytes::File(file) = bytes else {
+                return Err(unreadable("a Parquet file must be read from a file".into()));
+            };
+            parquet(shard, file, columns.unwrap_or(&default), &mut out)?
+        }
+        Format::Jsonl | Format::Csv | Format::Tsv => {
+            let counted = Counted::new(match bytes {
+                Bytes::File(f) => Box::new(f) as Box<dyn Read + Send>,
+                Bytes::Stream(s) => s,
+            });
+            out.counter = Some(counted.count.clone());
+            let plain = decompress(counted, shard.compression);
+            let reader = std::io::BufReader::with_capacity(1 << 16, plain);
+            match shard.format {
+                Format::Jsonl => lines(shard, reader, columns, &mut out)?,
+                _ => delimited(shard, reader, columns.unwrap_or(&default), &mut out)?,
+            }
+        }
+    }
+    out.flush();
+    Ok(())
+}
+
+/// A reader over the shard's plain bytes.
+fn decompress(r: Counted, compression: Compression) -> Box<dyn Read + Send> {
+    match compression {
+        Compression::None => Box::new(r),
+        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(r)),
+        Compression::Zstd => match zstd::Decoder::new(r) {
+            Ok(d) => Box::new(d),
+            Err(e) => Box::new(Failing(Some(e))),
+        },
+    }
+}
+
+/// A reader that fails at once (a decoder that could not start).
+struct Failing(Option<std::io::Error>);
+
+impl Read for Failing {
+    fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+        Err(self
+            .0
+            .take()
+            .unwrap_or_else(|| std::io::Error::other("unreadable")))
+    }
+}
+
+/// A reader that counts the bytes read through it (the compressed bytes, for progress).
+struct Counted {
+    inner: Box<dyn Read + Send>,
+    count: Arc<AtomicU64>,
+}
+
+impl Counted {
+    fn new(inner: Box<dyn Read + Send>) -> Self {
+        Self {
+            inner,
+            count: Arc::new(AtomicU64::new(0)),
+        }
+    }
+}
+
+impl Read for Counted {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+/// Gathers rows into batches and sends them.
+struct Sender<'a> {
+    tx: &'a mpsc::Sender<Batch>,
+    rows: Vec<Row>,
+    bytes: usize,
+    /// The compressed bytes read so far (a stream shard), or none (Parquet counts by rows).
+    counter: Option<Arc<AtomicU64>>,
+    sent_bytes: u64,
+    /// Bytes of progress to report with the next batch (Parquet).
+    progress: u64,
+    /// The receiver is gone: stop reading.
+    closed: bool,
+    /// The plan's kept columns, sent with the first batch.
+    kept: Option<Vec<Kept>>,
+}
+
+impl<'a> Sender<'a> {
+    fn new(tx: &'a mpsc::Sender<Batch>) -> Self {
+        Self {
+            tx,
+            rows: Vec::with_capacity(BATCH_ROWS),
+            bytes: 0,
+            counter: None,
+            sent_bytes: 0,
+            progress: 0,
+            closed: false,
+            kept: None,
+        }
+    }
+
+    /// Adds a row; sends the batch once full. Returns whether to go on.
+    fn push(&mut self, number: u64, kind: RowKind) -> bool {
+        self.bytes += kind.bytes();
+        self.rows.push(Row { number, kind });
+        if self.rows.len() >= BATCH_ROWS || self.bytes >= BATCH_BYTES {
+            self.flush();
+        }
+        !self.closed
+    }
+
+    /// Sends what is gathered.
+    fn flush(&mut self) {
+        let mut bytes = std::mem::take(&mut self.progress);
+        if let Some(c) = &self.counter {
+            let now = c.load(Ordering::Relaxed);
+            bytes += now - self.sent_bytes;
+            self.sent_bytes = now;
+        }
+        let rows = std::mem::take(&mut self.rows);
+        self.bytes = 0;
+        let kept = self.kept.take();
+        if !self.closed && self.tx.blocking_send(Batch { rows, bytes, kept }).is_err() {
+            self.closed = true;
+        }
+    }
+}
+
+/// JSON lines: as they are, or mapped by `columns`.
+fn lines(
+    shard: &Shard,
+    mut reader: impl BufRead,
+    columns: Option<&Columns>,
+    out: &mut Sender,
+) -> Result<(), InputError> {
+    let plan = match columns {
+        Some(c) => Some(
+            c.plan(&any_schema(c))
+                .map_err(|reason| InputError::Columns {
+                    shard: shard.name.clone(),
+                    reason,
+                })?,
+        ),
+        None => None,
+    };
+    out.kept = plan.as_ref().map(|p| p.keep.clone());
+    let mut line = Vec::new();
+    let mut number = 0;
+    loop {
+        let read = next_line(&mut reader, &mut line, crate::jobs::publish::MAX_LINE_BYTES)
+            .map_err(|e| InputError::Unreadable {
+                shard: shard.name.clone(),
+                reason: e.to_string(),
+            })?;
+        let Some(read) = read else { return Ok(()) };
+        number += 1;
+        let kind = match (read.too_long, &plan) {
+            (Some(sha256), _) => RowKind::TooLong {
+                start: std::mem::take(&mut line),
+                len: read.len,
+                sha256,
+            },
+            (None, None) => RowKind::Line(std::mem::take(&mut line)),
+            (None, Some(plan)) if line.iter().all(u8::is_ascii_whitespace) => continue,
+            (None, Some(plan)) => mapped_line(plan, &shard.rel, number, std::mem::take(&mut line)),
+        };
+        if !out.push(number, kind) {
+            return Ok(());
+        }
+    }
+}
+
+/// Every column a mapping names, of unknown kind: JSON lines have no schema to check first.
+fn any_schema(c: &Columns) -> Vec<(String, Kind)> {
+    let mut names: Vec<String> = c.id.iter().chain(&c.keep).cloned().collect();
+    match &c.payload {
+        Payload::Auto => names.push("text".into()),
+        Payload::Text { column, pair } => {
+            names.extend([Some(column), pair.as_ref()].into_iter().flatten().cloned())
+        }
+        Payload::Image(c) | Payload::Messages(c) | Payload::Prompt(c) => names.push(c.clone()),
+    }
+    names.into_iter().map(|n| (n, Kind::Any)).collect()
+}
+
+/// A JSON line's record by the plan: its keys read as columns.
+fn mapped_line(plan: &Plan, rel: &str, number: u64, line: Vec<u8>) -> RowKind {
+    let object: Result<serde_json::Map<String, serde_json::Value>, String> =
+        serde_json::from_slice(&line).map_err(|e| format!("payload is not a JSON object: {e}"));
+    let mut object = match object {
+        Ok(o) => o,
+        Err(error) => return RowKind::Refused { error, raw: line },
+    };
+    let cells = plan
+        .read
+        .iter()
+        .map(|k| object.remove(k).map_or(Cell::Null, Cell::Json))
+        .collect();
+    match plan.record(cells, rel, number) {
+        Ok((record, kept)) => RowKind::Mapped { record, kept },
+        Err(error) => RowKind::Refused { error, raw: line },
+    }
+}
+
+/// What [`next_line`] read.
+pub struct LineRead {
+    /// Bytes consumed, newline included.
+    pub bytes: usize,
+    /// The line's length, newline excluded.
+    pub len: usize,
+    /// The line was longer than the limit: the line holds only its start, and this is the hex
+    /// SHA-256 of the whole line (measured as it streamed past).
+    pub too_long: Option<String>,
+}
+
+/// Reads the next line (without its newline) into `line`, keeping at most `max` bytes of it;
+/// `None` at the end of the input. Once a line is past `max`, only its first
+/// [`REFUSED_RAW_BYTES`] are kept (all a refusal stores).
+pub fn next_line(
+    input: &mut impl BufRead,
+    line: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<Option<LineRead>> {
+    line.clear();
+    let mut read = LineRead {
+        bytes: 0,
+        len: 0,
+        too_long: None,
+    };
+    let mut hasher: Option<Sha256> = None;
+    loop {
+        let buf = input.fill_buf()?;
+        if buf.is_empty() {
+            read.too_long = hasher.map(|h| hex::encode(h.finalize()));
+            return Ok((read.bytes > 0).then_some(read));
+        }
+        let (chunk, done) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (&buf[..=i], true),
+            None => (buf, false),
+        };
+        let content = chunk.strip_suffix(b"\n").unwrap_or(chunk);
+        if hasher.is_none() && line.len() + content.len() > max {
+            let mut h = Sha256::new();
+            h.update(&line);
+            line.truncate(REFUSED_RAW_BYTES);
+            hasher = Some(h);
+        }
+        match &mut hasher {
+            Some(h) => {
+                h.update(content);
+                let room = REFUSED_RAW_BYTES.saturating_sub(line.len());
+                line.extend_from_slice(&content[..content.len().min(room)]);
+            }
+            None => line.extend_from_slice(content),
+        }
+        read.len += content.len();
+        let used = chunk.len();
+        input.consume(used);
+        read.bytes += used;
+        if done {
+            read.too_long = hasher.map(|h| hex::encode(h.finalize()));
+            return Ok(Some(read));
+        }
+    }
+}
+
+/// CSV or TSV with a header row: quoted fields may hold the delimiter and newlines; a UTF-8
+/// byte-order mark before the header is dropped.
+fn delimited(
+    shard: &Shard,
+    reader: impl Read,
+    columns: &Columns,
+    out: &mut Sender,
+) -> Result<(), InputError> {
+    let delimiter = if shard.format == Format::Tsv {
+        b'\t'
+    } else {
+        b','
+    };
+    let unreadable = |e: csv::Error| InputError::Unreadable {
+        shard: shard.name.clone(),
+        reason: e.to_string(),
+    };
+    let mut csv = csv::ReaderBuilder::new()
+        .delimiter(delimiter)
+        .from_reader(reader);
+    let headers = csv.byte_headers().map_err(unreadable)?.clone();
+    let names: Vec<String> = headers
+        .iter()
+        .map(|h| {
+            String::from_utf8_lossy(h)
+                .trim_start_matches('\u{feff}')
+                .to_string()
+        })
+        .collect();
+    let schema: Vec<(String, Kind)> = names.iter().map(|n| (n.clone(), Kind::Text)).collect();
+    let plan = columns
+        .plan(&schema)
+        .map_err(|reason| InputError::Columns {
+            shard: shard.name.clone(),
+            reason,
+        })?;
+    out.kept = Some(plan.keep.clone());
+    let at: Vec<usize> = plan
+        .read
+        .iter()
+        .filter_map(|c| names.iter().position(|n| n == c))
+        .collect();
+    let mut record = csv::ByteRecord::new();
+    let mut number = 0;
+    loop {
+        let read = csv.read_byte_record(&mut record);
+        number += 1;
+        let kind = match read {
+            Ok(false) => return Ok(()),
+            Ok(true) => csv_row(&plan, &at, &record, &shard.rel, number, delimiter),
+            // A malformed record (a field count unlike the header's): refused, the next one read.
+            Err(e) if matches!(e.kind(), csv::ErrorKind::UnequalLengths { .. }) => {
+                RowKind::Refused {
+                    error: format!("malformed record: {e}"),
+                    raw: join(&record, delimiter),
+                }
+            }
+            Err(e) => return Err(unreadable(e)),
+        };
+        if !out.push(number, kind) {
+            return Ok(());
+        }
+    }
+}
+
+/// A CSV record's fields joined back with the delimiter (the raw row a refusal keeps).
+fn join(record: &csv::ByteRecord, delimiter: u8) -> Vec<u8> {
+    let mut raw = Vec::new();
+    for (i, field) in record.iter().enumerate() {
+        if i > 0 {
+            raw.push(delimiter);
+        }
+        raw.extend_from_slice(field);
+    }
+    raw
+}
+
+/// One CSV record by the plan (`at`: where each of the plan's columns is).
+fn csv_row(
+    plan: &Plan,
+    at: &[usize],
+    record: &csv::ByteRecord,
+    rel: &str,
+    number: u64,
+    delimiter: u8,
+) -> RowKind {
+    let mut cells = Vec::with_capacity(at.len());
+    for (&i, column) in at.iter().zip(&plan.read) {
+        match std::str::from_utf8(record.get(i).unwrap_or_default()) {
+            Ok(s) => cells.push(Cell::Text(s.to_string())),
+            Err(e) => {
+                return RowKind::Refused {
+                    error: format!("column {column:?} is not valid UTF-8: {e}"),
+                    raw: join(record, delimiter),
+                }
+            }
+        }
+    }
+    match plan.record(cells, rel, number) {
+        Ok((record, kept)) => RowKind::Mapped { record, kept },
+        Err(error) => RowKind::Refused {
+            error,
+            raw: join(record, delimiter),
+        },
+    }
+}
+
+/// A Parquet file, row group by row group, reading only the plan's columns.
+fn parquet(
+    shard: &Shard,
+    file: std::fs::File,
+    columns: &Columns,
+    out: &mut Sender,
+) -> Result<(), InputError> {
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::arrow::ProjectionMask;
+    let unreadable = |reason: String| InputError::Unreadable {
+        shard: shard.name.clone(),
+        reason,
+    };
+    let builder =
+        ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| unreadable(e.to_string()))?;
+    let arrow = builder.schema().clone();
+    let schema: Vec<(String, Kind)> = arrow
+        .fields()
+        .iter()
+        .map(|f| (f.name().clone(), kind(f.data_type())))
+        .collect();
+    let plan = columns
+        .plan(&schema)
+        .map_err(|reason| InputError::Columns {
+            shard: shard.name.clone(),
+            reason,
+        })?;
+    out.kept = Some(plan.keep.clone());
+    let roots = plan
+        .read
+        .iter()
+        .filter_map(|c| arrow.fields().iter().position(|f| f.name() == c));
+    let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+    let total = builder.metadata().file_metadata().num_rows().max(1) as u64;
+    let reader = builder
+        .with_projection(mask)
+        .with_batch_size(1024)
+        .build()
+        .map_err(|e| unreadable(e.to_string()))?;
+    let mut number = 0u64;
+    for batch in reader {
+        let batch = batch.map_err(|e| unreadable(e.to_string()))?;
+        let arrays: Vec<Column> = plan
+            .read
+            .iter()
+            .filter_map(|c| batch.column_by_name(c).map(Column::new))
+            .collect();
+        out.progress += shard.size * batch.num_rows() as u64 / total;
+        for i in 0..batch.num_rows() {
+            number += 1;
+            let cells = arrays.iter().map(|a| a.cell(i)).collect();
+            let kind = match plan.record(cells, &shard.rel, number) {
+                Ok((record, kept)) => RowKind::Mapped { record, kept },
+                Err(error) => RowKind::Refused {
+                    raw: row_json(&plan.read, &arrays, i).into_bytes(),
+                    error,
+                },
+            };
+            if !out.push(number, kind) {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What a record makes of an Arrow type.
+fn kind(t: &arrow_schema::DataType) -> Kind {
+    use arrow_schema::DataType as T;
+    match t {
+        T::Utf8 | T::LargeUtf8 | T::Utf8View => Kind::Text,
+        T::Dictionary(_, values) => kind(values),
+        T::Int8 | T::Int16 | T::Int32 | T::Int64 | T::UInt8 | T::UInt16 | T::UInt32 | T::UInt64 => {
+            Kind::Int
+        }
+        T::Float16 | T::Float32 | T::Float64 => Kind::Float,
+        T::Boolean => Kind::Bool,
+        T::Binary | T::LargeBinary | T::BinaryView | T::FixedSizeBinary(_) => Kind::Bytes,
+        T::List(_)
+        | T::LargeList(_)
+        | T::ListView(_)
+        | T::LargeListView(_)
+        | T::FixedSizeList(..) => Kind::List,
+        other => Kind::Other(other.to_string()),
+    }
+}
+
+/// A batch's column, cast once to what its cells are read from.
+enum Column {
+    /// Strings of any encoding (plain, large, view, dictionary), as plain strings.
+    Text(arrow_array::StringArray),
+    /// Integers, as 64-bit.
+    Int(arrow_array::Int64Array),
+    /// Bytes of any encoding, as plain binary.
+    Bytes(arrow_array::BinaryArray),
+    /// Anything else, read value by value.
+    Other(ArrayRef),
+}
+
+impl Column {
+    /// `a` cast for reading (a cast that fails, such as a string column over 2 GiB in one
+    /// batch, leaves it to be read value by value).
+    fn new(a: &ArrayRef) -> Self {
+        use arrow_array::cast::AsArray;
+        use arrow_schema::DataType as T;
+        let cast = |t: &T| arrow_cast::cast(a, t).ok();
+        let column = match kind(a.data_type()) {
+            Kind::Text => cast(&T::Utf8).map(|c| Column::Text(c.as_string::<i32>().clone())),
+            Kind::Int if *a.data_type() != T::UInt64 => cast(&T::Int64)
+                .map(|c| Column::Int(c.as_primitive::<arrow_array::types::Int64Type>().clone())),
+            Kind::Bytes => cast(&T::Binary).map(|c| Column::Bytes(c.as_binary::<i32>().clone())),
+            _ => None,
+        };
+        column.unwrap_or_else(|| Column::Other(a.clone()))
+    }
+
+    /// Row `i` as a cell.
+    fn cell(&self, i: usize) -> Cell {
+        match self {
+            Column::Text(a) if a.is_valid(i) => Cell::Text(a.value(i).to_string()),
+            Column::Int(a) if a.is_valid(i) => Cell::Int(a.value(i)),
+            Column::Bytes(a) if a.is_valid(i) => Cell::Bytes(a.value(i).to_vec()),
+            Column::Other(a) if a.is_valid(i) => match to_json(a, i) {
+                serde_json::Value::Number(n) if n.is_i64() => Cell::Int(n.as_i64().unwrap_or(0)),
+                serde_json::Value::Number(n) => Cell::Float(n.as_f64().unwrap_or(f64::NAN)),
+                serde_json::Value::Bool(b) => Cell::Bool(b),
+                serde_json::Value::String(s) => Cell::Text(s),
+                v => Cell::Json(v),
+            },
+            _ => Cell::Null,
+        }
+    }
+
+    /// Row `i` as JSON (a refused row's copy).
+    fn json(&self, i: usize) -> serde_json::Value {
+        match self.cell(i) {
+            Cell::Null => serde_json::Value::Null,
+            Cell::Text(s) => serde_json::Value::String(s),
+            Cell::Int(n) => n.into(),
+            Cell::Float(f) => {
+                serde_json::Number::from_f64(f).map_or(serde_json::Value::Null, Into::into)
+            }
+            Cell::Bool(b) => b.into(),
+            Cell::Bytes(b) => {
+                use base64::Engine;
+                base64::engine::general_purpose::STANDARD.encode(b).into()
+            }
+            Cell::Json(v) => v,
+        }
+    }
+}
+
+/// Row `i` of a string-like array (plain, large, view or dictionary-encoded).
+fn text(a: &ArrayRef, i: usize) -> Option<String> {
+    let one = a.slice(i, 1);
+    let strings = arrow_cast::cast(&one, &arrow_schema::DataType::Utf8).ok()?;
+    let strings = strings
+        .as_any()
+        .downcast_ref::<arrow_array::StringArray>()?;
+    (!strings.is_null(0)).then(|| strings.value(0).to_string())
+}
+
+/// Row `i` of a binary-like array.
+fn bytes(a: &ArrayRef, i: usize) -> Option<Vec<u8>> {
+    let one = a.slice(i, 1);
+    let b = arrow_cast::cast(&one, &arrow_schema::DataType::Binary).ok()?;
+    let b = b.as_any().downcast_ref::<arrow_array::BinaryArray>()?;
+    (!b.is_null(0)).then(|| b.value(0).to_vec())
+}
+
+/// Row `i` as Arrow displays it (dates, decimals, timestamps...).
+fn display(a: &ArrayRef, i: usize) -> Option<String> {
+    let options = arrow_cast::display::FormatOptions::default();
+    let f = arrow_cast::display::ArrayFormatter::try_new(a.as_ref(), &options).ok()?;
+    Some(f.value(i).to_string())
+}
+
+/// Row `i` as JSON: numbers, booleans, strings, lists and structs as themselves, bytes as
+/// base64, anything else as Arrow displays it.
+fn to_json(a: &ArrayRef, i: usize) -> serde_json::Value {
+    use arrow_array::cast::AsArray;
+    use arrow_schema::DataType as T;
+    use serde_json::Value;
+    if a.is_null(i) {
+        return Value::Null;
+    }
+    let as_i64 = || {
+        arrow_cast::cast(&a.slice(i, 1), &T::Int64)
+            .ok()
+            .and_then(|x| {
+                x.as_primitive_opt::<arrow_array::types::Int64Type>()
+                    .map(|p| p.value(0))
+            })
+    };
+    match a.data_type() {
+        T::Boolean => Value::Bool(a.as_boolean().value(i)),
+        T::Int8 | T::Int16 | T::Int32 | T::Int64 | T::UInt8 | T::UInt16 | T::UInt32 => {
+            as_i64().map_or(Value::Null, Value::from)
+        }
+        T::Float16 | T::Float32 | T::Float64 | T::UInt64 => {
+            arrow_cast::cast(&a.slice(i, 1), &T::Float64)
+                .ok()
+                .and_then(|x| {
+                    x.as_primitive_opt::<arrow_array::types::Float64Type>()
+                        .map(|p| p.value(0))
+                })
+                .and_then(serde_json::Number::from_f64)
+                .map_or(Value::Null, Value::Number)
+        }
+        T::List(_) => list(a.as_list::<i32>().value(i)),
+        T::LargeList(_) => list(a.as_list::<i64>().value(i)),
+        T::FixedSizeList(..) => list(a.as_fixed_size_list().value(i)),
+        T::Struct(fields) => {
+            let s = a.as_struct();
+            let object = fields
+                .iter()
+                .zip(s.columns())
+                .map(|(f, c)| (f.name().clone(), to_json(c, i)))
+                .collect();
+            Value::Object(object)
+        }
+        _ => match kind(a.data_type()) {
+            Kind::Text => text(a, i).map_or(Value::Null, Value::String),
+            Kind::Bytes => bytes(a, i).map_or(Value::Null, |b| {
+                use base64::Engine;
+                Value::String(base64::engine::general_purpose::STANDARD.encode(b))
+            }),
+            _ => display(a, i).map_or(Value::Null, Value::String),
+        },
+    }
+}
+
+/// A list's values as a JSON array.
+fn list(values: ArrayRef) -> serde_json::Value {
+    serde_json::Value::Array((0..values.len()).map(|j| to_json(&values, j)).collect())
+}
+
+/// A table row's read columns as a JSON object (what a refusal keeps of it).
+fn row_json(names: &[String], columns: &[Column], i: usize) -> String {
+    let object = names
+        .iter()
+        .zip(columns)
+        .map(|(n, c)| (n.clone(), c.json(i)))
+        .collect();
+    serde_json::Value::Object(object).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A line past the limit is read to its end without being held: its first 64 KiB, its
+    /// length and the SHA-256 of all of it; the next line reads normally.
+    #[test]
+    fn an_over_long_line_keeps_its_start_size_and_hash() {
+        let long: Vec<u8> = (0..300_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        let mut input = long.clone();
+        input.extend_from_slice(b"\nnext\n");
+        // A small buffer, so the line arrives in many pieces.
+        let mut reader = std::io::BufReader::with_capacity(4096, input.as_slice());
+        let mut line = Vec::new();
+        let read = next_line(&mut reader, &mut line, 100_000).unwrap().unwrap();
+        assert_eq!(read.len, long.len());
+        assert_eq!(read.bytes, long.len() + 1);
+        assert_eq!(read.too_long, Some(hex::encode(Sha256::digest(&long))));
+        assert_eq!(line, &long[..REFUSED_RAW_BYTES]);
+        let read = next_line(&mut reader, &mut line, 100_000).unwrap().unwrap();
+        assert_eq!((read.too_long, line.as_slice()), (None, &b"next"[..]));
+        assert!(next_line(&mut reader, &mut line, 100_000)
+            .unwrap()
+            .is_none());
+    }
+}
