@@ -27,27 +27,10 @@ const POISON: usize = 25;
 /// by `export --failed` with their line numbers.
 const BAD_LINES: usize = 10;
 
-/// A 1-layer, 32-wide BERT with random weights in all-MiniLM-L6-v2's layout and vocabulary
-/// (`bench/make_shape.py`): the model costs almost nothing, so the pipeline is what runs.
+/// The suite's tiny BERT ([`tiny_bert`]), made once for this file.
 fn tiny_model() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tiny-bert");
-        let status = Command::new("python3")
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/bench/make_shape.py"))
-            .arg("--from")
-            .arg(model_dir())
-            .arg("--out")
-            .arg(&out)
-            .args(["--layers", "1", "--hidden", "32", "--heads", "2"])
-            .args(["--intermediate", "64"])
-            .stdout(Stdio::null())
-            .status()
-            .expect("python3 bench/make_shape.py");
-        assert!(status.success(), "make_shape.py failed");
-        out
-    })
-    .clone()
+    DIR.get_or_init(|| tiny_bert("tiny-bert")).clone()
 }
 
 /// Every stored embedding of the database at `db`, by record id.

@@ -714,3 +714,23 @@ pub fn served(handle: spotinfer::model::ModelHandle) -> spotinfer::pipeline::inf
     };
     spotinfer::model::load::serve(handle, serving)
 }
+
+/// A 1-layer, 32-wide BERT with random weights in all-MiniLM-L6-v2's layout and vocabulary
+/// (`bench/make_shape.py`), made under the target's temporary folder as `name` (one name per
+/// test file: files run at once): the model costs almost nothing, so the pipeline is what runs.
+pub fn tiny_bert(name: &str) -> PathBuf {
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let status = Command::new("python3")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/bench/make_shape.py"))
+        .arg("--from")
+        .arg(model_dir())
+        .arg("--out")
+        .arg(&out)
+        .args(["--layers", "1", "--hidden", "32", "--heads", "2"])
+        .args(["--intermediate", "64"])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("python3 bench/make_shape.py");
+    assert!(status.success(), "make_shape.py failed");
+    out
+}

@@ -61,6 +61,21 @@ pub enum Kind {
     Other(String),
 }
 
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Kind::Text => "strings",
+            Kind::Int => "integers",
+            Kind::Float => "floats",
+            Kind::Bool => "booleans",
+            Kind::Bytes => "bytes",
+            Kind::List => "lists",
+            Kind::Any => "values",
+            Kind::Other(t) => t,
+        })
+    }
+}
+
 impl Kind {
     /// How a kept column of this kind is typed in the job's exports.
     pub fn export_type(&self) -> &'static str {
@@ -133,8 +148,10 @@ impl Columns {
             if *kind == Kind::Any || ok.contains(kind) {
                 return Ok(());
             }
+            let ok: Vec<String> = ok.iter().map(Kind::to_string).collect();
             Err(format!(
-                "column {name:?} (the {role}) is {kind:?}, not {ok:?}"
+                "column {name:?} (the {role}) holds {kind}; it must hold {}",
+                ok.join(" or ")
             ))
         };
         let mut read = Vec::new();
@@ -198,6 +215,11 @@ impl Columns {
 }
 
 impl Plan {
+    /// The columns a row cannot do without: the id's (unless generated) and the input's.
+    pub fn required(&self) -> &[String] {
+        &self.read[..1 + usize::from(self.id)]
+    }
+
     /// The record's message JSON and its kept columns (a JSON object, `None` when none are
     /// kept), from the row's cells in [`Plan::read`] order; or why the row is refused. `shard`
     /// and `row` make a generated id.
@@ -265,6 +287,9 @@ fn input_value(
     match (key, cell) {
         (_, Cell::Null | Cell::Json(Value::Null)) => {
             Err(format!("column {column:?} (the record's {key}) is null"))
+        }
+        (_, Cell::Text(s) | Cell::Json(Value::String(s))) if s.is_empty() => {
+            Err(format!("column {column:?} (the record's {key}) is empty"))
         }
         ("uri" | "image_base64", Cell::Bytes(b)) => {
             use base64::Engine;

@@ -300,6 +300,10 @@ fn mapped_line(plan: &Plan, rel: &str, number: u64, line: Vec<u8>) -> RowKind {
         Ok(o) => o,
         Err(error) => return RowKind::Refused { error, raw: line },
     };
+    if let Some(absent) = plan.required().iter().find(|k| !object.contains_key(*k)) {
+        let error = format!("no key {absent:?} (a column the record needs)");
+        return RowKind::Refused { error, raw: line };
+    }
     let cells = plan
         .read
         .iter()

@@ -110,13 +110,17 @@ impl Publish<'_> {
             Some(t) => t.store.finished_inputs(t.job).await?,
             None => Default::default(),
         };
-        let names = input.shards.iter().map(|s| s.name.clone());
+        let names = input
+            .shards
+            .iter()
+            .map(|s| (s.name.clone(), label(input, s)));
         let mut out = Outbox::new(
             self.publisher,
             self.target,
             outbox::source(&input.name),
             names,
             self.max_held_bytes,
+            self.progress,
         );
         let todo: Vec<usize> = (0..input.shards.len())
             .filter(|&i| !finished.contains(&input.shards[i].name))
@@ -156,13 +160,12 @@ impl Publish<'_> {
         let reading = shard.clone();
         let reader =
             tokio::task::spawn_blocking(move || read::rows(&reading, bytes, columns.as_ref(), &tx));
-        let label = Label::new(input, &shard);
         while let Some(batch) = rx.recv().await {
             if let Some(kept) = &batch.kept {
                 self.check_kept(kept).await?;
             }
             for row in batch.rows {
-                self.row(row, i, &label, out).await?;
+                self.row(row, i, out).await?;
             }
             self.progress.inc(batch.bytes);
             let s = &out.summary;
@@ -197,38 +200,26 @@ impl Publish<'_> {
     }
 
     /// One row: queued as a message, or refused (printed, and recorded in the job).
-    async fn row(
-        &self,
-        row: Row,
-        shard: usize,
-        label: &Label,
-        out: &mut Outbox<'_>,
-    ) -> Result<(), PublishError> {
+    async fn row(&self, row: Row, shard: usize, out: &mut Outbox<'_>) -> Result<(), PublishError> {
         let n = row.number;
-        let refuse = |error: &str| label.print(self.progress, n, error);
+        out.summary.rows += 1;
         let (line, kept) = match row.kind {
             RowKind::TooLong { start, len, sha256 } => {
                 let error = format!(
                     "longer than {MAX_LINE_BYTES} bytes (Pub/Sub's message limit): {len} bytes"
                 );
-                refuse(&error);
-                out.summary.rows += 1;
                 let line = || RefusedLine::from_prefix(n as usize, &error, &start, len, sha256);
-                return out.refuse(shard, line).await;
+                return out.refuse(shard, n, &error, line).await;
             }
             RowKind::Refused { error, raw } => {
-                refuse(&error);
-                out.summary.rows += 1;
-                return out
-                    .refuse(shard, || RefusedLine::new(n as usize, &error, &raw))
-                    .await;
+                let line = || RefusedLine::new(n as usize, &error, &raw);
+                return out.refuse(shard, n, &error, line).await;
             }
             RowKind::Line(line) => (line, None),
             RowKind::Mapped { record, kept } => (record.into_bytes(), kept),
         };
         match message_data(&line, self.job) {
             Ok(Some((id, data))) => {
-                out.summary.rows += 1;
                 let queued = Queued {
                     id,
                     data,
@@ -238,41 +229,28 @@ impl Publish<'_> {
                 };
                 out.add(queued).await
             }
-            Ok(None) => Ok(()),
+            Ok(None) => {
+                out.summary.rows -= 1; // a blank line is no row
+                Ok(())
+            }
             Err(error) => {
-                refuse(&error);
-                out.summary.rows += 1;
-                out.refuse(shard, || RefusedLine::new(n as usize, &error, &line))
-                    .await
+                let refused = || RefusedLine::new(n as usize, &error, &line);
+                out.refuse(shard, n, &error, refused).await
             }
         }
     }
 }
 
-/// How a refused row is named on stderr: `line N` of a JSON-lines input, `row N` of a table,
-/// after its shard's name when the input has several.
-struct Label {
-    prefix: String,
-    unit: &'static str,
-}
-
-impl Label {
-    fn new(input: &Input, shard: &Shard) -> Self {
-        Self {
-            prefix: if input.shards.len() > 1 {
-                format!("{}: ", shard.rel)
-            } else {
-                String::new()
-            },
-            unit: if shard.format == Format::Jsonl {
-                "line"
-            } else {
-                "row"
-            },
-        }
-    }
-
-    fn print(&self, progress: &indicatif::ProgressBar, n: u64, error: &str) {
-        progress.suspend(|| eprintln!("{}{} {n}: {error}; skipped", self.prefix, self.unit));
+/// How a shard's refused rows are named on stderr: `line` of JSON lines, `row` of a table,
+/// after the shard's name when the input has several (`part-3.parquet: row`).
+fn label(input: &Input, shard: &Shard) -> String {
+    let unit = if shard.format == Format::Jsonl {
+        "line"
+    } else {
+        "row"
+    };
+    match input.shards.len() {
+        1 => unit.to_string(),
+        _ => format!("{}: {unit}", shard.rel),
     }
 }

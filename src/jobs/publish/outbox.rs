@@ -50,6 +50,8 @@ type InFlight = Join<PublishFuture, Ready<(usize, usize)>>;
 struct ShardCount {
     /// Its name in the job.
     name: String,
+    /// How its rows are named on stderr (`part-3.parquet: row`).
+    label: String,
     /// Publishes not yet confirmed (or failed).
     in_flight: u64,
     /// Its records in the job: published, or left out as already done.
@@ -80,18 +82,22 @@ pub struct Outbox<'a> {
     refused: Vec<(usize, RefusedLine)>,
     refused_bytes: usize,
     shards: Vec<ShardCount>,
+    /// Where refusals are printed above.
+    progress: &'a indicatif::ProgressBar,
     /// What happened so far.
     pub summary: PublishSummary,
 }
 
 impl<'a> Outbox<'a> {
-    /// An outbox for `shards` (by name) of an input whose hash is `source`.
+    /// An outbox for `shards` (each its name, and how its rows are named on stderr) of an
+    /// input whose hash is `source`.
     pub fn new(
         publisher: &'a Publisher,
         target: Option<JobTarget<'a>>,
         source: i64,
-        shards: impl Iterator<Item = String>,
+        shards: impl Iterator<Item = (String, String)>,
         max: usize,
+        progress: &'a indicatif::ProgressBar,
     ) -> Self {
         Self {
             publisher,
@@ -106,22 +112,29 @@ impl<'a> Outbox<'a> {
             refused: Vec::new(),
             refused_bytes: 0,
             shards: shards
-                .map(|name| ShardCount {
+                .map(|(name, label)| ShardCount {
                     name,
+                    label,
                     ..Default::default()
                 })
                 .collect(),
+            progress,
             summary: PublishSummary::default(),
         }
     }
 
-    /// Counts a refused row and, with a job, queues it (`line` builds it: without a job its
-    /// hash is not computed); a full queue is written.
+    /// Prints why row `n` of `shard` is refused, counts it and, with a job, queues it (`line`
+    /// builds it: without a job its hash is not computed); a full queue is written.
     pub async fn refuse(
         &mut self,
         shard: usize,
+        n: u64,
+        error: &str,
         line: impl FnOnce() -> RefusedLine,
     ) -> Result<(), PublishError> {
+        let label = &self.shards[shard].label;
+        self.progress
+            .suspend(|| eprintln!("{label} {n}: {error}; skipped"));
         self.summary.skipped += 1;
         if self.target.is_none() {
             return Ok(());
@@ -262,10 +275,8 @@ impl<'a> Outbox<'a> {
                     m.id
                 );
                 let (shard, row) = (m.shard, m.row);
-                self.refuse(shard, || {
-                    RefusedLine::new(row as usize, &error, m.data.as_bytes())
-                })
-                .await?;
+                let line = || RefusedLine::new(row as usize, &error, m.data.as_bytes());
+                self.refuse(shard, row, &error, line).await?;
             } else if done.contains(&m.id) {
                 self.held = self.held.saturating_sub(m.bytes());
                 self.summary.already_done += 1;
