@@ -15,9 +15,15 @@ pub async fn run(a: ExportArgs) -> anyhow::Result<()> {
     } else {
         What::Results
     };
-    let progress = indicatif::ProgressBar::new_spinner().with_style(
-        indicatif::ProgressStyle::with_template("{spinner} {pos} rows {per_sec}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+    // The rows to come, for the bar's length and ETA (drawn only on a terminal).
+    let status = store.job_status(&a.job).await?;
+    let rows = match what {
+        What::Results => status.done,
+        What::Failures => status.failed + status.refused,
+    };
+    let progress = indicatif::ProgressBar::new(rows.max(0) as u64).with_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} rows ({per_sec}, ETA {eta})")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let started = Instant::now();
     let emulator = a.storage.storage_emulator_host.as_deref();
