@@ -7,6 +7,7 @@
 //! * [`telemetry`]: logs, metrics and the `/metrics`, `/healthz`, `/readyz` endpoints.
 
 pub mod drain;
+mod file_lock;
 pub mod gcs;
 pub mod pubsub;
 pub mod store;
