@@ -136,15 +136,15 @@ mod tests {
 
     #[test]
     fn an_existing_local_path_wins_over_the_hub() {
-        let dir = tempfile::tempdir().unwrap();
-        let local = dir.path().join("owner");
-        std::fs::create_dir_all(local.join("name")).unwrap();
-        let relative = Path::new("owner/name");
-        let cwd_has_it = std::env::current_dir().unwrap().join(relative).exists();
-        assert_eq!(HubId::from_model_arg(&local.join("name")), None);
-        if !cwd_has_it {
-            assert!(HubId::from_model_arg(relative).is_some());
-        }
+        // Unit tests run in the package root, where `src/external` is a folder of the Hub-id
+        // form, as the default `models/all-MiniLM-L6-v2` is.
+        assert!(HubId::parse("src/external").is_some());
+        assert_eq!(HubId::from_model_arg(Path::new("src/external")), None);
+        let absent = HubId::from_model_arg(Path::new("src/no-such-model@v2")).unwrap();
+        assert_eq!(
+            (absent.repo(), absent.revision),
+            ("src/no-such-model".into(), "v2".into())
+        );
         assert_eq!(HubId::from_model_arg(Path::new("gs://models/minilm")), None);
     }
 
