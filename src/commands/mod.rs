@@ -12,39 +12,69 @@ pub mod work;
 use anyhow::Context;
 use spotinfer::config::ModelArgs;
 use spotinfer::external::gcs::{FileList, Gcs};
+use spotinfer::external::hub::{Hub, HubId, HubSettings};
 use spotinfer::model::engines::decoder::{is_generation_model, Interrupt};
 use spotinfer::model::load::{self, LoadRequest};
 use spotinfer::model::{GenerationDefaults, LoadOptions, ModelHandle, PromptChoice, TextModel};
 use std::path::Path;
 use std::time::Instant;
 
-/// The local model directory: `SPOTINFER_MODEL` itself, or, for gs://BUCKET/PREFIX, the
-/// verified copy in the cache (downloaded unless a valid copy is already there).
+/// The local model directory: `SPOTINFER_MODEL` itself; for gs://BUCKET/PREFIX, the verified
+/// copy in the cache; for a Hugging Face Hub id, its snapshot in the Hub cache (each downloaded
+/// unless a valid copy is already there).
 pub async fn model_dir(m: &ModelArgs) -> anyhow::Result<std::path::PathBuf> {
     fetch_model(&m.source.model, &m.storage).await
 }
 
-/// [`model_dir`] for a model path and storage settings.
+/// [`model_dir`] for a model path and storage settings. An existing local path wins; then
+/// `gs://`; then a value of the Hub-id form `owner/name[@revision]` (`HubId::from_model_arg`).
 pub async fn fetch_model(
     model: &Path,
     storage: &spotinfer::config::StorageArgs,
 ) -> anyhow::Result<std::path::PathBuf> {
-    let Some(uri) = model.to_str().filter(|s| s.starts_with("gs://")) else {
-        return Ok(model.to_path_buf());
-    };
+    if let Some(uri) = model.to_str().filter(|s| s.starts_with("gs://")) {
+        return fetch_from_gcs(uri, storage).await;
+    }
+    match HubId::from_model_arg(model) {
+        Some(id) => fetch_from_hub(&id).await,
+        None => Ok(model.to_path_buf()),
+    }
+}
+
+/// The model layer's list of a model folder's files, for the model caches.
+fn model_files(dir: &Path) -> FileList {
+    let files = spotinfer::model::spec::model_files(dir);
+    FileList {
+        required: files.required,
+        optional: files.optional,
+    }
+}
+
+/// The model under gs://BUCKET/PREFIX, in the cache.
+async fn fetch_from_gcs(
+    uri: &str,
+    storage: &spotinfer::config::StorageArgs,
+) -> anyhow::Result<std::path::PathBuf> {
     let started = Instant::now();
     let gcs = Gcs::new(storage.storage_emulator_host.as_deref()).await?;
     let fetched = gcs
-        .fetch_model(uri, &storage.cache_dir, "modules.json", |dir| {
-            let files = spotinfer::model::spec::model_files(dir);
-            FileList {
-                required: files.required,
-                optional: files.optional,
-            }
-        })
+        .fetch_model(uri, &storage.cache_dir, "modules.json", model_files)
         .await
         .with_context(|| format!("cannot fetch the model from {uri}"))?;
     tracing::info!(model = uri, dir = %fetched.dir.display(), downloaded = ?fetched.downloaded, seconds = started.elapsed().as_secs_f64(), "model ready in the cache");
+    Ok(fetched.dir)
+}
+
+/// The model `id` names on the Hugging Face Hub, in the Hub cache (endpoint, token and cache
+/// from `HF_ENDPOINT`, `HF_TOKEN`, `HF_HUB_CACHE` / `HF_HOME`).
+async fn fetch_from_hub(id: &HubId) -> anyhow::Result<std::path::PathBuf> {
+    let started = Instant::now();
+    let hub = Hub::new(&HubSettings::default())?;
+    let fetched = hub
+        .fetch_model(id, "modules.json", model_files)
+        .await
+        .with_context(|| format!("cannot fetch the model {id} from {}", hub.endpoint()))?;
+    tracing::info!(model = %id, dir = %fetched.dir.display(), downloaded = ?fetched.downloaded, seconds = started.elapsed().as_secs_f64(), "model ready in the Hub cache");
     Ok(fetched.dir)
 }
 

@@ -31,7 +31,9 @@ pub enum ModelsCommand {
 /// `spotinfer models check`.
 #[derive(Debug, Clone, Args)]
 pub struct ModelCheckArgs {
-    /// The model: a local folder or gs://BUCKET/PREFIX (default: SPOTINFER_MODEL).
+    /// The model: a local folder, gs://BUCKET/PREFIX, or a Hugging Face Hub id
+    /// owner/name[@revision] (an existing local path wins; docs/models.md) (default:
+    /// SPOTINFER_MODEL).
     #[arg(env = "SPOTINFER_MODEL", default_value = "models/all-MiniLM-L6-v2")]
     pub dir: PathBuf,
     #[command(flatten)]

@@ -94,8 +94,10 @@ pub(crate) fn parse_bucket(s: &str) -> Result<String, String> {
 /// result row's key; a job's "done" means a result under this name).
 #[derive(Debug, Clone, Args)]
 pub struct ModelRef {
-    /// Model: a local directory (model.safetensors, tokenizer.json, config.json, …) or
-    /// gs://BUCKET/PREFIX, fetched into SPOTINFER_CACHE_DIR and verified.
+    /// Model: a local directory (model.safetensors, tokenizer.json, config.json, …),
+    /// gs://BUCKET/PREFIX, fetched into SPOTINFER_CACHE_DIR and verified, or a Hugging Face Hub
+    /// id owner/name[@revision], fetched into the Hub cache (HF_HUB_CACHE) and verified. An
+    /// existing local path wins over a Hub id.
     #[arg(
         long,
         env = "SPOTINFER_MODEL",

@@ -7,6 +7,7 @@
 //! caller says, through [`FileList`].
 
 use super::{parse_uri, request_error, Gcs, StorageError};
+use crate::external::file_lock::FileLock;
 use std::path::{Path, PathBuf};
 use tokio::io::AsyncWriteExt;
 
@@ -219,24 +220,6 @@ impl Expected {
             });
         }
         Ok(())
-    }
-}
-
-/// An exclusive lock on a file (`File::lock`: flock on Linux), held while the value lives; the
-/// lock goes with the file descriptor when it is dropped.
-struct FileLock(#[allow(dead_code)] std::fs::File);
-
-impl FileLock {
-    /// Waits for the lock on a blocking thread, so other tasks run meanwhile.
-    async fn acquire(path: &Path) -> std::io::Result<Self> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(path)?;
-        tokio::task::spawn_blocking(move || file.lock().map(|()| Self(file)))
-            .await
-            .map_err(std::io::Error::other)?
     }
 }
 
