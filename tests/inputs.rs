@@ -244,12 +244,17 @@ async fn bad_rows_are_refused_with_their_shard_and_row() {
         assert!(error.contains(says), "{error}");
     }
 
-    // Published again: the same rows refused, none counted twice, no id a repeat of itself.
+    // Published again: skipped, its shards being finished; with --republish, read again: the
+    // same rows refused, none counted twice, no id taken for a repeat of itself.
     let again = env.ok(
         "publish",
         &[&[bad.as_str(), "--job", &name], &map[..]].concat(),
     );
     assert!(again.contains("shards: 0 read, 4 skipped"), "{again}");
+    let flags = [bad.as_str(), "--job", &name, "--republish"];
+    let again = env.ok("publish", &[&flags[..], &map[..]].concat());
+    assert!(again.contains("published 16 records"), "{again}");
+    assert!(again.contains("shards: 4 read, 0 skipped"), "{again}");
     let s = env.status(&name);
     assert_eq!((int(&s, "published"), int(&s, "refused")), (16, 8), "{s}");
 }

@@ -463,7 +463,8 @@ async fn publish_totals_survive_reruns_and_skip_done_resumes() {
 }
 
 /// A publish killed part-way leaves the job "publishing" (never complete); re-running it brings
-/// the total to exactly the file's records.
+/// the total to exactly the file's records, publishing only the rows past those the killed run
+/// had every publish of confirmed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupted_publish_is_rerun_without_doubling() {
     let (env, job, dir) = small_env("killed").await;
@@ -483,7 +484,7 @@ async fn an_interrupted_publish_is_rerun_without_doubling() {
             // Fails until the publish has registered the job (its first statements race this
             // one's migrations on the new file: Store::migrate retries).
             let out = env.run("status", &["--job", &job, "--json"]);
-            out.status.success() && int(&env.status(&job), "published") > 0
+            out.status.success() && int(&env.status(&job), "published") >= 8000
         },
     )
     .await;
@@ -496,7 +497,18 @@ async fn an_interrupted_publish_is_rerun_without_doubling() {
         "an interrupted publish is visible: {s}"
     );
     assert_eq!(s["complete"], false);
-    env.ok("publish", &[&input, "--job", &job]);
+    // The re-run reads on from where the killed one had every publish confirmed.
+    let out = env.ok("publish", &[&input, "--job", &job]);
+    let number = |after: &str| -> usize {
+        let at = out
+            .find(after)
+            .unwrap_or_else(|| panic!("{after:?} in {out}"))
+            + after.len();
+        out[at..].split(' ').next().unwrap().parse().unwrap()
+    };
+    let (resumed, published) = (number("resumed: "), number("published "));
+    assert!(resumed > 0, "{out}");
+    assert_eq!(resumed + published, n, "{out}");
     let s = env.status(&job);
     assert_eq!(int(&s, "published"), n as i64, "{s}");
     assert_eq!(s["publishing"], false);

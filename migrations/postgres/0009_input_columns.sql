@@ -10,3 +10,6 @@ ALTER TABLE job_records ADD COLUMN IF NOT EXISTS source BIGINT;
 ALTER TABLE job_records ADD COLUMN IF NOT EXISTS origin BIGINT;
 ALTER TABLE job_records ADD COLUMN IF NOT EXISTS columns TEXT;
 ALTER TABLE jobs ADD COLUMN IF NOT EXISTS columns TEXT;
+-- How far a publish of an input (a shard) got: every row up to `rows_done` is published and
+-- confirmed, refused and recorded, or already done. A re-run after a crash reads on from there.
+ALTER TABLE job_inputs ADD COLUMN IF NOT EXISTS rows_done BIGINT NOT NULL DEFAULT 0;

@@ -48,6 +48,7 @@ pub async fn run(a: PublishArgs) -> anyhow::Result<()> {
         columns: columns.as_ref(),
         job: a.job.as_deref(),
         target,
+        republish: a.republish,
         max_held_bytes: a.max_publish_bytes,
         progress: &progress,
     };
@@ -89,6 +90,12 @@ fn report(a: &PublishArgs, input: &Input, summary: &PublishSummary, topic: &str)
             String::new()
         }
     );
+    if summary.rows_resumed > 0 {
+        println!(
+            "resumed: {} rows an interrupted run got through were not published again",
+            summary.rows_resumed
+        );
+    }
     if input.shards.len() > 1 || summary.shards_skipped > 0 {
         println!(
             "shards: {} read, {} skipped (finished by an earlier run), {} in all",

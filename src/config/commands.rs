@@ -116,6 +116,10 @@ pub struct PublishArgs {
     /// Publish only records with no result yet from the job's model (resume a half-done job).
     #[arg(long, requires = "job")]
     pub skip_done: bool,
+    /// Publish every file from its first row, even those an earlier publish to the job
+    /// finished or got part-way through (which a re-run otherwise skips or resumes).
+    #[arg(long, requires = "job")]
+    pub republish: bool,
     /// Most message bytes publish holds at once, read ahead and in flight (at least 16 MiB: one
     /// message is up to 10 MB). Bounds its memory whatever the lines' sizes; a few hundred MB
     /// keeps many publishes in flight, so small lines go out as fast as before.

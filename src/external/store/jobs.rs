@@ -186,11 +186,17 @@ const RECENT_SQLITE: &str = "SELECT COUNT(*), \
      WHERE r.job = $1 AND e.processed_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-60 seconds')";
 /// `{now}`: the database's current time ([`Store::now_sql`]).
 const START_INPUT: &str = "INSERT INTO job_inputs (job, input) VALUES ($1, $2) \
-     ON CONFLICT (job, input) DO UPDATE SET started_at = {now}, finished_at = NULL, records = 0";
+     ON CONFLICT (job, input) DO UPDATE SET started_at = {now}, finished_at = NULL";
+/// A publish that starts an input over (`--republish`, or a run not resuming).
+const RESTART_INPUT: &str =
+    "UPDATE job_inputs SET rows_done = 0, records = 0 WHERE job = $1 AND input = $2";
+const ROWS_DONE: &str = "SELECT rows_done, records FROM job_inputs WHERE job = $1 AND input = $2";
 const FINISH_INPUT: &str =
     "UPDATE job_inputs SET finished_at = {now}, records = $3 WHERE job = $1 AND input = $2";
-/// A re-run of an input starts its refusals afresh: the file may have been fixed since.
-const FORGET_REFUSED: &str = "DELETE FROM job_refused_lines WHERE job = $1 AND input = $2";
+/// A re-run of an input records its refusals afresh past where the last run got (all of them
+/// when it starts over: the file may have been fixed since).
+const FORGET_REFUSED: &str =
+    "DELETE FROM job_refused_lines WHERE job = $1 AND input = $2 AND line > $3";
 const REFUSED_COLUMNS: &str =
     "INSERT INTO job_refused_lines (job, input, line, error, raw, raw_bytes, raw_sha256) ";
 /// `{now}`: as above. Two publishes of one input at once keep the later refusal of a line.
@@ -262,14 +268,44 @@ impl Store {
     }
 
     /// Marks a publish of `input` to `job` as running (until [`Store::finish_input`]) and
-    /// forgets the lines an earlier run of it refused: this run records its own.
-    pub async fn start_input(&self, job: &str, input: &str) -> Result<(), StoreError> {
+    /// returns the rows an earlier run of it got through ([`Store::advance_input`]), from which
+    /// this run goes on (`resume`), and its records so far; or zeros when it starts over. The
+    /// lines an earlier run refused past that point are forgotten: this run records its own.
+    pub async fn start_input(
+        &self,
+        job: &str,
+        input: &str,
+        resume: bool,
+    ) -> Result<(i64, i64), StoreError> {
         let sql = START_INPUT.replace("{now}", self.now_sql());
-        on_pool!(self, p => {
+        let done = on_pool!(self, p => {
             let mut tx = p.begin().await?;
             sqlx::query(&sql).bind(job).bind(input).execute(&mut *tx).await?;
-            sqlx::query(FORGET_REFUSED).bind(job).bind(input).execute(&mut *tx).await?;
+            if !resume {
+                sqlx::query(RESTART_INPUT).bind(job).bind(input).execute(&mut *tx).await?;
+            }
+            let done: (i64, i64) =
+                sqlx::query_as(ROWS_DONE).bind(job).bind(input).fetch_one(&mut *tx).await?;
+            sqlx::query(FORGET_REFUSED).bind(job).bind(input).bind(done.0).execute(&mut *tx).await?;
             tx.commit().await?;
+            done
+        });
+        Ok(done)
+    }
+
+    /// Records that a publish of `input` to `job` got through its first `rows_done` rows, with
+    /// `records` of its records published or already done so far.
+    pub async fn advance_input(
+        &self,
+        job: &str,
+        input: &str,
+        rows_done: i64,
+        records: i64,
+    ) -> Result<(), StoreError> {
+        let sql = "UPDATE job_inputs SET rows_done = $3, records = $4 \
+                   WHERE job = $1 AND input = $2 AND rows_done < $3";
+        on_pool!(self, p => {
+            sqlx::query(sql).bind(job).bind(input).bind(rows_done).bind(records).execute(p).await?;
         });
         Ok(())
     }

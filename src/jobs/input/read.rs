@@ -88,12 +88,14 @@ pub enum Bytes {
 
 /// Reads `shard` from `bytes` and sends its rows to `tx`; `columns` maps a table's columns (and
 /// a JSON line's keys) to records, `None` publishes JSON lines as they are (a CSV or Parquet
-/// shard then reads the contract's own column names). Stops early, without error, once the
-/// receiver is gone.
+/// shard then reads the contract's own column names). Its first `skip` rows are read but not
+/// sent (an earlier run got through them). Stops early, without error, once the receiver is
+/// gone.
 pub fn rows(
     shard: &Shard,
     bytes: Bytes,
     columns: Option<&Columns>,
+    skip: u64,
     tx: &mpsc::Sender<Batch>,
 ) -> Result<(), InputError> {
     let unreadable = |reason: String| InputError::Unreadable {
@@ -105,7 +107,7 @@ pub fn rows(
         payload: Payload::Auto,
         keep: Vec::new(),
     };
-    let mut out = Sender::new(tx);
+    let mut out = Sender::new(tx, skip);
     match shard.format {
         Format::Parquet => {
             let Bytes::File(file) = bytes else {
@@ -192,10 +194,12 @@ struct Sender<'a> {
     closed: bool,
     /// The plan's kept columns, sent with the first batch.
     kept: Option<Vec<Kept>>,
+    /// Rows not sent: those an earlier run got through.
+    skip: u64,
 }
 
 impl<'a> Sender<'a> {
-    fn new(tx: &'a mpsc::Sender<Batch>) -> Self {
+    fn new(tx: &'a mpsc::Sender<Batch>, skip: u64) -> Self {
         Self {
             tx,
             rows: Vec::with_capacity(BATCH_ROWS),
@@ -205,11 +209,15 @@ impl<'a> Sender<'a> {
             progress: 0,
             closed: false,
             kept: None,
+            skip,
         }
     }
 
     /// Adds a row; sends the batch once full. Returns whether to go on.
     fn push(&mut self, number: u64, kind: RowKind) -> bool {
+        if number <= self.skip {
+            return !self.closed;
+        }
         self.bytes += kind.bytes();
         self.rows.push(Row { number, kind });
         if self.rows.len() >= BATCH_ROWS || self.bytes >= BATCH_BYTES {

@@ -67,6 +67,8 @@ pub struct PublishSummary {
     pub shards: u64,
     /// Shards an earlier run finished, skipped.
     pub shards_skipped: u64,
+    /// Rows an earlier, interrupted run got through, not read again.
+    pub rows_resumed: u64,
 }
 
 /// The job a publish feeds: every record id is registered in the database before its message
@@ -96,6 +98,9 @@ pub struct Publish<'a> {
     pub job: Option<&'a str>,
     /// The job's bookkeeping.
     pub target: Option<JobTarget<'a>>,
+    /// Publish every shard from its first row, even those an earlier run to the job finished
+    /// or got part-way through.
+    pub republish: bool,
     /// `--max-publish-bytes`.
     pub max_held_bytes: usize,
     /// Advances by the input's bytes read; its message counts rows.
@@ -107,8 +112,8 @@ impl Publish<'_> {
     /// did not finish).
     pub async fn run(&self, input: &Input) -> Result<PublishSummary, PublishError> {
         let finished = match self.target {
-            Some(t) => t.store.finished_inputs(t.job).await?,
-            None => Default::default(),
+            Some(t) if !self.republish => t.store.finished_inputs(t.job).await?,
+            _ => Default::default(),
         };
         let names = input
             .shards
@@ -134,23 +139,31 @@ impl Publish<'_> {
                 .map(|s| s.size)
                 .sum(),
         );
+        // Every shard is marked as being published before the first message goes out.
+        let mut skip = vec![0u64; input.shards.len()];
         if let Some(t) = self.target {
             for &i in &todo {
-                t.store.start_input(t.job, &input.shards[i].name).await?;
+                let name = &input.shards[i].name;
+                let (rows, records) = t.store.start_input(t.job, name, !self.republish).await?;
+                skip[i] = rows as u64;
+                out.resume(i, rows as u64, records as u64);
             }
         }
         for &i in &todo {
-            self.shard(input, i, &mut out).await?;
+            self.shard(input, i, skip[i], &mut out).await?;
             out.summary.shards += 1;
+            out.summary.rows_resumed += skip[i];
         }
         out.finish().await
     }
 
-    /// Reads shard `i` on a blocking thread and hands its rows to `out`.
+    /// Reads shard `i` on a blocking thread, past its first `skip` rows (an earlier run got
+    /// through them), and hands its rows to `out`.
     async fn shard(
         &self,
         input: &Input,
         i: usize,
+        skip: u64,
         out: &mut Outbox<'_>,
     ) -> Result<(), PublishError> {
         let shard = input.shards[i].clone();
@@ -158,8 +171,9 @@ impl Publish<'_> {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Batch>(4);
         let columns = self.columns.cloned();
         let reading = shard.clone();
-        let reader =
-            tokio::task::spawn_blocking(move || read::rows(&reading, bytes, columns.as_ref(), &tx));
+        let reader = tokio::task::spawn_blocking(move || {
+            read::rows(&reading, bytes, columns.as_ref(), skip, &tx)
+        });
         while let Some(batch) = rx.recv().await {
             if let Some(kept) = &batch.kept {
                 self.check_kept(kept).await?;
@@ -231,6 +245,7 @@ impl Publish<'_> {
             }
             Ok(None) => {
                 out.summary.rows -= 1; // a blank line is no row
+                out.pass(shard, n);
                 Ok(())
             }
             Err(error) => {

@@ -10,6 +10,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use google_cloud_pubsub::client::Publisher;
 use google_cloud_pubsub::model::Message;
 use google_cloud_pubsub::publisher::PublishFuture;
+use std::collections::BTreeSet;
 
 /// Most publishes awaited at once.
 const IN_FLIGHT: usize = 2000;
@@ -42,8 +43,8 @@ impl Queued {
     }
 }
 
-/// A publish in flight, with the bytes its message holds and its shard.
-type InFlight = Join<PublishFuture, Ready<(usize, usize)>>;
+/// A publish in flight, with the bytes its message holds, its shard and its row.
+type InFlight = Join<PublishFuture, Ready<(usize, usize, u64)>>;
 
 /// Where one shard's publishing stands.
 #[derive(Debug, Default)]
@@ -62,6 +63,22 @@ struct ShardCount {
     read: bool,
     /// Marked finished in the job.
     finished: bool,
+    /// With a job: the rows handed on and not yet settled (published, refused and recorded,
+    /// or already done); a failed publish stays here, so a re-run reads from before it.
+    unsettled: BTreeSet<u64>,
+    /// The last row handed on.
+    handed: u64,
+    /// The rows the job has recorded as got through.
+    saved: u64,
+}
+
+impl ShardCount {
+    /// Every row up to this one is settled.
+    fn rows_done(&self) -> u64 {
+        self.unsettled
+            .first()
+            .map_or(self.handed, |first| first - 1)
+    }
 }
 
 /// The publishes in flight and the chunk of messages waiting to be registered and sent.
@@ -123,6 +140,30 @@ impl<'a> Outbox<'a> {
         }
     }
 
+    /// Goes on from an earlier run that got through `rows` rows of `shard`, `records` of them
+    /// records.
+    pub fn resume(&mut self, shard: usize, rows: u64, records: u64) {
+        let s = &mut self.shards[shard];
+        (s.handed, s.saved, s.records) = (rows, rows, records);
+    }
+
+    /// Notes row `n` of `shard` as handed on, and unsettled until `settled` says otherwise.
+    fn hand(&mut self, shard: usize, n: u64, settled: bool) {
+        if self.target.is_none() {
+            return;
+        }
+        let s = &mut self.shards[shard];
+        s.handed = s.handed.max(n);
+        if !settled {
+            s.unsettled.insert(n);
+        }
+    }
+
+    /// Notes row `n` of `shard` as settled with nothing to send (a blank line).
+    pub fn pass(&mut self, shard: usize, n: u64) {
+        self.hand(shard, n, true);
+    }
+
     /// Prints why row `n` of `shard` is refused, counts it and, with a job, queues it (`line`
     /// builds it: without a job its hash is not computed); a full queue is written.
     pub async fn refuse(
@@ -139,6 +180,7 @@ impl<'a> Outbox<'a> {
         if self.target.is_none() {
             return Ok(());
         }
+        self.hand(shard, n, false);
         let line = line();
         self.refused_bytes += line.raw.len();
         self.refused.push((shard, line));
@@ -170,6 +212,7 @@ impl<'a> Outbox<'a> {
     /// holding half the bound, is sent.
     pub async fn add(&mut self, message: Queued) -> Result<(), PublishError> {
         let size = message.bytes();
+        self.hand(message.shard, message.row, false);
         self.make_room(size).await?;
         self.held += size;
         self.peak = self.peak.max(self.held);
@@ -199,7 +242,7 @@ impl<'a> Outbox<'a> {
 
     /// Waits for the oldest-finishing publish in flight and releases its bytes.
     async fn settle_one(&mut self) {
-        let Some((r, (size, shard))) = self.pending.next().await else {
+        let Some((r, (size, shard, row))) = self.pending.next().await else {
             return;
         };
         self.held = self.held.saturating_sub(size);
@@ -209,6 +252,7 @@ impl<'a> Outbox<'a> {
             Ok(_) => {
                 self.summary.published += 1;
                 count.records += 1;
+                count.unsettled.remove(&row);
             }
             Err(e) => {
                 self.summary.failed += 1;
@@ -232,10 +276,25 @@ impl<'a> Outbox<'a> {
             let publish = self
                 .publisher
                 .publish(Message::new().set_data(message.data));
-            let tag = futures::future::ready((size, message.shard));
+            let tag = futures::future::ready((size, message.shard, message.row));
             self.pending.push(futures::future::join(publish, tag));
             if self.pending.len() >= IN_FLIGHT {
                 self.settle_one().await;
+            }
+        }
+        self.save_progress().await
+    }
+
+    /// Records in the job how far each shard got, where that moved.
+    async fn save_progress(&mut self) -> Result<(), PublishError> {
+        let Some(t) = self.target else { return Ok(()) };
+        for s in &mut self.shards {
+            let done = s.rows_done();
+            if done > s.saved {
+                t.store
+                    .advance_input(t.job, &s.name, done as i64, s.records as i64)
+                    .await?;
+                s.saved = done;
             }
         }
         Ok(())
@@ -281,6 +340,7 @@ impl<'a> Outbox<'a> {
                 self.held = self.held.saturating_sub(m.bytes());
                 self.summary.already_done += 1;
                 self.shards[m.shard].records += 1;
+                self.shards[m.shard].unsettled.remove(&m.row);
             } else {
                 keep.push(m);
             }
@@ -293,6 +353,7 @@ impl<'a> Outbox<'a> {
     pub async fn end_shard(&mut self, shard: usize) -> Result<(), PublishError> {
         self.send_chunk().await?;
         self.write_refused().await?;
+        self.save_progress().await?;
         self.shards[shard].read = true;
         self.finish_shards().await
     }
@@ -320,6 +381,7 @@ impl<'a> Outbox<'a> {
         while !self.pending.is_empty() {
             self.settle_one().await;
         }
+        self.save_progress().await?;
         self.finish_shards().await?;
         self.summary.held_bytes_peak = self.peak as u64;
         Ok(self.summary)
