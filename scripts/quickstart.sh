@@ -15,6 +15,7 @@ export SPOTINFER_MODEL=${SPOTINFER_MODEL:-$PWD/models/all-MiniLM-L6-v2}
 cargo build --quiet
 bin=$(scripts/cargo-bin.sh spotinfer)
 $bin setup
-$bin publish "$input" --job sample
+# --republish: run again, the same records go out again (and are UPSERTed: nothing doubles).
+$bin publish "$input" --job sample --republish
 $bin work --exit-when-idle 3s
 $bin status --job sample

@@ -65,9 +65,19 @@ impl FakeHub {
 
     /// How many times each file's bytes were sent (whole or cut off).
     fn counts(&self) -> HashMap<String, u64> {
+        self.ask("/_counts")
+    }
+
+    /// The byte each send of a file's bytes started at.
+    fn starts(&self) -> HashMap<String, Vec<u64>> {
+        self.ask("/_starts")
+    }
+
+    /// The fake's own JSON answer at `path`.
+    fn ask<T: serde::de::DeserializeOwned>(&self, path: &str) -> T {
         let addr = self.endpoint.trim_start_matches("http://");
         let mut s = std::net::TcpStream::connect(addr).unwrap();
-        write!(s, "GET /_counts HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+        write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
         let mut reply = String::new();
         s.read_to_string(&mut reply).unwrap();
         let body = reply.split("\r\n\r\n").nth(1).unwrap();
@@ -319,8 +329,10 @@ async fn revisions_missing_files_and_unknown_models() {
     assert!(matches!(err, HubError::RevisionNotFound { .. }), "{err}");
 }
 
+/// A download cut off halfway is an error with nothing in place; the next fetch asks for the
+/// second half alone and ends with the file byte-identical.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cut_off_download_leaves_nothing_in_place_and_the_next_run_completes_it() {
+async fn a_cut_off_download_leaves_nothing_in_place_and_the_next_run_resumes_it() {
     let fake = FakeHub::start(serde_json::json!({ "cut_once": ["model.safetensors"] }));
     let cache = tempfile::tempdir().unwrap();
     let hub = fake.hub(cache.path());
@@ -352,6 +364,9 @@ async fn a_cut_off_download_leaves_nothing_in_place_and_the_next_run_completes_i
         weights
     );
     assert_eq!(fake.counts()["model.safetensors"], 2);
+    // Resumed: the second send is the second half alone.
+    let half = weights.len() as u64 / 2;
+    assert_eq!(fake.starts()["model.safetensors"], vec![0, half]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

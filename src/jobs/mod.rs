@@ -1,5 +1,6 @@
-//! A batch job as its user sees it, from a file in to a file out: [`publish`] a JSONL file as a
-//! job (every id registered before its message goes out, every refused line recorded), and
+//! A batch job as its user sees it, from files in to a file out: [`publish`] an [`input`] (JSON
+//! lines, CSV or Parquet; a file, a folder or a `gs://` prefix of shards; columns by name) as a
+//! job (every id registered before its message goes out, every refused row recorded), and
 //! [`export`] the job's results or failures to Parquet or JSON lines; [`offline`] runs a file
 //! of records through a model with no queue and no database (`embed`, `bench`). Where the job stands
 //! (`status`) is a read of the job tables in [`crate::external::store`]; the workers in between

@@ -16,11 +16,12 @@
 //!   and the blob is not looked for again once the lock is held, and it gives up after 10 s, so
 //!   two workers both download; here a lock per file is held around the whole download, and a
 //!   file already in the snapshot and verified is not asked for again;
-//! * **no resume**: hf-hub writes `blobs/<etag>.incomplete` and renames it only when complete;
-//!   after a cut-off download the next one truncates it and starts over. So an interrupted
-//!   download restarts cleanly (nothing partial in place), but is not resumed.
+//! * **resume**: hf-hub writes `blobs/<etag>.incomplete` and renames it only when complete;
+//!   after a cut-off download the next one truncates it and starts over. [`resume`] asks for the
+//!   rest alone first, so a large file cut off near its end costs only what is missing.
 
 mod id;
+mod resume;
 mod verify;
 
 pub use id::{HubId, DEFAULT_REVISION};
@@ -301,6 +302,7 @@ impl<'a> Snapshot<'a> {
         if !required && self.marked_absent(file) {
             return Ok(false);
         }
+        self.resume(file).await;
         let got = self
             .repo
             .download_file()

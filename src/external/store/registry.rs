@@ -31,40 +31,62 @@ impl Store {
     ) -> Result<Vec<usize>, StoreError> {
         let mut repeats = Vec::new();
         for (n, chunk) in records.chunks(IDS_PER_STATEMENT).enumerate() {
-            let first: HashMap<String, i64> = on_pool!(self, p => {
-                let mut q = sqlx::QueryBuilder::new(
-                    "INSERT INTO job_records (job, record_id, source, origin, columns) ",
-                );
-                q.push_values(chunk, |mut b, r| {
-                    b.push_bind(job)
-                        .push_bind(r.id)
-                        .push_bind(source)
-                        .push_bind(r.origin)
-                        .push_bind(r.columns);
-                });
-                q.push(" ON CONFLICT (job, record_id) DO NOTHING");
-                q.build().execute(p).await?;
-                let mut q = sqlx::QueryBuilder::new(
-                    "SELECT record_id, origin FROM job_records WHERE job = ",
-                );
-                q.push_bind(job).push(" AND source = ").push_bind(source);
-                q.push(" AND record_id IN (");
-                let mut list = q.separated(", ");
-                for r in chunk {
-                    list.push_bind(r.id);
-                }
-                q.push(")");
-                let rows: Vec<(String, Option<i64>)> = q.build_query_as().fetch_all(p).await?;
-                rows.into_iter().filter_map(|(id, o)| Some((id, o?))).collect()
-            });
             let base = n * IDS_PER_STATEMENT;
+            // Two rows of this chunk with one id: the later is a repeat (and one statement may
+            // not upsert a row twice).
+            let mut seen = HashSet::new();
+            let mut first = Vec::with_capacity(chunk.len());
             for (i, r) in chunk.iter().enumerate() {
-                if first.get(r.id).is_some_and(|o| *o != r.origin) {
-                    repeats.push(base + i);
+                match seen.insert(r.id) {
+                    true => first.push((base + i, r)),
+                    false => repeats.push(base + i),
+                }
+            }
+            let stored = self.upsert_records(job, source, &first).await?;
+            for (at, r) in first {
+                if let Some((Some(s), Some(o))) = stored.get(r.id) {
+                    if *s == source && *o != r.origin {
+                        repeats.push(at);
+                    }
                 }
             }
         }
+        repeats.sort_unstable();
         Ok(repeats)
+    }
+
+    /// Inserts `records`, leaving those already registered as they are, and returns what the
+    /// job holds for each: its source and origin. One statement: the row a conflict finds comes
+    /// back through RETURNING (the no-op update makes it), where a second SELECT would be
+    /// planned on statistics that a bulk publish has made stale (a sequential scan, a second per
+    /// chunk at a million records, measured on PostgreSQL 15).
+    async fn upsert_records(
+        &self,
+        job: &str,
+        source: i64,
+        records: &[(usize, &Registration<'_>)],
+    ) -> Result<HashMap<String, (Option<i64>, Option<i64>)>, StoreError> {
+        if records.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let rows: Vec<(String, Option<i64>, Option<i64>)> = on_pool!(self, p => {
+            let mut q = sqlx::QueryBuilder::new(
+                "INSERT INTO job_records (job, record_id, source, origin, columns) ",
+            );
+            q.push_values(records, |mut b, (_, r)| {
+                b.push_bind(job)
+                    .push_bind(r.id)
+                    .push_bind(source)
+                    .push_bind(r.origin)
+                    .push_bind(r.columns);
+            });
+            q.push(
+                " ON CONFLICT (job, record_id) DO UPDATE SET origin = job_records.origin \
+                 RETURNING record_id, source, origin",
+            );
+            q.build_query_as().fetch_all(p).await?
+        });
+        Ok(rows.into_iter().map(|(id, s, o)| (id, (s, o))).collect())
     }
 
     /// The inputs (shards) of `job` whose publish finished.

@@ -15,6 +15,9 @@ use std::collections::BTreeSet;
 /// Most publishes awaited at once.
 const IN_FLIGHT: usize = 2000;
 
+/// Failed publishes logged one by one (the final count has all of them).
+const LOGGED_FAILURES: u64 = 5;
+
 /// Records registered (and looked up for `--skip-done`) per database round trip.
 const CHUNK: usize = 1000;
 
@@ -257,7 +260,16 @@ impl<'a> Outbox<'a> {
             Err(e) => {
                 self.summary.failed += 1;
                 count.failed += 1;
-                tracing::error!(error = %e, shard = %count.name, "publish failed");
+                // The first few, then a count: a topic that does not exist fails every publish.
+                match self.summary.failed {
+                    ..=LOGGED_FAILURES => {
+                        tracing::error!(error = %e, shard = %count.name, "publish failed")
+                    }
+                    n if n == LOGGED_FAILURES + 1 => tracing::error!(
+                        "more publishes failed; the rest are counted, not logged"
+                    ),
+                    _ => {}
+                }
             }
         }
     }
