@@ -73,8 +73,8 @@ pub enum HubError {
     },
     /// The connection broke before the whole file came.
     #[error(
-        "{repo}: the download of {file} was cut off ({detail}); nothing partial was kept in \
-         place: run again to download it anew"
+        "{repo}: the download of {file} was cut off ({detail}); nothing partial was put in \
+         place: run again to resume it"
     )]
     CutOff {
         /// `owner/name`.
@@ -161,6 +161,8 @@ impl std::fmt::Debug for HubSettings {
 #[derive(Clone)]
 pub struct Hub {
     client: HFClient,
+    /// The token requests carry (kept for the one request hf-hub cannot make: see `resume`).
+    token: Option<String>,
 }
 
 impl Hub {
@@ -181,7 +183,11 @@ impl Hub {
             repo: String::new(),
             source: Box::new(e),
         })?;
-        Ok(Self { client })
+        let token = settings
+            .token
+            .clone()
+            .or_else(|| std::env::var("HF_TOKEN").ok());
+        Ok(Self { client, token })
     }
 
     /// The Hub (or mirror) this client asks.
@@ -248,6 +254,9 @@ struct Snapshot<'a> {
     dir: PathBuf,
     /// Where this layer's per-file locks live.
     locks: PathBuf,
+    /// The Hub asked, and the token, for resuming a cut-off download.
+    endpoint: String,
+    token: Option<String>,
 }
 
 impl<'a> Snapshot<'a> {
@@ -258,6 +267,8 @@ impl<'a> Snapshot<'a> {
             repo: hub.client.model(&id.owner, &id.name),
             dir: root.join("snapshots").join(&commit),
             locks: cache.join(".locks").join(id.cache_folder()),
+            endpoint: hub.endpoint().trim_end_matches('/').to_string(),
+            token: hub.token.clone(),
             root,
             id,
             commit,

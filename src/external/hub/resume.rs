@@ -17,33 +17,63 @@ impl Snapshot<'_> {
     /// Completes the blob of `file` from a prefix an earlier, cut-off download left, where there
     /// is one; anything that goes wrong leaves the download to hf-hub, from the first byte.
     pub(super) async fn resume(&self, file: &str) {
-        let meta = self
-            .repo
-            .get_file_metadata()
-            .filepath(file.to_string())
-            .revision(&self.commit)
-            .send()
-            .await;
-        // A Xet-stored file is fetched by hf-hub's other path, which leaves no such prefix.
-        let Ok(meta) = meta.map_err(|_| ()).and_then(|m| match m.xet_hash {
-            None => Ok(m),
-            Some(_) => Err(()),
-        }) else {
+        let Some((etag, size)) = self.head(file).await else {
             return;
         };
-        let blob = self.root.join("blobs").join(&meta.etag);
+        let blob = self.root.join("blobs").join(&etag);
         let partial = PathBuf::from(format!("{}.incomplete", blob.display()));
         let have = std::fs::metadata(&partial).map_or(0, |m| m.len());
-        if blob.exists() || have == 0 || have >= meta.file_size {
+        if blob.exists() || have == 0 || have >= size {
             return;
         }
-        match self.append_rest(file, &partial, have, meta.file_size).await {
+        match self.append_rest(file, &partial, have, size).await {
             Ok(()) => match std::fs::rename(&partial, &blob) {
                 Ok(()) => tracing::info!(file, resumed_at = have, "cut-off download resumed"),
                 Err(e) => tracing::warn!(file, error = %e, "cannot put the resumed file in place"),
             },
             Err(e) => tracing::warn!(file, error = %e, "resuming failed; the download starts over"),
         }
+    }
+
+    /// The etag (the blob's name) and size of `file` at the commit, from a HEAD request that
+    /// does not follow the Hub's redirect to its storage (whose answer lacks the Hub's headers;
+    /// hf-hub's `get_file_metadata` follows it, and hf-hub's own non-redirecting request is
+    /// private to it). None for a Xet-stored file (hf-hub's other path leaves no prefix) or any
+    /// failure.
+    async fn head(&self, file: &str) -> Option<(String, u64)> {
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .ok()?;
+        let url = format!(
+            "{}/{}/resolve/{}/{file}",
+            self.endpoint,
+            self.id.repo(),
+            self.commit
+        );
+        let mut request = client.head(url);
+        if let Some(t) = &self.token {
+            request = request.bearer_auth(t);
+        }
+        let response = request.send().await.ok()?;
+        let status = response.status();
+        if !(status.is_success() || status.is_redirection()) {
+            return None;
+        }
+        let headers = response.headers();
+        let header = |names: [&str; 2]| {
+            names
+                .iter()
+                .find_map(|n| headers.get(*n).and_then(|v| v.to_str().ok()))
+                .map(str::to_string)
+        };
+        if headers.contains_key("x-xet-hash") {
+            return None;
+        }
+        let etag = header(["x-linked-etag", "etag"])?;
+        let etag = etag.trim_start_matches("W/").trim_matches('"').to_string();
+        let size = header(["x-linked-size", "content-length"])?.parse().ok()?;
+        Some((etag, size))
     }
 
     /// Appends bytes `have..size` of `file` to `partial`.

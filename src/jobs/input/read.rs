@@ -526,9 +526,10 @@ fn parquet(
         .filter_map(|c| arrow.fields().iter().position(|f| f.name() == c));
     let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
     let total = builder.metadata().file_metadata().num_rows().max(1) as u64;
+    let batch = batch_rows(builder.metadata(), total);
     let reader = builder
         .with_projection(mask)
-        .with_batch_size(1024)
+        .with_batch_size(batch)
         .build()
         .map_err(|e| unreadable(e.to_string()))?;
     let mut number = 0u64;
@@ -556,6 +557,15 @@ fn parquet(
         }
     }
     Ok(())
+}
+
+/// Rows decoded at once: 1,024, or fewer where the rows are large, so one decoded batch holds
+/// about [`BATCH_BYTES`] whatever the rows' sizes (the file's uncompressed bytes over its rows:
+/// every column's, an upper bound for the columns read).
+fn batch_rows(meta: &parquet::file::metadata::ParquetMetaData, rows: u64) -> usize {
+    let bytes: i64 = meta.row_groups().iter().map(|g| g.total_byte_size()).sum();
+    let per_row = (bytes.max(0) as u64 / rows).max(1);
+    (BATCH_BYTES as u64 / per_row).clamp(1, 1024) as usize
 }
 
 /// What a record makes of an Arrow type.

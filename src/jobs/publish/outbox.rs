@@ -265,9 +265,9 @@ impl<'a> Outbox<'a> {
                     ..=LOGGED_FAILURES => {
                         tracing::error!(error = %e, shard = %count.name, "publish failed")
                     }
-                    n if n == LOGGED_FAILURES + 1 => tracing::error!(
-                        "more publishes failed; the rest are counted, not logged"
-                    ),
+                    n if n == LOGGED_FAILURES + 1 => {
+                        tracing::error!("more publishes failed; the rest are counted, not logged")
+                    }
                     _ => {}
                 }
             }
