@@ -31,6 +31,7 @@
 
 #![deny(missing_docs)]
 
+pub mod alloc;
 pub mod choice;
 pub mod config;
 pub mod external;

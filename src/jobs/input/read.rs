@@ -107,6 +107,8 @@ pub fn rows(
         payload: Payload::Auto,
         keep: Vec::new(),
     };
+    // Rows of megabytes come and go: their buffers must go back once freed.
+    crate::alloc::return_freed_memory();
     let mut out = Sender::new(tx, skip);
     match shard.format {
         Format::Parquet => {

@@ -28,7 +28,7 @@ pub struct Held<'a> {
 impl DecodeMemory {
     /// A budget of `capacity` bytes, none taken.
     pub fn new(capacity: u64) -> Self {
-        return_freed_memory();
+        crate::alloc::return_freed_memory();
         Self {
             capacity,
             used: Mutex::new(0),
@@ -75,21 +75,6 @@ impl Drop for Held<'_> {
         let mut used = self.budget.used.lock().unwrap_or_else(|p| p.into_inner());
         *used -= self.bytes;
         self.budget.freed.notify_all();
-    }
-}
-
-/// Makes glibc give a freed buffer of over 1 MiB back to the system. By default it raises its
-/// mmap threshold to the size of each large block freed (up to 32 MiB), after which decoders'
-/// scratch buffers stay resident in each thread's arena once freed: four decoding threads held
-/// 40 MiB more than the budget that way (`tests/images.rs`). A fixed threshold stops that.
-fn return_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        static ONCE: std::sync::Once = std::sync::Once::new();
-        // SAFETY: mallopt only sets an allocator parameter; it is called once, before decoding.
-        ONCE.call_once(|| unsafe {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
-        });
     }
 }
 
