@@ -335,3 +335,138 @@ fn what(cell: &Cell) -> &'static str {
         Cell::Json(Value::Object(_)) => "an object",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn schema(cols: &[(&str, Kind)]) -> Vec<(String, Kind)> {
+        cols.iter()
+            .map(|(n, k)| (n.to_string(), k.clone()))
+            .collect()
+    }
+
+    fn record(plan: &Plan, cells: Vec<Cell>) -> Value {
+        let (json, _) = plan.record(cells, "part-1.parquet", 7).expect("a record");
+        serde_json::from_str(&json).unwrap()
+    }
+
+    /// Each kind of input column makes the message contract's key: a text and its pair, an
+    /// image as a URI or as bytes, a chat as a list or as JSON text, a raw prompt; generated
+    /// ids name the shard and row.
+    #[test]
+    fn every_input_column_makes_its_record_key() {
+        let text = Columns {
+            id: None,
+            payload: Payload::Text {
+                column: "body".into(),
+                pair: Some("other".into()),
+            },
+            keep: vec![],
+        };
+        let plan = text
+            .plan(&schema(&[("body", Kind::Text), ("other", Kind::Text)]))
+            .unwrap();
+        let r = record(&plan, vec![Cell::Text("q".into()), Cell::Text("p".into())]);
+        assert_eq!(
+            r,
+            serde_json::json!({"id": "part-1.parquet:7", "text": "q", "text_pair": "p"})
+        );
+
+        let image = Columns {
+            id: Some("k".into()),
+            payload: Payload::Image("img".into()),
+            keep: vec![],
+        };
+        let plan = image
+            .plan(&schema(&[("k", Kind::Int), ("img", Kind::Bytes)]))
+            .unwrap();
+        let r = record(&plan, vec![Cell::Int(3), Cell::Bytes(vec![0xff, 0xd8])]);
+        assert_eq!(r, serde_json::json!({"id": "3", "image_base64": "/9g="}));
+        let r = record(&plan, vec![Cell::Int(3), Cell::Text("gs://b/a.jpg".into())]);
+        assert_eq!(r["uri"], "gs://b/a.jpg");
+
+        let chat = Columns {
+            id: Some("k".into()),
+            payload: Payload::Messages("m".into()),
+            keep: vec!["lang".into()],
+        };
+        let plan = chat
+            .plan(&schema(&[
+                ("k", Kind::Text),
+                ("m", Kind::List),
+                ("lang", Kind::Other("date32".into())),
+            ]))
+            .unwrap();
+        let messages = serde_json::json!([{"role": "user", "content": "hi"}]);
+        let cells = vec![
+            Cell::Text("c1".into()),
+            Cell::Json(messages.clone()),
+            Cell::Text("2026-11-27".into()),
+        ];
+        let (json, kept) = plan.record(cells, "s", 1).unwrap();
+        let r: Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(r["messages"], messages);
+        assert_eq!(kept.as_deref(), Some(r#"{"lang":"2026-11-27"}"#));
+        assert_eq!(plan.keep[0].kind, "string");
+        let as_text = vec![
+            Cell::Text("c2".into()),
+            Cell::Text(messages.to_string()),
+            Cell::Null,
+        ];
+        assert_eq!(record(&plan, as_text)["messages"], messages);
+        let bad = vec![
+            Cell::Text("c3".into()),
+            Cell::Text("not json".into()),
+            Cell::Null,
+        ];
+        let err = plan.record(bad, "s", 2).unwrap_err();
+        assert!(
+            err.contains("column \"m\" (the chat messages) is not JSON"),
+            "{err}"
+        );
+
+        let prompt = Columns {
+            id: Some("k".into()),
+            payload: Payload::Prompt("p".into()),
+            keep: vec![],
+        };
+        let plan = prompt
+            .plan(&schema(&[("k", Kind::Text), ("p", Kind::Text)]))
+            .unwrap();
+        let r = record(
+            &plan,
+            vec![Cell::Text("a".into()), Cell::Text("Once".into())],
+        );
+        assert_eq!(r["prompt"], "Once");
+    }
+
+    /// Without flags, a table's columns are the contract's keys: the first input key it has.
+    #[test]
+    fn the_contract_s_own_names_are_found_in_a_table() {
+        let auto = Columns {
+            id: Some("id".into()),
+            payload: Payload::Auto,
+            keep: vec![],
+        };
+        let plan = auto
+            .plan(&schema(&[
+                ("id", Kind::Text),
+                ("image_base64", Kind::Bytes),
+            ]))
+            .unwrap();
+        let r = record(&plan, vec![Cell::Text("x".into()), Cell::Bytes(vec![1])]);
+        assert_eq!(r["image_base64"], "AQ==");
+        let err = auto
+            .plan(&schema(&[("id", Kind::Text), ("body", Kind::Text)]))
+            .unwrap_err();
+        assert!(err.contains("--text-column"), "{err}");
+        let err = auto
+            .plan(&schema(&[("id", Kind::Float), ("text", Kind::Text)]))
+            .unwrap_err();
+        assert!(
+            err.contains("holds floats; it must hold strings or integers"),
+            "{err}"
+        );
+    }
+}

@@ -776,4 +776,86 @@ mod tests {
             .unwrap()
             .is_none());
     }
+
+    /// A Parquet chat column (a list of {role, content} structs) and a bytes column, read as
+    /// the records a generation and an image model take; a null in the list's row is refused.
+    #[test]
+    fn parquet_lists_of_structs_and_bytes_become_messages_and_images() {
+        use arrow_array::builder::{ListBuilder, StringBuilder, StructBuilder};
+        use arrow_schema::{DataType, Field, Fields};
+        let fields = Fields::from(vec![
+            Field::new("role", DataType::Utf8, true),
+            Field::new("content", DataType::Utf8, true),
+        ]);
+        let mut chats = ListBuilder::new(StructBuilder::from_fields(fields, 2));
+        for (role, content) in [("system", "be brief"), ("user", "hi")] {
+            let s = chats.values();
+            s.field_builder::<StringBuilder>(0)
+                .unwrap()
+                .append_value(role);
+            s.field_builder::<StringBuilder>(1)
+                .unwrap()
+                .append_value(content);
+            s.append(true);
+        }
+        chats.append(true);
+        chats.append(false);
+        let ids = arrow_array::StringArray::from(vec!["a", "b"]);
+        let pics = arrow_array::BinaryArray::from(vec![&b"\x89PNG"[..], &b"GIF8"[..]]);
+        let batch = arrow_array::RecordBatch::try_from_iter([
+            ("id", std::sync::Arc::new(ids) as ArrayRef),
+            ("chat", std::sync::Arc::new(chats.finish()) as ArrayRef),
+            ("picture", std::sync::Arc::new(pics) as ArrayRef),
+        ])
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.parquet");
+        let file = std::fs::File::create(&path).unwrap();
+        let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let shard = Shard {
+            name: path.display().to_string(),
+            rel: "t.parquet".into(),
+            size: 1,
+            format: Format::Parquet,
+            compression: Compression::None,
+        };
+        let read = |payload: Payload| -> Vec<Row> {
+            let columns = Columns {
+                id: Some("id".into()),
+                payload,
+                keep: vec![],
+            };
+            let (tx, mut rx) = mpsc::channel(8);
+            let bytes = Bytes::File(std::fs::File::open(&path).unwrap());
+            rows(&shard, bytes, Some(&columns), 0, &tx).unwrap();
+            drop(tx);
+            let mut out = Vec::new();
+            while let Ok(b) = rx.try_recv() {
+                out.extend(b.rows);
+            }
+            out
+        };
+        let chats = read(Payload::Messages("chat".into()));
+        let RowKind::Mapped { record, .. } = &chats[0].kind else {
+            panic!("{:?}", chats[0])
+        };
+        let want = serde_json::json!({"id": "a", "messages": [
+            {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]});
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(record).unwrap(),
+            want
+        );
+        assert!(
+            matches!(&chats[1].kind, RowKind::Refused { error, .. } if error.contains("is null")),
+            "{:?}",
+            chats[1]
+        );
+        let pictures = read(Payload::Image("picture".into()));
+        let RowKind::Mapped { record, .. } = &pictures[1].kind else {
+            panic!("{:?}", pictures[1])
+        };
+        assert_eq!(record, r#"{"id":"b","image_base64":"R0lGOA=="}"#);
+    }
 }
