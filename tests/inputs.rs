@@ -38,15 +38,9 @@ fn make_inputs(out: &Path, extra: &[&str]) {
     assert!(status.success(), "make_inputs.py failed");
 }
 
-async fn sqlite_env(prefix: &str) -> (Env, String, tempfile::TempDir) {
-    let name = unique(prefix);
-    let (args, _) = fresh_pubsub(&name).await;
-    let (dir, db) = fresh_sqlite();
-    let env = Env {
-        args,
-        db,
-        model: tiny_model(),
-    };
+/// A SQLite environment with the tiny model, set up.
+async fn set_up(prefix: &str) -> (Env, String, tempfile::TempDir) {
+    let (env, name, dir) = sqlite_env(prefix, tiny_model()).await;
     env.ok("setup", &[]);
     (env, name, dir)
 }
@@ -57,7 +51,7 @@ async fn sqlite_env(prefix: &str) -> (Env, String, tempfile::TempDir) {
 /// CSV's as the strings CSV holds).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_format_carries_the_same_records_and_kept_columns() {
-    let (env, name, dir) = sqlite_env("formats").await;
+    let (env, name, dir) = set_up("formats").await;
     make_inputs(dir.path(), &[]);
     let plain = std::fs::read(dir.path().join("lines.jsonl")).unwrap();
     let zst = dir.path().join("lines.jsonl.zst");
@@ -169,7 +163,7 @@ async fn every_format_carries_the_same_records_and_kept_columns() {
 /// the input (in the same shard, and in a later one). The rest is published.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_rows_are_refused_with_their_shard_and_row() {
-    let (env, name, dir) = sqlite_env("badrows").await;
+    let (env, name, dir) = set_up("badrows").await;
     make_inputs(dir.path(), &[]);
     let bad = dir.path().join("bad").display().to_string();
     let map = ["--id-column", "doc_id", "--text-column", "body"];
@@ -263,7 +257,7 @@ async fn bad_rows_are_refused_with_their_shard_and_row() {
 /// the column: a missing one (with the columns the file has) or one of the wrong type.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mapping_that_does_not_fit_publishes_nothing() {
-    let (env, name, dir) = sqlite_env("mapping").await;
+    let (env, name, dir) = set_up("mapping").await;
     make_inputs(dir.path(), &[]);
     let mistyped = dir.path().join("mistyped.parquet").display().to_string();
     let cases = [
@@ -316,7 +310,7 @@ async fn a_mapping_that_does_not_fit_publishes_nothing() {
 /// publishes nothing, and the job holds exactly 900 records. Rows keep their `row` column.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bucket_prefix_of_shards_resumes_by_shard() {
-    let (env, name, dir) = sqlite_env("shards").await;
+    let (env, name, dir) = set_up("shards").await;
     let data = dir.path().join("gcs");
     make_inputs(&data.join("bq-export/exports"), &["--shards", "300"]);
     let gcs = FakeGcs::start(&data);

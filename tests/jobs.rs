@@ -380,15 +380,7 @@ async fn a_job_on_postgres_with_pgvector() {
 
 /// A SQLite environment on a fresh topic, with the tiny model.
 async fn small_env(prefix: &str) -> (Env, String, tempfile::TempDir) {
-    let name = unique(prefix);
-    let (args, _) = fresh_pubsub(&name).await;
-    let (dir, db) = fresh_sqlite();
-    let env = Env {
-        args,
-        db,
-        model: tiny_model(),
-    };
-    (env, name, dir)
+    sqlite_env(prefix, tiny_model()).await
 }
 
 /// `n` plain records with ids `{prefix}{i}`, written to `dir/file`.

@@ -734,3 +734,13 @@ pub fn tiny_bert(name: &str) -> PathBuf {
     assert!(status.success(), "make_shape.py failed");
     out
 }
+
+/// A SQLite environment on a fresh topic with `model`: the environment, its unique name (the
+/// topic's and the job's) and the folder that holds the database.
+pub async fn sqlite_env(prefix: &str, model: PathBuf) -> (Env, String, tempfile::TempDir) {
+    let name = unique(prefix);
+    let (args, _) = fresh_pubsub(&name).await;
+    let (dir, db) = fresh_sqlite();
+    let env = Env { args, db, model };
+    (env, name, dir)
+}

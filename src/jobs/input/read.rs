@@ -253,16 +253,9 @@ fn lines(
     out: &mut Sender,
 ) -> Result<(), InputError> {
     let plan = match columns {
-        Some(c) => Some(
-            c.plan(&any_schema(c))
-                .map_err(|reason| InputError::Columns {
-                    shard: shard.name.clone(),
-                    reason,
-                })?,
-        ),
+        Some(c) => Some(planned(shard, c, &any_schema(c), out)?),
         None => None,
     };
-    out.kept = plan.as_ref().map(|p| p.keep.clone());
     let mut line = Vec::new();
     let mut number = 0;
     loop {
@@ -417,13 +410,7 @@ fn delimited(
         })
         .collect();
     let schema: Vec<(String, Kind)> = names.iter().map(|n| (n.clone(), Kind::Text)).collect();
-    let plan = columns
-        .plan(&schema)
-        .map_err(|reason| InputError::Columns {
-            shard: shard.name.clone(),
-            reason,
-        })?;
-    out.kept = Some(plan.keep.clone());
+    let plan = planned(shard, columns, &schema, out)?;
     let at: Vec<usize> = plan
         .read
         .iter()
@@ -515,13 +502,7 @@ fn parquet(
         .iter()
         .map(|f| (f.name().clone(), kind(f.data_type())))
         .collect();
-    let plan = columns
-        .plan(&schema)
-        .map_err(|reason| InputError::Columns {
-            shard: shard.name.clone(),
-            reason,
-        })?;
-    out.kept = Some(plan.keep.clone());
+    let plan = planned(shard, columns, &schema, out)?;
     let roots = plan
         .read
         .iter()
@@ -568,6 +549,22 @@ fn batch_rows(meta: &parquet::file::metadata::ParquetMetaData, rows: u64) -> usi
     let bytes: i64 = meta.row_groups().iter().map(|g| g.total_byte_size()).sum();
     let per_row = (bytes.max(0) as u64 / rows).max(1);
     (BATCH_BYTES as u64 / per_row).clamp(1, 1024) as usize
+}
+
+/// `columns` checked against a shard's `schema`; the plan's kept columns go with the shard's
+/// first batch.
+fn planned(
+    shard: &Shard,
+    columns: &Columns,
+    schema: &[(String, Kind)],
+    out: &mut Sender,
+) -> Result<Plan, InputError> {
+    let plan = columns.plan(schema).map_err(|reason| InputError::Columns {
+        shard: shard.name.clone(),
+        reason,
+    })?;
+    out.kept = Some(plan.keep.clone());
+    Ok(plan)
 }
 
 /// What a record makes of an Arrow type.
