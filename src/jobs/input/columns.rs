@@ -248,7 +248,7 @@ impl Plan {
         let mut kept = Map::new();
         for _ in &self.keep {
             let (cell, column) = next();
-            kept.insert(column.clone(), json(cell));
+            kept.insert(column.clone(), cell.into_json());
         }
         let kept = (!self.keep.is_empty()).then(|| Value::Object(kept).to_string());
         Ok((Value::Object(record).to_string(), kept))
@@ -307,19 +307,22 @@ fn input_value(
     }
 }
 
-/// A kept cell as JSON.
-fn json(cell: Cell) -> Value {
-    match cell {
-        Cell::Null => Value::Null,
-        Cell::Text(s) => Value::String(s),
-        Cell::Int(i) => Value::from(i),
-        Cell::Float(f) => serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number),
-        Cell::Bool(b) => Value::Bool(b),
-        Cell::Bytes(b) => {
-            use base64::Engine;
-            Value::String(base64::engine::general_purpose::STANDARD.encode(b))
+impl Cell {
+    /// The cell as JSON: a kept column's value, or a refused table row's copy. Bytes become
+    /// base64; a float JSON cannot hold (NaN, infinities) becomes null.
+    pub fn into_json(self) -> Value {
+        match self {
+            Cell::Null => Value::Null,
+            Cell::Text(s) => Value::String(s),
+            Cell::Int(i) => Value::from(i),
+            Cell::Float(f) => serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number),
+            Cell::Bool(b) => Value::Bool(b),
+            Cell::Bytes(b) => {
+                use base64::Engine;
+                Value::String(base64::engine::general_purpose::STANDARD.encode(b))
+            }
+            Cell::Json(v) => v,
         }
-        Cell::Json(v) => v,
     }
 }
 

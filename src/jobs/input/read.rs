@@ -636,20 +636,7 @@ impl Column {
 
     /// Row `i` as JSON (a refused row's copy).
     fn json(&self, i: usize) -> serde_json::Value {
-        match self.cell(i) {
-            Cell::Null => serde_json::Value::Null,
-            Cell::Text(s) => serde_json::Value::String(s),
-            Cell::Int(n) => n.into(),
-            Cell::Float(f) => {
-                serde_json::Number::from_f64(f).map_or(serde_json::Value::Null, Into::into)
-            }
-            Cell::Bool(b) => b.into(),
-            Cell::Bytes(b) => {
-                use base64::Engine;
-                base64::engine::general_purpose::STANDARD.encode(b).into()
-            }
-            Cell::Json(v) => v,
-        }
+        self.cell(i).into_json()
     }
 }
 
