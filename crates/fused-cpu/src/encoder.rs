@@ -21,7 +21,9 @@
 //! dotprod), or, for f32 on CPUs with neither AVX-512 nor AVX2 (Arm's NEON among them), candle's
 //! CPU engine (the `gemm` crate) called directly on the f32 weights. Weights are read from a memory-mapped
 
-use crate::kernels::{self, add_layer_norm, attention, bias_gelu, grow, layer_norm, linear};
+use crate::kernels::{
+    self, add_layer_norm, attention, bias_gelu, grow, layer_norm, linear, AttentionProducts,
+};
 use crate::packed::{self, Dot, Fma, Format, PackedWeights};
 use crate::weights::WeightsFile;
 use crate::{Dims, FusedError, Layout, Pooling, Precision, Tokens};
@@ -425,12 +427,14 @@ impl CpuBert {
                 layer_norm(row, &self.emb_ln_w, &self.emb_ln_b, d.eps);
             });
 
+        let products =
+            AttentionProducts::beside(self.precision.format(self.avx2_only).ok().flatten());
         for layer in &self.layers {
             // Biases are added by the pass that next reads each product (attention needs its
             // bias in place first), saving a write and a read of the product.
             let record = self.recording.load(Ordering::Relaxed);
             layer.qkv_w.apply(x, Some(&layer.qkv_b), qkv, record);
-            attention(qkv, ctx, &spans, h, d.heads);
+            attention(qkv, ctx, &spans, h, d.heads, products);
             layer.attn_out_w.apply(ctx, None, tmp, record);
             let (ln_w, ln_b) = (&layer.attn_ln_w, &layer.attn_ln_b);
             add_layer_norm(x, tmp, &layer.attn_out_b, ln_w, ln_b, d.eps);
@@ -509,7 +513,7 @@ fn pool(mode: Pooling, rows: &[f32], h: usize, skip: usize) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::{attention, erf, exp, linear, softmax};
+    use crate::kernels::{attention, erf, exp, linear, softmax, AttentionProducts};
 
     /// The products write through raw pointers: shapes that disagree must stop them in every
     /// build, not only where debug assertions are on.
@@ -547,17 +551,26 @@ mod tests {
             &mut [0.0; 8],
             &[(1, 2)],
             4,
-            2
+            2,
+            AttentionProducts::F32
         )));
         assert!(caught(|| attention(
             &[0.0; 24],
             &mut [0.0; 8],
             &[(0, 2)],
             4,
-            3
+            3,
+            AttentionProducts::F32
         )));
         let mut ctx = [0.0; 8];
-        attention(&[1.0; 24], &mut ctx, &[(0, 2)], 4, 2);
+        attention(
+            &[1.0; 24],
+            &mut ctx,
+            &[(0, 2)],
+            4,
+            2,
+            AttentionProducts::F32,
+        );
         assert_eq!(ctx, [1.0; 8]);
     }
 

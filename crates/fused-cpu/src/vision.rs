@@ -7,7 +7,7 @@
 //! `pooler_output` (before `visual_projection`) and the row ViT's classifier reads. The heads are
 //! the caller's, a product too small to matter.
 
-use crate::kernels::{attention, grow, layer_norm, linear};
+use crate::kernels::{attention, grow, layer_norm, linear, AttentionProducts};
 use crate::packed::PackedWeights;
 use crate::weights::WeightsFile;
 use crate::{FusedError, Precision};
@@ -243,10 +243,11 @@ impl CpuVision {
         let tmp = grow(&mut s.tmp, rows * h);
         let inter = grow(&mut s.inter, rows * d.intermediate);
         let spans: Vec<(usize, usize)> = (0..n).map(|i| (i * t, t)).collect();
+        let products = AttentionProducts::beside(self.precision.format(false).ok().flatten());
         for layer in &self.layers {
             norm_into(x, normed, &layer.norm1, d.eps);
             layer.qkv.apply(normed, qkv);
-            attention(qkv, ctx, &spans, h, d.heads);
+            attention(qkv, ctx, &spans, h, d.heads, products);
             layer.out.apply(ctx, tmp);
             add(x, tmp);
             norm_into(x, normed, &layer.norm2, d.eps);

@@ -1,5 +1,5 @@
 //! The dense layers in bf16 with f32 sums, on AMX tiles (Intel Sapphire Rapids and later:
-//! Google Cloud's C3, C4 and N4).
+//! Google Cloud's C3, C4 and N4); attention's two products on the same tiles in [`attention`].
 //!
 //! One `tdpbf16ps` multiplies a 16 × 32 bf16 tile of rows by a 32 × 16 tile of weights into
 //! 16 × 16 f32 sums: 16,384 multiply-adds, against `vdpbf16ps`'s 32. The weights are packed
@@ -127,14 +127,20 @@ macro_rules! tile {
         )
     };
     (store $n:literal, $ptr:expr) => {
+        tile!(store $n, $ptr, 64usize)
+    };
+    (store $n:literal, $ptr:expr, $stride:expr) => {
         std::arch::asm!(
             concat!("tilestored [{p} + {s}*1], tmm", $n),
             p = in(reg) $ptr,
-            s = in(reg) 64usize,
+            s = in(reg) $stride,
             options(nostack),
         )
     };
 }
+
+// After the macro: the attention kernels use it.
+pub(crate) mod attention;
 
 /// Up to 32 rows (two row tiles; the second only when `height` > 16) by `P` (1 or 2) panels of
 /// the product, the sums over every step in tiles; then bias and store the `height` rows.
