@@ -8,17 +8,19 @@
 //! decoder's top logit and the one it gives llama.cpp's token (a near-tie is a small gap). It
 //! also checks that the GGUF's chat template, rendered here, gives llama.cpp's prompt ids.
 //!
-//!     cargo run --release --example gguf_greedy -- GGUF REFERENCE.json
+//!     cargo run --release --example gguf_greedy -- GGUF REFERENCE.json [f32|bf16]
 
-use spotinfer::model::engines::decoder::{LanguageModel, Message, Prompt};
+use spotinfer::model::engines::decoder::{DecoderPrecision, LanguageModel, Message, Prompt};
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let (gguf, reference) = match args.as_slice() {
-        [_, g, r] => (g, r),
-        _ => anyhow::bail!("usage: gguf_greedy GGUF REFERENCE.json"),
+    let (gguf, reference, precision) = match args.as_slice() {
+        [_, g, r] => (g, r, DecoderPrecision::F32),
+        [_, g, r, p] if p == "bf16" => (g, r, DecoderPrecision::Bf16),
+        [_, g, r, p] if p == "f32" => (g, r, DecoderPrecision::F32),
+        _ => anyhow::bail!("usage: gguf_greedy GGUF REFERENCE.json [f32|bf16]"),
     };
-    let model = LanguageModel::open(std::path::Path::new(gguf))?;
+    let model = LanguageModel::open_in(std::path::Path::new(gguf), precision)?;
     let refs: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(reference)?)?;
     let ids = |v: &serde_json::Value| -> Vec<u32> {
         v.as_array()
@@ -74,6 +76,7 @@ fn main() -> anyhow::Result<()> {
             "positions": positions,
             "first_disagreement_logit_gaps": gaps,
             "kernels": model.kernels(),
+            "precision": format!("{:?}", model.precision()),
             "format": model.format,
             "seconds": started.elapsed().as_secs_f64(),
         })

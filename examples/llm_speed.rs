@@ -3,22 +3,25 @@
 //! per step), greedy, each stopping at its end token or after N new tokens. The counterpart of
 //! `bench/llm_speed.py` (llama.cpp) on the same prompt ids.
 //!
-//!     cargo run --release --example llm_speed -- MODEL PROMPTS.json B N
+//!     cargo run --release --example llm_speed -- MODEL PROMPTS.json B N [f32|bf16]
 //!
 //! PROMPTS.json: {"cases": [{"messages": [...]}, ...]} as `bench/llm_greedy.py` writes it. Prints
 //! one JSON line: generated tokens, seconds (prompt processing included), tokens/s.
 
 use spotinfer::model::engines::decoder::{
-    Generated, Interrupt, LanguageModel, Message, Prompt, Request,
+    DecoderPrecision, Generated, Interrupt, LanguageModel, Message, Prompt, Request,
 };
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let [_, model, prompts, b, n] = args.as_slice() else {
-        anyhow::bail!("usage: llm_speed MODEL PROMPTS.json B N");
+    let (model, prompts, b, n, precision) = match args.as_slice() {
+        [_, m, p, b, n] => (m, p, b, n, DecoderPrecision::F32),
+        [_, m, p, b, n, bf16] if bf16 == "bf16" => (m, p, b, n, DecoderPrecision::Bf16),
+        [_, m, p, b, n, f32] if f32 == "f32" => (m, p, b, n, DecoderPrecision::F32),
+        _ => anyhow::bail!("usage: llm_speed MODEL PROMPTS.json B N [f32|bf16]"),
     };
     let (b, n): (usize, usize) = (b.parse()?, n.parse()?);
-    let model = LanguageModel::open(std::path::Path::new(model))?;
+    let model = LanguageModel::open_in(std::path::Path::new(model), precision)?;
     let refs: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(prompts)?)?;
     let requests: Vec<Request> = refs["cases"]
         .as_array()
@@ -45,6 +48,7 @@ fn main() -> anyhow::Result<()> {
         serde_json::json!({
             "side": "spotinfer", "batch": b, "tokens": tokens, "seconds": seconds,
             "tokens_per_s": tokens as f64 / seconds, "kernels": model.kernels(),
+            "precision": format!("{:?}", model.precision()),
             "format": model.format, "threads": rayon::current_num_threads(),
         })
     );

@@ -7,7 +7,7 @@
 //! point of an interrupted run.
 
 use spotinfer::model::engines::decoder::{
-    FinishReason, Generated, Interrupt, LanguageModel, Message, Prompt, Request,
+    DecoderPrecision, FinishReason, Generated, Interrupt, LanguageModel, Message, Prompt, Request,
 };
 use std::path::{Path, PathBuf};
 
@@ -120,20 +120,62 @@ fn a_generation_is_the_same_alone_in_a_batch_under_a_budget_and_resumed() {
     let refs = reference();
     let cases = refs["models"]["qwen3"].as_array().expect("cases");
     let model = LanguageModel::open(&fixtures().join("models/qwen3")).expect("load");
+    let want: Vec<Vec<u32>> = cases.iter().map(expected).collect();
+    same_alone_in_a_batch_under_a_budget_and_resumed(&model, cases, &want);
+}
+
+/// bf16, when asked for (AMX tiles, or AVX-512 BF16): rounding may part the tokens from
+/// transformers' f32 ones (how many agree is printed), but what resumption rests on holds:
+/// every sequence's tokens are the same alone, in a batch, under a budget and resumed from any
+/// point. int8 and a CPU without bf16 are refused with the reason.
+#[test]
+fn a_bf16_generation_is_the_same_alone_in_a_batch_under_a_budget_and_resumed() {
+    let refs = reference();
+    let cases = refs["models"]["qwen3"].as_array().expect("cases");
+    let path = fixtures().join("models/qwen3");
+    let int8 = LanguageModel::open_in(&path, DecoderPrecision::Int8).err();
+    assert!(int8.is_some_and(|e| e.to_string().contains("int8")));
+    let model = match LanguageModel::open_in(&path, DecoderPrecision::Bf16) {
+        Ok(model) => model,
+        Err(e) => {
+            assert!(!spotinfer_fused_cpu::bf16_supported(), "{e}");
+            assert!(e.to_string().contains("bf16"), "{e}");
+            return;
+        }
+    };
+    assert_eq!(model.precision(), DecoderPrecision::Bf16);
+    eprintln!("bf16 decoder on {}", model.kernels());
     let all: Vec<Request> = cases.iter().map(|c| greedy(messages(c), vec![])).collect();
-    // A budget of about two sequences: the rest wait and join as others finish.
+    let batch = model.generate(&all, 0, &Interrupt::new(), None);
+    let want: Vec<Vec<u32>> = batch.iter().map(tokens).collect();
+    let (agree, total) = cases.iter().zip(&want).fold((0, 0), |(a, t), (case, got)| {
+        let f32 = expected(case);
+        let same = f32.iter().zip(got).take_while(|(x, y)| x == y).count();
+        (a + same, t + f32.len())
+    });
+    eprintln!("bf16: {agree} of transformers' {total} greedy tokens before the first difference");
+    same_alone_in_a_batch_under_a_budget_and_resumed(&model, cases, &want);
+}
+
+/// Each case's tokens, `want`, come out the same under a budget of about two sequences (the
+/// rest wait and join as others finish), alone, and resumed after a few of them.
+fn same_alone_in_a_batch_under_a_budget_and_resumed(
+    model: &LanguageModel,
+    cases: &[serde_json::Value],
+    want: &[Vec<u32>],
+) {
+    let all: Vec<Request> = cases.iter().map(|c| greedy(messages(c), vec![])).collect();
     let budget = 2 * (ids(&cases[5]["prompt_ids"]).len() + 24);
     let squeezed = model.generate(&all, budget, &Interrupt::new(), None);
-    for (i, case) in cases.iter().enumerate() {
-        let want = expected(case);
-        assert_eq!(tokens(&squeezed[i]), want, "prompt {i} under a budget");
+    for (i, (case, want)) in cases.iter().zip(want).enumerate() {
+        assert_eq!(&tokens(&squeezed[i]), want, "prompt {i} under a budget");
         let alone = model.generate(&all[i..=i], 0, &Interrupt::new(), None);
-        assert_eq!(tokens(&alone[0]), want, "prompt {i} alone");
+        assert_eq!(&tokens(&alone[0]), want, "prompt {i} alone");
         for cut in [1, want.len() / 2, want.len() - 1] {
             let resumed = greedy(messages(case), want[..cut].to_vec());
             let out = model.generate(&[resumed], 0, &Interrupt::new(), None);
             assert_eq!(
-                tokens(&out[0]),
+                &tokens(&out[0]),
                 want,
                 "prompt {i} resumed after {cut} tokens"
             );

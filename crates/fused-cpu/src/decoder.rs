@@ -14,14 +14,20 @@
 //! processed in one pass gives the same logits, bit for bit, as the same tokens decoded one at a
 //! time. That is what lets a generation interrupted by a shutdown resume from its tokens and
 //! continue exactly as it would have. (It holds on x86-64 with AVX-512 or AVX2, where both
-//! kernels sum the same way; elsewhere the `gemm` crate's f32 products are used.)
+//! kernels sum the same way, and for bf16, whose kernels (AMX tiles, AVX-512 BF16) also sum each
+//! row on its own; elsewhere the `gemm` crate's f32 products are used.)
 //!
-//! Weights are f32 in memory, whatever the file held (f16, bf16 or a GGUF quantisation, widened
-//! by the loader), and named as transformers names them (`model.layers.0.self_attn.q_proj.weight`).
+//! The loader hands over f32 weights, whatever the file held (f16, bf16 or a GGUF quantisation,
+//! widened), named as transformers names them (`model.layers.0.self_attn.q_proj.weight`). In
+//! [`Precision::F32`] the dense layers keep them; in [`Precision::Bf16`] they are rounded to bf16
+//! and multiplied on AMX tiles (or AVX-512 BF16), with f32 sums: half the bytes a decoding step
+//! streams, many times the prompt's multiply-adds per cycle, at the cost of tokens that may
+//! part from the model's own library's (so it is only ever asked for, never chosen).
+//! Normalisation, rotary embedding, attention and the caches stay f32 in both.
 
 use crate::kernels::{exp, linear, softmax_row};
-use crate::packed::{self, Fma, Format, PackedWeights};
-use crate::FusedError;
+use crate::packed::{self, Format, PackedWeights};
+use crate::{FusedError, Precision};
 use rayon::prelude::*;
 
 /// The shape of a decoder, from its `config.json` (or a GGUF's metadata).
@@ -63,17 +69,17 @@ impl DecoderDims {
     }
 }
 
-/// A dense layer's weights in the form the CPU multiplies fastest: packed for this crate's f32
-/// kernel on x86-64, as read elsewhere.
+/// A dense layer's weights in the form the CPU multiplies fastest: packed for this crate's
+/// kernel of the decoder's precision (f32 on x86-64, bf16), as read where there is none.
 enum Matrix {
     Packed(PackedWeights),
     Plain { w: Vec<f32>, k: usize },
 }
 
 impl Matrix {
-    fn new(w: Vec<f32>, k: usize) -> Self {
-        match Fma::best(false) {
-            Some(fma) => Self::Packed(PackedWeights::pack(Format::F32(fma), &w, k, &[])),
+    fn new(w: Vec<f32>, k: usize, format: Option<Format>) -> Self {
+        match format {
+            Some(format) => Self::Packed(PackedWeights::pack(format, &w, k, &[])),
             None => Self::Plain { w, k },
         }
     }
@@ -139,6 +145,7 @@ pub struct Step<'a> {
 /// A loaded decoder.
 pub struct CpuDecoder {
     dims: DecoderDims,
+    precision: Precision,
     embed: Vec<f32>,
     layers: Vec<Layer>,
     norm: Vec<f32>,
@@ -150,9 +157,11 @@ pub struct CpuDecoder {
 impl CpuDecoder {
     /// Builds the decoder from `read(name, shape)`, which returns a tensor transformers names
     /// `name` as f32 of exactly `shape`, or `None` when the file has no such tensor (an optional
-    /// bias). Each dense layer is packed as it is read.
+    /// bias). Each dense layer is packed for `precision` as it is read: f32, or bf16 where the
+    /// CPU has AMX or AVX-512 BF16 (refused with the reason elsewhere); int8 is refused.
     pub fn load(
         dims: DecoderDims,
+        precision: Precision,
         mut read: impl FnMut(&str, &[usize]) -> Result<Option<Vec<f32>>, FusedError>,
     ) -> Result<Self, FusedError> {
         let d = dims;
@@ -166,10 +175,19 @@ impl CpuDecoder {
                 d.heads, d.kv_heads, d.head_dim
             )));
         }
+        let format = match precision {
+            Precision::Int8 => {
+                return Err(FusedError::Unsupported(
+                    "the decoder computes in f32 or bf16; int8 is not offered for generation"
+                        .into(),
+                ))
+            }
+            p => p.format(false).map_err(FusedError::Unsupported)?,
+        };
         let embed = required(&mut read, "model.embed_tokens.weight", &[d.vocab, d.hidden])?;
         let mut layers = Vec::with_capacity(d.layers);
         for i in 0..d.layers {
-            layers.push(Self::load_layer(&d, i, &mut read)?);
+            layers.push(Self::load_layer(&d, i, format, &mut read)?);
         }
         let norm = required(&mut read, "model.norm.weight", &[d.hidden])?;
         let lm_head = match (d.tied, read("lm_head.weight", &[d.vocab, d.hidden])?) {
@@ -178,8 +196,9 @@ impl CpuDecoder {
         };
         Ok(Self {
             dims,
+            precision,
             rope: rope_table(&d),
-            lm_head: Matrix::new(lm_head, d.hidden),
+            lm_head: Matrix::new(lm_head, d.hidden, format),
             embed,
             layers,
             norm,
@@ -189,6 +208,7 @@ impl CpuDecoder {
     fn load_layer(
         d: &DecoderDims,
         i: usize,
+        format: Option<Format>,
         read: &mut impl FnMut(&str, &[usize]) -> Result<Option<Vec<f32>>, FusedError>,
     ) -> Result<Layer, FusedError> {
         let at = |part: &str| format!("model.layers.{i}.{part}");
@@ -204,17 +224,22 @@ impl CpuDecoder {
         )?);
         let layer = Layer {
             attn_norm: required(read, &at("input_layernorm.weight"), &[h])?,
-            qkv: Matrix::new(qkv, h),
+            qkv: Matrix::new(qkv, h, format),
             qkv_bias: None,
             q_norm: None,
             k_norm: None,
-            out: Matrix::new(required(read, &at("self_attn.o_proj.weight"), &[h, q])?, q),
+            out: Matrix::new(
+                required(read, &at("self_attn.o_proj.weight"), &[h, q])?,
+                q,
+                format,
+            ),
             out_bias: read(&at("self_attn.o_proj.bias"), &[h])?,
             ffn_norm: required(read, &at("post_attention_layernorm.weight"), &[h])?,
-            gate_up: Matrix::new(gate_up, h),
+            gate_up: Matrix::new(gate_up, h, format),
             down: Matrix::new(
                 required(read, &at("mlp.down_proj.weight"), &[h, d.intermediate])?,
                 d.intermediate,
+                format,
             ),
         };
         let biases = [("q", q), ("k", kv), ("v", kv)]
@@ -264,6 +289,11 @@ impl CpuDecoder {
     /// The instructions the dense layers run on, for logs and benchmarks.
     pub fn kernels(&self) -> &'static str {
         self.lm_head.kernels()
+    }
+
+    /// The precision the dense layers compute in.
+    pub fn precision(&self) -> Precision {
+        self.precision
     }
 
     /// Appends each step's tokens to its sequence and returns, per step, the logits after its

@@ -8,10 +8,11 @@
 //!   batched generation, each sequence with its own key and value cache.
 //!
 //! Their dense layers run on this crate's kernels over weights packed at load: f32, bf16
-//! (AVX-512 BF16) or int8 (integer dot products on x86-64 and Arm), as [`Precision`] picks for
-//! the encoder and the image towers; the decoder computes in f32. Where a CPU has no packed f32
-//! kernel, the f32 products fall back to the `gemm` crate. The passes between the products
-//! (attention, softmax, norms, activations) are fused and parallel over rows. The encoder and
+//! (AMX tiles, or AVX-512 BF16) or int8 (integer dot products on x86-64 and Arm), as
+//! [`Precision`] picks; the decoder takes f32 or bf16. Where a CPU has no packed f32 kernel, the
+//! f32 products fall back to the `gemm` crate. The passes between the products (attention,
+//! softmax, norms, activations) are fused and parallel over rows; beside dense layers on AMX,
+//! the encoder's and image towers' attention multiplies on the tiles too. The encoder and
 //! the image towers read their weights from memory-mapped safetensors files; the decoder takes
 //! its tensors from a reader the caller passes.
 

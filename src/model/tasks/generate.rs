@@ -16,14 +16,15 @@
 //! The network and the decode loop are the engine's (`model::engines::decoder`).
 
 use crate::model::engines::decoder::{
-    Generated, Input, Interrupt, LanguageModel, Request, Sampling, Scheduler,
+    DecoderPrecision, Generated, Input, Interrupt, LanguageModel, Request, Sampling, Scheduler,
 };
 use crate::model::seam::{unfit, Checkpoint, Checkpoints, Infer, Settled};
 use crate::model::spec::Task;
 use crate::model::Output;
 use crate::model::Reply;
 use crate::model::{
-    default_model_name, weights_hash, LoadOptions, ModelError, ModelInfo, Predicted, Reads,
+    default_model_name, weights_hash, LoadOptions, ModelError, ModelInfo, Precision, Predicted,
+    Reads,
 };
 use crate::model::{Item, Joining, Predict};
 use crate::record::{Record, RecordError};
@@ -80,14 +81,20 @@ pub struct GenerateTask {
 
 impl GenerateTask {
     /// Loads the generation model at `path` (a `.gguf` file, or a transformers folder) to run
-    /// on the CPU decoder in f32; `interrupt` is the flag the worker sets at shutdown.
+    /// on the CPU decoder, in f32 unless `options` ask for bf16 ([`decoder_precision`]);
+    /// `interrupt` is the flag the worker sets at shutdown.
     pub fn open(
         path: &Path,
         options: &LoadOptions,
         defaults: GenerationDefaults,
         interrupt: Interrupt,
     ) -> Result<Self, ModelError> {
-        let model = LanguageModel::open(path)?;
+        let precision =
+            decoder_precision(options.precision).map_err(|message| ModelError::Unsupported {
+                path: path.to_path_buf(),
+                message,
+            })?;
+        let model = LanguageModel::open_in(path, precision)?;
         let files: Vec<&Path> = model.weight_files.iter().map(PathBuf::as_path).collect();
         let info = ModelInfo {
             name: options
@@ -98,7 +105,11 @@ impl GenerateTask {
             dim: 0,
             max_seq_len: model.context(),
             device: format!(
-                "Cpu (decoder, f32 from {}, {})",
+                "Cpu (decoder, {} from {}, {})",
+                match model.precision() {
+                    DecoderPrecision::Bf16 => "bf16",
+                    _ => "f32",
+                },
                 model.format,
                 model.kernels()
             ),
@@ -447,6 +458,23 @@ impl Infer for Generations {
     }
 }
 
+/// The decoder's precision for `--precision`: `auto` and `f32` are f32, whose greedy tokens are
+/// the model's own library's (llama.cpp's, transformers'); `bf16` only when asked, since
+/// rounding the weights and activations can part a generation from them; `f16` and `int8` are
+/// the encoders' and refused with the reason.
+pub fn decoder_precision(precision: Precision) -> Result<DecoderPrecision, String> {
+    match precision {
+        Precision::Auto | Precision::F32 => Ok(DecoderPrecision::F32),
+        Precision::Bf16 => Ok(DecoderPrecision::Bf16),
+        Precision::F16 => Err(refused("f16")),
+        Precision::Int8 => Err(refused("int8")),
+    }
+}
+
+fn refused(asked: &str) -> String {
+    format!("a generation model computes in f32 (auto) or bf16 on the CPU, not {asked}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -514,6 +542,29 @@ mod tests {
         match &items[0] {
             Ok(Item::Generate(_, tokens)) => tokens.clone(),
             other => panic!("{other:?}"),
+        }
+    }
+
+    /// `--precision`: a generation model computes in f32 unless bf16 is asked for (its device
+    /// says which, with the kernels), and the encoders' f16 and int8 are refused at load.
+    #[test]
+    fn a_generation_model_computes_in_f32_unless_bf16_is_asked() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/llm/models/qwen3");
+        let open = |precision| {
+            let options = LoadOptions::new(crate::model::DeviceChoice::Cpu).precision(precision);
+            let defaults = GenerationDefaults::default();
+            GenerateTask::open(&path, &options, defaults, Interrupt::new())
+        };
+        let device = |t: GenerateTask| t.info.device;
+        assert!(device(open(Precision::Auto).unwrap()).starts_with("Cpu (decoder, f32 from "));
+        for refused in [Precision::F16, Precision::Int8] {
+            let e = open(refused).err().unwrap().to_string();
+            assert!(e.contains("f32 (auto) or bf16"), "{e}");
+        }
+        match open(Precision::Bf16) {
+            Ok(t) => assert!(device(t).starts_with("Cpu (decoder, bf16 from "), "bf16"),
+            Err(e) => assert!(!spotinfer_fused_cpu::bf16_supported(), "{e}"),
         }
     }
 

@@ -9,7 +9,7 @@ use crate::model::ModelError;
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::Device;
 use serde_json::Value as Json;
-use spotinfer_fused_cpu::{CpuDecoder, DecoderDims, FusedError};
+use spotinfer_fused_cpu::{CpuDecoder, DecoderDims, FusedError, Precision};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use tokenizers::Tokenizer;
@@ -54,12 +54,13 @@ pub fn is_generation_model(path: &Path) -> bool {
         .unwrap_or(false)
 }
 
-/// Loads the model at `path` (a `.gguf` file or a transformers folder).
-pub fn load(path: &Path) -> Result<Loaded, ModelError> {
+/// Loads the model at `path` (a `.gguf` file or a transformers folder), its dense layers
+/// packed for `precision` (f32, or bf16 where the CPU has it).
+pub fn load(path: &Path, precision: Precision) -> Result<Loaded, ModelError> {
     if path.extension().is_some_and(|e| e == "gguf") {
-        load_gguf(path)
+        load_gguf(path, precision)
     } else {
-        load_folder(path)
+        load_folder(path, precision)
     }
 }
 
@@ -74,7 +75,7 @@ fn from_bert(path: &Path) -> impl Fn(FusedError) -> ModelError + '_ {
     move |e| unsupported(path, e.to_string())
 }
 
-fn load_gguf(path: &Path) -> Result<Loaded, ModelError> {
+fn load_gguf(path: &Path, precision: Precision) -> Result<Loaded, ModelError> {
     let io = |source| ModelError::File {
         path: path.to_path_buf(),
         source,
@@ -123,7 +124,7 @@ fn load_gguf(path: &Path) -> Result<Loaded, ModelError> {
         tied: !content.tensor_infos.contains_key("output.weight"),
     };
     let mut types = std::collections::BTreeSet::new();
-    let decoder = CpuDecoder::load(dims, |name, shape| {
+    let decoder = CpuDecoder::load(dims, precision, |name, shape| {
         let Some(gguf_name) = gguf_name(name) else {
             return Ok(None);
         };
@@ -349,7 +350,7 @@ fn folder_dims(path: &Path, c: &Json) -> Result<DecoderDims, ModelError> {
     })
 }
 
-fn load_folder(dir: &Path) -> Result<Loaded, ModelError> {
+fn load_folder(dir: &Path, precision: Precision) -> Result<Loaded, ModelError> {
     let config = read_json(&dir.join("config.json"))?;
     let dims = folder_dims(dir, &config)?;
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -367,7 +368,7 @@ fn load_folder(dir: &Path) -> Result<Loaded, ModelError> {
     // SAFETY: the files are not written while a worker loads them (see fused-cpu's weights).
     let tensors = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&files) }?;
     let mut dtypes = std::collections::BTreeSet::new();
-    let decoder = CpuDecoder::load(dims, |name, shape| {
+    let decoder = CpuDecoder::load(dims, precision, |name, shape| {
         let Ok(view) = tensors.get(name) else {
             return Ok(None);
         };

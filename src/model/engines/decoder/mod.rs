@@ -27,6 +27,8 @@ pub use crate::model::output::{Completion, FinishReason};
 use crate::model::ModelError;
 pub use crate::record::generation::{Input, Message, Prompt};
 use spotinfer_fused_cpu::CpuDecoder;
+/// The precision the decoder's dense layers compute in (the fused CPU crate's).
+pub use spotinfer_fused_cpu::Precision as DecoderPrecision;
 use std::path::Path;
 use template::ChatTemplate;
 use tokenizers::Tokenizer;
@@ -92,9 +94,16 @@ pub struct LanguageModel {
 }
 
 impl LanguageModel {
-    /// Loads the model at `path` (a `.gguf` file or a transformers folder).
+    /// Loads the model at `path` (a `.gguf` file or a transformers folder) to compute in f32:
+    /// the same greedy tokens as the model's own library.
     pub fn open(path: &Path) -> Result<Self, ModelError> {
-        let l = load::load(path)?;
+        Self::open_in(path, DecoderPrecision::F32)
+    }
+
+    /// [`LanguageModel::open`] with the dense layers in `precision`: f32, or bf16 where the CPU
+    /// has AMX or AVX-512 BF16 (refused with the reason elsewhere, and int8 everywhere).
+    pub fn open_in(path: &Path, precision: DecoderPrecision) -> Result<Self, ModelError> {
+        let l = load::load(path, precision)?;
         let template = l
             .chat_template
             .map(|t| ChatTemplate::new(t, l.bos_token.clone(), l.eos_token.clone()))
@@ -128,6 +137,11 @@ impl LanguageModel {
     /// Token ids the model has (a checkpoint's ids must be below it).
     pub fn vocab(&self) -> usize {
         self.decoder.dims().vocab
+    }
+
+    /// The precision the dense layers compute in.
+    pub fn precision(&self) -> DecoderPrecision {
+        self.decoder.precision()
     }
 
     /// The instructions the dense layers run on.
