@@ -199,10 +199,8 @@ pub(crate) fn attention(
             .all(|&(o, len)| o.checked_add(len).is_some_and(|end| end <= rows)),
         "attention: a span past the last of {rows} rows"
     );
-    #[cfg(target_arch = "x86_64")]
-    let tiles = products == AttentionProducts::Bf16Amx;
-    #[cfg(not(target_arch = "x86_64"))]
-    let tiles = false;
+    // AMX exists on x86-64 only.
+    let tiles = cfg!(target_arch = "x86_64") && products == AttentionProducts::Bf16Amx;
     assert!(
         !tiles || crate::packed::Format::Bf16Amx.supported(),
         "attention: no AMX on this CPU"
