@@ -96,12 +96,19 @@ impl GenerateTask {
             })?;
         let model = LanguageModel::open_in(path, precision)?;
         let files: Vec<&Path> = model.weight_files.iter().map(PathBuf::as_path).collect();
+        // Checkpoints are kept under the model's hash, and tokens resume exactly only in the
+        // precision that generated them: bf16's hash says so, so an f32 worker starts a bf16
+        // worker's records over rather than continue them differently (and the reverse).
+        let hash = match precision {
+            DecoderPrecision::Bf16 => format!("{}+bf16", weights_hash(&files)?),
+            _ => weights_hash(&files)?,
+        };
         let info = ModelInfo {
             name: options
                 .name
                 .clone()
                 .unwrap_or_else(|| default_model_name(path)),
-            hash: weights_hash(&files)?,
+            hash,
             dim: 0,
             max_seq_len: model.context(),
             device: format!(
@@ -546,7 +553,8 @@ mod tests {
     }
 
     /// `--precision`: a generation model computes in f32 unless bf16 is asked for (its device
-    /// says which, with the kernels), and the encoders' f16 and int8 are refused at load.
+    /// says which, with the kernels, and bf16's hash is marked so that its checkpoints are its
+    /// own), and the encoders' f16 and int8 are refused at load.
     #[test]
     fn a_generation_model_computes_in_f32_unless_bf16_is_asked() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -556,14 +564,18 @@ mod tests {
             let defaults = GenerationDefaults::default();
             GenerateTask::open(&path, &options, defaults, Interrupt::new())
         };
-        let device = |t: GenerateTask| t.info.device;
-        assert!(device(open(Precision::Auto).unwrap()).starts_with("Cpu (decoder, f32 from "));
+        let f32 = open(Precision::Auto).unwrap().info;
+        assert!(f32.device.starts_with("Cpu (decoder, f32 from "));
         for refused in [Precision::F16, Precision::Int8] {
             let e = open(refused).err().unwrap().to_string();
             assert!(e.contains("f32 (auto) or bf16"), "{e}");
         }
         match open(Precision::Bf16) {
-            Ok(t) => assert!(device(t).starts_with("Cpu (decoder, bf16 from "), "bf16"),
+            Ok(t) => {
+                assert!(t.info.device.starts_with("Cpu (decoder, bf16 from "));
+                // Its checkpoints are its own: f32's hash, marked.
+                assert_eq!(t.info.hash, format!("{}+bf16", f32.hash));
+            }
             Err(e) => assert!(!spotinfer_fused_cpu::bf16_supported(), "{e}"),
         }
     }
