@@ -200,16 +200,20 @@ fn the_image_task_tokenizes_as_transformers_and_refuses_text_model_options() {
     }
 }
 
-/// CLIP's and ViT's image towers on the CPU encoder's kernels (the CPU default) against
+/// CLIP's and ViT's image towers on the CPU encoder's kernels (the CPU default) in f32 against
 /// transformers, with the same bars as candle's, and against candle's towers on the same pixel
-/// values (a lossless comparison: the same input, two engines).
+/// values (a lossless comparison: the same input, two engines). f32 is asked for: under auto,
+/// CLIP's tower computes in bf16 where the CPU has AMX (the test below).
 #[test]
 fn the_cpu_image_towers_match_transformers_and_candle() {
-    use spotinfer::model::{DeviceChoice, ImageTask, Item, LoadOptions, Output, Predict};
+    use spotinfer::model::{
+        DeviceChoice, ImageTask, Item, LoadOptions, Output, Precision, Predict,
+    };
     let refs = reference();
     for name in ["clip", "vit"] {
         let dir = fixtures().join("models").join(name);
-        let task = ImageTask::open(&dir, &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
+        let f32 = LoadOptions::new(DeviceChoice::Cpu).precision(Precision::F32);
+        let task = ImageTask::open(&dir, &f32).unwrap();
         assert!(
             task.info().device.contains("fused image tower"),
             "{}",
@@ -261,9 +265,7 @@ fn the_cpu_image_towers_match_transformers_and_candle() {
 /// probabilities within 1e-2). CLIP's int8 must load wherever the CPU has an int8 kernel.
 #[test]
 fn reduced_precisions_on_the_cpu_image_tower_are_checked_and_close() {
-    use spotinfer::model::{
-        DeviceChoice, ImageTask, Item, LoadOptions, Output, Precision, Predict,
-    };
+    use spotinfer::model::{DeviceChoice, ImageTask, LoadOptions, Precision, Predict};
     let refs = reference();
     for precision in [Precision::Bf16, Precision::Int8] {
         for name in ["clip", "vit"] {
@@ -283,38 +285,74 @@ fn reduced_precisions_on_the_cpu_image_tower_are_checked_and_close() {
                     continue;
                 }
             };
-            let photos = pixel_values(&model(name));
-            let items: Vec<Item> = photos
-                .iter()
-                .map(|(_, p)| Item::Pixels(p.clone().into()))
-                .collect();
-            let got = task.predict_items(&items).unwrap().outputs;
-            let mut worst = 0f32;
-            for ((photo, _), out) in photos.iter().zip(&got) {
-                let want = &refs["models"][name]["images"][photo.as_str()];
-                match out {
-                    Output::Embedding(v) => {
-                        let c = cosine(v, &floats(want));
-                        worst = worst.max(1.0 - c);
-                        assert!(c >= 0.999, "{name} {precision:?} {photo}: cosine {c}");
-                    }
-                    Output::Classes { scores, .. } => {
-                        let p = floats(&want["probabilities"]);
-                        let d = scores
-                            .iter()
-                            .zip(&p)
-                            .map(|(a, b)| (a - b).abs())
-                            .fold(0f32, f32::max);
-                        worst = worst.max(d);
-                        assert!(d <= 1e-2, "{name} {precision:?} {photo}: {d}");
-                    }
-                    other => panic!("{other:?}"),
-                }
-            }
+            let worst = close_to_transformers(name, &task, &refs);
             eprintln!(
                 "{name} {precision:?} on {}: worst {worst:.2e}",
                 task.info().device
             );
         }
     }
+}
+
+/// Under `--precision auto`, CLIP's CPU image tower computes in bf16 on AMX tiles where the CPU
+/// has them (the probe pictures held at load), and in f32 elsewhere; ViT, a classifier, stays
+/// f32 everywhere. Either way the photographs stay within the bars of transformers' outputs.
+#[test]
+fn auto_puts_clips_image_tower_on_amx_tiles_and_keeps_vit_in_f32() {
+    use spotinfer::model::{DeviceChoice, ImageTask, LoadOptions, Predict};
+    let refs = reference();
+    for name in ["clip", "vit"] {
+        let dir = fixtures().join("models").join(name);
+        let task = ImageTask::open(&dir, &LoadOptions::new(DeviceChoice::Cpu)).unwrap();
+        let device = task.info().device.clone();
+        let tiles = name == "clip" && spotinfer_fused_cpu::amx_supported();
+        assert_eq!(
+            device.contains("Bf16 on AMX-BF16"),
+            tiles,
+            "{name}: {device}"
+        );
+        assert_eq!(device.contains("F32 on"), !tiles, "{name}: {device}");
+        let worst = close_to_transformers(name, &task, &refs);
+        eprintln!("{name} auto on {device}: worst {worst:.2e}");
+    }
+}
+
+/// `task`'s outputs for fixture `name`'s photographs against transformers': image vectors
+/// within cosine 0.999, class probabilities within 1e-2. Returns the worst distance (1 - cosine,
+/// or the largest probability difference).
+fn close_to_transformers(
+    name: &str,
+    task: &spotinfer::model::ImageTask,
+    refs: &serde_json::Value,
+) -> f32 {
+    use spotinfer::model::{Item, Output, Predict};
+    let photos = pixel_values(&model(name));
+    let items: Vec<Item> = photos
+        .iter()
+        .map(|(_, p)| Item::Pixels(p.clone().into()))
+        .collect();
+    let got = task.predict_items(&items).unwrap().outputs;
+    let mut worst = 0f32;
+    for ((photo, _), out) in photos.iter().zip(&got) {
+        let want = &refs["models"][name]["images"][photo.as_str()];
+        match out {
+            Output::Embedding(v) => {
+                let c = cosine(v, &floats(want));
+                worst = worst.max(1.0 - c);
+                assert!(c >= 0.999, "{name} {photo}: cosine {c}");
+            }
+            Output::Classes { scores, .. } => {
+                let p = floats(&want["probabilities"]);
+                let d = scores
+                    .iter()
+                    .zip(&p)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                worst = worst.max(d);
+                assert!(d <= 1e-2, "{name} {photo}: {d}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    worst
 }

@@ -54,8 +54,9 @@ pub struct ImageTask {
 
 impl ImageTask {
     /// Loads the image model in `dir` as `options` say: on the CPU, CLIP's and ViT's image towers
-    /// on the CPU encoder's kernels (f32; bf16 when asked, on AVX-512 BF16), everything else on
-    /// candle in f32 (f16 on CUDA when asked). Image models take no prompt and no token limit.
+    /// on the CPU encoder's kernels (f32; bf16 or int8 when asked; CLIP's in bf16 under auto
+    /// where the CPU has AMX and the probe pictures hold), everything else on candle in f32
+    /// (f16 on CUDA when asked). Image models take no prompt and no token limit.
     pub fn open(dir: &Path, options: &LoadOptions) -> Result<Self, ModelError> {
         let refuse = |what: &str| ModelError::Unsupported {
             path: dir.to_path_buf(),
@@ -82,17 +83,23 @@ impl ImageTask {
         };
         // On the CPU, CLIP's and ViT's image towers run on the CPU encoder's kernels unless
         // candle is asked for; SigLIP's (and the text towers) stay on candle.
+        let cpu_tower = device.is_cpu() && options.backend != Backend::Candle;
+        let auto_bf16 = options.precision == Precision::Auto && cpu_tower && auto_tries_bf16(dir)?;
         let cpu_precision = match options.precision {
             Precision::Bf16 => spotinfer_fused_cpu::Precision::Bf16,
             Precision::Int8 => spotinfer_fused_cpu::Precision::Int8,
+            _ if auto_bf16 => spotinfer_fused_cpu::Precision::Bf16,
             _ => spotinfer_fused_cpu::Precision::F32,
         };
-        let towers = match device.is_cpu() && options.backend != Backend::Candle {
+        let mut towers = match cpu_tower {
             true => ImageModel::load_with_cpu_tower(dir, cpu_precision)?,
             false => ImageModel::load_as(dir, &device, dtype)?,
         };
         if matches!(options.precision, Precision::Bf16 | Precision::Int8) {
             check_reduced_precision(dir, &towers, options.precision)?;
+        }
+        if auto_bf16 {
+            towers = keep_bf16_or_reload(dir, towers)?;
         }
         let tokenizer = match towers.has_text() {
             true => text_tokenizer(dir, towers.max_text_tokens)?,
@@ -186,6 +193,32 @@ const MIN_PROBE_COSINE: f32 = 0.9995;
 /// bf16 and int8 are the CPU image tower's and are chosen, never automatic: each is checked at
 /// load against the same tower in f32 on generated probe pictures and refused, with the
 /// cosine, when it strays.
+/// Whether `--precision auto` tries bf16 on `dir`'s CPU image tower: only where its products
+/// run on AMX tiles (a ViT-B/32-shaped CLIP computed 3.2× f32's images/s there), and only for
+/// an embedding model (CLIP), whose vectors the probe pictures bound as they bound text
+/// vectors. A classifier (ViT) stays f32 under auto, as text classifiers do: a drift can flip
+/// its labels.
+fn auto_tries_bf16(dir: &Path) -> Result<bool, ModelError> {
+    let config = read_optional(&dir.join("config.json"))?;
+    let clip = config["architectures"][0].as_str() == Some("CLIPModel");
+    Ok(clip && spotinfer_fused_cpu::amx_supported())
+}
+
+/// `towers`, loaded in bf16 for `--precision auto`, kept if their image vectors stay within
+/// [`MIN_PROBE_COSINE`] of f32's on the probe pictures; else loaded again in f32, with the
+/// reason logged.
+fn keep_bf16_or_reload(dir: &Path, towers: ImageModel) -> Result<ImageModel, ModelError> {
+    match check_reduced_precision(dir, &towers, Precision::Bf16) {
+        Ok(()) => Ok(towers),
+        Err(ModelError::Precision(why)) => {
+            tracing::info!(reason = %why, "image tower: bf16 on AMX refused under auto; f32");
+            drop(towers);
+            ImageModel::load_with_cpu_tower(dir, spotinfer_fused_cpu::Precision::F32)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 fn check_reduced_precision(
     dir: &Path,
     towers: &ImageModel,
