@@ -177,7 +177,7 @@ pub(crate) unsafe fn kernel<const P: usize>(t: &Tile, height: usize) {
         }
     }
     // Without a bias, whole tiles of sums (16 rows, every panel full) go straight to the output.
-    if t.bias.is_none() && t.cols >= P * PANEL && height % TILE_ROWS == 0 {
+    if t.bias.is_none() && t.cols >= P * PANEL && height.is_multiple_of(TILE_ROWS) {
         let stride = t.n * 4;
         tile!(store 0, t.out, stride);
         if P == 2 {
