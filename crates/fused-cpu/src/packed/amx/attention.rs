@@ -10,7 +10,7 @@
 //! scores the columns are keys and a step a pair of a key's dimensions; for the context the
 //! columns are dimensions and a step a pair of keys. Every size is padded with zeros to whole
 //! tiles (queries to 16, keys to 32, dimensions to 32): padded keys carry zero probability, and
-//! padded rows and columns are never stored.
+//! padded rows and columns never reach the output.
 
 use super::{configure, DEPTH, TILE_ROWS};
 use crate::kernels::exp;
@@ -162,39 +162,69 @@ unsafe fn pack(h: &Head<'_>, s: &Sizes, buf: &mut Buffers) {
     }
 }
 
-/// `scores = Q·Kᵀ`: 32 queries by 32 keys at a time, four tiles of sums over the dimensions.
+/// `scores = Q·Kᵀ`, over the dimensions.
 ///
 /// # Safety
 /// [`super::supported`], the tiles configured, and the buffers packed for `s`.
 unsafe fn scores(s: &Sizes, buf: &mut Buffers) {
     grow(&mut buf.scores, s.queries * s.keys);
-    let (ql, keys) = (s.q_lanes, s.keys);
-    let (q, k, out) = (buf.q.as_ptr(), buf.k.as_ptr(), buf.scores.as_mut_ptr());
-    for qt in (0..s.queries).step_by(2 * TILE_ROWS) {
-        let two = qt + TILE_ROWS < s.queries;
-        // Keys come in 32s: always two blocks.
-        for kb in (0..keys).step_by(2 * PANEL) {
+    let out = buf.scores.as_mut_ptr();
+    let at = |row: usize, col: usize| out.add(row * s.keys + col);
+    let (q, k) = (buf.q.as_ptr(), buf.k.as_ptr());
+    multiply(q, k, s.queries, s.keys, s.q_lanes, at, s.keys * 4);
+}
+
+/// `A·B` into `rows` × `cols` f32 sums stored from `at(row, col)`, rows `stride` bytes apart,
+/// 32 × 32 at a time in four tiles of sums (fewer at a lone last 16). A's rows are row tiles of
+/// `depth` lanes; B is weight tiles, a block of 16 columns `depth` steps long after another.
+/// `rows` and `cols` are multiples of 16, `depth` of a tile's 16 steps.
+///
+/// # Safety
+/// [`super::supported`], the tiles configured; A and B cover those sizes, and `at` addresses
+/// every row and column stored.
+unsafe fn multiply(
+    a: *const u32,
+    b: *const u32,
+    rows: usize,
+    cols: usize,
+    depth: usize,
+    at: impl Fn(usize, usize) -> *mut f32,
+    stride: usize,
+) {
+    let block = depth * PANEL;
+    for r in (0..rows).step_by(2 * TILE_ROWS) {
+        let two = r + TILE_ROWS < rows;
+        for c in (0..cols).step_by(2 * PANEL) {
+            let wide = c + PANEL < cols;
             tile!(zero 0);
             tile!(zero 1);
             tile!(zero 2);
             tile!(zero 3);
-            for d in (0..ql).step_by(DEPTH) {
-                tile!(load 4, q.add(qt * ql + d), ql * 4);
-                tile!(load 6, k.add(kb * ql + d * PANEL), 64usize);
-                tile!(load 7, k.add((kb + PANEL) * ql + d * PANEL), 64usize);
+            for d in (0..depth).step_by(DEPTH) {
+                tile!(load 4, a.add(r * depth + d), depth * 4);
+                tile!(load 6, b.add(c / PANEL * block + d * PANEL), 64usize);
                 tile!(dot 0, 4, 6);
-                tile!(dot 1, 4, 7);
+                if wide {
+                    tile!(load 7, b.add((c / PANEL + 1) * block + d * PANEL), 64usize);
+                    tile!(dot 1, 4, 7);
+                }
                 if two {
-                    tile!(load 5, q.add((qt + TILE_ROWS) * ql + d), ql * 4);
+                    tile!(load 5, a.add((r + TILE_ROWS) * depth + d), depth * 4);
                     tile!(dot 2, 5, 6);
-                    tile!(dot 3, 5, 7);
+                    if wide {
+                        tile!(dot 3, 5, 7);
+                    }
                 }
             }
-            tile!(store 0, out.add(qt * keys + kb), keys * 4);
-            tile!(store 1, out.add(qt * keys + kb + PANEL), keys * 4);
+            tile!(store 0, at(r, c), stride);
+            if wide {
+                tile!(store 1, at(r, c + PANEL), stride);
+            }
             if two {
-                tile!(store 2, out.add((qt + TILE_ROWS) * keys + kb), keys * 4);
-                tile!(store 3, out.add((qt + TILE_ROWS) * keys + kb + PANEL), keys * 4);
+                tile!(store 2, at(r + TILE_ROWS, c), stride);
+                if wide {
+                    tile!(store 3, at(r + TILE_ROWS, c + PANEL), stride);
+                }
             }
         }
     }
@@ -249,71 +279,19 @@ unsafe fn probabilities(h: &Head<'_>, s: &Sizes, buf: &mut Buffers) {
     }
 }
 
-/// `context = P·V`: 32 queries by 32 columns at a time, four tiles of sums over the keys; the
-/// real rows and columns stored at `out`.
+/// `context = P·V`, over the keys, into `scores` (whose probabilities are in `p` by now), then
+/// the real rows and columns copied to `out`.
 ///
 /// # Safety
 /// As [`head`]'s, with the buffers packed for `s`.
-unsafe fn context(h: &Head<'_>, s: &Sizes, buf: &Buffers, out: *mut f32, out_stride: usize) {
-    let lanes = s.keys / 2;
+unsafe fn context(h: &Head<'_>, s: &Sizes, buf: &mut Buffers, out: *mut f32, out_stride: usize) {
+    grow(&mut buf.scores, s.queries * s.cols);
+    let sums = buf.scores.as_mut_ptr();
+    let at = |row: usize, col: usize| sums.add(row * s.cols + col);
     let (p, v) = (buf.p.as_ptr(), buf.v.as_ptr());
-    let mut sums = [[[0f32; PANEL]; TILE_ROWS]; 4];
-    for qt in (0..s.queries).step_by(2 * TILE_ROWS) {
-        let two = qt + TILE_ROWS < s.queries;
-        for cb in (0..s.cols).step_by(2 * PANEL) {
-            let wide = cb + PANEL < s.cols;
-            tile!(zero 0);
-            tile!(zero 1);
-            tile!(zero 2);
-            tile!(zero 3);
-            for e in (0..lanes).step_by(DEPTH) {
-                tile!(load 4, p.add(qt * lanes + e), lanes * 4);
-                tile!(load 6, v.add(cb * lanes + e * PANEL), 64usize);
-                tile!(dot 0, 4, 6);
-                if wide {
-                    tile!(load 7, v.add((cb + PANEL) * lanes + e * PANEL), 64usize);
-                    tile!(dot 1, 4, 7);
-                }
-                if two {
-                    tile!(load 5, p.add((qt + TILE_ROWS) * lanes + e), lanes * 4);
-                    tile!(dot 2, 5, 6);
-                    if wide {
-                        tile!(dot 3, 5, 7);
-                    }
-                }
-            }
-            // A tile of real rows and columns only goes straight to `out`; the others through
-            // `sums`, from which their real part is copied.
-            let full = |t: usize| {
-                qt + TILE_ROWS * (t / 2 + 1) <= h.len && cb + PANEL * (t % 2 + 1) <= h.dh
-            };
-            let at =
-                |t: usize| out.add((qt + TILE_ROWS * (t / 2)) * out_stride + cb + PANEL * (t % 2));
-            macro_rules! put {
-                ($t:literal) => {
-                    if full($t) {
-                        tile!(store $t, at($t), out_stride * 4);
-                    } else {
-                        tile!(store $t, sums[$t].as_mut_ptr());
-                    }
-                };
-            }
-            put!(0);
-            put!(1);
-            put!(2);
-            put!(3);
-            for (t, sums) in sums.iter().enumerate() {
-                let (row, col) = (qt + TILE_ROWS * (t / 2), cb + PANEL * (t % 2));
-                if full(t) || row >= h.len || col >= h.dh {
-                    continue;
-                }
-                let width = PANEL.min(h.dh - col);
-                for (r, sums) in sums.iter().enumerate().take(h.len - row) {
-                    let dst = out.add((row + r) * out_stride + col);
-                    std::ptr::copy_nonoverlapping(sums.as_ptr(), dst, width);
-                }
-            }
-        }
+    multiply(p, v, s.queries, s.cols, s.keys / 2, at, s.cols * 4);
+    for (i, row) in buf.scores.chunks_exact(s.cols).take(h.len).enumerate() {
+        std::ptr::copy_nonoverlapping(row.as_ptr(), out.add(i * out_stride), h.dh);
     }
 }
 
