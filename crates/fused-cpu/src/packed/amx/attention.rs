@@ -8,9 +8,10 @@
 //! inputs, a weight tile 16 *steps* (input pairs) of 16 columns' pairs. So Q's rows and P's rows
 //! are rounded as they are (row tiles), while K and V are rearranged into weight tiles: for the
 //! scores the columns are keys and a step a pair of a key's dimensions; for the context the
-//! columns are dimensions and a step a pair of keys. Every size is padded with zeros to whole
-//! tiles (queries to 16, keys to 32, dimensions to 32): padded keys carry zero probability, and
-//! padded rows and columns never reach the output.
+//! columns are dimensions and a step a pair of keys. Every size is padded to whole tiles
+//! (queries to 16, keys to 32, dimensions to 32). The padding a real result reads is zero (the
+//! dimensions past the head's, V's keys past the text, the probabilities of padded keys); the
+//! rest (padded queries, K's padded keys) only reaches sums that are never read.
 
 use super::{configure, DEPTH, TILE_ROWS};
 use crate::kernels::exp;
@@ -25,7 +26,8 @@ pub(crate) struct Buffers {
     k: Vec<u32>,
     /// V as weight tiles: per block of 16 dimensions, `keys / 2` steps of 16 dimensions' pairs.
     v: Vec<u32>,
-    /// The scores, then the probabilities, in f32: `queries × keys`.
+    /// The scores, then the probabilities, in f32 (`queries × keys`); then the context's
+    /// padded sums (`queries × cols`).
     scores: Vec<f32>,
     /// The probabilities in bf16 pairs: `queries × keys / 2`.
     p: Vec<u32>,
