@@ -24,6 +24,14 @@ fn cosine(a: &[f32], b: &[f32]) -> f32 {
     dot / (norm(a) * norm(b))
 }
 
+/// The largest difference between two lists of probabilities, element by element.
+fn largest_difference(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
 fn model(name: &str) -> ImageModel {
     ImageModel::load(
         &fixtures().join("models").join(name),
@@ -110,11 +118,7 @@ fn vit_probabilities_match_transformers() {
         let probs: Vec<f32> = e.iter().map(|x| x / sum).collect();
         let want = &refs["models"]["vit"]["images"][photo.as_str()];
         let wp = floats(&want["probabilities"]);
-        let diff = probs
-            .iter()
-            .zip(&wp)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
+        let diff = largest_difference(&probs, &wp);
         eprintln!("vit {photo:28} max probability difference {diff:.2e}");
         let bar = if photo.ends_with(".jpg") { 1e-2 } else { 1e-3 };
         assert!(diff <= bar, "{photo}: {probs:?} against {wp:?}");
@@ -244,11 +248,7 @@ fn the_cpu_image_towers_match_transformers_and_candle() {
                 Output::Classes { scores, .. } => {
                     let want =
                         floats(&refs["models"][name]["images"][photo.as_str()]["probabilities"]);
-                    let diff = scores
-                        .iter()
-                        .zip(&want)
-                        .map(|(a, b)| (a - b).abs())
-                        .fold(0f32, f32::max);
+                    let diff = largest_difference(scores, &want);
                     eprintln!("{name} {photo:28} max probability difference {diff:.2e}");
                     let bar = if photo.ends_with(".jpg") { 1e-2 } else { 1e-3 };
                     assert!(diff <= bar, "{name} {photo}: {diff}");
@@ -343,11 +343,7 @@ fn close_to_transformers(
             }
             Output::Classes { scores, .. } => {
                 let p = floats(&want["probabilities"]);
-                let d = scores
-                    .iter()
-                    .zip(&p)
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0f32, f32::max);
+                let d = largest_difference(scores, &p);
                 worst = worst.max(d);
                 assert!(d <= 1e-2, "{name} {photo}: {d}");
             }
