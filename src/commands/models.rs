@@ -48,6 +48,23 @@ pub async fn run(a: ModelsArgs) -> anyhow::Result<()> {
             println!("ok");
             Ok(())
         }
+        ModelsCommand::Kernels(k) => {
+            let checks = tokio::task::spawn_blocking(move || {
+                spotinfer::model::check_unpadded_kernels(&k.dir, k.device, &k.lengths)
+            })
+            .await??;
+            for check in &checks {
+                println!("{}", serde_json::to_string(check)?);
+            }
+            let failed: Vec<String> = checks
+                .iter()
+                .filter(|c| !c.passed)
+                .map(|c| format!("{} {} {}", c.op, c.dtype, c.shape))
+                .collect();
+            anyhow::ensure!(failed.is_empty(), "past the bar: {}", failed.join("; "));
+            println!("ok: {} operations within their bars", checks.len());
+            Ok(())
+        }
     }
 }
 

@@ -5,7 +5,7 @@ use super::shared::{
     BatchArgs, DbArgs, ModelArgs, ModelRef, PubsubArgs, StorageArgs, SubscriptionPolicyArgs,
 };
 use super::values::{choice, duration_in, lease_seconds, millis, secs};
-use crate::model::Backend;
+use crate::model::{Backend, DeviceChoice};
 use clap::builder::RangedU64ValueParser;
 use clap::{Args, Subcommand, ValueEnum};
 use std::path::PathBuf;
@@ -26,6 +26,25 @@ pub enum ModelsCommand {
     /// normalize, prompts, max length, weight dtypes, content hash) after loading it and
     /// embedding one text; or the exact reason it is refused (exit status 1).
     Check(ModelCheckArgs),
+    /// Run every operation of the unpadded encoder (`--backend unpadded`) at a model folder's
+    /// shapes on the device, in f32, f16 and bf16, against its CPU reference on random inputs:
+    /// one JSON line per operation, then `ok` (exit status 1 if any is past its bar). The GPU
+    /// check's first step (bench/gpu-check.sh).
+    Kernels(ModelKernelsArgs),
+}
+
+/// `spotinfer models kernels`.
+#[derive(Debug, Clone, Args)]
+pub struct ModelKernelsArgs {
+    /// A model folder (its config.json gives the shapes; the weights are not read).
+    #[arg(env = "SPOTINFER_MODEL", default_value = "models/all-MiniLM-L6-v2")]
+    pub dir: PathBuf,
+    /// Device the kernels run on (`cpu` runs the references against themselves).
+    #[arg(long, env = "SPOTINFER_DEVICE", value_parser = choice::<DeviceChoice>(), default_value = "auto")]
+    pub device: DeviceChoice,
+    /// The lengths of the packed batch's texts, in tokens.
+    #[arg(long, value_delimiter = ',', default_value = "1,7,31,32,33,53,64,130")]
+    pub lengths: Vec<usize>,
 }
 
 /// `spotinfer models check`.

@@ -132,7 +132,9 @@ pub struct ModelArgs {
     #[arg(long, env = "SPOTINFER_DEVICE", value_parser = choice::<DeviceChoice>(), default_value = "auto")]
     pub device: DeviceChoice,
     /// Code that runs the model: `fused` (the CPU encoder tuned for throughput), `candle`
-    /// (the candle encoder, the reference; any device), `auto` (fused on CPU, candle on CUDA).
+    /// (the candle encoder, the reference; any device), `unpadded` (candle on packed batches,
+    /// fused kernels on CUDA; text encoders; opt-in until checked on a GPU), `auto` (fused on
+    /// CPU, candle on CUDA).
     #[arg(long, env = "SPOTINFER_BACKEND", value_parser = choice::<Backend>(), default_value = "auto")]
     pub backend: Backend,
     /// Precision of the encoder's matrix products: `auto` (for an embedding model f16 on CUDA;

@@ -34,6 +34,9 @@ pub enum Backend {
     Fused,
     /// The candle encoder (`src/model/engines/candle_bert.rs`).
     Candle,
+    /// The candle encoder on packed batches with fused kernels on CUDA
+    /// (`src/model/engines/unpadded`): opt-in until the GPU check has passed on a GPU.
+    Unpadded,
 }
 
 impl Choice for Backend {
@@ -41,6 +44,7 @@ impl Choice for Backend {
         ("auto", Self::Auto),
         ("fused", Self::Fused),
         ("candle", Self::Candle),
+        ("unpadded", Self::Unpadded),
     ];
 }
 

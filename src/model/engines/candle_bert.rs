@@ -16,25 +16,25 @@ use spotinfer_fused_cpu::{Layout, Pooling};
 
 /// A loaded BERT encoder.
 pub struct CandleBert {
-    words: Embedding,
-    positions: Embedding,
-    types: Embedding,
-    norm: LayerNorm,
-    layers: Vec<Layer>,
-    heads: usize,
-    position_offset: u32,
+    pub(super) words: Embedding,
+    pub(super) positions: Embedding,
+    pub(super) types: Embedding,
+    pub(super) norm: LayerNorm,
+    pub(super) layers: Vec<Layer>,
+    pub(super) heads: usize,
+    pub(super) position_offset: u32,
     /// False for DistilBERT, which has no token types (its one type row is zeros).
-    token_types: bool,
-    dtype: DType,
+    pub(super) token_types: bool,
+    pub(super) dtype: DType,
 }
 
-struct Layer {
-    qkv: Linear,
-    attention_out: Linear,
-    attention_norm: LayerNorm,
-    intermediate: Linear,
-    output: Linear,
-    output_norm: LayerNorm,
+pub(super) struct Layer {
+    pub(super) qkv: Linear,
+    pub(super) attention_out: Linear,
+    pub(super) attention_norm: LayerNorm,
+    pub(super) intermediate: Linear,
+    pub(super) output: Linear,
+    pub(super) output_norm: LayerNorm,
 }
 
 impl CandleBert {

@@ -15,6 +15,7 @@ pub mod decoder;
 pub mod fused;
 pub mod fused_images;
 pub mod towers;
+pub mod unpadded;
 
 use crate::model::spec::ModelSpec;
 use crate::model::{CpuKernels, DeviceChoice, LoadOptions, ModelError, Precision, TokenIds};
@@ -24,6 +25,7 @@ use candle_nn::VarBuilder;
 use spotinfer_fused_cpu::{self as fused_cpu, CpuBert, Pooling};
 use std::sync::Mutex;
 use std::time::Instant;
+use unpadded::UnpaddedBert;
 
 /// The code that runs the encoder and pools.
 pub(super) enum Engine {
@@ -32,6 +34,8 @@ pub(super) enum Engine {
     /// The candle encoder, on any candle device, its pooling, and where its batches' time goes
     /// when that is measured ([`DeviceStages`]).
     Candle(CandleBert, Pooling, Option<Mutex<DeviceStages>>),
+    /// The candle encoder on packed batches (`unpadded`: fused kernels on CUDA; opt-in).
+    Unpadded(UnpaddedBert, Pooling, Option<Mutex<DeviceStages>>),
 }
 
 /// Where the candle encoder's batches spend their time, summed over batches: each stage ends
@@ -103,7 +107,7 @@ impl Engine {
     /// Starts measuring where the candle encoder's batches spend their time (see
     /// [`DeviceStages`]); the fused encoder has no device stages to measure.
     pub(super) fn profile_stages(&mut self) {
-        if let Self::Candle(_, _, stages) = self {
+        if let Self::Candle(_, _, stages) | Self::Unpadded(_, _, stages) = self {
             *stages = Some(Mutex::new(DeviceStages::default()));
         }
     }
@@ -111,7 +115,9 @@ impl Engine {
     /// The stages measured so far, if they are measured.
     pub(super) fn stages(&self) -> Option<DeviceStages> {
         match self {
-            Self::Candle(_, _, Some(stages)) => stages.lock().ok().map(|s| *s),
+            Self::Candle(_, _, Some(stages)) | Self::Unpadded(_, _, Some(stages)) => {
+                stages.lock().ok().map(|s| *s)
+            }
             _ => None,
         }
     }
@@ -131,6 +137,19 @@ impl Engine {
                 Ok(bert.embed(&batch)?)
             }
             Self::Candle(model, pooling, stages) => candle_embed(model, *pooling, batch, stages),
+            Self::Unpadded(model, pooling, stages) => {
+                let mut clock = StageClock::start(stages, model.device());
+                let packed = unpadded::Packed::new(batch.iter().map(|(e, _)| *e), model)?;
+                clock.lap(|s| &mut s.inputs_s)?;
+                let hidden = model.forward(&packed)?;
+                clock.lap(|s| &mut s.encoder_s)?;
+                let skips: Vec<usize> = batch.iter().map(|(_, skip)| *skip).collect();
+                let vectors = unpadded::pool(&hidden, &packed.starts, *pooling, &skips)?;
+                let vectors = vectors.to_vec2::<f32>()?;
+                clock.lap(|s| &mut s.outputs_s)?;
+                clock.done();
+                Ok(vectors)
+            }
         }
     }
 
@@ -175,6 +194,17 @@ impl Engine {
                         rows.into_iter().take(keep).flatten().collect()
                     })
                     .collect())
+            }
+            Self::Unpadded(model, _, stages) => {
+                let mut clock = StageClock::start(stages, model.device());
+                let packed = unpadded::Packed::new(batch.iter().copied(), model)?;
+                clock.lap(|s| &mut s.inputs_s)?;
+                let hidden = model.forward(&packed)?;
+                clock.lap(|s| &mut s.encoder_s)?;
+                let rows = unpadded::token_rows(&hidden, &packed.starts, first_only)?;
+                clock.lap(|s| &mut s.outputs_s)?;
+                clock.done();
+                Ok(rows)
             }
         }
     }
@@ -276,14 +306,54 @@ pub(super) fn load_candle(
     device: &Device,
     dtype: DType,
 ) -> Result<Engine, ModelError> {
+    let bert = candle_bert(spec, device, dtype)?;
+    Ok(Engine::Candle(bert, spec.pooling.mode, None))
+}
+
+/// The padded candle encoder's weights, read once for either candle engine.
+fn candle_bert(spec: &ModelSpec, device: &Device, dtype: DType) -> Result<CandleBert, ModelError> {
     let path = spec.weights.clone();
     let bytes = std::fs::read(&path).map_err(|source| ModelError::File { path, source })?;
     let vb = VarBuilder::from_buffered_safetensors(bytes, dtype, device)?;
-    Ok(Engine::Candle(
-        CandleBert::load(vb, &spec.encoder)?,
-        spec.pooling.mode,
-        None,
-    ))
+    Ok(CandleBert::load(vb, &spec.encoder)?)
+}
+
+/// The unpadded encoder on `device`, its weights converted to `dtype` (the padded encoder's
+/// loading, then the same tensors arranged for packed batches).
+pub(super) fn load_unpadded(
+    spec: &ModelSpec,
+    device: &Device,
+    dtype: DType,
+) -> Result<Engine, ModelError> {
+    let model =
+        UnpaddedBert::new(&candle_bert(spec, device, dtype)?).map_err(|e| ModelError::Config {
+            path: spec.dir.clone(),
+            message: e.to_string(),
+        })?;
+    Ok(Engine::Unpadded(model, spec.pooling.mode, None))
+}
+
+/// Every operation of the unpadded encoder at the shapes of the model folder `dir`, on the device
+/// `choice` names, in f32, f16 and bf16, against its CPU reference (`unpadded::check`).
+pub fn check_unpadded_kernels(
+    dir: &std::path::Path,
+    choice: DeviceChoice,
+    lengths: &[usize],
+) -> Result<Vec<unpadded::check::KernelCheck>, ModelError> {
+    let spec = ModelSpec::read(dir)?;
+    let device = select_device(choice)?;
+    let shapes = unpadded::check::Shapes {
+        hidden: spec.encoder.hidden,
+        heads: spec.encoder.heads,
+        intermediate: spec.encoder.intermediate,
+    };
+    let mut checks = vec![];
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        checks.extend(unpadded::check::check_kernels(
+            &device, dtype, shapes, lengths,
+        )?);
+    }
+    Ok(checks)
 }
 
 /// The candle device `choice` names; an error when CUDA is asked for and cannot be had.

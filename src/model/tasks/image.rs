@@ -65,8 +65,10 @@ impl ImageTask {
                  f16 on CUDA when asked)"
             ),
         };
-        if options.backend == Backend::Fused {
-            return Err(refuse("--backend fused computes BERT-family text encoders"));
+        if matches!(options.backend, Backend::Fused | Backend::Unpadded) {
+            return Err(refuse(
+                "--backend fused and --backend unpadded compute BERT-family text encoders",
+            ));
         }
         if options.prompt != PromptChoice::ModelDefault || options.max_seq_len.is_some() {
             return Err(refuse(

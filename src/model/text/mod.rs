@@ -12,7 +12,9 @@ pub(super) mod prompt;
 pub(super) mod tokenize;
 pub(super) mod wordpiece;
 
-use super::engines::{candle_dtype, load_candle, load_fused, select_device, DeviceStages, Engine};
+use super::engines::{
+    candle_dtype, load_candle, load_fused, load_unpadded, select_device, DeviceStages, Engine,
+};
 use super::tasks::{Head, SequenceHead, TokenHead};
 use super::types::{weights_hash, Input, ModelError, ModelInfo, Predicted, Reads};
 use super::Item;
@@ -96,7 +98,7 @@ impl TextModel {
         let device = select_device(options.device)?;
         let fused = match options.backend {
             Backend::Fused => true,
-            Backend::Candle => false,
+            Backend::Candle | Backend::Unpadded => false,
             Backend::Auto => device.is_cpu(),
         };
         let (engine, dtype) = if fused {
@@ -108,7 +110,12 @@ impl TextModel {
                 (Precision::Auto, task) if task != Task::Embed => candle_core::DType::F32,
                 (precision, _) => candle_dtype(precision, &device)?,
             };
-            (load_candle(&spec, &device, dtype)?, Some(dtype))
+            let engine = if options.backend == Backend::Unpadded {
+                load_unpadded(&spec, &device, dtype)?
+            } else {
+                load_candle(&spec, &device, dtype)?
+            };
+            (engine, Some(dtype))
         };
         let name = options
             .name
@@ -121,6 +128,9 @@ impl TextModel {
             max_seq_len,
             device: match dtype {
                 None => "Cpu (fused, f32)".into(),
+                Some(dtype) if options.backend == Backend::Unpadded => {
+                    format!("{device:?} (candle unpadded, {dtype:?})")
+                }
                 Some(dtype) => format!("{device:?} (candle, {dtype:?})"),
             },
             prompts: prompts.names(),

@@ -144,7 +144,7 @@ impl TextModel {
                 .into_iter()
                 .filter(|&p| bert.runs(p))
                 .collect(),
-            Engine::Candle(..) => Vec::new(),
+            Engine::Candle(..) | Engine::Unpadded(..) => Vec::new(),
         };
         if candidates.is_empty() {
             tracing::info!(

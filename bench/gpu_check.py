@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""The unpadded encoder's GPU check (issue 51); bench/gpu-check.sh makes the shapes and calls it.
+
+    python3 bench/gpu_check.py --bin BIN --device cuda|cpu --shapes DIR,DIR --out DIR \
+        [--records 10000] [--batch-sizes 64,256] [--rounds 2] [--minutes 7.5]
+
+1. kernels: `spotinfer models kernels` on each shape: every operation on the device against its
+   CPU reference, f32/f16/bf16; a failure fails the check.
+2. vectors: the unpadded encoder's f32 and f16 vectors (and the default CUDA path's f16) against
+   sentence-transformers fp32 on the same GPU (on the CPU, where CI has no PyTorch: against the
+   padded candle encoder's f32); f32 must reach cosine 0.99999 and f16 0.9999 on every text.
+3. speed: the default path (`--backend candle`), `--backend unpadded` and, on a GPU,
+   sentence-transformers fp16, alternated, medians of tokens/s and the GPU's busy share
+   (nvidia-smi), and one profiled unpadded run (`--profile-device`). Runs past `--minutes` are
+   left out and named as unmeasured, so the whole check stays within its time.
+Writes OUT/gpu-check.json with the issue's targets, each met, missed or unmeasured.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu import GpuMemory, corpus, fixture_texts, read_embeddings, varied_texts, write_jsonl  # noqa: E402
+
+STARTED = time.monotonic()
+
+
+class NoGpu:
+    """GpuMemory's figures where there is no GPU: none."""
+    mib = None
+    utilisation = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def run(args, cmd):
+    with (GpuMemory() if args.device == "cuda" else NoGpu()) as mem:
+        out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-4000:]}")
+    return out, mem
+
+
+def kernels(args, shape):
+    out = subprocess.run([args.bin, "models", "kernels", shape, "--device", args.device],
+                         capture_output=True, text=True)
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    if not rows:
+        raise SystemExit(f"models kernels printed nothing:\n{out.stderr[-4000:]}")
+    return rows
+
+
+def cosine_summary(a, b):
+    """Worst and mean cosine of paired rows, and how many fall below 0.999 (no numpy: CI's
+    Python has none)."""
+    cs = []
+    for x, y in zip(a, b):
+        dot = sum(p * q for p, q in zip(x, y))
+        cs.append(dot / ((sum(p * p for p in x) * sum(q * q for q in y)) ** 0.5 or 1.0))
+    return {"n": len(cs), "worst": min(cs), "mean": sum(cs) / len(cs),
+            "below_0_999": sum(c < 0.999 for c in cs)}
+
+
+def vectors(args, shape):
+    n = 4000 if args.device == "cuda" else 200
+    texts = fixture_texts() + varied_texts(n // 2) + corpus(n // 2, seed=3)
+    path = os.path.join(args.out, "vectors.jsonl")
+    write_jsonl(path, texts)
+    ids = [f"t{i:07d}" for i in range(len(texts))]
+
+    def spotinfer(backend, precision, device):
+        out = os.path.join(args.out, f"{backend}-{precision}.jsonl")
+        run(args, [args.bin, "embed", "--input", path, "--output", out, "--model", shape,
+                   "--device", device, "--backend", backend, "--precision", precision,
+                   "--batch-size", "64"])
+        got = read_embeddings(out)
+        return [got[i] for i in ids]
+
+    if args.device == "cuda":
+        import torch
+        from sentence_transformers import SentenceTransformer
+        st = SentenceTransformer(os.path.abspath(shape), device="cuda").float()
+        st.max_seq_length = 256
+        reference = st.encode(texts, batch_size=64, normalize_embeddings=True,
+                              convert_to_numpy=True).tolist()
+        del st
+        torch.cuda.empty_cache()
+        against = "sentence-transformers fp32 (same GPU)"
+    else:
+        reference = spotinfer("candle", "f32", "cpu")
+        against = "the padded candle encoder, f32 (CPU)"
+    result = {"texts": len(texts), "against": against}
+    sides = [("unpadded", "f32"), ("unpadded", "f16")]
+    if args.device == "cuda":
+        sides.append(("candle", "f16"))
+    for backend, precision in sides:
+        result[f"{backend}_{precision}"] = cosine_summary(spotinfer(backend, precision, args.device), reference)
+    return result
+
+
+def st_bench_row(args, model, path, batch_size):
+    gpu = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu.py")
+    out, mem = run(args, [sys.executable, gpu, "st-bench", os.path.abspath(model), path, str(batch_size)])
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]), gpu_utilisation=mem.utilisation)
+
+
+def speed(args, shape):
+    path = os.path.join(args.out, "bench.jsonl")
+    write_jsonl(path, corpus(args.records, seed=7))
+    rows = []
+    for batch_size in args.batch_sizes:
+        bench = [args.bin, "bench", "--input", path, "--model", shape, "--device", args.device,
+                 "--batch-size", str(batch_size)]
+        precision = ["--precision", "f16" if args.device == "cuda" else "f32"]
+        sides = {"default": bench + ["--backend", "candle"] + precision,
+                 "unpadded": bench + ["--backend", "unpadded"] + precision}
+        runs = {name: [] for name in sides}
+        if args.device == "cuda":
+            runs["sentence_transformers"] = []
+        row = {"model": os.path.basename(shape.rstrip("/")), "batch_size": batch_size}
+        for _ in range(args.rounds):
+            if time.monotonic() - STARTED > args.minutes * 60:
+                row["unmeasured"] = "past the check's time"
+                break
+            for name, cmd in sides.items():
+                out, mem = run(args, cmd)
+                runs[name].append(dict(json.loads(out.stdout.strip().splitlines()[-1]),
+                                       gpu_utilisation=mem.utilisation))
+            if "sentence_transformers" in runs:
+                runs["sentence_transformers"].append(st_bench_row(args, shape, path, batch_size))
+        for name, rs in runs.items():
+            if rs:
+                row[name] = {k: statistics.median(r[k] for r in rs) for k in
+                             ["tokens_per_s", "records_per_s"]}
+                busy = [r["gpu_utilisation"] for r in rs if r.get("gpu_utilisation") is not None]
+                row[name]["gpu_busy"] = statistics.median(busy) if busy else None
+        if runs["unpadded"]:
+            out, _ = run(args, sides["unpadded"] + ["--profile-device"])
+            row["unpadded_profile"] = json.loads(out.stdout.strip().splitlines()[-1]).get("device_stages")
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def targets(report):
+    """The issue's GPU targets, each met, missed or unmeasured, with its figure."""
+    out = []
+    floors = {"bert-base": 1_000_000, "minilm": 2_000_000}
+    for row in report["speed"]:
+        name, where = row["model"], f"{row['model']} batch {row['batch_size']}"
+        unpadded, st = row.get("unpadded"), row.get("sentence_transformers")
+        if name in floors:
+            figure = unpadded["tokens_per_s"] if unpadded else None
+            out.append((f"{where}: unpadded >= {floors[name]:,} tokens/s", figure,
+                        None if figure is None else figure >= floors[name]))
+            busy = unpadded.get("gpu_busy") if unpadded else None
+            out.append((f"{where}: GPU busy >= 90%", busy, None if busy is None else busy >= 0.9))
+            if row["batch_size"] == 64:
+                ratio = unpadded["tokens_per_s"] / st["tokens_per_s"] if unpadded and st else None
+                out.append((f"{where}: >= 10x sentence-transformers fp16", ratio,
+                            None if ratio is None else ratio >= 10))
+    for name, v in report["vectors"].items():
+        if "unpadded_f16" in v:
+            out.append((f"{name}: f16 worst cosine >= 0.9999", v["unpadded_f16"]["worst"],
+                        v["unpadded_f16"]["worst"] >= 0.9999))
+    return [{"target": t, "figure": f, "met": m} for t, f, m in out]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--bin", required=True)
+    p.add_argument("--device", choices=["cuda", "cpu"], required=True)
+    p.add_argument("--shapes", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--records", type=int, default=10000)
+    p.add_argument("--batch-sizes", default="64,256")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--minutes", type=float, default=7.5)
+    args = p.parse_args()
+    args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    shapes = [s for s in args.shapes.split(",") if s]
+    os.makedirs(args.out, exist_ok=True)
+    gpu = "none"
+    if args.device == "cuda":
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.strip()
+    report = {"device": args.device, "gpu": gpu, "date": time.strftime("%Y-%m-%d"),
+              "kernels": {}, "vectors": {}, "speed": []}
+    failures = []
+    for shape in shapes:
+        name = os.path.basename(shape.rstrip("/"))
+        report["kernels"][name] = kernels(args, shape)
+        for k in report["kernels"][name]:
+            status = "ok" if k["passed"] else "PAST THE BAR"
+            print(f"kernel {name:10} {k['op']:17} {k['dtype']:5} {k['shape']:34} "
+                  f"{k['largest_difference']:.2e} (bar {k['bar']:.1e}) {status}", flush=True)
+            if not k["passed"]:
+                failures.append(f"kernel {k['op']} {k['dtype']} on {name}")
+    for shape in shapes:
+        name = os.path.basename(shape.rstrip("/"))
+        v = report["vectors"][name] = vectors(args, shape)
+        print(f"vectors {name}: {json.dumps(v)}", flush=True)
+        if v["unpadded_f32"]["worst"] < 0.99999:
+            failures.append(f"{name}: f32 vectors, worst cosine {v['unpadded_f32']['worst']}")
+        if v["unpadded_f16"]["worst"] < 0.9999:
+            failures.append(f"{name}: f16 vectors, worst cosine {v['unpadded_f16']['worst']}")
+    for shape in shapes:
+        report["speed"] += speed(args, shape)
+    report["targets"] = targets(report)
+    report["failures"] = failures
+    report["minutes"] = (time.monotonic() - STARTED) / 60
+    for t in report["targets"]:
+        state = {True: "MET       ", False: "MISSED    ", None: "UNMEASURED"}[t["met"]]
+        print(state, t["target"], t["figure"])
+    with open(os.path.join(args.out, "gpu-check.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"gpu-check: {len(failures)} failures in {report['minutes']:.1f} min; "
+          f"{os.path.join(args.out, 'gpu-check.json')}")
+    if failures:
+        raise SystemExit("gpu-check failed: " + "; ".join(failures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,324 @@
+//! The unpadded encoder's three fused operations, each a candle custom op: `cpu_fwd` is the
+//! reference (the same algorithm, run by candle's CPU backend in the tests) and `cuda_fwd`
+//! (`super::cuda`) the GPU kernel. Arithmetic is f32 whatever the tensors' dtype (f32, f16 or
+//! bf16); each result is rounded once to the dtype, as the kernels round it.
+//!
+//! * [`Dense`]: `x·Wᵀ + b`, one cuBLASLt call with the bias as its epilogue ([`GemmCall`]);
+//! * [`VarlenAttention`]: attention within each sequence of a packed batch, online softmax over
+//!   tiles of 32 keys (`kernels/varlen_attention.cu`);
+//! * [`AddNorm`]: `LayerNorm(x + residual)`, one block-wide reduction per row
+//!   (`kernels/add_layer_norm.cu`).
+
+use super::gemm::GemmCall;
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
+
+/// Keys per tile of [`VarlenAttention`] (a warp's lanes on the GPU).
+pub const KEY_TILE: usize = 32;
+/// Threads per row of [`AddNorm`] (its kernel's block).
+pub const NORM_THREADS: usize = 128;
+/// The widest head [`VarlenAttention`]'s kernel holds (4 elements a lane).
+pub const MAX_HEAD_DIM: usize = 128;
+/// The widest row [`AddNorm`]'s kernel holds (16 elements a thread).
+pub const MAX_NORM_WIDTH: usize = NORM_THREADS * 16;
+
+/// `x·Wᵀ + b` for `x` `(tokens, inputs)` and a transformers `Linear`'s weight `(outputs,
+/// inputs)` and bias `(outputs)`, all in one dtype.
+#[derive(Clone)]
+pub struct Dense {
+    pub weight: Tensor,
+    pub bias: Tensor,
+}
+
+impl Dense {
+    /// The layer on `x` `(tokens, inputs)`. On CUDA in f32 it stays candle's product and a bias
+    /// add: cudarc's f32 cuBLASLt computes in TF32, which would lower f32's exactness.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if x.device().is_cuda() && x.dtype() == DType::F32 {
+            return x.matmul(&self.weight.t()?)?.broadcast_add(&self.bias);
+        }
+        x.apply_op1(self.clone())
+    }
+
+    /// The call the product is, for `tokens` rows.
+    pub fn call(&self, tokens: usize) -> Result<GemmCall> {
+        let (outputs, inputs) = self.weight.dims2()?;
+        Ok(GemmCall::linear(tokens, inputs, outputs))
+    }
+}
+
+impl CustomOp1 for Dense {
+    fn name(&self) -> &'static str {
+        "dense"
+    }
+
+    fn cpu_fwd(&self, x: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (tokens, _) = layout.shape().dims2()?;
+        let call = self.call(tokens)?;
+        let (w, b) = (host_f32(&self.weight)?, host_f32(&self.bias)?);
+        let mut y = vec![0f32; tokens * call.m];
+        call.reference(&w, &f32s(x, layout)?, Some(&b), &mut y);
+        Ok((storage(y, x.dtype())?, Shape::from((tokens, call.m))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        x: &candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        super::cuda::dense(self, x, layout)
+    }
+}
+
+/// Attention within each sequence of a packed batch: `qkv` `(tokens, 3·heads·head_dim)` with each
+/// row `[q | k | v]` and head `h` at `h·head_dim` in each third, and `cu_seqlens` (u32,
+/// sequences + 1) the first row of each sequence and the total last. Gives `(tokens,
+/// heads·head_dim)`. No mask: a sequence's rows see only each other.
+#[derive(Clone, Copy)]
+pub struct VarlenAttention {
+    pub heads: usize,
+    pub head_dim: usize,
+    /// The longest sequence of the batch (the kernel's grid is sized by it).
+    pub max_len: usize,
+}
+
+impl VarlenAttention {
+    /// The softmax's scale, `1/√head_dim`.
+    pub fn scale(&self) -> f32 {
+        1.0 / (self.head_dim as f32).sqrt()
+    }
+
+    /// One query row's output for one head, as the kernel computes it: keys in tiles of
+    /// [`KEY_TILE`] in order, a running maximum `m` and sum `l`, each tile's correction
+    /// `exp(m_old − m_new)` applied before its keys are added one by one.
+    fn query(&self, q: &[f32], keys: &[&[f32]], values: &[&[f32]], out: &mut [f32]) {
+        let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
+        out.fill(0.0);
+        let mut p = [0f32; KEY_TILE];
+        for (k_tile, v_tile) in keys.chunks(KEY_TILE).zip(values.chunks(KEY_TILE)) {
+            let mut tile_max = f32::NEG_INFINITY;
+            for (pj, k) in p.iter_mut().zip(k_tile) {
+                let mut s = 0f32;
+                for (a, b) in q.iter().zip(k.iter()) {
+                    s += a * b;
+                }
+                *pj = s * self.scale();
+                tile_max = tile_max.max(*pj);
+            }
+            let m_new = m.max(tile_max);
+            let correction = (m - m_new).exp();
+            l *= correction;
+            out.iter_mut().for_each(|o| *o *= correction);
+            for (pj, v) in p.iter_mut().zip(v_tile) {
+                *pj = (*pj - m_new).exp();
+                l += *pj;
+                for (o, x) in out.iter_mut().zip(v.iter()) {
+                    *o += *pj * x;
+                }
+            }
+            m = m_new;
+        }
+        out.iter_mut().for_each(|o| *o /= l);
+    }
+}
+
+impl CustomOp2 for VarlenAttention {
+    fn name(&self) -> &'static str {
+        "varlen-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        qkv: &CpuStorage,
+        qkv_layout: &Layout,
+        cu_seqlens: &CpuStorage,
+        cu_layout: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (tokens, stride) = qkv_layout.shape().dims2()?;
+        let (hd, width) = (self.head_dim, self.heads * self.head_dim);
+        if stride != 3 * width {
+            candle_core::bail!("varlen-attention: rows of {stride}, want 3 × {width}");
+        }
+        let cu = bounds(cu_seqlens, cu_layout, tokens)?;
+        // The kernel's grid covers `max_len` queries a sequence: a longer one would lose rows.
+        if let Some(n) = cu
+            .windows(2)
+            .map(|w| (w[1] - w[0]) as usize)
+            .find(|&n| n > self.max_len)
+        {
+            candle_core::bail!(
+                "varlen-attention: a sequence of {n} past max_len {}",
+                self.max_len
+            );
+        }
+        let dtype = qkv.dtype();
+        let qkv = f32s(qkv, qkv_layout)?;
+        let mut out = vec![0f32; tokens * width];
+        for seq in cu.windows(2) {
+            let rows = seq[0] as usize..seq[1] as usize;
+            for h in 0..self.heads {
+                let part = |row: usize, third: usize| {
+                    let at = row * stride + third * width + h * hd;
+                    &qkv[at..at + hd]
+                };
+                let keys: Vec<&[f32]> = rows.clone().map(|r| part(r, 1)).collect();
+                let values: Vec<&[f32]> = rows.clone().map(|r| part(r, 2)).collect();
+                for r in rows.clone() {
+                    let at = r * width + h * hd;
+                    self.query(part(r, 0), &keys, &values, &mut out[at..at + hd]);
+                }
+            }
+        }
+        Ok((storage(out, dtype)?, Shape::from((tokens, width))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        qkv: &candle_core::CudaStorage,
+        qkv_layout: &Layout,
+        cu_seqlens: &candle_core::CudaStorage,
+        cu_layout: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        super::cuda::varlen_attention(self, qkv, qkv_layout, cu_seqlens, cu_layout)
+    }
+}
+
+/// `LayerNorm(x + residual)·gamma + beta` over each row of `(tokens, width)`, with the sums as the
+/// kernel's block adds them ([`block_sum`]).
+#[derive(Clone)]
+pub struct AddNorm {
+    pub gamma: Tensor,
+    pub beta: Tensor,
+    pub eps: f32,
+}
+
+impl CustomOp2 for AddNorm {
+    fn name(&self) -> &'static str {
+        "add-layer-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        x: &CpuStorage,
+        x_layout: &Layout,
+        residual: &CpuStorage,
+        r_layout: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (tokens, width) = x_layout.shape().dims2()?;
+        if r_layout.shape() != x_layout.shape() {
+            candle_core::bail!("add-layer-norm: residual {:?}", r_layout.shape());
+        }
+        let (g, b) = (host_f32(&self.gamma)?, host_f32(&self.beta)?);
+        let (x_values, r_values) = (f32s(x, x_layout)?, f32s(residual, r_layout)?);
+        let mut out = vec![0f32; tokens * width];
+        for row in 0..tokens {
+            let span = row * width..(row + 1) * width;
+            let v: Vec<f32> = x_values[span.clone()]
+                .iter()
+                .zip(&r_values[span.clone()])
+                .map(|(a, b)| a + b)
+                .collect();
+            let mean = block_sum(&v) / width as f32;
+            let squares: Vec<f32> = v.iter().map(|x| (x - mean) * (x - mean)).collect();
+            let inv = 1.0 / (block_sum(&squares) / width as f32 + self.eps).sqrt();
+            for (i, o) in out[span].iter_mut().enumerate() {
+                *o = (v[i] - mean) * inv * g[i] + b[i];
+            }
+        }
+        Ok((storage(out, x.dtype())?, x_layout.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        x: &candle_core::CudaStorage,
+        x_layout: &Layout,
+        residual: &candle_core::CudaStorage,
+        r_layout: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        super::cuda::add_norm(self, x, x_layout, residual, r_layout)
+    }
+}
+
+/// A row's sum as [`AddNorm`]'s kernel adds it: thread `t` of [`NORM_THREADS`] sums elements
+/// `t, t + NORM_THREADS, …` in turn; each warp of 32 folds its lanes by xor-shuffles of 16, 8,
+/// 4, 2 and 1 (after which every lane holds the same value); the warps' sums are added in order.
+pub fn block_sum(values: &[f32]) -> f32 {
+    let mut lanes = [0f32; NORM_THREADS];
+    for (i, v) in values.iter().enumerate() {
+        lanes[i % NORM_THREADS] += v;
+    }
+    let mut total = 0f32;
+    for warp in lanes.chunks_mut(32) {
+        for offset in [16, 8, 4, 2, 1] {
+            let before: [f32; 32] = warp.try_into().unwrap_or([0.0; 32]);
+            for (lane, v) in warp.iter_mut().enumerate() {
+                *v += before[lane ^ offset];
+            }
+        }
+        total += warp[0];
+    }
+    total
+}
+
+/// A tensor's values as f32 on the host (weights, read by the reference ops).
+fn host_f32(t: &Tensor) -> Result<Vec<f32>> {
+    t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()
+}
+
+/// A contiguous CPU operand's values as f32.
+fn f32s(s: &CpuStorage, layout: &Layout) -> Result<Vec<f32>> {
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        candle_core::bail!("unpadded ops take contiguous operands");
+    };
+    Ok(match s {
+        CpuStorage::F32(v) => v[start..end].to_vec(),
+        CpuStorage::F16(v) => v[start..end].iter().map(|x| x.to_f32()).collect(),
+        CpuStorage::BF16(v) => v[start..end].iter().map(|x| x.to_f32()).collect(),
+        other => candle_core::bail!(
+            "unpadded ops run in f32, f16 or bf16, not {:?}",
+            other.dtype()
+        ),
+    })
+}
+
+/// f32 values rounded once to `dtype`.
+fn storage(values: Vec<f32>, dtype: DType) -> Result<CpuStorage> {
+    Ok(match dtype {
+        DType::F32 => CpuStorage::F32(values),
+        DType::F16 => CpuStorage::F16(values.into_iter().map(half::f16::from_f32).collect()),
+        DType::BF16 => CpuStorage::BF16(values.into_iter().map(half::bf16::from_f32).collect()),
+        other => candle_core::bail!("unpadded ops run in f32, f16 or bf16, not {other:?}"),
+    })
+}
+
+/// A packed batch's sequence bounds, checked: starting at 0, never decreasing, ending at
+/// `tokens`.
+fn bounds(s: &CpuStorage, layout: &Layout, tokens: usize) -> Result<Vec<u32>> {
+    let (CpuStorage::U32(v), Some((start, end))) = (s, layout.contiguous_offsets()) else {
+        candle_core::bail!("cu_seqlens: contiguous u32");
+    };
+    let cu = v[start..end].to_vec();
+    let ordered = cu.windows(2).all(|w| w[0] <= w[1]);
+    if cu.first() != Some(&0) || cu.last() != Some(&(tokens as u32)) || !ordered {
+        candle_core::bail!("cu_seqlens {cu:?} do not cover {tokens} tokens in order");
+    }
+    Ok(cu)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::block_sum;
+
+    /// The emulated block reduction adds every value once: its sum of small integers (exact
+    /// in f32 in any order) is the plain sum, for lengths around the block's threads.
+    #[test]
+    fn the_block_sum_adds_each_value_once() {
+        for n in [1, 31, 32, 127, 128, 129, 384, 1000, 2048] {
+            let values: Vec<f32> = (0..n).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
+            assert_eq!(block_sum(&values), values.iter().sum::<f32>(), "{n} values");
+        }
+    }
+}
