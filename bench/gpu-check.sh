@@ -45,6 +45,6 @@ if [[ $device == cuda ]]; then
         --batch-sizes 64,256 --shapes "$(IFS=,; echo "${shapes[*]}")"
 else
     make tiny 2 64 2 128
-    python3 bench/gpu_check.py --bin "$bin" --device cpu --out "$out" --records 300 \
-        --batch-sizes 32 --shapes "$(IFS=,; echo "${shapes[*]}")"
+    python3 bench/gpu_check.py --bin "$bin" --device cpu --out "$out" --records 48 \
+        --batch-sizes 16 --rounds 1 --shapes "$(IFS=,; echo "${shapes[*]}")"
 fi

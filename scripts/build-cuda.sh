@@ -3,6 +3,7 @@
 # the CUDA 13.0 toolchain comes from PyPI (pinned and hash-checked in cuda-requirements.txt).
 #
 #   scripts/build-cuda.sh            # -> target/cuda/release/spotinfer
+#   scripts/build-cuda.sh --check    # type-check the CUDA code paths only (cargo check, no link)
 #
 # Two things the PyPI packages lack, and a link needs, are made here:
 # - unversioned library names (libcublas.so -> libcublas.so.13, ...): candle links cudarc
@@ -63,6 +64,9 @@ export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
 export LIBRARY_PATH=$link${LIBRARY_PATH:+:$LIBRARY_PATH}
 export RUSTFLAGS="${RUSTFLAGS:-} -L native=$link"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target/cuda}
+if [[ "${1:-}" == --check ]]; then
+    exec cargo check --features cuda --workspace --all-targets
+fi
 cargo build --release --features cuda --bin spotinfer
 # The stub also runs: beside the binary as libcuda.so.1, for machines without a driver (see
 # docs/deploy.md, "The GPU build": the binary then starts, refuses --device cuda and falls back

@@ -19,8 +19,8 @@ pub struct KernelCheck {
     /// The largest difference from the reference, relative to the reference's largest
     /// magnitude.
     pub largest_difference: f32,
-    /// The difference allowed: the rounding of the dtype's last place, times a few for sums in
-    /// another order.
+    /// The difference allowed: one unit of the dtype's last place, plus what summing in another
+    /// order may change in f32.
     pub bar: f32,
     /// Whether it is within the bar.
     pub passed: bool,
@@ -122,8 +122,9 @@ pub fn check_kernels(
     Ok(checks)
 }
 
-/// The check of `got` against `reference`: the bar is a few units of the dtype's last place,
-/// more for a sum over `terms` values that another order may round differently.
+/// The check of `got` against `reference`, relative to the reference's largest magnitude: one
+/// unit in the dtype's last place (a sum that lands near a rounding boundary may round either
+/// way), plus what adding `terms` f32 values in another order may change.
 fn compare(
     op: &str,
     shape: String,
@@ -132,10 +133,8 @@ fn compare(
     dtype: DType,
     terms: usize,
 ) -> Result<KernelCheck> {
-    let (reference, got) = (
-        reference.to_dtype(DType::F32)?,
-        got.to_device(&Device::Cpu)?.to_dtype(DType::F32)?,
-    );
+    let reference = reference.to_dtype(DType::F32)?;
+    let got = got.to_device(&Device::Cpu)?.to_dtype(DType::F32)?;
     let scale = reference
         .abs()?
         .flatten_all()?
@@ -152,7 +151,7 @@ fn compare(
         DType::BF16 => 2f32.powi(-7),
         _ => 2f32.powi(-23),
     };
-    let bar = ulp * 4.0 * (terms as f32).sqrt().max(1.0);
+    let bar = ulp + 4.0 * (terms as f32).sqrt() * 2f32.powi(-23);
     let largest_difference = difference / scale;
     Ok(KernelCheck {
         op: op.into(),
@@ -180,4 +179,55 @@ fn uniform(n: usize, seed: u64) -> Result<Vec<f32>> {
             ((s >> 40) as f32 / (1u64 << 23) as f32) - 1.0
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{check_kernels, compare, Shapes};
+    use candle_core::{DType, Device, Tensor};
+
+    /// Every operation, every dtype, one line each; on the CPU the device side is the reference
+    /// itself, so each is exact.
+    #[test]
+    fn every_operation_is_checked_in_every_dtype() {
+        let shapes = Shapes {
+            hidden: 32,
+            heads: 2,
+            intermediate: 64,
+        };
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let checks = check_kernels(&Device::Cpu, dtype, shapes, &[1, 33, 7]).unwrap();
+            let ops: Vec<&str> = checks.iter().map(|c| c.op.as_str()).collect();
+            assert_eq!(
+                ops,
+                [
+                    "dense",
+                    "dense",
+                    "dense",
+                    "dense",
+                    "varlen-attention",
+                    "add-layer-norm"
+                ]
+            );
+            assert!(
+                checks
+                    .iter()
+                    .all(|c| c.passed && c.largest_difference == 0.0),
+                "{checks:?}"
+            );
+        }
+    }
+
+    /// A result two units off in the dtype's last place fails the check; one unit passes.
+    #[test]
+    fn a_result_past_one_unit_of_the_last_place_fails() {
+        let reference = Tensor::new(&[1.0f32, -0.5, 0.25], &Device::Cpu).unwrap();
+        for (dtype, ulp) in [(DType::F16, 2f32.powi(-10)), (DType::BF16, 2f32.powi(-7))] {
+            let off = |units: f32| (reference.clone() + f64::from(units * ulp)).unwrap();
+            let check =
+                |units| compare("x", String::new(), &reference, &off(units), dtype, 64).unwrap();
+            assert!(check(1.0).passed, "{dtype:?}");
+            assert!(!check(2.0).passed, "{dtype:?}");
+        }
+    }
 }
