@@ -3,6 +3,7 @@
 mod common;
 
 use common::*;
+use std::path::Path;
 use std::process::Command;
 
 fn spotinfer() -> Command {
@@ -565,5 +566,72 @@ fn models_check_prints_what_it_understood_or_why_it_refuses() {
     assert!(
         stderr.contains("unsupported model") && stderr.contains("\"lasttoken\""),
         "{stderr}"
+    );
+}
+
+/// `bench` on a generation model runs prompt records through the worker's decode loop at each
+/// batch size asked: every record's prompt and generated tokens counted (a record's
+/// `max_new_tokens` honoured), a first-token time, and the same totals at every batch size.
+#[test]
+fn bench_measures_a_generation_model_at_each_batch_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("prompts.jsonl");
+    let lines: Vec<String> = (0..5)
+        .map(|i| {
+            serde_json::json!({
+                "id": format!("p{i}"),
+                "messages": [{"role": "user", "content": format!("question number {i}")}],
+                "max_new_tokens": 3 + i,
+            })
+            .to_string()
+        })
+        .chain(["{\"id\":\"t\",\"text\":\"not a prompt\"}".to_string()])
+        .collect();
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm/models/qwen3");
+    let out = spotinfer()
+        .args(["bench", "--batch-sizes", "1,4", "--model"])
+        .arg(&model)
+        .arg("--input")
+        .arg(&input)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Vec<serde_json::Value> =
+        serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(report.len(), 2, "{stdout}");
+    for (row, size) in report.iter().zip([1, 4]) {
+        let b = &row["bench"];
+        assert_eq!(b["batch_size"], size, "{row}");
+        assert_eq!(b["records"], 5, "{row}");
+        assert_eq!(b["refused"], 0, "{row}");
+        // A random-weight model rarely ends early; at most 3 + 4 + 5 + 6 + 7 tokens.
+        let generated = b["generated_tokens"].as_u64().unwrap();
+        assert!((5..=25).contains(&generated), "{row}");
+        assert!(b["prompt_tokens"].as_u64().unwrap() >= 5 * 4, "{row}");
+        assert!(b["first_token_s"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(b["generated_tokens_per_s"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(
+            row["device"].as_str().unwrap().starts_with("Cpu (decoder"),
+            "{row}"
+        );
+    }
+    // Greedy: the same prompts give the same tokens at either batch size.
+    assert_eq!(
+        report[0]["bench"]["generated_tokens"],
+        report[1]["bench"]["generated_tokens"]
+    );
+    assert_eq!(
+        report[0]["bench"]["prompt_tokens"],
+        report[1]["bench"]["prompt_tokens"]
+    );
+    assert!(
+        stdout.contains("batch 4: 5 records (0 refused)"),
+        "{stdout}"
     );
 }

@@ -15,7 +15,9 @@ use spotinfer::external::gcs::{FileList, Gcs};
 use spotinfer::external::hub::{Hub, HubId, HubSettings};
 use spotinfer::model::engines::decoder::{is_generation_model, Interrupt};
 use spotinfer::model::load::{self, LoadRequest};
-use spotinfer::model::{GenerationDefaults, LoadOptions, ModelHandle, PromptChoice, TextModel};
+use spotinfer::model::{
+    GenerateTask, GenerationDefaults, LoadOptions, ModelHandle, PromptChoice, TextModel,
+};
 use std::path::Path;
 use std::time::Instant;
 
@@ -82,8 +84,8 @@ async fn fetch_from_hub(id: &HubId) -> anyhow::Result<std::path::PathBuf> {
 pub fn load_text_model(dir: &Path, m: &ModelArgs) -> anyhow::Result<TextModel> {
     if is_generation_model(dir) {
         anyhow::bail!(
-            "{} is a generation model: `embed` and `bench` run encoders; run prompt records \
-             through `work` (examples/llm_speed.rs measures its speed)",
+            "{} is a generation model: `embed` runs encoders; run prompt records through `work` \
+             (`bench` measures its speed)",
             dir.display()
         );
     }
@@ -95,6 +97,18 @@ pub fn load_text_model(dir: &Path, m: &ModelArgs) -> anyhow::Result<TextModel> {
         );
     }
     open_text_model(dir, m)
+}
+
+/// The generation model in `dir` as `m` describes it, with the worker's defaults, on this thread
+/// (for `bench`: the same task a worker runs, its decode loop never interrupted).
+pub fn open_generation_model(dir: &Path, m: &ModelArgs) -> anyhow::Result<GenerateTask> {
+    let request = load_request(m);
+    Ok(GenerateTask::open(
+        dir,
+        &request.options,
+        request.generation,
+        Interrupt::new(),
+    )?)
 }
 
 /// The text model in `dir` as `m` describes it.

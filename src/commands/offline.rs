@@ -1,7 +1,8 @@
 //! `spotinfer embed` and `spotinfer bench`: the model over a JSONL file, without Pub/Sub.
 
 use spotinfer::config::{BenchArgs, EmbedArgs};
-use spotinfer::jobs::offline;
+use spotinfer::jobs::{generation_bench, offline};
+use spotinfer::model::Predict;
 use std::time::Instant;
 
 /// Runs the text model over a file into result lines: `{"id", …}` with the task's keys
@@ -32,6 +33,9 @@ pub async fn bench(mut a: BenchArgs) -> anyhow::Result<()> {
 
 fn bench_file(a: BenchArgs) -> anyhow::Result<()> {
     let records = offline::read_records(&a.input, a.model.max_text_bytes)?;
+    if super::is_generation_model(&a.model.source.model) {
+        return bench_generation(a, &records);
+    }
     let started = Instant::now();
     let mut model = super::load_text_model(&a.model.source.model, &a.model)?;
     if a.profile_device {
@@ -63,6 +67,53 @@ fn bench_file(a: BenchArgs) -> anyhow::Result<()> {
         println!(
             "device stages over {} encoder batches: inputs {:.3} s, layers {:.3} s, results {:.3} s",
             s.batches, s.inputs_s, s.encoder_s, s.outputs_s
+        );
+    }
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+/// `bench` on a generation model: each batch size asked in turn, one line each, then the JSON
+/// report (a list, one object a batch size).
+fn bench_generation(a: BenchArgs, records: &[spotinfer::record::Record]) -> anyhow::Result<()> {
+    let prompts = generation_bench::prompts(records);
+    anyhow::ensure!(
+        !prompts.is_empty(),
+        "{} holds no prompt record ({{\"id\", \"prompt\"}} or {{\"id\", \"messages\"}})",
+        a.input.display()
+    );
+    let started = Instant::now();
+    let task = super::open_generation_model(&a.model.source.model, &a.model)?;
+    let load_seconds = started.elapsed().as_secs_f64();
+    let device = task.info().device.clone();
+    println!(
+        "loaded {} in {load_seconds:.2} s on {device}",
+        a.model.source.model.display()
+    );
+    let sizes = if a.batch_sizes.is_empty() {
+        vec![a.batch.batch_size]
+    } else {
+        a.batch_sizes.clone()
+    };
+    let mut report = vec![];
+    for batch_size in sizes {
+        let b = generation_bench::bench(&task, &prompts, batch_size)?;
+        println!(
+            "batch {}: {} records ({} refused), {} prompt and {} generated tokens in {:.2} s: \
+             {:.1} generated tokens/s, {:.1} prompt tokens/s, first token {:.3} s, peak {:.0} MiB",
+            b.batch_size,
+            b.records,
+            b.refused,
+            b.prompt_tokens,
+            b.generated_tokens,
+            b.seconds,
+            b.generated_tokens_per_s,
+            b.prompt_tokens_per_s,
+            b.first_token_s,
+            b.peak_rss_mib
+        );
+        report.push(
+            serde_json::json!({ "device": device, "load_seconds": load_seconds, "bench": b }),
         );
     }
     println!("{}", serde_json::to_string(&report)?);

@@ -342,9 +342,13 @@ pub struct BenchArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub batch: BatchArgs,
-    /// Input JSONL: one {"id","text"} object per line.
+    /// Input JSONL: one {"id","text"} object per line ({"id","prompt"} or {"id","messages"} for
+    /// a generation model).
     #[arg(long)]
     pub input: PathBuf,
+    /// A generation model's batch sizes, measured in turn (default: --batch-size).
+    #[arg(long, value_delimiter = ',')]
+    pub batch_sizes: Vec<usize>,
     /// Untimed warm-up batches before measuring.
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,

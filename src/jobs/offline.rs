@@ -299,7 +299,7 @@ pub struct BenchReport {
 }
 
 /// CPU time (user, system) and peak RSS (KiB) of this process so far.
-fn rusage() -> (f64, f64, f64) {
+pub(super) fn rusage() -> (f64, f64, f64) {
     use nix::sys::resource::{getrusage, UsageWho};
     use nix::sys::time::TimeValLike;
     let Ok(ru) = getrusage(UsageWho::RUSAGE_SELF) else {
