@@ -359,6 +359,70 @@ async fn a_bucket_prefix_of_shards_resumes_by_shard() {
     assert_eq!(shards.len(), 300);
 }
 
+/// Two exports whose shards have the same name under their roots (BigQuery names every export's
+/// first shard `000000000000`) published into one job keep four records, not two: a generated id
+/// names the shard by its full location (here its absolute path), not its name under the root;
+/// a third publish of the first export finds its rows already registered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generated_ids_tell_apart_shards_of_the_same_name_in_two_exports() {
+    let (env, name, dir) = set_up("same-shard").await;
+    let mut roots = vec![];
+    for (export, texts) in [
+        ("a", ["alpha one", "alpha two"]),
+        ("b", ["beta one", "beta two"]),
+    ] {
+        let root = dir.path().join(export).join("export");
+        std::fs::create_dir_all(&root).unwrap();
+        let body = format!("body\n{}\n{}\n", texts[0], texts[1]);
+        std::fs::write(root.join("000000000000.csv"), body).unwrap();
+        roots.push(root.display().to_string());
+    }
+    let publish = |root: &str| {
+        let args = [
+            root,
+            "--job",
+            &name,
+            "--generate-ids",
+            "--text-column",
+            "body",
+        ];
+        let out = env.run("publish", &args);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    assert!(publish(&roots[0]).contains("published 2 records"));
+    assert!(publish(&roots[1]).contains("published 2 records"));
+    let s = env.status(&name);
+    assert_eq!(int(&s, "published"), 4, "{s}");
+    // The ids are each shard's absolute path and the row's number (from 1): the same on every
+    // run, and a third publish of the first export registers nothing new.
+    let store = spotinfer::external::store::Store::connect(&env.db)
+        .await
+        .unwrap();
+    let spotinfer::external::store::Store::Sqlite(pool) = &store else {
+        panic!("the SQLite store")
+    };
+    let mut ids: Vec<String> =
+        sqlx::query_scalar("SELECT record_id FROM job_records WHERE job = ?1")
+            .bind(&name)
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    ids.sort();
+    let want: Vec<String> = roots
+        .iter()
+        .flat_map(|r| (1..=2).map(move |n| format!("{r}/000000000000.csv:{n}")))
+        .collect();
+    assert_eq!(ids, want);
+    assert!(publish(&roots[0]).contains("published 0 records"));
+    assert_eq!(int(&env.status(&name), "published"), 4);
+}
+
 fn int(v: &Value, key: &str) -> i64 {
     v[key].as_i64().unwrap_or_else(|| panic!("{key} in {v}"))
 }

@@ -160,8 +160,9 @@ pub struct ColumnArgs {
     /// The record id's column (strings or integers).
     #[arg(long, value_name = "COLUMN", conflicts_with = "generate_ids")]
     pub id_column: Option<String>,
-    /// Ids made of each row's shard and number (`part-00003.parquet:1042`), the same on every
-    /// run: for a table with no id column.
+    /// Ids made of each row's shard, by its full location, and number
+    /// (`gs://bucket/export/part-00003.parquet:1042`), the same on every run that reads the
+    /// same location: for a table with no id column.
     #[arg(long)]
     pub generate_ids: bool,
     /// The text's column.

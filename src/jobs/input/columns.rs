@@ -222,7 +222,8 @@ impl Plan {
 
     /// The record's message JSON and its kept columns (a JSON object, `None` when none are
     /// kept), from the row's cells in [`Plan::read`] order; or why the row is refused. `shard`
-    /// and `row` make a generated id.
+    /// (the shard's full location: an absolute path or a `gs://` URI) and `row` make a
+    /// generated id, so two exports whose shards share a name never share an id.
     pub fn record(
         &self,
         cells: Vec<Cell>,

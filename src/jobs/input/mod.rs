@@ -79,9 +79,10 @@ pub enum Compression {
 /// One file of an input.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Shard {
-    /// Its full name, the key of its progress in a job: an absolute path or a `gs://` URI.
+    /// Its full name, the key of its progress in a job and what a generated id is made of: an
+    /// absolute path or a `gs://` URI.
     pub name: String,
-    /// Its name under the input's root (generated ids are made of it).
+    /// Its name under the input's root (for messages).
     pub rel: String,
     /// Its size in bytes.
     pub size: u64,

@@ -274,7 +274,7 @@ fn lines(
             },
             (None, None) => RowKind::Line(std::mem::take(&mut line)),
             (None, Some(plan)) if line.iter().all(u8::is_ascii_whitespace) => continue,
-            (None, Some(plan)) => mapped_line(plan, &shard.rel, number, std::mem::take(&mut line)),
+            (None, Some(plan)) => mapped_line(plan, &shard.name, number, std::mem::take(&mut line)),
         };
         if !out.push(number, kind) {
             return Ok(());
@@ -296,7 +296,7 @@ fn any_schema(c: &Columns) -> Vec<(String, Kind)> {
 }
 
 /// A JSON line's record by the plan: its keys read as columns.
-fn mapped_line(plan: &Plan, rel: &str, number: u64, line: Vec<u8>) -> RowKind {
+fn mapped_line(plan: &Plan, shard: &str, number: u64, line: Vec<u8>) -> RowKind {
     let object: Result<serde_json::Map<String, serde_json::Value>, String> =
         serde_json::from_slice(&line).map_err(|e| format!("payload is not a JSON object: {e}"));
     let mut object = match object {
@@ -312,7 +312,7 @@ fn mapped_line(plan: &Plan, rel: &str, number: u64, line: Vec<u8>) -> RowKind {
         .iter()
         .map(|k| object.remove(k).map_or(Cell::Null, Cell::Json))
         .collect();
-    match plan.record(cells, rel, number) {
+    match plan.record(cells, shard, number) {
         Ok((record, kept)) => RowKind::Mapped { record, kept },
         Err(error) => RowKind::Refused { error, raw: line },
     }
@@ -423,7 +423,7 @@ fn delimited(
         number += 1;
         let kind = match read {
             Ok(false) => return Ok(()),
-            Ok(true) => csv_row(&plan, &at, &record, &shard.rel, number, delimiter),
+            Ok(true) => csv_row(&plan, &at, &record, &shard.name, number, delimiter),
             // A malformed record (a field count unlike the header's): refused, the next one read.
             Err(e) if matches!(e.kind(), csv::ErrorKind::UnequalLengths { .. }) => {
                 RowKind::Refused {
@@ -456,7 +456,7 @@ fn csv_row(
     plan: &Plan,
     at: &[usize],
     record: &csv::ByteRecord,
-    rel: &str,
+    shard: &str,
     number: u64,
     delimiter: u8,
 ) -> RowKind {
@@ -472,7 +472,7 @@ fn csv_row(
             }
         }
     }
-    match plan.record(cells, rel, number) {
+    match plan.record(cells, shard, number) {
         Ok((record, kept)) => RowKind::Mapped { record, kept },
         Err(error) => RowKind::Refused {
             error,
@@ -527,7 +527,7 @@ fn parquet(
         for i in 0..batch.num_rows() {
             number += 1;
             let cells = arrays.iter().map(|a| a.cell(i)).collect();
-            let kind = match plan.record(cells, &shard.rel, number) {
+            let kind = match plan.record(cells, &shard.name, number) {
                 Ok((record, kept)) => RowKind::Mapped { record, kept },
                 Err(error) => RowKind::Refused {
                     raw: row_json(&plan.read, &arrays, i).into_bytes(),
