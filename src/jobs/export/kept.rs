@@ -5,7 +5,9 @@
 
 use super::table::Table;
 use crate::jobs::input::columns::Kept;
-use arrow_array::builder::{BooleanBuilder, Float64Builder, Int64Builder, StringBuilder};
+use arrow_array::builder::{
+    BooleanBuilder, Float64Builder, Int64Builder, StringBuilder, UInt64Builder,
+};
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 use serde_json::Value;
@@ -95,6 +97,7 @@ impl KeptColumns {
 fn arrow_type(kind: &str) -> DataType {
     match kind {
         "int64" => DataType::Int64,
+        "uint64" => DataType::UInt64,
         "float64" => DataType::Float64,
         "bool" => DataType::Boolean,
         _ => DataType::Utf8,
@@ -108,6 +111,11 @@ fn array<'a>(kind: &str, values: impl Iterator<Item = Option<&'a Value>>) -> Arr
         "int64" => {
             let mut b = Int64Builder::new();
             values.for_each(|v| b.append_option(v.and_then(Value::as_i64)));
+            Arc::new(b.finish())
+        }
+        "uint64" => {
+            let mut b = UInt64Builder::new();
+            values.for_each(|v| b.append_option(v.and_then(Value::as_u64)));
             Arc::new(b.finish())
         }
         "float64" => {
@@ -131,5 +139,26 @@ fn array<'a>(kind: &str, values: impl Iterator<Item = Option<&'a Value>>) -> Arr
             }
             Arc::new(b.finish())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{array, arrow_type};
+    use arrow_array::cast::AsArray;
+    use arrow_array::Array;
+    use arrow_schema::DataType;
+    use serde_json::Value;
+
+    /// A kept UInt64 column exports as UInt64, its values past `i64::MAX` exact.
+    #[test]
+    fn unsigned_64_bit_columns_export_exactly() {
+        assert_eq!(arrow_type("uint64"), DataType::UInt64);
+        let values = [Value::from(u64::MAX), Value::Null, Value::from(3u64)];
+        let a = array("uint64", values.iter().map(Some));
+        let a = a.as_primitive::<arrow_array::types::UInt64Type>();
+        assert_eq!(a.value(0), u64::MAX);
+        assert!(a.is_null(1));
+        assert_eq!(a.value(2), 3);
     }
 }

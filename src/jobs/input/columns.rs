@@ -45,8 +45,10 @@ pub enum Payload {
 pub enum Kind {
     /// Strings (any Arrow string or dictionary of strings; every CSV column).
     Text,
-    /// Integers.
+    /// Signed integers (and unsigned ones below 64 bits), read as 64-bit.
     Int,
+    /// Unsigned 64-bit integers (all of them past `i64::MAX` too), kept and exported as such.
+    UInt,
     /// Floating point.
     Float,
     /// Booleans.
@@ -66,6 +68,7 @@ impl std::fmt::Display for Kind {
         f.write_str(match self {
             Kind::Text => "strings",
             Kind::Int => "integers",
+            Kind::UInt => "unsigned integers",
             Kind::Float => "floats",
             Kind::Bool => "booleans",
             Kind::Bytes => "bytes",
@@ -81,6 +84,7 @@ impl Kind {
     pub fn export_type(&self) -> &'static str {
         match self {
             Kind::Int => "int64",
+            Kind::UInt => "uint64",
             Kind::Float => "float64",
             Kind::Bool => "bool",
             Kind::Any | Kind::List => "json",
@@ -156,7 +160,7 @@ impl Columns {
         };
         let mut read = Vec::new();
         if let Some(id) = &self.id {
-            need(id, "record id", &[Kind::Text, Kind::Int])?;
+            need(id, "record id", &[Kind::Text, Kind::Int, Kind::UInt])?;
             read.push(id.clone());
         }
         let (key, column, pair) = self.input(&kind_of)?;

@@ -573,9 +573,8 @@ fn kind(t: &arrow_schema::DataType) -> Kind {
     match t {
         T::Utf8 | T::LargeUtf8 | T::Utf8View => Kind::Text,
         T::Dictionary(_, values) => kind(values),
-        T::Int8 | T::Int16 | T::Int32 | T::Int64 | T::UInt8 | T::UInt16 | T::UInt32 | T::UInt64 => {
-            Kind::Int
-        }
+        T::Int8 | T::Int16 | T::Int32 | T::Int64 | T::UInt8 | T::UInt16 | T::UInt32 => Kind::Int,
+        T::UInt64 => Kind::UInt,
         T::Float16 | T::Float32 | T::Float64 => Kind::Float,
         T::Boolean => Kind::Bool,
         T::Binary | T::LargeBinary | T::BinaryView | T::FixedSizeBinary(_) => Kind::Bytes,
@@ -594,6 +593,8 @@ enum Column {
     Text(arrow_array::StringArray),
     /// Integers, as 64-bit.
     Int(arrow_array::Int64Array),
+    /// Unsigned 64-bit integers, as they are (a cast to i64 would fail past `i64::MAX`).
+    UInt(arrow_array::UInt64Array),
     /// Bytes of any encoding, as plain binary.
     Bytes(arrow_array::BinaryArray),
     /// Anything else, read value by value.
@@ -609,8 +610,10 @@ impl Column {
         let cast = |t: &T| arrow_cast::cast(a, t).ok();
         let column = match kind(a.data_type()) {
             Kind::Text => cast(&T::Utf8).map(|c| Column::Text(c.as_string::<i32>().clone())),
-            Kind::Int if *a.data_type() != T::UInt64 => cast(&T::Int64)
+            Kind::Int => cast(&T::Int64)
                 .map(|c| Column::Int(c.as_primitive::<arrow_array::types::Int64Type>().clone())),
+            Kind::UInt => cast(&T::UInt64)
+                .map(|c| Column::UInt(c.as_primitive::<arrow_array::types::UInt64Type>().clone())),
             Kind::Bytes => cast(&T::Binary).map(|c| Column::Bytes(c.as_binary::<i32>().clone())),
             _ => None,
         };
@@ -622,6 +625,7 @@ impl Column {
         match self {
             Column::Text(a) if a.is_valid(i) => Cell::Text(a.value(i).to_string()),
             Column::Int(a) if a.is_valid(i) => Cell::Int(a.value(i)),
+            Column::UInt(a) if a.is_valid(i) => Cell::Json(a.value(i).into()),
             Column::Bytes(a) if a.is_valid(i) => Cell::Bytes(a.value(i).to_vec()),
             Column::Other(a) if a.is_valid(i) => match to_json(a, i) {
                 serde_json::Value::Number(n) if n.is_i64() => Cell::Int(n.as_i64().unwrap_or(0)),
@@ -687,16 +691,15 @@ fn to_json(a: &ArrayRef, i: usize) -> serde_json::Value {
         T::Int8 | T::Int16 | T::Int32 | T::Int64 | T::UInt8 | T::UInt16 | T::UInt32 => {
             as_i64().map_or(Value::Null, Value::from)
         }
-        T::Float16 | T::Float32 | T::Float64 | T::UInt64 => {
-            arrow_cast::cast(&a.slice(i, 1), &T::Float64)
-                .ok()
-                .and_then(|x| {
-                    x.as_primitive_opt::<arrow_array::types::Float64Type>()
-                        .map(|p| p.value(0))
-                })
-                .and_then(serde_json::Number::from_f64)
-                .map_or(Value::Null, Value::Number)
-        }
+        T::UInt64 => Value::from(a.as_primitive::<arrow_array::types::UInt64Type>().value(i)),
+        T::Float16 | T::Float32 | T::Float64 => arrow_cast::cast(&a.slice(i, 1), &T::Float64)
+            .ok()
+            .and_then(|x| {
+                x.as_primitive_opt::<arrow_array::types::Float64Type>()
+                    .map(|p| p.value(0))
+            })
+            .and_then(serde_json::Number::from_f64)
+            .map_or(Value::Null, Value::Number),
         T::List(_) => list(a.as_list::<i32>().value(i)),
         T::LargeList(_) => list(a.as_list::<i64>().value(i)),
         T::FixedSizeList(..) => list(a.as_fixed_size_list().value(i)),
@@ -841,5 +844,66 @@ mod tests {
             panic!("{:?}", pictures[1])
         };
         assert_eq!(record, r#"{"id":"b","image_base64":"R0lGOA=="}"#);
+    }
+
+    /// UInt64 ids and kept UInt64 columns read as what they are, past `i64::MAX` too (they were
+    /// read as floats: every such id refused, every kept value exported as null).
+    #[test]
+    fn parquet_unsigned_64_bit_ids_and_kept_columns_are_exact() {
+        let ids = arrow_array::UInt64Array::from(vec![7, u64::MAX]);
+        let counts = arrow_array::UInt64Array::from(vec![Some(u64::MAX - 1), None]);
+        let texts = arrow_array::StringArray::from(vec!["a", "b"]);
+        let batch = arrow_array::RecordBatch::try_from_iter([
+            ("doc", std::sync::Arc::new(ids) as ArrayRef),
+            ("body", std::sync::Arc::new(texts) as ArrayRef),
+            ("n", std::sync::Arc::new(counts) as ArrayRef),
+        ])
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("u.parquet");
+        let file = std::fs::File::create(&path).unwrap();
+        let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let shard = Shard {
+            name: path.display().to_string(),
+            rel: "u.parquet".into(),
+            size: 1,
+            format: Format::Parquet,
+            compression: Compression::None,
+        };
+        let columns = Columns {
+            id: Some("doc".into()),
+            payload: Payload::Text {
+                column: "body".into(),
+                pair: None,
+            },
+            keep: vec!["n".into()],
+        };
+        let (tx, mut rx) = mpsc::channel(8);
+        let bytes = Bytes::File(std::fs::File::open(&path).unwrap());
+        rows(&shard, bytes, Some(&columns), 0, &tx).unwrap();
+        drop(tx);
+        let mut got = Vec::new();
+        while let Ok(b) = rx.try_recv() {
+            if let Some(kept) = b.kept {
+                assert_eq!(kept[0].kind, "uint64");
+            }
+            got.extend(b.rows);
+        }
+        let records: Vec<(String, Option<String>)> = got
+            .into_iter()
+            .map(|r| match r.kind {
+                RowKind::Mapped { record, kept } => (record, kept),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(records[0].0, r#"{"id":"7","text":"a"}"#);
+        assert_eq!(
+            records[0].1.as_deref(),
+            Some(r#"{"n":18446744073709551614}"#)
+        );
+        assert_eq!(records[1].0, r#"{"id":"18446744073709551615","text":"b"}"#);
+        assert_eq!(records[1].1.as_deref(), Some(r#"{"n":null}"#));
     }
 }

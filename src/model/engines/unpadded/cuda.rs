@@ -83,7 +83,7 @@ where
     // SAFETY: every element is written by the product.
     let mut out: CudaSlice<T> = unsafe { dev.alloc::<T>((config.m * config.n) as usize)? };
     // SAFETY: the extents match the call (`GemmCall::extents`, checked by the reference's tests).
-    unsafe { lt.matmul(config, &w, &x, &mut out, Some(&b), None) }.w()?;
+    unsafe { lt.matmul(config, &w, &x, &mut out, Some(&b), None) }.map_err(blas_error)?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev))
 }
 
@@ -224,6 +224,14 @@ fn ptx(dev: &CudaDevice, module: &str) -> Result<Arc<str>> {
     Ok(compiled[&key].clone())
 }
 
+/// A cuBLASLt status as candle's error (candle converts the other CUDA libraries' errors, not
+/// this one's).
+fn blas_error(
+    e: candle_core::cuda_backend::cudarc::cublaslt::result::CublasError,
+) -> candle_core::Error {
+    candle_core::Error::Msg(format!("cuBLASLt: {e:?}"))
+}
+
 /// This process's cuBLASLt handle (with its workspace), made on first use.
 fn blas_lt(dev: &CudaDevice) -> Result<Arc<CudaBlasLT>> {
     static LT: OnceLock<Mutex<Option<Arc<CudaBlasLT>>>> = OnceLock::new();
@@ -234,7 +242,7 @@ fn blas_lt(dev: &CudaDevice) -> Result<Arc<CudaBlasLT>> {
     if let Some(lt) = lt.as_ref() {
         return Ok(lt.clone());
     }
-    let made = Arc::new(CudaBlasLT::new(dev.cuda_stream()).w()?);
+    let made = Arc::new(CudaBlasLT::new(dev.cuda_stream()).map_err(blas_error)?);
     *lt = Some(made.clone());
     Ok(made)
 }
