@@ -58,8 +58,13 @@ pub enum Format {
     Jsonl,
     /// Comma-separated values with a header row (`.csv`).
     Csv,
-    /// Tab-separated values with a header row (`.tsv`, `.tab`).
+    /// Tab-separated values with a header row (`.tsv`, `.tab`), unquoted: a `"` is an ordinary
+    /// character and every line is one row, as PostgreSQL and BigQuery write TSV.
     Tsv,
+    /// Tab-separated values quoted as CSV quotes (fields holding a tab, a quote or a newline in
+    /// `"…"`), as Python's `csv` excel-tab dialect and pandas' `to_csv(sep="\t")` write them:
+    /// only by `--format quoted-tsv`.
+    QuotedTsv,
     /// Apache Parquet (`.parquet`, `.pq`).
     Parquet,
 }

@@ -117,7 +117,7 @@ pub fn rows(
             };
             parquet(shard, file, columns.unwrap_or(&default), &mut out)?
         }
-        Format::Jsonl | Format::Csv | Format::Tsv => {
+        Format::Jsonl | Format::Csv | Format::Tsv | Format::QuotedTsv => {
             let counted = Counted::new(match bytes {
                 Bytes::File(f) => Box::new(f) as Box<dyn Read + Send>,
                 Bytes::Stream(s) => s,
@@ -380,18 +380,20 @@ pub fn next_line(
     }
 }
 
-/// CSV or TSV with a header row: quoted fields may hold the delimiter and newlines; a UTF-8
-/// byte-order mark before the header is dropped.
+/// CSV or TSV with a header row; a UTF-8 byte-order mark before the header is dropped. A CSV's
+/// quoted fields may hold the delimiter, quotes and newlines. TSV has no quoting (PostgreSQL's
+/// and BigQuery's TSV hold a `"` as an ordinary character): every line is one row, so a stray
+/// quote can never swallow the rows after it, and a line with another field count than the
+/// header's is refused with its number. `--format quoted-tsv` reads TSV quoted as CSV is.
 fn delimited(
     shard: &Shard,
     reader: impl Read,
     columns: &Columns,
     out: &mut Sender,
 ) -> Result<(), InputError> {
-    let delimiter = if shard.format == Format::Tsv {
-        b'\t'
-    } else {
-        b','
+    let delimiter = match shard.format {
+        Format::Tsv | Format::QuotedTsv => b'\t',
+        _ => b',',
     };
     let unreadable = |e: csv::Error| InputError::Unreadable {
         shard: shard.name.clone(),
@@ -399,6 +401,7 @@ fn delimited(
     };
     let mut csv = csv::ReaderBuilder::new()
         .delimiter(delimiter)
+        .quoting(shard.format != Format::Tsv)
         .from_reader(reader);
     let headers = csv.byte_headers().map_err(unreadable)?.clone();
     let names: Vec<String> = headers
@@ -905,5 +908,62 @@ mod tests {
         );
         assert_eq!(records[1].0, r#"{"id":"18446744073709551615","text":"b"}"#);
         assert_eq!(records[1].1.as_deref(), Some(r#"{"n":null}"#));
+    }
+
+    /// A TSV field that starts with a quote is that text, quote included: the rows after it
+    /// are rows of their own (CSV quoting merged the next three into one field, refusing
+    /// nothing), and a line with a field too many is refused by its number.
+    #[test]
+    fn tsv_has_no_quoting_and_refuses_a_line_it_cannot_split() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.tsv");
+        let body = "id\tbody\n1\t\"unbalanced start\n2\ttwo\n3\tthree \"quoted\"\n4\tfour\textra\n5\tfive\n";
+        std::fs::write(&path, body).unwrap();
+        let shard = Shard {
+            name: path.display().to_string(),
+            rel: "t.tsv".into(),
+            size: body.len() as u64,
+            format: Format::Tsv,
+            compression: Compression::None,
+        };
+        let columns = Columns {
+            id: Some("id".into()),
+            payload: Payload::Text {
+                column: "body".into(),
+                pair: None,
+            },
+            keep: vec![],
+        };
+        let (tx, mut rx) = mpsc::channel(8);
+        let bytes = Bytes::File(std::fs::File::open(&path).unwrap());
+        rows(&shard, bytes, Some(&columns), 0, &tx).unwrap();
+        drop(tx);
+        let mut got = Vec::new();
+        while let Ok(b) = rx.try_recv() {
+            got.extend(b.rows);
+        }
+        let kinds: Vec<(u64, String)> = got
+            .into_iter()
+            .map(|r| match r.kind {
+                RowKind::Mapped { record, .. } => (r.number, record),
+                RowKind::Refused { error, .. } => (r.number, format!("refused: {error}")),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(kinds.len(), 5, "{kinds:?}");
+        assert_eq!(
+            kinds[0],
+            (1, r#"{"id":"1","text":"\"unbalanced start"}"#.to_string())
+        );
+        assert_eq!(kinds[1], (2, r#"{"id":"2","text":"two"}"#.to_string()));
+        assert_eq!(
+            kinds[2],
+            (3, r#"{"id":"3","text":"three \"quoted\""}"#.to_string())
+        );
+        assert!(
+            kinds[3].0 == 4 && kinds[3].1.starts_with("refused: malformed record"),
+            "{kinds:?}"
+        );
+        assert_eq!(kinds[4], (5, r#"{"id":"5","text":"five"}"#.to_string()));
     }
 }
