@@ -383,14 +383,14 @@ async fn small_env(prefix: &str) -> (Env, String, tempfile::TempDir) {
     sqlite_env(prefix, tiny_model()).await
 }
 
+/// Plain record `i` with id `{prefix}{i}`.
+fn plain_line(prefix: &str, i: usize) -> String {
+    serde_json::json!({"id": format!("{prefix}{i:06}"), "text": format!("text {i}")}).to_string()
+}
+
 /// `n` plain records with ids `{prefix}{i}`, written to `dir/file`.
 fn plain_input(dir: &Path, file: &str, prefix: &str, range: std::ops::Range<usize>) -> String {
-    let lines: Vec<String> = range
-        .map(|i| {
-            serde_json::json!({"id": format!("{prefix}{i:06}"), "text": format!("text {i}")})
-                .to_string()
-        })
-        .collect();
+    let lines: Vec<String> = range.map(|i| plain_line(prefix, i)).collect();
     let path = dir.join(file);
     std::fs::write(&path, lines.join("\n") + "\n").unwrap();
     path.display().to_string()
@@ -504,6 +504,83 @@ async fn an_interrupted_publish_is_rerun_without_doubling() {
     let s = env.status(&job);
     assert_eq!(int(&s, "published"), n as i64, "{s}");
     assert_eq!(s["publishing"], false);
+}
+
+/// A refused row does not hold the resume point back, and a re-run counts each record once:
+/// with a bad line 2, a publish killed part-way had got past it (its re-run does not read the
+/// file again from line 2), and once done the shard's `rows_done` is every line and its
+/// `records` every good one (they were 1 and more than the file's records).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_row_does_not_pin_the_resume_point() {
+    let (env, job, dir) = small_env("pinned").await;
+    let n = 40_000;
+    let input = plain_input(dir.path(), "big.jsonl", "p", 0..n);
+    let mut lines: Vec<String> = std::fs::read_to_string(&input)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    lines[1] = "{\"id\": \"p-bad\", \"text\": 5}".into();
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let mut child = env
+        .cmd("publish")
+        .args([&input, "--job", &job])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(Duration::from_secs(60), "records registered", || async {
+        let out = env.run("status", &["--job", &job, "--json"]);
+        out.status.success() && int(&env.status(&job), "published") >= 8000
+    })
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let store = spotinfer::external::store::Store::connect(&env.db)
+        .await
+        .unwrap();
+    let spotinfer::external::store::Store::Sqlite(pool) = &store else {
+        panic!("the SQLite store")
+    };
+    let progress = || async {
+        let row: (i64, i64) =
+            sqlx::query_as("SELECT rows_done, records FROM job_inputs WHERE job = ?1")
+                .bind(&job)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+        row
+    };
+    let (rows_done, records) = progress().await;
+    eprintln!("after SIGKILL: rows_done {rows_done}, records {records}");
+    assert!(
+        rows_done > 2,
+        "the resume point stayed before the refused line: {rows_done}"
+    );
+    assert!(
+        records < rows_done,
+        "{records} records in {rows_done} rows, one refused"
+    );
+    let out = env.ok("publish", &[&input, "--job", &job]);
+    assert!(out.contains(&format!("resumed: {rows_done}")), "{out}");
+    let (rows_done, records) = progress().await;
+    assert_eq!((rows_done, records), (n as i64, n as i64 - 1));
+    let s = env.status(&job);
+    assert_eq!(int(&s, "published"), n as i64 - 1, "{s}");
+    assert_eq!(int(&s, "refused"), 1, "{s}");
+    // The file written again (a re-export to the same path): not skipped as finished, refused
+    // as changed; --republish reads it from its first row.
+    lines[1] = plain_line("p", 1);
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let out = env.run("publish", &[&input, "--job", &job]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("changed since"),
+        "{stderr}"
+    );
+    let out = env.ok("publish", &[&input, "--job", &job, "--republish"]);
+    assert!(out.contains(&format!("published {n} records")), "{out}");
+    assert_eq!(int(&env.status(&job), "published"), n as i64);
 }
 
 /// Unknown jobs, outputs that cannot be written and formats that do not exist are refused

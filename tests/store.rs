@@ -386,3 +386,68 @@ async fn postgres_stores_and_exports_values_holding_nul_exactly() {
     let url = fresh_pg_database().await;
     values_holding_nul_are_stored_and_exported_exact(&url).await;
 }
+
+/// A part-way publish of an input resumes from its rows only while the input is the same
+/// content (its version); another version is refused, naming both, until a run starts it over.
+async fn a_changed_input_is_not_resumed(url: &str) {
+    let store = Store::connect(url).await.unwrap();
+    store.migrate().await.unwrap();
+    store.register_job("v", "m").await.unwrap();
+    let input = "gs://b/export/000000000000.parquet";
+    assert_eq!(
+        store
+            .start_input("v", input, "generation 1", true)
+            .await
+            .unwrap(),
+        (0, 0)
+    );
+    store.advance_input("v", input, 40, 39).await.unwrap();
+    assert_eq!(
+        store
+            .start_input("v", input, "generation 1", true)
+            .await
+            .unwrap(),
+        (40, 39)
+    );
+    let err = store
+        .start_input("v", input, "generation 2", true)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("changed since") && err.contains("first 40 rows"),
+        "{err}"
+    );
+    assert!(
+        err.contains("generation 1") && err.contains("generation 2"),
+        "{err}"
+    );
+    // Starting over (--republish) takes the new content, and a resume of it then goes on.
+    assert_eq!(
+        store
+            .start_input("v", input, "generation 2", false)
+            .await
+            .unwrap(),
+        (0, 0)
+    );
+    store.advance_input("v", input, 10, 10).await.unwrap();
+    assert_eq!(
+        store
+            .start_input("v", input, "generation 2", true)
+            .await
+            .unwrap(),
+        (10, 10)
+    );
+}
+
+#[tokio::test]
+async fn sqlite_does_not_resume_a_changed_input() {
+    let (_dir, url) = fresh_sqlite();
+    a_changed_input_is_not_resumed(&url).await;
+}
+
+#[tokio::test]
+async fn postgres_does_not_resume_a_changed_input() {
+    let url = fresh_pg_database().await;
+    a_changed_input_is_not_resumed(&url).await;
+}

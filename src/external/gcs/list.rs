@@ -13,6 +13,8 @@ pub struct Listed {
     pub uri: String,
     /// Its size in bytes.
     pub size: u64,
+    /// Its generation: a new one each time the object is written.
+    pub generation: String,
 }
 
 /// One page of the JSON API's answer.
@@ -29,6 +31,9 @@ struct Item {
     name: String,
     /// A decimal string in the JSON API.
     size: String,
+    /// Also a decimal string.
+    #[serde(default)]
+    generation: String,
 }
 
 impl Gcs {
@@ -46,7 +51,10 @@ impl Gcs {
         loop {
             let mut query = vec![
                 ("prefix", prefix.clone()),
-                ("fields", "items(name,size),nextPageToken".to_string()),
+                (
+                    "fields",
+                    "items(name,size,generation),nextPageToken".to_string(),
+                ),
             ];
             if let Some(t) = &token {
                 query.push(("pageToken", t.clone()));
@@ -57,6 +65,7 @@ impl Gcs {
                 out.push(Listed {
                     uri: format!("gs://{bucket}/{}", item.name),
                     size,
+                    generation: item.generation,
                 });
             }
             match page.next_page_token.filter(|t| !t.is_empty()) {

@@ -190,7 +190,9 @@ const START_INPUT: &str = "INSERT INTO job_inputs (job, input) VALUES ($1, $2) \
 /// A publish that starts an input over (`--republish`, or a run not resuming).
 const RESTART_INPUT: &str =
     "UPDATE job_inputs SET rows_done = 0, records = 0 WHERE job = $1 AND input = $2";
-const ROWS_DONE: &str = "SELECT rows_done, records FROM job_inputs WHERE job = $1 AND input = $2";
+const ROWS_DONE: &str =
+    "SELECT rows_done, records, version FROM job_inputs WHERE job = $1 AND input = $2";
+const SET_VERSION: &str = "UPDATE job_inputs SET version = $3 WHERE job = $1 AND input = $2";
 const FINISH_INPUT: &str =
     "UPDATE job_inputs SET finished_at = {now}, records = $3 WHERE job = $1 AND input = $2";
 /// A re-run of an input records its refusals afresh past where the last run got (all of them
@@ -271,24 +273,39 @@ impl Store {
     /// returns the rows an earlier run of it got through ([`Store::advance_input`]), from which
     /// this run goes on (`resume`), and its records so far; or zeros when it starts over. The
     /// lines an earlier run refused past that point are forgotten: this run records its own.
+    /// `version` identifies the input's content now (an object's generation, a file's size and
+    /// modification time): an earlier run's point is resumed only on the same content, else
+    /// [`StoreError::InputChanged`] (a run that starts over takes any content).
     pub async fn start_input(
         &self,
         job: &str,
         input: &str,
+        version: &str,
         resume: bool,
     ) -> Result<(i64, i64), StoreError> {
         let sql = START_INPUT.replace("{now}", self.now_sql());
+        let changed = |rows: i64, was: String| StoreError::InputChanged {
+            job: job.into(),
+            input: input.into(),
+            rows,
+            was,
+            now: version.into(),
+        };
         let done = on_pool!(self, p => {
             let mut tx = p.begin().await?;
             sqlx::query(&sql).bind(job).bind(input).execute(&mut *tx).await?;
             if !resume {
                 sqlx::query(RESTART_INPUT).bind(job).bind(input).execute(&mut *tx).await?;
             }
-            let done: (i64, i64) =
+            let (rows, records, was): (i64, i64, Option<String>) =
                 sqlx::query_as(ROWS_DONE).bind(job).bind(input).fetch_one(&mut *tx).await?;
-            sqlx::query(FORGET_REFUSED).bind(job).bind(input).bind(done.0).execute(&mut *tx).await?;
+            if let Some(was) = was.filter(|was| rows > 0 && was != version) {
+                return Err(changed(rows, was));
+            }
+            sqlx::query(SET_VERSION).bind(job).bind(input).bind(version).execute(&mut *tx).await?;
+            sqlx::query(FORGET_REFUSED).bind(job).bind(input).bind(rows).execute(&mut *tx).await?;
             tx.commit().await?;
-            done
+            (rows, records)
         });
         Ok(done)
     }

@@ -43,7 +43,7 @@ pub use checkpoints::Checkpoint;
 pub use jobs::{ExportedRefusal, JobCounts, JobStatus, RefusedLine, REFUSED_RAW_BYTES};
 pub use read::{StatusCounts, StoredEmbedding};
 pub use redact::redact_url;
-pub use registry::Registration;
+pub use registry::{FinishedInput, Registration};
 pub use rows::{ExportedFailure, ExportedResult};
 pub use vector::VectorColumn;
 pub use write::{
@@ -89,6 +89,24 @@ pub enum StoreError {
         has: String,
         /// The model this publish names.
         wants: String,
+    },
+    /// An input a publish got part-way through has other content now: resuming it by row
+    /// number would skip rows of the new content.
+    #[error(
+        "{input} changed since a publish to job {job:?} got through its first {rows} rows (it was \
+         {was}, it is {now}): give it a new name, or --republish to read it from its first row"
+    )]
+    InputChanged {
+        /// The job.
+        job: String,
+        /// The input (a shard's full name).
+        input: String,
+        /// The rows the earlier publish got through.
+        rows: i64,
+        /// What its content was then.
+        was: String,
+        /// What it is now.
+        now: String,
     },
     /// A stored value cannot be read back as it was written.
     #[error("a stored row cannot be read: {0}")]

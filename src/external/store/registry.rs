@@ -6,6 +6,15 @@ use super::jobs::IDS_PER_STATEMENT;
 use super::{Store, StoreError};
 use std::collections::{HashMap, HashSet};
 
+/// An input (a shard) a publish to a job finished.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FinishedInput {
+    /// The rows the publish got through.
+    pub rows: i64,
+    /// What identified its content then (`None`: finished before versions were kept).
+    pub version: Option<String>,
+}
+
 /// One record a publish registers.
 #[derive(Debug, Clone, Copy)]
 pub struct Registration<'a> {
@@ -89,12 +98,19 @@ impl Store {
         Ok(rows.into_iter().map(|(id, s, o)| (id, (s, o))).collect())
     }
 
-    /// The inputs (shards) of `job` whose publish finished.
-    pub async fn finished_inputs(&self, job: &str) -> Result<HashSet<String>, StoreError> {
-        let sql = "SELECT input FROM job_inputs WHERE job = $1 AND finished_at IS NOT NULL";
-        let names: Vec<String> =
-            on_pool!(self, p => sqlx::query_scalar(sql).bind(job).fetch_all(p).await?);
-        Ok(names.into_iter().collect())
+    /// The inputs (shards) of `job` whose publish finished, by name.
+    pub async fn finished_inputs(
+        &self,
+        job: &str,
+    ) -> Result<HashMap<String, FinishedInput>, StoreError> {
+        let sql = "SELECT input, rows_done, version FROM job_inputs \
+                   WHERE job = $1 AND finished_at IS NOT NULL";
+        let rows: Vec<(String, i64, Option<String>)> =
+            on_pool!(self, p => sqlx::query_as(sql).bind(job).fetch_all(p).await?);
+        Ok(rows
+            .into_iter()
+            .map(|(input, rows, version)| (input, FinishedInput { rows, version }))
+            .collect())
     }
 
     /// The kept columns of `job` (a JSON array of names and export types), set by its first

@@ -91,6 +91,9 @@ pub struct Shard {
     pub rel: String,
     /// Its size in bytes.
     pub size: u64,
+    /// What identifies its content: an object's generation, or a local file's size and
+    /// modification time. A publish resumes a shard part-way only while it is the same.
+    pub version: String,
     /// How its rows are written.
     pub format: Format,
     /// How its bytes are compressed.
@@ -197,8 +200,8 @@ pub async fn list(
     shards(name, files, format)
 }
 
-/// A file found: (full name, name under the root, size, whether it was named exactly).
-type Found = (String, String, u64, bool);
+/// A file found: (full name, name under the root, size, version, whether it was named exactly).
+type Found = (String, String, u64, String, bool);
 
 /// The input's shards from the files found: each with its format, bookkeeping files dropped.
 fn shards(name: String, files: Vec<Found>, format: Option<Format>) -> Result<Input, InputError> {
@@ -207,7 +210,7 @@ fn shards(name: String, files: Vec<Found>, format: Option<Format>) -> Result<Inp
         shards: Vec::new(),
         skipped: Vec::new(),
     };
-    for (name, rel, size, exact) in files {
+    for (name, rel, size, version, exact) in files {
         if !exact && is_bookkeeping(&rel) {
             continue;
         }
@@ -221,6 +224,7 @@ fn shards(name: String, files: Vec<Found>, format: Option<Format>) -> Result<Inp
                 name,
                 rel,
                 size,
+                version,
                 format,
                 compression,
             }),
@@ -264,7 +268,10 @@ fn local_files(path: &Path) -> Result<(String, Vec<Found>), InputError> {
             .file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
         let name = root.display().to_string();
-        return Ok((name.clone(), vec![(name, rel, meta.len(), true)]));
+        return Ok((
+            name.clone(),
+            vec![(name, rel, meta.len(), version(&meta), true)],
+        ));
     }
     let mut out = Vec::new();
     let mut folders = vec![root.clone()];
@@ -284,12 +291,24 @@ fn local_files(path: &Path) -> Result<(String, Vec<Found>), InputError> {
                 path.display().to_string(),
                 rel.to_string_lossy().into_owned(),
                 meta.len(),
+                version(&meta),
                 false,
             ));
         }
     }
     out.sort();
     Ok((root.display().to_string(), out))
+}
+
+/// A local file's version: its size and modification time (to the nanosecond where the file
+/// system keeps it), which a rewrite of the file changes.
+fn version(meta: &std::fs::Metadata) -> String {
+    let modified = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    format!("size {} modified {modified}", meta.len())
 }
 
 /// A `gs://` object, or the objects under a prefix or matching a glob, in name order.
@@ -306,27 +325,30 @@ async fn gs_files(given: &str, gcs: &Gcs) -> Result<Vec<Found>, InputError> {
         let matching = listed
             .into_iter()
             .filter(|l| pattern.matches_with(&l.uri, options));
-        return Ok(matching
-            .map(|l| under(root, l.uri, l.size, false))
-            .collect());
+        return Ok(matching.map(|l| under(root, l, false)).collect());
     }
     let listed = gcs.list(given).await?;
     if let Some(object) = listed.iter().find(|l| l.uri == given) {
         let root = &given[..given.rfind('/').map_or(0, |slash| slash + 1)];
-        return Ok(vec![under(root, object.uri.clone(), object.size, true)]);
+        return Ok(vec![under(root, object.clone(), true)]);
     }
     // No object of that name: a folder (`exports` is `exports/`, not `exports-old/…`).
     let root = format!("{}/", given.trim_end_matches('/'));
     let inside = listed
         .into_iter()
         .filter(|l| l.uri.starts_with(&root) && !l.uri.ends_with('/'));
-    Ok(inside.map(|l| under(&root, l.uri, l.size, false)).collect())
+    Ok(inside.map(|l| under(&root, l, false)).collect())
 }
 
 /// A listed object with its name under `root`.
-fn under(root: &str, uri: String, size: u64, exact: bool) -> Found {
-    let rel = uri.strip_prefix(root).unwrap_or(&uri).to_string();
-    (uri, rel, size, exact)
+fn under(root: &str, object: crate::external::gcs::Listed, exact: bool) -> Found {
+    let rel = object
+        .uri
+        .strip_prefix(root)
+        .unwrap_or(&object.uri)
+        .to_string();
+    let version = format!("generation {}", object.generation);
+    (object.uri, rel, object.size, version, exact)
 }
 
 #[cfg(test)]

@@ -808,6 +808,7 @@ mod tests {
             name: path.display().to_string(),
             rel: "t.parquet".into(),
             size: 1,
+            version: String::new(),
             format: Format::Parquet,
             compression: Compression::None,
         };
@@ -872,6 +873,7 @@ mod tests {
             name: path.display().to_string(),
             rel: "u.parquet".into(),
             size: 1,
+            version: String::new(),
             format: Format::Parquet,
             compression: Compression::None,
         };
@@ -923,6 +925,7 @@ mod tests {
             name: path.display().to_string(),
             rel: "t.tsv".into(),
             size: body.len() as u64,
+            version: String::new(),
             format: Format::Tsv,
             compression: Compression::None,
         };

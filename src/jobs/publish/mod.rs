@@ -127,15 +127,32 @@ impl Publish<'_> {
             self.max_held_bytes,
             self.progress,
         );
+        // A finished shard is skipped, unless its content changed since: then it is refused
+        // as a part-way one is (`Store::start_input`), rather than left unread.
+        for shard in &input.shards {
+            let Some(done) = finished.get(&shard.name) else {
+                continue;
+            };
+            if let Some(was) = done.version.as_ref().filter(|was| **was != shard.version) {
+                return Err(StoreError::InputChanged {
+                    job: self.target.map_or_else(String::new, |t| t.job.to_string()),
+                    input: shard.name.clone(),
+                    rows: done.rows,
+                    was: was.clone(),
+                    now: shard.version.clone(),
+                }
+                .into());
+            }
+        }
         let todo: Vec<usize> = (0..input.shards.len())
-            .filter(|&i| !finished.contains(&input.shards[i].name))
+            .filter(|&i| !finished.contains_key(&input.shards[i].name))
             .collect();
         out.summary.shards_skipped = (input.shards.len() - todo.len()) as u64;
         self.progress.inc(
             input
                 .shards
                 .iter()
-                .filter(|s| finished.contains(&s.name))
+                .filter(|s| finished.contains_key(&s.name))
                 .map(|s| s.size)
                 .sum(),
         );
@@ -143,8 +160,12 @@ impl Publish<'_> {
         let mut skip = vec![0u64; input.shards.len()];
         if let Some(t) = self.target {
             for &i in &todo {
-                let name = &input.shards[i].name;
-                let (rows, records) = t.store.start_input(t.job, name, !self.republish).await?;
+                let shard = &input.shards[i];
+                let resume = !self.republish;
+                let (rows, records) = t
+                    .store
+                    .start_input(t.job, &shard.name, &shard.version, resume)
+                    .await?;
                 skip[i] = rows as u64;
                 out.resume(i, rows as u64, records as u64);
             }

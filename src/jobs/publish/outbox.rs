@@ -58,16 +58,21 @@ struct ShardCount {
     label: String,
     /// Publishes not yet confirmed (or failed).
     in_flight: u64,
-    /// Its records in the job: published, or left out as already done.
+    /// Its records in the job (published, or left out as already done) up to the row it last
+    /// saved as got through: what a re-run resumes with.
     records: u64,
+    /// The rows past that point that became records since, by number: they move into
+    /// `records` as the point passes them, so a re-run that reads them again counts them once.
+    recent: BTreeSet<u64>,
     /// Publishes that failed: the shard is not finished, a re-run publishes it again.
     failed: u64,
     /// All its rows were read and handed on.
     read: bool,
     /// Marked finished in the job.
     finished: bool,
-    /// With a job: the rows handed on and not yet settled (published, refused and recorded,
-    /// or already done); a failed publish stays here, so a re-run reads from before it.
+    /// With a job: the rows handed on and not yet settled (published, refused and its refusal
+    /// written to the job, or already done); a failed publish stays here, so a re-run reads
+    /// from before it.
     unsettled: BTreeSet<u64>,
     /// The last row handed on.
     handed: u64,
@@ -81,6 +86,31 @@ impl ShardCount {
         self.unsettled
             .first()
             .map_or(self.handed, |first| first - 1)
+    }
+
+    /// Row `row` became a record (its publish confirmed, or it was already done): settled.
+    fn counted(&mut self, row: u64) {
+        self.unsettled.remove(&row);
+        self.recent.insert(row);
+    }
+
+    /// All its records so far, wherever the resume point is.
+    fn all_records(&self) -> u64 {
+        self.records + self.recent.len() as u64
+    }
+
+    /// Moves the point a re-run resumes from to [`Self::rows_done`], with the records up to
+    /// it; `None` when it has not moved.
+    fn advance(&mut self) -> Option<(u64, u64)> {
+        let done = self.rows_done();
+        if done <= self.saved {
+            return None;
+        }
+        let later = self.recent.split_off(&(done + 1));
+        self.records += self.recent.len() as u64;
+        self.recent = later;
+        self.saved = done;
+        Some((done, self.records))
     }
 }
 
@@ -206,6 +236,10 @@ impl<'a> Outbox<'a> {
             t.store
                 .refuse_lines(t.job, &self.shards[shard].name, &lines)
                 .await?;
+            // Recorded as refused: settled, so the resume point may pass them.
+            for line in &lines {
+                self.shards[shard].unsettled.remove(&(line.line as u64));
+            }
             start = end;
         }
         Ok(())
@@ -254,8 +288,7 @@ impl<'a> Outbox<'a> {
         match r {
             Ok(_) => {
                 self.summary.published += 1;
-                count.records += 1;
-                count.unsettled.remove(&row);
+                count.counted(row);
             }
             Err(e) => {
                 self.summary.failed += 1;
@@ -294,6 +327,11 @@ impl<'a> Outbox<'a> {
                 self.settle_one().await;
             }
         }
+        // Refusals queued so far are written with each chunk, so the rows they settle do not
+        // hold the resume point back until the shard ends.
+        if !self.refused.is_empty() {
+            self.write_refused().await?;
+        }
         self.save_progress().await
     }
 
@@ -301,12 +339,10 @@ impl<'a> Outbox<'a> {
     async fn save_progress(&mut self) -> Result<(), PublishError> {
         let Some(t) = self.target else { return Ok(()) };
         for s in &mut self.shards {
-            let done = s.rows_done();
-            if done > s.saved {
+            if let Some((done, records)) = s.advance() {
                 t.store
-                    .advance_input(t.job, &s.name, done as i64, s.records as i64)
+                    .advance_input(t.job, &s.name, done as i64, records as i64)
                     .await?;
-                s.saved = done;
             }
         }
         Ok(())
@@ -351,8 +387,7 @@ impl<'a> Outbox<'a> {
             } else if done.contains(&m.id) {
                 self.held = self.held.saturating_sub(m.bytes());
                 self.summary.already_done += 1;
-                self.shards[m.shard].records += 1;
-                self.shards[m.shard].unsettled.remove(&m.row);
+                self.shards[m.shard].counted(m.row);
             } else {
                 keep.push(m);
             }
@@ -376,7 +411,7 @@ impl<'a> Outbox<'a> {
         for s in &mut self.shards {
             if s.read && !s.finished && s.in_flight == 0 && s.failed == 0 {
                 t.store
-                    .finish_input(t.job, &s.name, s.records as i64)
+                    .finish_input(t.job, &s.name, s.all_records() as i64)
                     .await?;
                 s.finished = true;
             }
