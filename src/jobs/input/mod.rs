@@ -6,6 +6,7 @@
 //! name). [`read::rows`] reads one shard on a blocking thread and sends its rows, already made
 //! into the message contract's JSON by [`columns::Columns`], to the publisher.
 
+mod bounded;
 pub mod columns;
 pub mod read;
 

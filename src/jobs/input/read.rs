@@ -2,9 +2,11 @@
 //! readers are synchronous), sent to the publisher in batches over a bounded channel: memory
 //! holds a few batches whatever the shard's size.
 
+use super::bounded::{is_too_long, Bounded};
 use super::columns::{Cell, Columns, Kept, Kind, Payload, Plan};
 use super::{Compression, Format, InputError, Shard};
 use crate::external::store::REFUSED_RAW_BYTES;
+use crate::jobs::publish::MAX_LINE_BYTES;
 use arrow_array::{Array, ArrayRef};
 use sha2::{Digest, Sha256};
 use std::io::{BufRead, Read};
@@ -387,7 +389,7 @@ pub fn next_line(
 /// header's is refused with its number. `--format quoted-tsv` reads TSV quoted as CSV is.
 fn delimited(
     shard: &Shard,
-    reader: impl Read,
+    reader: impl BufRead,
     columns: &Columns,
     out: &mut Sender,
 ) -> Result<(), InputError> {
@@ -399,10 +401,15 @@ fn delimited(
         shard: shard.name.clone(),
         reason: e.to_string(),
     };
-    let mut csv = csv::ReaderBuilder::new()
-        .delimiter(delimiter)
-        .quoting(shard.format != Format::Tsv)
-        .from_reader(reader);
+    let builder = |headers: bool| {
+        let mut b = csv::ReaderBuilder::new();
+        b.delimiter(delimiter)
+            .quoting(shard.format != Format::Tsv)
+            .has_headers(headers);
+        b
+    };
+    let (bounded, marks) = Bounded::new(reader, MAX_LINE_BYTES as u64);
+    let mut csv = builder(true).from_reader(bounded);
     let headers = csv.byte_headers().map_err(unreadable)?.clone();
     let names: Vec<String> = headers
         .iter()
@@ -420,8 +427,9 @@ fn delimited(
         .filter_map(|c| names.iter().position(|n| n == c))
         .collect();
     let mut record = csv::ByteRecord::new();
-    let mut number = 0;
+    let (mut number, mut base) = (0, 0);
     loop {
+        marks.start_at(base + csv.position().byte());
         let read = csv.read_byte_record(&mut record);
         number += 1;
         let kind = match read {
@@ -434,11 +442,36 @@ fn delimited(
                     raw: join(&record, delimiter),
                 }
             }
+            // A record past the bound (an unterminated quote, most often): refused, and the
+            // rest of its line skipped unread; a new reader goes on from the next line.
+            Err(e) if is_too_long(&e) => {
+                let mut rest = csv.into_inner();
+                let more = rest.skip_line().map_err(|e| unreadable(e.into()))?;
+                let mut raw = join(&record, delimiter);
+                raw.truncate(REFUSED_RAW_BYTES);
+                if !out.push(number, too_long(raw, MAX_LINE_BYTES)) || !more {
+                    return Ok(());
+                }
+                base = marks.read();
+                csv = builder(false).from_reader(rest);
+                continue;
+            }
             Err(e) => return Err(unreadable(e)),
         };
         if !out.push(number, kind) {
             return Ok(());
         }
+    }
+}
+
+/// The refusal of a CSV/TSV record past `max` bytes.
+fn too_long(raw: Vec<u8>, max: usize) -> RowKind {
+    RowKind::Refused {
+        error: format!(
+            "a record longer than {max} bytes (an unterminated quote?): refused, read on from \
+             the next line"
+        ),
+        raw,
     }
 }
 
@@ -968,5 +1001,64 @@ mod tests {
             "{kinds:?}"
         );
         assert_eq!(kinds[4], (5, r#"{"id":"5","text":"five"}"#.to_string()));
+    }
+
+    /// A CSV record past the message bound (an unterminated quote before 12 MB of data) is
+    /// refused by its number, its line skipped without being held, and the rows after it read
+    /// as rows (the csv crate alone would grow the record to the end of the input).
+    #[test]
+    fn a_csv_record_past_the_bound_is_refused_and_the_next_line_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.csv");
+        let mut body = b"id,body\n1,fine\n2,\"unterminated ".to_vec();
+        body.extend(std::iter::repeat_n(b'x', 12 << 20));
+        body.extend_from_slice(b"\n3,after\n4,\"quoted, fine\"\n");
+        std::fs::write(&path, &body).unwrap();
+        let shard = Shard {
+            name: path.display().to_string(),
+            rel: "t.csv".into(),
+            size: body.len() as u64,
+            version: String::new(),
+            format: Format::Csv,
+            compression: Compression::None,
+        };
+        let columns = Columns {
+            id: Some("id".into()),
+            payload: Payload::Text {
+                column: "body".into(),
+                pair: None,
+            },
+            keep: vec![],
+        };
+        let (tx, mut rx) = mpsc::channel(64);
+        let bytes = Bytes::File(std::fs::File::open(&path).unwrap());
+        rows(&shard, bytes, Some(&columns), 0, &tx).unwrap();
+        drop(tx);
+        let mut got = Vec::new();
+        while let Ok(b) = rx.try_recv() {
+            got.extend(b.rows);
+        }
+        let kinds: Vec<(u64, String)> = got
+            .into_iter()
+            .map(|r| match r.kind {
+                RowKind::Mapped { record, .. } => (r.number, record),
+                RowKind::Refused { error, raw } => {
+                    assert!(raw.len() <= REFUSED_RAW_BYTES);
+                    (r.number, format!("refused: {error}"))
+                }
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(kinds.len(), 4, "{kinds:?}");
+        assert_eq!(kinds[0], (1, r#"{"id":"1","text":"fine"}"#.to_string()));
+        assert!(
+            kinds[1].0 == 2 && kinds[1].1.contains("longer than 10000000 bytes"),
+            "{kinds:?}"
+        );
+        assert_eq!(kinds[2], (3, r#"{"id":"3","text":"after"}"#.to_string()));
+        assert_eq!(
+            kinds[3],
+            (4, r#"{"id":"4","text":"quoted, fine"}"#.to_string())
+        );
     }
 }
