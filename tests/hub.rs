@@ -132,6 +132,92 @@ fn models_check_command(hub: &FakeHub, cache: &Path, model: &str) -> Command {
     cmd
 }
 
+/// A "Hub" that takes connections and never answers, for as long as the test runs.
+fn silent_hub() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming().flatten() {
+            held.push(stream);
+        }
+    });
+    endpoint
+}
+
+/// `models check MODEL` with the Hub at `endpoint` (and `extra` variables): whether it
+/// succeeded, its output, and how long it took.
+fn models_check_at(
+    endpoint: &str,
+    cache: &Path,
+    model: &str,
+    extra: &[(&str, &str)],
+) -> (bool, String, std::time::Duration) {
+    let cwd = cache.join("empty-cwd");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let started = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_spotinfer"))
+        .args(["models", "check", model])
+        .current_dir(&cwd)
+        .env("HF_ENDPOINT", endpoint)
+        .env("HF_HUB_CACHE", cache)
+        .env("HF_HOME", cache.join("no-hf-home"))
+        .env_remove("HF_TOKEN")
+        .env_remove("HF_HUB_OFFLINE")
+        .env_remove("SPOTINFER_MODEL")
+        .envs(extra.iter().copied())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text, started.elapsed())
+}
+
+/// A node with a complete cache starts while the Hub is out: with `HF_HUB_OFFLINE=1` it asks
+/// nothing; with a Hub that takes the connection and never answers, it gives up on it within
+/// the bound and takes the cache, saying so; with an empty cache both fail within the bound,
+/// naming the cache. A revision pinned to a commit starts from the cache the same way.
+#[test]
+fn a_node_with_a_complete_cache_starts_while_the_hub_is_out() {
+    let cache = tempfile::tempdir().unwrap();
+    {
+        let hub = FakeHub::start(serde_json::json!({}));
+        let (ok, out) = models_check(&hub, cache.path(), MINILM, None);
+        assert!(ok, "{out}");
+    }
+    let silent = silent_hub();
+    let pinned = format!("{MINILM}@{COMMIT}");
+    for model in [MINILM, pinned.as_str()] {
+        let (ok, out, took) = models_check_at(&silent, cache.path(), model, &[]);
+        assert!(ok, "{model}: {out}");
+        assert!(out.contains("without asking the Hub"), "{model}: {out}");
+        assert!(
+            took < std::time::Duration::from_secs(45),
+            "{model}: {took:?}"
+        );
+        let (ok, out, took) =
+            models_check_at(&silent, cache.path(), model, &[("HF_HUB_OFFLINE", "1")]);
+        assert!(
+            ok && out.contains("HF_HUB_OFFLINE is set"),
+            "{model}: {out}"
+        );
+        assert!(
+            took < std::time::Duration::from_secs(30),
+            "{model}: {took:?}"
+        );
+    }
+    let empty = tempfile::tempdir().unwrap();
+    let (ok, out, took) = models_check_at(&silent, empty.path(), MINILM, &[]);
+    assert!(!ok && out.contains("did not answer within"), "{out}");
+    assert!(out.contains("has no complete copy"), "{out}");
+    assert!(took < std::time::Duration::from_secs(45), "{took:?}");
+    let (ok, out, _) = models_check_at(&silent, empty.path(), MINILM, &[("HF_HUB_OFFLINE", "1")]);
+    assert!(!ok && out.contains("has no complete copy"), "{out}");
+}
+
 /// [`models_check_command`] run, with `HF_TOKEN` set to `token` if given: whether it succeeded,
 /// and its output.
 fn models_check(hub: &FakeHub, cache: &Path, model: &str, token: Option<&str>) -> (bool, String) {

@@ -124,6 +124,23 @@ pub enum HubError {
         #[source]
         source: Box<HFError>,
     },
+    /// The Hub could not be asked (offline, unreachable, no answer in time) and the cache has
+    /// no complete copy of the revision.
+    #[error(
+        "{repo}@{revision}: {why}, and the Hub cache ({}) has no complete copy of it (run once \
+         with the Hub reachable, or mount a filled cache)",
+        cache.display()
+    )]
+    NotCached {
+        /// `owner/name`.
+        repo: String,
+        /// The revision asked for.
+        revision: String,
+        /// Why the Hub was not asked, or what asking it gave.
+        why: String,
+        /// The cache looked in.
+        cache: PathBuf,
+    },
     /// The local cache could not be read or written.
     #[error("{}: {source}", path.display())]
     Io {
@@ -168,8 +185,22 @@ pub struct Hub {
 impl Hub {
     /// A client with `settings`, the rest from the environment.
     pub fn new(settings: &HubSettings) -> Result<Self, HubError> {
-        let mut b =
-            HFClient::builder().user_agent(concat!("spotinfer/", env!("CARGO_PKG_VERSION")));
+        // Every request bounded: a connection within CONNECT_TIMEOUT, and no read that waits
+        // past READ_TIMEOUT (hf-hub's own client has neither: a Hub that accepts and never
+        // answers held `models check` past 90 s).
+        let http = reqwest::Client::builder()
+            .user_agent(USER_AGENT)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .read_timeout(READ_TIMEOUT)
+            .build()
+            .map_err(|e| HubError::Hub {
+                repo: String::new(),
+                source: Box::new(HFError::Request {
+                    source: e,
+                    url: None,
+                }),
+            })?;
+        let mut b = HFClient::builder().client(http);
         if let Some(e) = &settings.endpoint {
             b = b.endpoint(e.clone());
         }
@@ -206,13 +237,32 @@ impl Hub {
     /// `model::spec::model_files`, as for gs://). A missing optional file is skipped; a missing
     /// required one, an unknown repository or revision, a refusal, a cut-off download or a hash
     /// mismatch is an error.
+    ///
+    /// Where the Hub cannot be asked (`HF_HUB_OFFLINE=1`, as transformers honours it; or no
+    /// answer within [`ASK_TIMEOUT`], a transport error, a 5xx or 429) the cache's complete copy
+    /// of the revision is used instead, saying so in the log: a fleet of Spot workers
+    /// restarting during a Hub outage starts from its cache. An answer of the Hub's (no such
+    /// model or revision, access refused) is not overridden by the cache.
     pub async fn fetch_model(
         &self,
         id: &HubId,
         index: &str,
         files: impl FnOnce(&Path) -> FileList,
     ) -> Result<FetchedModel, HubError> {
-        let commit = self.commit(id).await?;
+        let commit = if offline() {
+            Err("HF_HUB_OFFLINE is set".to_string())
+        } else {
+            match tokio::time::timeout(ASK_TIMEOUT, self.commit(id)).await {
+                Ok(Ok(commit)) => Ok(commit),
+                Ok(Err(e)) if !e.is_unreachable() => return Err(e),
+                Ok(Err(e)) => Err(format!("the Hub could not be asked ({e})")),
+                Err(_) => Err(format!("the Hub did not answer within {ASK_TIMEOUT:?}")),
+            }
+        };
+        let commit = match commit {
+            Ok(commit) => commit,
+            Err(why) => return self.cached(id, files, why).await,
+        };
         let snapshot = Snapshot::new(self, id, commit);
         let mut downloaded = snapshot.fetch(&[], &[index.to_string()]).await?;
         let list = files(&snapshot.dir);
@@ -221,6 +271,52 @@ impl Hub {
         Ok(FetchedModel {
             dir: snapshot.dir,
             downloaded,
+        })
+    }
+
+    /// The cache's complete copy of `id`'s revision, without asking the Hub (`why` says why
+    /// not): the commit a commit sha names, or the one `refs/<revision>` recorded when the model
+    /// was last fetched whole; every required file of `files` present and matching its hash.
+    async fn cached(
+        &self,
+        id: &HubId,
+        files: impl FnOnce(&Path) -> FileList,
+        why: String,
+    ) -> Result<FetchedModel, HubError> {
+        let not_cached = |why: String| HubError::NotCached {
+            repo: id.repo(),
+            revision: id.revision.clone(),
+            why,
+            cache: self.cache_dir().to_path_buf(),
+        };
+        let root = self.cache_dir().join(id.cache_folder());
+        let commit = if id::is_commit(&id.revision) {
+            id.revision.to_ascii_lowercase()
+        } else {
+            match std::fs::read_to_string(root.join("refs").join(&id.revision)) {
+                Ok(c) if id::is_commit(c.trim()) => c.trim().to_ascii_lowercase(),
+                _ => return Err(not_cached(why)),
+            }
+        };
+        let snapshot = Snapshot::new(self, id, commit);
+        if !snapshot.dir.is_dir() {
+            return Err(not_cached(why));
+        }
+        let list = files(&snapshot.dir);
+        for file in list.required.iter().chain(&list.optional) {
+            let path = snapshot.dir.join(file);
+            let required = list.required.contains(file);
+            if !path.exists() && !required {
+                continue;
+            }
+            if !path.exists() || snapshot.verified(file, &path).await.is_err() {
+                return Err(not_cached(format!("{why}; {file} is missing or damaged")));
+            }
+        }
+        tracing::warn!(model = %id, commit = %snapshot.commit, reason = %why, "model taken from the Hub cache without asking the Hub");
+        Ok(FetchedModel {
+            dir: snapshot.dir,
+            downloaded: Vec::new(),
         })
     }
 
@@ -437,6 +533,47 @@ fn hub_error(id: &HubId, e: HFError) -> HubError {
         },
     }
 }
+
+impl HubError {
+    /// Whether the Hub gave no answer of its own (a transport error, a timeout, a 5xx or a 429),
+    /// as against one it gave (no such model or revision, access refused, a malformed reply):
+    /// only the first lets the cache stand in for it.
+    fn is_unreachable(&self) -> bool {
+        match self {
+            HubError::Hub { source, .. } => match source.as_ref() {
+                HFError::Http { context } => {
+                    context.status.is_server_error() || context.status.as_u16() == 429
+                }
+                HFError::Request { .. } | HFError::RateLimited { .. } => true,
+                _ => false,
+            },
+            HubError::CutOff { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+/// Whether `HF_HUB_OFFLINE` asks for no Hub request at all (`1`, `true`, `yes`, `on`, as
+/// huggingface_hub reads it).
+fn offline() -> bool {
+    std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "1" | "true" | "yes" | "on"
+        )
+    })
+}
+
+/// The client's name in its requests.
+const USER_AGENT: &str = concat!("spotinfer/", env!("CARGO_PKG_VERSION"));
+/// The longest a connection to the Hub may take to open.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// The longest any read from the Hub may wait for bytes (a download is not bounded as a whole,
+/// only its stalls).
+pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The longest the Hub is waited for to name a revision's commit before the cache is used.
+pub const ASK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// hf-hub's error for a file's download, in this layer's words.
 fn file_error(id: &HubId, file: &str, e: HFError) -> HubError {

@@ -43,6 +43,8 @@ impl Snapshot<'_> {
     async fn head(&self, file: &str) -> Option<(String, u64)> {
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(super::CONNECT_TIMEOUT)
+            .timeout(super::READ_TIMEOUT)
             .build()
             .ok()?;
         let url = format!(
