@@ -167,14 +167,28 @@ mod tests {
     /// serde_json parsed floats exactly (its `float_roundtrip` feature).
     #[test]
     fn kept_floats_read_back_exactly() {
-        let written = [-521781.49063498003f64, 0.1, 1e-300, 123456789.12345679, -0.0];
+        let written = [
+            -521781.49063498003f64,
+            0.1,
+            1e-300,
+            123456789.12345679,
+            -0.0,
+        ];
         for x in written {
             let json = serde_json::json!({ "score": x }).to_string();
             let back: Value = serde_json::from_str(&json).unwrap();
             let got = back["score"].as_f64().unwrap();
-            assert_eq!(got.to_bits(), x.to_bits(), "{x} written as {json}, read as {got}");
+            assert_eq!(
+                got.to_bits(),
+                x.to_bits(),
+                "{x} written as {json}, read as {got}"
+            );
         }
-        for text in ["-521781.49063498003", "2.2250738585072011e-308", "9007199254740993.0"] {
+        for text in [
+            "-521781.49063498003",
+            "2.2250738585072011e-308",
+            "9007199254740993.0",
+        ] {
             let back: Value = serde_json::from_str(text).unwrap();
             let want: f64 = text.parse().unwrap();
             assert_eq!(back.as_f64().unwrap().to_bits(), want.to_bits(), "{text}");
