@@ -454,6 +454,27 @@ async fn publish_totals_survive_reruns_and_skip_done_resumes() {
     assert!(err.contains("is for model \"tiny-bert\""), "{err}");
 }
 
+/// Starts `publish INPUT --job JOB` and kills it (SIGKILL) once the job holds `at_least`
+/// records.
+async fn publish_and_kill(env: &Env, job: &str, input: &str, at_least: i64) {
+    let mut child = env
+        .cmd("publish")
+        .args([input, "--job", job])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(Duration::from_secs(60), "records registered", || async {
+        // Fails until the publish has registered the job (its first statements race this
+        // one's migrations on the new file: Store::migrate retries).
+        let out = env.run("status", &["--job", job, "--json"]);
+        out.status.success() && int(&env.status(job), "published") >= at_least
+    })
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 /// A publish killed part-way leaves the job "publishing" (never complete); re-running it brings
 /// the total to exactly the file's records, publishing only the rows past those the killed run
 /// had every publish of confirmed.
@@ -462,26 +483,7 @@ async fn an_interrupted_publish_is_rerun_without_doubling() {
     let (env, job, dir) = small_env("killed").await;
     let n = 40_000;
     let input = plain_input(dir.path(), "big.jsonl", "k", 0..n);
-    let mut child = env
-        .cmd("publish")
-        .args([&input, "--job", &job])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_until(
-        Duration::from_secs(60),
-        "some records registered",
-        || async {
-            // Fails until the publish has registered the job (its first statements race this
-            // one's migrations on the new file: Store::migrate retries).
-            let out = env.run("status", &["--job", &job, "--json"]);
-            out.status.success() && int(&env.status(&job), "published") >= 8000
-        },
-    )
-    .await;
-    let _ = child.kill();
-    let _ = child.wait();
+    publish_and_kill(&env, &job, &input, 8000).await;
     let s = env.status(&job);
     eprintln!("after SIGKILL: {s}");
     assert_eq!(
@@ -522,20 +524,7 @@ async fn a_refused_row_does_not_pin_the_resume_point() {
         .collect();
     lines[1] = "{\"id\": \"p-bad\", \"text\": 5}".into();
     std::fs::write(&input, lines.join("\n") + "\n").unwrap();
-    let mut child = env
-        .cmd("publish")
-        .args([&input, "--job", &job])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_until(Duration::from_secs(60), "records registered", || async {
-        let out = env.run("status", &["--job", &job, "--json"]);
-        out.status.success() && int(&env.status(&job), "published") >= 8000
-    })
-    .await;
-    let _ = child.kill();
-    let _ = child.wait();
+    publish_and_kill(&env, &job, &input, 8000).await;
     let store = spotinfer::external::store::Store::connect(&env.db)
         .await
         .unwrap();

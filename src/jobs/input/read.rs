@@ -778,6 +778,62 @@ fn row_json(names: &[String], columns: &[Column], i: usize) -> String {
 mod tests {
     use super::*;
 
+    /// Every row `rows` reads from the file at `path` as `format` (ids from `id`, the input by
+    /// `payload`, `keep` kept), and the kept columns' types its first batch names.
+    fn read_file(
+        path: &std::path::Path,
+        format: Format,
+        id: &str,
+        payload: Payload,
+        keep: &[&str],
+    ) -> (Vec<Row>, Option<Vec<Kept>>) {
+        let shard = Shard {
+            name: path.display().to_string(),
+            rel: path.file_name().unwrap().to_string_lossy().into_owned(),
+            size: std::fs::metadata(path).unwrap().len(),
+            version: String::new(),
+            format,
+            compression: Compression::None,
+        };
+        let columns = Columns {
+            id: Some(id.into()),
+            payload,
+            keep: keep.iter().map(|k| k.to_string()).collect(),
+        };
+        let (tx, mut rx) = mpsc::channel(64);
+        let bytes = Bytes::File(std::fs::File::open(path).unwrap());
+        rows(&shard, bytes, Some(&columns), 0, &tx).unwrap();
+        drop(tx);
+        let (mut out, mut kept) = (Vec::new(), None);
+        while let Ok(b) = rx.try_recv() {
+            kept = kept.or(b.kept);
+            out.extend(b.rows);
+        }
+        (out, kept)
+    }
+
+    /// A text input read from `column`.
+    fn text(column: &str) -> Payload {
+        Payload::Text {
+            column: column.into(),
+            pair: None,
+        }
+    }
+
+    /// Each row as its number and its record's JSON, or `refused: ` and why.
+    fn outcomes(rows: Vec<Row>) -> Vec<(u64, String)> {
+        rows.into_iter()
+            .map(|r| match r.kind {
+                RowKind::Mapped { record, .. } => (r.number, record),
+                RowKind::Refused { error, raw } => {
+                    assert!(raw.len() <= REFUSED_RAW_BYTES);
+                    (r.number, format!("refused: {error}"))
+                }
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
     /// A line past the limit is read to its end without being held: its first 64 KiB, its
     /// length and the SHA-256 of all of it; the next line reads normally.
     #[test]
@@ -837,30 +893,7 @@ mod tests {
         let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
         w.write(&batch).unwrap();
         w.close().unwrap();
-        let shard = Shard {
-            name: path.display().to_string(),
-            rel: "t.parquet".into(),
-            size: 1,
-            version: String::new(),
-            format: Format::Parquet,
-            compression: Compression::None,
-        };
-        let read = |payload: Payload| -> Vec<Row> {
-            let columns = Columns {
-                id: Some("id".into()),
-                payload,
-                keep: vec![],
-            };
-            let (tx, mut rx) = mpsc::channel(8);
-            let bytes = Bytes::File(std::fs::File::open(&path).unwrap());
-            rows(&shard, bytes, Some(&columns), 0, &tx).unwrap();
-            drop(tx);
-            let mut out = Vec::new();
-            while let Ok(b) = rx.try_recv() {
-                out.extend(b.rows);
-            }
-            out
-        };
+        let read = |payload| read_file(&path, Format::Parquet, "id", payload, &[]).0;
         let chats = read(Payload::Messages("chat".into()));
         let RowKind::Mapped { record, .. } = &chats[0].kind else {
             panic!("{:?}", chats[0])
@@ -902,34 +935,9 @@ mod tests {
         let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
         w.write(&batch).unwrap();
         w.close().unwrap();
-        let shard = Shard {
-            name: path.display().to_string(),
-            rel: "u.parquet".into(),
-            size: 1,
-            version: String::new(),
-            format: Format::Parquet,
-            compression: Compression::None,
-        };
-        let columns = Columns {
-            id: Some("doc".into()),
-            payload: Payload::Text {
-                column: "body".into(),
-                pair: None,
-            },
-            keep: vec!["n".into()],
-        };
-        let (tx, mut rx) = mpsc::channel(8);
-        let bytes = Bytes::File(std::fs::File::open(&path).unwrap());
-        rows(&shard, bytes, Some(&columns), 0, &tx).unwrap();
-        drop(tx);
-        let mut got = Vec::new();
-        while let Ok(b) = rx.try_recv() {
-            if let Some(kept) = b.kept {
-                assert_eq!(kept[0].kind, "uint64");
-            }
-            got.extend(b.rows);
-        }
-        let records: Vec<(String, Option<String>)> = got
+        let (rows, kept) = read_file(&path, Format::Parquet, "doc", text("body"), &["n"]);
+        assert_eq!(kept.unwrap()[0].kind, "uint64");
+        let records: Vec<(String, Option<String>)> = rows
             .into_iter()
             .map(|r| match r.kind {
                 RowKind::Mapped { record, kept } => (record, kept),
@@ -954,38 +962,7 @@ mod tests {
         let path = dir.path().join("t.tsv");
         let body = "id\tbody\n1\t\"unbalanced start\n2\ttwo\n3\tthree \"quoted\"\n4\tfour\textra\n5\tfive\n";
         std::fs::write(&path, body).unwrap();
-        let shard = Shard {
-            name: path.display().to_string(),
-            rel: "t.tsv".into(),
-            size: body.len() as u64,
-            version: String::new(),
-            format: Format::Tsv,
-            compression: Compression::None,
-        };
-        let columns = Columns {
-            id: Some("id".into()),
-            payload: Payload::Text {
-                column: "body".into(),
-                pair: None,
-            },
-            keep: vec![],
-        };
-        let (tx, mut rx) = mpsc::channel(8);
-        let bytes = Bytes::File(std::fs::File::open(&path).unwrap());
-        rows(&shard, bytes, Some(&columns), 0, &tx).unwrap();
-        drop(tx);
-        let mut got = Vec::new();
-        while let Ok(b) = rx.try_recv() {
-            got.extend(b.rows);
-        }
-        let kinds: Vec<(u64, String)> = got
-            .into_iter()
-            .map(|r| match r.kind {
-                RowKind::Mapped { record, .. } => (r.number, record),
-                RowKind::Refused { error, .. } => (r.number, format!("refused: {error}")),
-                other => panic!("{other:?}"),
-            })
-            .collect();
+        let kinds = outcomes(read_file(&path, Format::Tsv, "id", text("body"), &[]).0);
         assert_eq!(kinds.len(), 5, "{kinds:?}");
         assert_eq!(
             kinds[0],
@@ -1014,41 +991,7 @@ mod tests {
         body.extend(std::iter::repeat_n(b'x', 12 << 20));
         body.extend_from_slice(b"\n3,after\n4,\"quoted, fine\"\n");
         std::fs::write(&path, &body).unwrap();
-        let shard = Shard {
-            name: path.display().to_string(),
-            rel: "t.csv".into(),
-            size: body.len() as u64,
-            version: String::new(),
-            format: Format::Csv,
-            compression: Compression::None,
-        };
-        let columns = Columns {
-            id: Some("id".into()),
-            payload: Payload::Text {
-                column: "body".into(),
-                pair: None,
-            },
-            keep: vec![],
-        };
-        let (tx, mut rx) = mpsc::channel(64);
-        let bytes = Bytes::File(std::fs::File::open(&path).unwrap());
-        rows(&shard, bytes, Some(&columns), 0, &tx).unwrap();
-        drop(tx);
-        let mut got = Vec::new();
-        while let Ok(b) = rx.try_recv() {
-            got.extend(b.rows);
-        }
-        let kinds: Vec<(u64, String)> = got
-            .into_iter()
-            .map(|r| match r.kind {
-                RowKind::Mapped { record, .. } => (r.number, record),
-                RowKind::Refused { error, raw } => {
-                    assert!(raw.len() <= REFUSED_RAW_BYTES);
-                    (r.number, format!("refused: {error}"))
-                }
-                other => panic!("{other:?}"),
-            })
-            .collect();
+        let kinds = outcomes(read_file(&path, Format::Csv, "id", text("body"), &[]).0);
         assert_eq!(kinds.len(), 4, "{kinds:?}");
         assert_eq!(kinds[0], (1, r#"{"id":"1","text":"fine"}"#.to_string()));
         assert!(
