@@ -239,7 +239,8 @@ impl Hub {
     /// mismatch is an error.
     ///
     /// Where the Hub cannot be asked (`HF_HUB_OFFLINE=1`, as transformers honours it; or no
-    /// answer within [`ASK_TIMEOUT`], a transport error, a 5xx or 429) the cache's complete copy
+    /// answer within `HF_HUB_ETAG_TIMEOUT` seconds (10 unset), a transport error, a 5xx or 429)
+    /// the cache's complete copy
     /// of the revision is used instead, saying so in the log: a fleet of Spot workers
     /// restarting during a Hub outage starts from its cache. An answer of the Hub's (no such
     /// model or revision, access refused) is not overridden by the cache.
@@ -252,11 +253,12 @@ impl Hub {
         let commit = if offline() {
             Err("HF_HUB_OFFLINE is set".to_string())
         } else {
-            match tokio::time::timeout(ASK_TIMEOUT, self.commit(id)).await {
+            let wait = ask_timeout();
+            match tokio::time::timeout(wait, self.commit(id)).await {
                 Ok(Ok(commit)) => Ok(commit),
                 Ok(Err(e)) if !e.is_unreachable() => return Err(e),
                 Ok(Err(e)) => Err(format!("the Hub could not be asked ({e})")),
-                Err(_) => Err(format!("the Hub did not answer within {ASK_TIMEOUT:?}")),
+                Err(_) => Err(format!("the Hub did not answer within {wait:?}")),
             }
         };
         let commit = match commit {
@@ -572,8 +574,16 @@ pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 /// only its stalls).
 pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// The longest the Hub is waited for to name a revision's commit before the cache is used.
-pub const ASK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+/// The longest the Hub is waited for to name a revision's commit before the cache is used:
+/// `HF_HUB_ETAG_TIMEOUT` seconds, huggingface_hub's setting for its metadata requests, else 10.
+fn ask_timeout() -> std::time::Duration {
+    let seconds = std::env::var("HF_HUB_ETAG_TIMEOUT")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .unwrap_or(10.0);
+    std::time::Duration::from_secs_f64(seconds)
+}
 
 /// hf-hub's error for a file's download, in this layer's words.
 fn file_error(id: &HubId, file: &str, e: HFError) -> HubError {
