@@ -288,7 +288,10 @@ impl<'a> Outbox<'a> {
         match r {
             Ok(_) => {
                 self.summary.published += 1;
-                count.counted(row);
+                // Without a job nothing is resumed: no row needs keeping (as `hand` keeps none).
+                if self.target.is_some() {
+                    count.counted(row);
+                }
             }
             Err(e) => {
                 self.summary.failed += 1;
