@@ -39,7 +39,6 @@ pub struct UnpaddedBert {
     layers: Vec<Layer>,
     attention: VarlenAttention,
     position_offset: u32,
-    dtype: DType,
 }
 
 struct Layer {
@@ -90,16 +89,6 @@ impl Packed {
             starts,
             max_len,
         })
-    }
-
-    /// Texts in the batch.
-    pub fn len(&self) -> usize {
-        self.starts.len() - 1
-    }
-
-    /// Whether the batch holds no text.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -161,7 +150,6 @@ impl UnpaddedBert {
                 max_len: 0,
             },
             position_offset: bert.position_offset,
-            dtype: bert.dtype,
         })
     }
 
@@ -187,11 +175,6 @@ impl UnpaddedBert {
     /// The device the weights live on.
     pub fn device(&self) -> &Device {
         self.words.device()
-    }
-
-    /// The dtype the layers compute in.
-    pub fn dtype(&self) -> DType {
-        self.dtype
     }
 }
 
