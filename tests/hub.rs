@@ -38,6 +38,8 @@ impl FakeHub {
             "acme/gated": { "dir": dir, "token": TOKEN },
             "acme/lean": { "dir": dir, "missing": ["tokenizer_config.json", "config_sentence_transformers.json"] },
             "acme/broken": { "dir": dir, "missing": ["config.json"] },
+            "acme/clip": { "dir": fixture("images/models/clip") },
+            "acme/llama": { "dir": fixture("llm/models/llama") },
         }});
         if let (Some(c), Some(f)) = (config.as_object_mut(), faults.as_object()) {
             c.extend(f.clone());
@@ -318,6 +320,44 @@ fn a_model_by_hub_id_lands_in_the_hub_cache_and_is_the_local_model() {
     assert_eq!(hub.counts(), sent);
 }
 
+/// A fixture folder under tests/fixtures.
+fn fixture(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(rel)
+}
+
+/// Image and generation models by Hub id bring what their loaders read beside the encoder's
+/// files: the image processor, the generation defaults and the chat template.
+#[test]
+fn image_and_generation_models_by_hub_id_bring_their_other_files() {
+    let hub = FakeHub::start(serde_json::json!({}));
+    let cache = tempfile::tempdir().unwrap();
+    for (repo, dir, files) in [
+        (
+            "acme/clip",
+            "images/models/clip",
+            &["preprocessor_config.json"][..],
+        ),
+        (
+            "acme/llama",
+            "llm/models/llama",
+            &["generation_config.json", "chat_template.jinja"][..],
+        ),
+    ] {
+        let (ok, out) = models_check(&hub, cache.path(), repo, None);
+        assert!(ok, "{repo}: {out}");
+        let snap = snapshot(cache.path(), repo);
+        for f in files {
+            assert_eq!(
+                std::fs::read(snap.join(f)).ok(),
+                std::fs::read(fixture(dir).join(f)).ok(),
+                "{repo}: {f}"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_gated_model_needs_hf_token_and_the_token_is_never_printed() {
     let hub = FakeHub::start(serde_json::json!({}));
@@ -328,12 +368,19 @@ fn a_gated_model_needs_hf_token_and_the_token_is_never_printed() {
         out.contains("refused access") && out.contains("set HF_TOKEN"),
         "{out}"
     );
+    // A token that is no account's is rejected as such, on a gated model and on a public one,
+    // with the Hub's own words, and is never printed.
     let wrong = "hf_wrong_token_never_printed";
-    let (ok, out) = models_check(&hub, cache.path(), "acme/gated", Some(wrong));
-    assert!(
-        !ok && out.contains("(401)") && !out.contains(wrong),
-        "{out}"
-    );
+    for model in ["acme/gated", MINILM] {
+        let (ok, out) = models_check(&hub, cache.path(), model, Some(wrong));
+        assert!(
+            !ok && out.contains("rejected the token in HF_TOKEN")
+                && out.contains("Invalid credentials in Authorization header")
+                && !out.contains("set HF_TOKEN to a token of an account")
+                && !out.contains(wrong),
+            "{out}"
+        );
+    }
     let (ok, out) = models_check(&hub, cache.path(), "acme/gated", Some(TOKEN));
     assert!(ok && !out.contains(TOKEN), "{out}");
     let help = Command::new(env!("CARGO_BIN_EXE_spotinfer"))
@@ -342,6 +389,34 @@ fn a_gated_model_needs_hf_token_and_the_token_is_never_printed() {
         .output()
         .unwrap();
     assert!(!String::from_utf8_lossy(&help.stdout).contains(TOKEN));
+}
+
+/// `owner/name` where `owner/` is a local folder without `name` (a volume not mounted) is
+/// refused without a request to the Hub; `hf://owner/name` fetches the Hub's model all the same.
+#[test]
+fn a_missing_folder_inside_a_local_one_is_refused_not_fetched() {
+    let hub = FakeHub::start(serde_json::json!({}));
+    let cache = tempfile::tempdir().unwrap();
+    let owner = MINILM.split('/').next().unwrap();
+    std::fs::create_dir_all(cache.path().join("empty-cwd").join(owner)).unwrap();
+    let (ok, out) = models_check(&hub, cache.path(), MINILM, None);
+    assert!(
+        !ok && out.contains(&format!("{owner}/ is a local folder"))
+            && out.contains(&format!("hf://{MINILM}")),
+        "{out}"
+    );
+    assert!(
+        hub.counts().is_empty(),
+        "the Hub was asked: {:?}",
+        hub.counts()
+    );
+    let (ok, out) = models_check(&hub, cache.path(), &format!("hf://{MINILM}"), None);
+    assert!(ok, "{out}");
+    assert!(
+        hub.counts().contains_key("model.safetensors"),
+        "{:?}",
+        hub.counts()
+    );
 }
 
 #[test]
@@ -369,6 +444,36 @@ fn workers_starting_at_once_download_each_file_once() {
         MODEL_FILES.iter().all(|f| sent.get(*f) == Some(&1)),
         "{sent:?}"
     );
+}
+
+/// Two revisions of one repository (two commits, the same files) fetched at once share their
+/// blobs: each blob is downloaded once, and both snapshots are whole.
+#[test]
+fn two_revisions_at_once_download_each_shared_blob_once() {
+    let hub = FakeHub::start(serde_json::json!({ "slow_seconds": 0.5 }));
+    let cache = tempfile::tempdir().unwrap();
+    let workers: Vec<_> = ["main", "v2"]
+        .iter()
+        .map(|rev| {
+            models_check_command(&hub, cache.path(), &format!("{MINILM}@{rev}"))
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for w in workers {
+        let out = w.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+    }
+    let sent = hub.counts();
+    assert!(
+        MODEL_FILES.iter().all(|f| sent.get(*f) == Some(&1)),
+        "{sent:?}"
+    );
+    let snapshots = cache
+        .path()
+        .join("models--sentence-transformers--all-MiniLM-L6-v2/snapshots");
+    assert_eq!(std::fs::read_dir(&snapshots).unwrap().count(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -28,8 +28,9 @@ pub async fn model_dir(m: &ModelArgs) -> anyhow::Result<std::path::PathBuf> {
     fetch_model(&m.source.model, &m.storage).await
 }
 
-/// [`model_dir`] for a model path and storage settings. An existing local path wins; then
-/// `gs://`; then a value of the Hub-id form `owner/name[@revision]` (`HubId::from_model_arg`).
+/// [`model_dir`] for a model path and storage settings: `hf://` is the Hub's; an existing local
+/// path wins; then `gs://`; then a value of the Hub-id form `owner/name[@revision]` whose
+/// `owner` is no local folder (`HubId::from_model_arg`).
 pub async fn fetch_model(
     model: &Path,
     storage: &spotinfer::config::StorageArgs,
@@ -37,7 +38,7 @@ pub async fn fetch_model(
     if let Some(uri) = model.to_str().filter(|s| s.starts_with("gs://")) {
         return fetch_from_gcs(uri, storage).await;
     }
-    match HubId::from_model_arg(model) {
+    match HubId::from_model_arg(model)? {
         Some(id) => fetch_from_hub(&id).await,
         None => Ok(model.to_path_buf()),
     }

@@ -76,6 +76,7 @@ pub struct StorageArgs {
     /// Buckets a record's `uri` may name, comma-separated (empty: any). A `uri` in another
     /// bucket is recorded as failed without being read: set it so that publishers cannot make
     /// the workers read, with their service account, objects they were never meant to read.
+    /// `publish` refuses a gs:// input outside them too.
     #[arg(long, env = "SPOTINFER_ALLOWED_BUCKETS", value_delimiter = ',', value_parser = parse_bucket)]
     pub allowed_buckets: Vec<String>,
 }
@@ -97,7 +98,8 @@ pub struct ModelRef {
     /// Model: a local directory (model.safetensors, tokenizer.json, config.json, …),
     /// gs://BUCKET/PREFIX, fetched into SPOTINFER_CACHE_DIR and verified, or a Hugging Face Hub
     /// id owner/name[@revision], fetched into the Hub cache (HF_HUB_CACHE) and verified. An
-    /// existing local path wins over a Hub id.
+    /// existing local path wins over a Hub id, and owner/name where owner/ is a local folder is
+    /// refused (a missing model folder); hf://owner/name always means the Hub.
     #[arg(
         long,
         env = "SPOTINFER_MODEL",

@@ -6,6 +6,29 @@ use std::path::Path;
 /// The branch a Hub id without `@revision` means.
 pub const DEFAULT_REVISION: &str = "main";
 
+/// The prefix that makes a `--model` value a Hub id whatever the local disk holds.
+pub const HUB_SCHEME: &str = "hf://";
+
+/// A `--model` value that looks like a Hub id but is refused as one.
+#[derive(Debug, thiserror::Error)]
+pub enum NotAHubId {
+    /// `owner/name` where `owner` is a local folder without `name`.
+    #[error(
+        "--model {arg}: no such folder, though {folder}/ is a local folder: is a model folder \
+         missing (an unmounted volume, a misspelt name)? To fetch the Hub's model of that id \
+         instead, write hf://{arg}"
+    )]
+    MissingFolder {
+        /// The value as given.
+        arg: String,
+        /// The local folder its first part names.
+        folder: String,
+    },
+    /// `hf://` followed by something that is no `owner/name[@revision]`.
+    #[error("--model {0}: not a Hub id (hf://owner/name[@revision])")]
+    Malformed(String),
+}
+
 /// A model repository on the Hugging Face Hub and the revision (branch, tag or commit sha) to
 /// fetch, as `owner/name[@revision]` names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,14 +42,32 @@ pub struct HubId {
 }
 
 impl HubId {
-    /// The Hub id a `--model` value names, if it names one: an existing local path always wins
-    /// (the default `models/all-MiniLM-L6-v2` has the Hub-id form too), and a `gs://` URI is
-    /// not one; otherwise a value of the form `owner/name[@revision]` is.
-    pub fn from_model_arg(model: &Path) -> Option<Self> {
-        if model.exists() {
-            return None;
+    /// The Hub id a `--model` value names, if it names one. `hf://owner/name[@revision]` always
+    /// does. Otherwise an existing local path wins (the default `models/all-MiniLM-L6-v2` has
+    /// the Hub-id form too) and a `gs://` URI is not one; a value of the form
+    /// `owner/name[@revision]` is, unless `owner` is a local folder: then a model folder is
+    /// missing from it (an unmounted volume, a misspelt name), and fetching whichever public
+    /// model has that id would compute with the wrong model, so it is refused.
+    pub fn from_model_arg(model: &Path) -> Result<Option<Self>, NotAHubId> {
+        let arg = model.to_string_lossy();
+        if let Some(id) = arg.strip_prefix(HUB_SCHEME) {
+            return Self::parse(id)
+                .map(Some)
+                .ok_or_else(|| NotAHubId::Malformed(arg.to_string()));
         }
-        model.to_str().and_then(Self::parse)
+        if model.exists() {
+            return Ok(None);
+        }
+        let Some(id) = model.to_str().and_then(Self::parse) else {
+            return Ok(None);
+        };
+        if Path::new(&id.owner).is_dir() {
+            return Err(NotAHubId::MissingFolder {
+                arg: arg.to_string(),
+                folder: id.owner,
+            });
+        }
+        Ok(Some(id))
     }
 
     /// Parses `owner/name[@revision]`: owner and name as the Hub allows them (letters, digits,
@@ -94,6 +135,12 @@ pub(super) fn is_repo_file(s: &str) -> bool {
     !s.contains(['\\', '\0']) && s.split('/').all(is_plain_name)
 }
 
+/// Whether `s` can name a blob of the cache: a git sha1 or a sha256 in hex, so nothing a Hub (or
+/// a mirror) answers can make a path leave `blobs/`.
+pub(super) fn is_blob_name(s: &str) -> bool {
+    matches!(s.len(), 40 | 64) && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 /// Whether `s` is a full commit sha (40 hexadecimal digits).
 pub(super) fn is_commit(s: &str) -> bool {
     s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit())
@@ -139,13 +186,32 @@ mod tests {
         // Unit tests run in the package root, where `src/external` is a folder of the Hub-id
         // form, as the default `models/all-MiniLM-L6-v2` is.
         assert!(HubId::parse("src/external").is_some());
-        assert_eq!(HubId::from_model_arg(Path::new("src/external")), None);
-        let absent = HubId::from_model_arg(Path::new("src/no-such-model@v2")).unwrap();
+        let arg = |s: &str| HubId::from_model_arg(Path::new(s));
+        assert_eq!(arg("src/external").unwrap(), None);
+        assert_eq!(arg("gs://models/minilm").unwrap(), None);
+        // No local folder `acme`: the Hub's.
+        let hub = arg("acme/no-such-model@v2").unwrap().unwrap();
         assert_eq!(
-            (absent.repo(), absent.revision),
-            ("src/no-such-model".into(), "v2".into())
+            (hub.repo(), hub.revision),
+            ("acme/no-such-model".into(), "v2".into())
         );
-        assert_eq!(HubId::from_model_arg(Path::new("gs://models/minilm")), None);
+    }
+
+    #[test]
+    fn a_missing_folder_inside_a_local_one_is_not_asked_of_the_hub() {
+        let arg = |s: &str| HubId::from_model_arg(Path::new(s));
+        let err = arg("src/no-such-model@v2").unwrap_err().to_string();
+        assert!(
+            err.contains("src/ is a local folder") && err.contains("hf://src/no-such-model@v2"),
+            "{err}"
+        );
+        // hf:// says the Hub is meant, whatever the disk holds.
+        let hub = arg("hf://src/external").unwrap().unwrap();
+        assert_eq!(
+            (hub.repo(), hub.revision),
+            ("src/external".into(), "main".into())
+        );
+        assert!(arg("hf://not-an-id").is_err());
     }
 
     #[test]

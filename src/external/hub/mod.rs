@@ -61,6 +61,19 @@ pub enum HubError {
         /// 401 or 403.
         status: u16,
     },
+    /// 401 with the Hub saying the credentials are invalid: the token sent is no account's
+    /// (mistyped, revoked, expired), whatever the model.
+    #[error(
+        "the Hub rejected the token in HF_TOKEN for {repo:?} ({hub:?}): it is not a valid token \
+         (mistyped, revoked or expired); set HF_TOKEN to a current token, or unset it for a public \
+         model"
+    )]
+    TokenRejected {
+        /// `owner/name`.
+        repo: String,
+        /// The Hub's own words.
+        hub: String,
+    },
     /// A file the model needs is not in the repository.
     #[error("{repo}@{commit}: the model needs {file}, and the repository has no such file")]
     MissingFile {
@@ -411,7 +424,24 @@ impl<'a> Snapshot<'a> {
         if !required && self.marked_absent(file) {
             return Ok(false);
         }
-        self.resume(file).await;
+        // The blob's lock too, not only this snapshot file's: two revisions of a repository
+        // share blobs (named by etag), and hf-hub streams each into blobs/<etag>.incomplete.
+        let blob = self.head(file).await;
+        let _blob_lock = match &blob {
+            Some((etag, _)) if !id::is_blob_name(etag) => {
+                return Err(self.malformed(format!(
+                    "the Hub names {file}'s blob {etag:?}, which is no sha256 or git sha1"
+                )))
+            }
+            Some((etag, size)) => {
+                let lock = self
+                    .lock_named(format!("spotinfer-blob-{etag}.lock"))
+                    .await?;
+                self.resume(file, etag, *size).await;
+                Some(lock)
+            }
+            None => None,
+        };
         let got = self
             .repo
             .download_file()
@@ -470,12 +500,18 @@ impl<'a> Snapshot<'a> {
 
     /// Waits for this layer's lock on `file` of this commit.
     async fn lock(&self, file: &str) -> Result<FileLock, HubError> {
-        std::fs::create_dir_all(&self.locks).map_err(|e| self.io(&self.locks, e))?;
         let name = format!(
             "spotinfer-{}-{}.lock",
             self.commit,
             file.replace('/', "%2F")
         );
+        self.lock_named(name).await
+    }
+
+    /// Waits for the lock file `name` of this repository (a file's, or a blob's: its etag was
+    /// checked to be a hash, so no name leaves the folder).
+    async fn lock_named(&self, name: String) -> Result<FileLock, HubError> {
+        std::fs::create_dir_all(&self.locks).map_err(|e| self.io(&self.locks, e))?;
         let path = self.locks.join(name);
         FileLock::acquire(&path)
             .await
@@ -515,6 +551,19 @@ impl<'a> Snapshot<'a> {
 fn hub_error(id: &HubId, e: HFError) -> HubError {
     let repo = id.repo();
     match e {
+        // The Hub's wording for a token that is no account's (huggingface_hub tells it apart
+        // from a gated or private repo by the same message).
+        HFError::AuthRequired { context }
+            if context
+                .server_message
+                .as_deref()
+                .is_some_and(|m| m.contains("Invalid credentials")) =>
+        {
+            HubError::TokenRejected {
+                repo,
+                hub: context.server_message.unwrap_or_default(),
+            }
+        }
         HFError::AuthRequired { .. } => HubError::Denied { repo, status: 401 },
         HFError::Forbidden { .. } => HubError::Denied { repo, status: 403 },
         HFError::RepoNotFound { .. } => HubError::RepoNotFound { repo },

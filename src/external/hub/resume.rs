@@ -14,13 +14,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 impl Snapshot<'_> {
-    /// Completes the blob of `file` from a prefix an earlier, cut-off download left, where there
-    /// is one; anything that goes wrong leaves the download to hf-hub, from the first byte.
-    pub(super) async fn resume(&self, file: &str) {
-        let Some((etag, size)) = self.head(file).await else {
-            return;
-        };
-        let blob = self.root.join("blobs").join(&etag);
+    /// Completes the blob of `file` (named `etag`, `size` bytes: [`Snapshot::head`]) from a
+    /// prefix an earlier, cut-off download left, where there is one; anything that goes wrong
+    /// leaves the download to hf-hub, from the first byte.
+    pub(super) async fn resume(&self, file: &str, etag: &str, size: u64) {
+        let blob = self.root.join("blobs").join(etag);
         let partial = PathBuf::from(format!("{}.incomplete", blob.display()));
         let have = std::fs::metadata(&partial).map_or(0, |m| m.len());
         if blob.exists() || have == 0 || have >= size {
@@ -40,7 +38,7 @@ impl Snapshot<'_> {
     /// hf-hub's `get_file_metadata` follows it, and hf-hub's own non-redirecting request is
     /// private to it). None for a Xet-stored file (hf-hub's other path leaves no prefix) or any
     /// failure.
-    async fn head(&self, file: &str) -> Option<(String, u64)> {
+    pub(super) async fn head(&self, file: &str) -> Option<(String, u64)> {
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(super::CONNECT_TIMEOUT)

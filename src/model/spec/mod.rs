@@ -252,7 +252,15 @@ pub fn model_files(dir: &Path) -> ModelFiles {
                 for f in ["config.json", "tokenizer.json", "model.safetensors"] {
                     files.required.push(at(p, f));
                 }
-                for f in ["sentence_bert_config.json", "tokenizer_config.json"] {
+                // What the other tasks' loaders read beside these, where the folder has them:
+                // an image model's processor, a generator's defaults and chat template.
+                for f in [
+                    "sentence_bert_config.json",
+                    "tokenizer_config.json",
+                    "preprocessor_config.json",
+                    "generation_config.json",
+                    "chat_template.jinja",
+                ] {
                     files.optional.push(at(p, f));
                 }
             }
