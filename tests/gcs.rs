@@ -273,6 +273,34 @@ fn publish_and_bench_read_from_gs() {
     assert!(stdout.contains("published 2 records"), "{stdout}");
     assert!(stderr.contains("line 2: payload is not JSON"), "{stderr}");
 
+    // --allowed-buckets binds the input too: another bucket is refused before it is read.
+    let out = pubsub_env(&mut Command::new(env!("CARGO_BIN_EXE_spotinfer")), &args)
+        .args([
+            "publish",
+            "gs://jobs/in.jsonl",
+            "--allowed-buckets",
+            "inputs,models",
+        ])
+        .env("STORAGE_EMULATOR_HOST", &gcs_server.host)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("bucket \"jobs\" is not in --allowed-buckets"),
+        "{stderr}"
+    );
+    let out = pubsub_env(&mut Command::new(env!("CARGO_BIN_EXE_spotinfer")), &args)
+        .args(["publish", "gs://jobs/in.jsonl", "--allowed-buckets", "jobs"])
+        .env("STORAGE_EMULATOR_HOST", &gcs_server.host)
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("published 2 records"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
     // The model straight from the bucket, through the cache.
     let cache = tempfile::tempdir().unwrap();
     let input = cache.path().join("in.jsonl");

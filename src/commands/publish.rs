@@ -15,7 +15,10 @@ pub async fn run(a: PublishArgs) -> anyhow::Result<()> {
     let ps = a.pubsub.config();
     let columns = a.columns.columns();
     let gcs = match a.input.starts_with("gs://") {
-        true => Some(Gcs::new(a.storage.storage_emulator_host.as_deref()).await?),
+        true => {
+            check_allowed(&a.input, &a.storage.allowed_buckets)?;
+            Some(Gcs::new(a.storage.storage_emulator_host.as_deref()).await?)
+        }
         false => None,
     };
     let input = input::list(&a.input, a.format, gcs.as_ref()).await?;
@@ -131,4 +134,17 @@ async fn register(a: &PublishArgs, job: &str, model: &str) -> anyhow::Result<Sto
     store.migrate().await?;
     store.register_job(job, model).await?;
     Ok(store)
+}
+
+/// Refuses a `gs://` input outside `--allowed-buckets` (when set) before anything is read: the
+/// list that keeps records' `uri`s to the buckets meant binds the publisher's input too.
+fn check_allowed(input: &str, allowed: &[String]) -> anyhow::Result<()> {
+    let bucket = input["gs://".len()..].split('/').next().unwrap_or_default();
+    if allowed.is_empty() || allowed.iter().any(|b| b == bucket) {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "{input}: bucket {bucket:?} is not in --allowed-buckets ({}): nothing was read",
+        allowed.join(",")
+    )
 }
