@@ -227,7 +227,7 @@ async fn bad_rows_are_refused_with_their_shard_and_row() {
             failed.to_str().unwrap(),
         ],
     );
-    let mut listed: Vec<(String, i64, String)> = read_jsonl(&failed)
+    let mut listed: Vec<(String, i64, String, Option<String>)> = read_jsonl(&failed)
         .into_iter()
         .map(|r| {
             let input = r["input"].as_str().unwrap();
@@ -236,14 +236,20 @@ async fn bad_rows_are_refused_with_their_shard_and_row() {
                 shard,
                 r["line"].as_i64().unwrap(),
                 r["error"].as_str().unwrap().to_string(),
+                r["record_id"].as_str().map(str::to_string),
             )
         })
         .collect();
     listed.sort();
     assert_eq!(listed.len(), refusals.len());
-    for ((shard, n, error), (want_shard, want_n, says)) in listed.iter().zip(refusals) {
-        assert_eq!((shard.as_str(), *n), (want_shard, want_n));
+    // Each refusal names its record wherever its id could be read: all but the short record.
+    let ids = ["3", "2", "5", "", "22", "23", "31", "32"];
+    for ((shard, n, error, id), ((want_shard, want_n, says), want_id)) in
+        listed.iter().zip(refusals.iter().zip(ids))
+    {
+        assert_eq!((shard.as_str(), *n), (*want_shard, *want_n));
         assert!(error.contains(says), "{error}");
+        assert_eq!(id.as_deref().unwrap_or(""), want_id, "{shard} {n}: {error}");
     }
 
     // Published again: skipped, its shards being finished; with --republish, read again: the

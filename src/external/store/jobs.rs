@@ -39,6 +39,9 @@ pub struct RefusedLine {
     pub raw_bytes: i64,
     /// Hex SHA-256 of the whole line, to match it against the input even when `raw` was cut.
     pub raw_sha256: String,
+    /// The record id the row names, where the reader could tell it (a table row's id column,
+    /// read before what refused it); else `export --failed` reads it from `raw` if it can.
+    pub record_id: Option<String>,
 }
 
 impl RefusedLine {
@@ -68,6 +71,15 @@ impl RefusedLine {
             raw: prefix[..prefix.len().min(REFUSED_RAW_BYTES)].to_vec(),
             raw_bytes: i64::try_from(raw_bytes).unwrap_or(i64::MAX),
             raw_sha256,
+            record_id: None,
+        }
+    }
+
+    /// The same line, naming its record `id`.
+    pub fn with_record_id(self, id: Option<String>) -> Self {
+        Self {
+            record_id: id.map(|id| super::storable(&id)),
+            ..self
         }
     }
 }
@@ -168,15 +180,15 @@ impl JobStatus {
 const INSERT_JOB: &str =
     "INSERT INTO jobs (job, model) VALUES ($1, $2) ON CONFLICT (job) DO NOTHING";
 const JOB_MODEL: &str = "SELECT model FROM jobs WHERE job = $1";
-const PUBLISHED: &str = "SELECT COUNT(*) FROM job_records WHERE job = $1";
-const DONE: &str = "SELECT COUNT(*) FROM job_records r JOIN embeddings e \
+pub(super) const PUBLISHED: &str = "SELECT COUNT(*) FROM job_records WHERE job = $1";
+pub(super) const DONE: &str = "SELECT COUNT(*) FROM job_records r JOIN embeddings e \
      ON e.record_id = r.record_id AND e.model = $2 WHERE r.job = $1";
-const FAILED: &str = "SELECT COUNT(*) FROM job_records r WHERE r.job = $1 \
+pub(super) const FAILED: &str = "SELECT COUNT(*) FROM job_records r WHERE r.job = $1 \
      AND NOT EXISTS (SELECT 1 FROM embeddings e WHERE e.record_id = r.record_id AND e.model = $2) \
      AND EXISTS (SELECT 1 FROM failed_records f WHERE f.record_id = r.record_id AND f.job = $1)";
 const PUBLISHING: &str = "SELECT COUNT(*) FROM job_inputs WHERE job = $1 AND finished_at IS NULL";
 const REFUSED: &str = "SELECT COUNT(*) FROM job_refused_lines WHERE job = $1";
-const RECENT_PG: &str = "SELECT COUNT(*), \
+pub(super) const RECENT_PG: &str = "SELECT COUNT(*), \
      COALESCE(EXTRACT(EPOCH FROM now() - MIN(e.processed_at))::float8, 0) \
      FROM job_records r JOIN embeddings e ON e.record_id = r.record_id AND e.model = $2 \
      WHERE r.job = $1 AND e.processed_at > now() - interval '60 seconds'";
@@ -200,15 +212,16 @@ const FINISH_INPUT: &str =
 const FORGET_REFUSED: &str =
     "DELETE FROM job_refused_lines WHERE job = $1 AND input = $2 AND line > $3";
 const REFUSED_COLUMNS: &str =
-    "INSERT INTO job_refused_lines (job, input, line, error, raw, raw_bytes, raw_sha256) ";
+    "INSERT INTO job_refused_lines (job, input, line, error, raw, raw_bytes, raw_sha256, record_id) ";
 /// `{now}`: as above. Two publishes of one input at once keep the later refusal of a line.
 const REFUSED_TAIL: &str = " ON CONFLICT (job, input, line) DO UPDATE SET error = excluded.error, \
      raw = excluded.raw, raw_bytes = excluded.raw_bytes, raw_sha256 = excluded.raw_sha256, \
-     refused_at = {now}";
-const REFUSED_PG: &str = "SELECT job, input, line, error, raw, raw_bytes, raw_sha256, \
+     record_id = excluded.record_id, refused_at = {now}";
+const REFUSED_PG: &str = "SELECT job, input, line, error, raw, raw_bytes, raw_sha256, record_id, \
      (EXTRACT(EPOCH FROM refused_at) * 1000000)::BIGINT AS refused_at_us \
      FROM job_refused_lines WHERE job = $1 ORDER BY input, line";
-const REFUSED_SQLITE: &str = "SELECT job, input, line, error, raw, raw_bytes, raw_sha256, \
+const REFUSED_SQLITE: &str =
+    "SELECT job, input, line, error, raw, raw_bytes, raw_sha256, record_id, \
      CAST(ROUND((julianday(refused_at) - 2440587.5) * 86400000000.0) AS INTEGER) AS refused_at_us \
      FROM job_refused_lines WHERE job = $1 ORDER BY input, line";
 
@@ -348,7 +361,8 @@ impl Store {
                         .push_bind(super::storable(&r.error))
                         .push_bind(r.raw.as_slice())
                         .push_bind(r.raw_bytes)
-                        .push_bind(r.raw_sha256.as_str());
+                        .push_bind(r.raw_sha256.as_str())
+                        .push_bind(r.record_id.as_deref());
                 });
                 q.push(tail.as_str());
                 q.build().execute(p).await?;
@@ -434,6 +448,7 @@ impl Store {
 fn refusal_row<R: Row>(row: &R) -> Result<ExportedRefusal, StoreError>
 where
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> &'r str: sqlx::ColumnIndex<R>,
@@ -447,6 +462,7 @@ where
             raw: row.try_get("raw")?,
             raw_bytes: row.try_get("raw_bytes")?,
             raw_sha256: row.try_get("raw_sha256")?,
+            record_id: row.try_get("record_id")?,
         },
         refused_at_us: row.try_get("refused_at_us")?,
     })

@@ -207,8 +207,12 @@ impl FailedRow {
                 let r = &l.refused;
                 FailedColumns {
                     message_id: None,
-                    // What the line says its id is, when it says it readably.
-                    record_id: crate::record::salvage_keys(&r.raw).0,
+                    // The id the reader told, else what the line says its id is, when it says it
+                    // readably.
+                    record_id: r
+                        .record_id
+                        .clone()
+                        .or_else(|| crate::record::salvage_keys(&r.raw).0),
                     job: Some(&l.job),
                     error: &r.error,
                     payload: &r.raw,

@@ -224,8 +224,18 @@ impl Plan {
         &self.read[..1 + usize::from(self.id)]
     }
 
+    /// The id a row refused before its cells were mapped names: read from its id column's cell
+    /// (`None` when absent or unreadable), or the one it would have been given.
+    pub fn known_id(&self, id_cell: Option<Cell>, shard: &str, row: u64) -> Option<String> {
+        match self.id {
+            true => id_value((id_cell?, &self.read[0])).ok(),
+            false => Some(format!("{shard}:{row}")),
+        }
+    }
+
     /// The record's message JSON and its kept columns (a JSON object, `None` when none are
-    /// kept), from the row's cells in [`Plan::read`] order; or why the row is refused. `shard`
+    /// kept), from the row's cells in [`Plan::read`] order; or why the row is refused, with its
+    /// id when that much could be read (`export --failed` names the record). `shard`
     /// (the shard's full location: an absolute path or a `gs://` URI) and `row` make a
     /// generated id, so two exports whose shards share a name never share an id.
     pub fn record(
@@ -233,17 +243,21 @@ impl Plan {
         cells: Vec<Cell>,
         shard: &str,
         row: u64,
-    ) -> Result<(String, Option<String>), String> {
+    ) -> Result<(String, Option<String>), Refusal> {
         let mut cells = cells.into_iter().zip(&self.read);
         let mut next = || cells.next().unwrap_or((Cell::Null, &self.read[0]));
         let mut record = Map::new();
         let id = match self.id {
-            true => id_value(next())?,
+            true => id_value(next()).map_err(|error| Refusal { error, id: None })?,
             false => format!("{shard}:{row}"),
         };
-        record.insert("id".into(), Value::String(id));
+        let refused = |error| Refusal {
+            error,
+            id: Some(id.clone()),
+        };
         let (cell, column) = next();
-        let (key, value) = input_value(self.key, cell, column)?;
+        let (key, value) = input_value(self.key, cell, column).map_err(refused)?;
+        record.insert("id".into(), Value::String(id));
         record.insert(key.into(), value);
         if self.pair {
             if let (Cell::Text(pair), _) | (Cell::Json(Value::String(pair)), _) = next() {
@@ -258,6 +272,15 @@ impl Plan {
         let kept = (!self.keep.is_empty()).then(|| Value::Object(kept).to_string());
         Ok((Value::Object(record).to_string(), kept))
     }
+}
+
+/// Why a row is refused, and the id it was to have where that much was read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// Why, in the user's words (which column, what it holds).
+    pub error: String,
+    /// The record's id, read (or generated) before the refusal.
+    pub id: Option<String>,
 }
 
 /// A record id from its cell: a string or an integer.
@@ -430,9 +453,12 @@ mod tests {
         ];
         let err = plan.record(bad, "s", 2).unwrap_err();
         assert!(
-            err.contains("column \"m\" (the chat messages) is not JSON"),
-            "{err}"
+            err.error
+                .contains("column \"m\" (the chat messages) is not JSON"),
+            "{err:?}"
         );
+        // The id was read before the refusal: export --failed names the record.
+        assert_eq!(err.id.as_deref(), Some("c3"));
 
         let prompt = Columns {
             id: Some("k".into()),

@@ -66,6 +66,8 @@ pub enum RowKind {
         error: String,
         /// The row as read (JSON for a table row), for `export --failed`.
         raw: Vec<u8>,
+        /// Its record id where that much was read, for `export --failed`.
+        id: Option<String>,
     },
 }
 
@@ -75,7 +77,7 @@ impl RowKind {
         match self {
             RowKind::Line(b) | RowKind::TooLong { start: b, .. } => b.len(),
             RowKind::Mapped { record, kept } => record.len() + kept.as_ref().map_or(0, String::len),
-            RowKind::Refused { error, raw } => error.len() + raw.len(),
+            RowKind::Refused { error, raw, .. } => error.len() + raw.len(),
         }
     }
 }
@@ -303,11 +305,26 @@ fn mapped_line(plan: &Plan, shard: &str, number: u64, line: Vec<u8>) -> RowKind 
         serde_json::from_slice(&line).map_err(|e| format!("payload is not a JSON object: {e}"));
     let mut object = match object {
         Ok(o) => o,
-        Err(error) => return RowKind::Refused { error, raw: line },
+        Err(error) => {
+            return RowKind::Refused {
+                error,
+                raw: line,
+                id: None,
+            }
+        }
     };
     if let Some(absent) = plan.required().iter().find(|k| !object.contains_key(*k)) {
         let error = format!("no key {absent:?} (a column the record needs)");
-        return RowKind::Refused { error, raw: line };
+        let id_cell = plan
+            .read
+            .first()
+            .and_then(|k| object.remove(k))
+            .map(Cell::Json);
+        return RowKind::Refused {
+            error,
+            raw: line,
+            id: plan.known_id(id_cell, shard, number),
+        };
     }
     let cells = plan
         .read
@@ -316,7 +333,11 @@ fn mapped_line(plan: &Plan, shard: &str, number: u64, line: Vec<u8>) -> RowKind 
         .collect();
     match plan.record(cells, shard, number) {
         Ok((record, kept)) => RowKind::Mapped { record, kept },
-        Err(error) => RowKind::Refused { error, raw: line },
+        Err(r) => RowKind::Refused {
+            error: r.error,
+            raw: line,
+            id: r.id,
+        },
     }
 }
 
@@ -440,6 +461,8 @@ fn delimited(
                 RowKind::Refused {
                     error: format!("malformed record: {e}"),
                     raw: join(&record, delimiter),
+                    // Its fields are not where the header says: no id can be told.
+                    id: None,
                 }
             }
             // A record past the bound (an unterminated quote, most often): refused, and the
@@ -472,6 +495,7 @@ fn too_long(raw: Vec<u8>, max: usize) -> RowKind {
              the next line"
         ),
         raw,
+        id: None,
     }
 }
 
@@ -501,18 +525,22 @@ fn csv_row(
         match std::str::from_utf8(record.get(i).unwrap_or_default()) {
             Ok(s) => cells.push(Cell::Text(s.to_string())),
             Err(e) => {
+                let id_cell = at.first().and_then(|&i| record.get(i));
+                let id_cell = id_cell.and_then(|b| std::str::from_utf8(b).ok());
                 return RowKind::Refused {
                     error: format!("column {column:?} is not valid UTF-8: {e}"),
                     raw: join(record, delimiter),
-                }
+                    id: plan.known_id(id_cell.map(|s| Cell::Text(s.into())), shard, number),
+                };
             }
         }
     }
     match plan.record(cells, shard, number) {
         Ok((record, kept)) => RowKind::Mapped { record, kept },
-        Err(error) => RowKind::Refused {
-            error,
+        Err(r) => RowKind::Refused {
+            error: r.error,
             raw: join(record, delimiter),
+            id: r.id,
         },
     }
 }
@@ -565,9 +593,10 @@ fn parquet(
             let cells = arrays.iter().map(|a| a.cell(i)).collect();
             let kind = match plan.record(cells, &shard.name, number) {
                 Ok((record, kept)) => RowKind::Mapped { record, kept },
-                Err(error) => RowKind::Refused {
+                Err(r) => RowKind::Refused {
                     raw: row_json(&plan.read, &arrays, i).into_bytes(),
-                    error,
+                    error: r.error,
+                    id: r.id,
                 },
             };
             if !out.push(number, kind) {
@@ -825,7 +854,7 @@ mod tests {
         rows.into_iter()
             .map(|r| match r.kind {
                 RowKind::Mapped { record, .. } => (r.number, record),
-                RowKind::Refused { error, raw } => {
+                RowKind::Refused { error, raw, .. } => {
                     assert!(raw.len() <= REFUSED_RAW_BYTES);
                     (r.number, format!("refused: {error}"))
                 }

@@ -246,8 +246,8 @@ impl Publish<'_> {
                 let line = || RefusedLine::from_prefix(n as usize, &error, &start, len, sha256);
                 return out.refuse(shard, n, &error, line).await;
             }
-            RowKind::Refused { error, raw } => {
-                let line = || RefusedLine::new(n as usize, &error, &raw);
+            RowKind::Refused { error, raw, id } => {
+                let line = || RefusedLine::new(n as usize, &error, &raw).with_record_id(id);
                 return out.refuse(shard, n, &error, line).await;
             }
             RowKind::Line(line) => (line, None),
