@@ -98,11 +98,15 @@ impl GenerateTask {
         let files: Vec<&Path> = model.weight_files.iter().map(PathBuf::as_path).collect();
         // Checkpoints are kept under the model's hash, and tokens resume exactly only in the
         // precision that generated them: bf16's hash says so, so an f32 worker starts a bf16
-        // worker's records over rather than continue them differently (and the reverse).
-        let hash = match precision {
+        // worker's records over rather than continue them differently (and the reverse). So
+        // do the worker's defaults, tokenizer and template, after `~` (`settings_digest`): a
+        // rollout that changes them starts interrupted answers over instead of finishing them
+        // under other settings, and each result row says which it was made under.
+        let weights = match precision {
             DecoderPrecision::Bf16 => format!("{}+bf16", weights_hash(&files)?),
             _ => weights_hash(&files)?,
         };
+        let hash = format!("{weights}~{}", settings_digest(path, &defaults));
         let info = ModelInfo {
             name: options
                 .name
@@ -149,6 +153,41 @@ impl GenerateTask {
             })
             .collect()
     }
+}
+
+/// What decides a generation's tokens beside the weights and the record, in 8 hex digits: the
+/// worker's defaults a record may leave out, and a transformers folder's config, tokenizer,
+/// chat template and generation config (a GGUF file holds its own in the weights' hash).
+fn settings_digest(path: &Path, d: &GenerationDefaults) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    let defaults = (
+        d.max_new_tokens,
+        d.temperature,
+        d.top_p,
+        d.top_k,
+        d.truncate_prompt,
+    );
+    h.update(format!("{defaults:?}"));
+    if path.is_dir() {
+        for file in [
+            "config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "chat_template.jinja",
+            "generation_config.json",
+        ] {
+            h.update(file);
+            match std::fs::read(path.join(file)) {
+                Ok(bytes) => {
+                    h.update((bytes.len() as u64).to_le_bytes());
+                    h.update(bytes);
+                }
+                Err(_) => h.update(b"absent"),
+            }
+        }
+    }
+    hex::encode(&h.finalize()[..4])
 }
 
 impl GenerationDefaults {
@@ -573,11 +612,78 @@ mod tests {
         match open(Precision::Bf16) {
             Ok(t) => {
                 assert!(t.info.device.starts_with("Cpu (decoder, bf16 from "));
-                // Its checkpoints are its own: f32's hash, marked.
-                assert_eq!(t.info.hash, format!("{}+bf16", f32.hash));
+                // Its checkpoints are its own: f32's weights hash, marked.
+                let (weights, settings) = f32.hash.split_once('~').unwrap();
+                assert_eq!(t.info.hash, format!("{weights}+bf16~{settings}"));
             }
             Err(e) => assert!(!spotinfer_fused_cpu::bf16_supported(), "{e}"),
         }
+    }
+
+    /// Issue 53: what decides the tokens besides the weights is in the hash checkpoints are kept
+    /// under: each generation default a record may leave out, and the folder's tokenizer and
+    /// chat template; the same settings give the same hash.
+    #[test]
+    fn a_generation_models_hash_names_its_settings() {
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/llm/models/qwen3");
+        let copy = tempfile::tempdir().unwrap();
+        for f in std::fs::read_dir(&fixture).unwrap() {
+            let f = f.unwrap().path();
+            std::fs::copy(&f, copy.path().join(f.file_name().unwrap())).unwrap();
+        }
+        let hash = |defaults: GenerationDefaults| {
+            let options = LoadOptions::new(crate::model::DeviceChoice::Cpu);
+            let task = GenerateTask::open(copy.path(), &options, defaults, Interrupt::new());
+            task.unwrap().info.hash
+        };
+        let base = hash(GenerationDefaults::default());
+        assert_eq!(base, hash(GenerationDefaults::default()));
+        let d = GenerationDefaults::default;
+        let changed = [
+            GenerationDefaults {
+                max_new_tokens: 64,
+                ..d()
+            },
+            GenerationDefaults {
+                temperature: 0.7,
+                ..d()
+            },
+            GenerationDefaults { top_p: 0.9, ..d() },
+            GenerationDefaults { top_k: 40, ..d() },
+            GenerationDefaults {
+                truncate_prompt: true,
+                ..d()
+            },
+        ];
+        let mut seen = std::collections::HashSet::from([base.clone()]);
+        for defaults in changed {
+            let h = hash(defaults.clone());
+            assert_eq!(
+                h.split_once('~').unwrap().0,
+                base.split_once('~').unwrap().0
+            );
+            assert!(seen.insert(h), "{defaults:?} keeps the hash");
+        }
+        // A limit that does not decide the tokens (how long a batch may run) keeps it.
+        let timed = GenerationDefaults {
+            max_seconds: Some(Duration::from_secs(9)),
+            ..d()
+        };
+        assert_eq!(hash(timed), base);
+        let template = copy.path().join("chat_template.jinja");
+        let text = std::fs::read_to_string(&template).unwrap();
+        std::fs::write(&template, format!("{text}\n")).unwrap();
+        assert!(seen.insert(hash(d())), "the chat template keeps the hash");
+        let config = copy.path().join("tokenizer_config.json");
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+        json["clean_up_tokenization_spaces"] = serde_json::json!(true);
+        std::fs::write(&config, json.to_string()).unwrap();
+        assert!(
+            seen.insert(hash(d())),
+            "the tokenizer config keeps the hash"
+        );
     }
 
     /// Issue 40: a model swapped under the same name does not resume another model's tokens.
