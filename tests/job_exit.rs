@@ -210,3 +210,49 @@ async fn an_idle_worker_waits_while_a_peer_still_commits_its_job() {
     assert_eq!(b_status.code(), Some(0), "{b_status}");
     assert_eq!(a_status.code(), Some(0), "{a_status}");
 }
+
+/// Issue 53: a peer's batch that runs longer than the idle limit without a commit (a long
+/// generation batch; here a debug build's injected 20 s wait at the model) is work, not a stuck
+/// job: the idle worker sees the peer's heartbeat (alive, holding the job's messages), waits,
+/// and exits 0 once the job is complete, where it exited 66 and failed the Job under the peer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_worker_waits_while_a_peer_is_mid_batch() {
+    let (env, job, dir) = env("jobexit-batch").await;
+    env.publish_job(dir.path(), &job, 8);
+    let flags = [
+        "--exit-when-job-complete",
+        &job,
+        "--exit-when-idle",
+        "3s",
+        "--job-poll",
+        "500ms",
+        "--batch-size",
+        "8",
+        "--max-outstanding",
+        "500",
+        "--streams",
+        "1",
+        "--precision",
+        "f32",
+    ];
+    let slow = [("SPOTINFER_TEST_SLOW_BATCH_MS", "20000".to_string())];
+    let mut a = WorkerProcess::start_with_env(&env.args, &env.db, &flags, &slow);
+    wait_until(
+        Duration::from_secs(120),
+        "worker A holding the job",
+        || async { a.metric("spotinfer_in_flight_messages").await == Some(8.0) },
+    )
+    .await;
+    let mut b = env.worker(&flags);
+    let (b_status, b_took) = b.wait(Duration::from_secs(300));
+    let at_b_exit = env.status(&job);
+    let (a_status, a_took) = a.wait(Duration::from_secs(300));
+    eprintln!("B: {b_status} after {b_took:?} ({at_b_exit}); A: {a_status} after {a_took:?}");
+    assert_eq!(
+        done(&at_b_exit),
+        8,
+        "B ended before the job did: {at_b_exit}"
+    );
+    assert_eq!(b_status.code(), Some(0), "{b_status}");
+    assert_eq!(a_status.code(), Some(0), "{a_status}");
+}

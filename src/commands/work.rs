@@ -191,6 +191,7 @@ async fn work(
         let watch = JobWatch {
             store: store.clone(),
             job: job.clone(),
+            me: worker_name(),
             poll: a.job_poll,
             idle: a.exit_when_idle,
             metrics: metrics.clone(),
@@ -364,6 +365,8 @@ impl Pipeline {
 struct JobWatch {
     store: Store,
     job: String,
+    /// This worker's name in the job's heartbeats (`job_workers`).
+    me: String,
     poll: Duration,
     /// `--exit-when-idle`.
     idle: Option<Duration>,
@@ -373,12 +376,15 @@ struct JobWatch {
 }
 
 impl JobWatch {
-    /// Every `poll`, reads the job's status. Starts the graceful shutdown once the job is
-    /// complete (every record it published has a result or a failure row, and no publish to it
-    /// is unfinished), or once no worker can make progress: this worker has had no message for
+    /// Every `poll`, writes this worker's heartbeat (alive, and how many messages it holds)
+    /// and reads the job's status. Starts the graceful shutdown once the job is complete
+    /// (every record it published has a result or a failure row, and no publish to it is
+    /// unfinished), or once no worker can make progress: this worker has had no message for
     /// the idle limit and holds none, and the job has not moved (no record settled or
-    /// published by anyone) for as long. An idle worker whose job still moves waits: its peers
-    /// hold the job's last records, and a failing exit would fail the Job under them.
+    /// published by anyone, no peer's heartbeat saying it holds some of the job's messages)
+    /// for as long. An idle worker whose job still moves waits: its peers hold the job's last
+    /// records (a long generation batch commits nothing for minutes), and a failing exit would
+    /// fail the Job under them.
     async fn run(self) {
         let mut tick = tokio::time::interval(self.poll);
         let mut warned = false;
@@ -386,15 +392,18 @@ impl JobWatch {
         let mut last = None;
         loop {
             tokio::select! {
-                _ = self.shutdown.cancelled() => return,
+                _ = self.shutdown.cancelled() => return self.leave().await,
                 _ = tick.tick() => {},
+            }
+            if self.peers_working().await {
+                moved = Instant::now();
             }
             let seen = match self.store.job_status(&self.job).await {
                 Ok(s) if s.complete => {
                     tracing::info!(job = %self.job, done = s.done, failed = s.failed, "the job is complete: exiting");
                     self.end.complete.cancel();
                     self.shutdown.cancel();
-                    return;
+                    return self.leave().await;
                 }
                 Ok(s) => Some((s.published, s.done, s.failed, s.publishing)),
                 Err(e) => {
@@ -417,8 +426,34 @@ impl JobWatch {
                 tracing::info!(job = %self.job, idle = ?self.idle, "idle, and the job has not moved for as long: no worker is making progress; exiting");
                 self.end.stuck.cancel();
                 self.shutdown.cancel();
-                return;
+                return self.leave().await;
             }
+        }
+    }
+
+    /// Writes this worker's heartbeat, then whether a peer's recent one says it holds some of
+    /// the job's messages. A database that does not answer says no (the status read that
+    /// follows decides alone, as before heartbeats).
+    async fn peers_working(&self) -> bool {
+        let holding = self.metrics.in_flight();
+        if let Err(e) = self.store.beat(&self.job, &self.me, holding).await {
+            tracing::debug!(job = %self.job, error = %e, "cannot write this worker's heartbeat");
+        }
+        // Three polls: a peer's beat may come just after this read, and one write may be slow.
+        let within = self.poll * 3 + Duration::from_secs(1);
+        match self.store.working_peers(&self.job, &self.me, within).await {
+            Ok(n) => n > 0,
+            Err(e) => {
+                tracing::debug!(job = %self.job, error = %e, "cannot read the peers' heartbeats");
+                false
+            }
+        }
+    }
+
+    /// Removes this worker's heartbeat: it holds nothing from now on.
+    async fn leave(&self) {
+        if let Err(e) = self.store.leave(&self.job, &self.me).await {
+            tracing::debug!(job = %self.job, error = %e, "cannot remove this worker's heartbeat");
         }
     }
 
@@ -429,6 +464,17 @@ impl JobWatch {
             unmoved >= idle && self.metrics.idle_for() >= idle && self.metrics.in_flight() == 0
         })
     }
+}
+
+/// This worker's name among a job's heartbeats: the pod's (`HOSTNAME`), the process id and a
+/// random part, so two workers never share one, even in one pod.
+fn worker_name() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into());
+    format!(
+        "{host}-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    )
 }
 
 /// The model, and the window sized from its measured speed (or as `--max-outstanding` sets it).

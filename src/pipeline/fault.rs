@@ -2,8 +2,10 @@
 //! exit after the usual NACKs.
 //!
 //! In debug builds `SPOTINFER_TEST_PANIC=<stage>` (`source`, `batcher`, `embed` or `sink`) makes
-//! that stage panic the first time it handles a message. Release builds compile [`point`] to
-//! nothing and never read the variable.
+//! that stage panic the first time it handles a message, and `SPOTINFER_TEST_SLOW_BATCH_MS=N`
+//! makes every batch wait N ms at the model (a long generation batch, which commits nothing
+//! meanwhile). Release builds compile [`point`] and [`slow_batch`] to nothing and never read the
+//! variables.
 
 /// A stage that can be told to panic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,4 +48,21 @@ pub fn point(stage: Stage) {
     }
     #[cfg(not(debug_assertions))]
     let _ = stage;
+}
+
+/// How long a debug build told so holds each batch at the model (`SPOTINFER_TEST_SLOW_BATCH_MS`).
+#[inline]
+pub fn slow_batch() -> Option<std::time::Duration> {
+    #[cfg(debug_assertions)]
+    {
+        static DELAY: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+        let ms = DELAY.get_or_init(|| {
+            std::env::var("SPOTINFER_TEST_SLOW_BATCH_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+        });
+        ms.map(std::time::Duration::from_millis)
+    }
+    #[cfg(not(debug_assertions))]
+    None
 }

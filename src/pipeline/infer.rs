@@ -166,6 +166,12 @@ async fn collect_results(
             rejected,
         };
         crate::pipeline::fault::point(crate::pipeline::fault::Stage::Embed);
+        if let Some(delay) = crate::pipeline::fault::slow_batch() {
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = tokio::time::sleep(delay) => {}
+            }
+        }
         if let Some(reply) = reply {
             let first = match reply {
                 Ok(reply) => tokio::select! {
