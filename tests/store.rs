@@ -451,3 +451,108 @@ async fn postgres_does_not_resume_a_changed_input() {
     let url = fresh_pg_database().await;
     a_changed_input_is_not_resumed(&url).await;
 }
+
+/// The nodes of a text-format PostgreSQL plan: (depth column, the node line, its detail lines).
+fn plan_nodes(plan: &[String]) -> Vec<(usize, String, Vec<String>)> {
+    let mut nodes: Vec<(usize, String, Vec<String>)> = Vec::new();
+    for line in plan {
+        let (column, node) = match line.find("->  ") {
+            Some(at) => (at + 4, &line[at + 4..]),
+            None if nodes.is_empty() => (0, line.as_str()),
+            None => {
+                if let Some(last) = nodes.last_mut() {
+                    last.2.push(line.trim().to_string());
+                }
+                continue;
+            }
+        };
+        nodes.push((column, node.to_string(), Vec::new()));
+    }
+    nodes
+}
+
+/// Issue 53: right after a bulk load, before statistics caught up, `status` on a 200,000-record
+/// job ran for over 10 minutes in a nested loop that read the model's whole index for every
+/// record. On a 100,000-record job loaded with autovacuum off (statistics from an earlier small
+/// job only), no statement `status`, `export` and the job watch run may join by a loop over a
+/// table: every nested loop enters its inner side by the outer row's key (no join filter, no
+/// sequential scan inside).
+#[tokio::test]
+async fn postgres_job_statements_stay_linear_on_stale_statistics() {
+    use spotinfer::external::store::JOB_STATEMENTS_PG;
+    use sqlx::Connection;
+    const N: i64 = 100_000;
+    let url = fresh_pg_database().await;
+    let store = Store::connect(&url).await.unwrap();
+    store.migrate().await.unwrap();
+    let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+    let load = [
+        "ALTER TABLE embeddings SET (autovacuum_enabled = false)",
+        "ALTER TABLE job_records SET (autovacuum_enabled = false)",
+        "ALTER TABLE failed_records SET (autovacuum_enabled = false)",
+        "INSERT INTO jobs (job, model) VALUES ('old', 'm0'), ('big', 'm1')",
+        "INSERT INTO job_records SELECT 'old', 'o' || g FROM generate_series(1, 1000) g",
+        "INSERT INTO embeddings (record_id, embedding, model, dim, job, input_sha256, message_id, \
+         publish_time_us) SELECT 'o' || g, '{1}', 'm0', 1, 'old', '', 'm', 0 \
+         FROM generate_series(1, 1000) g",
+        "ANALYZE embeddings",
+        "ANALYZE job_records",
+        "ANALYZE failed_records",
+        "INSERT INTO job_records SELECT 'big', 'r' || g FROM generate_series(1, 100000) g",
+        // Nine in ten records done, the tenth failed.
+        "INSERT INTO embeddings (record_id, embedding, model, dim, job, input_sha256, message_id, \
+         publish_time_us) SELECT 'r' || g, '{1}', 'm1', 1, 'big', '', 'm', 0 \
+         FROM generate_series(1, 100000) g WHERE g % 10 <> 0",
+        "INSERT INTO failed_records (message_id, record_id, job, error, payload, publish_time_us, \
+         payload_bytes, payload_sha256) SELECT 'f' || g, 'r' || g, 'big', 'e', '\\x00', 0, 1, '' \
+         FROM generate_series(10, 100000, 10) g",
+    ];
+    for sql in load {
+        sqlx::query(sql).execute(&mut c).await.unwrap();
+    }
+    for (name, sql) in JOB_STATEMENTS_PG {
+        let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {sql}"))
+            .bind("big")
+            .bind("m1")
+            .fetch_all(&mut c)
+            .await
+            .unwrap();
+        let nodes = plan_nodes(&plan);
+        for (i, (column, node, details)) in nodes.iter().enumerate() {
+            if !node.starts_with("Nested Loop") {
+                continue;
+            }
+            let joined = plan.join("\n");
+            assert!(
+                !details.iter().any(|d| d.starts_with("Join Filter")),
+                "{name}: a nested loop filters its join:\n{joined}"
+            );
+            let children: Vec<_> = nodes[i + 1..]
+                .iter()
+                .take_while(|(c, ..)| c > column)
+                .filter(|(c, ..)| *c == nodes[i + 1].0)
+                .collect();
+            assert!(
+                children.len() == 2 && !children[1].1.starts_with("Seq Scan"),
+                "{name}: a nested loop scans its inner table:\n{joined}"
+            );
+        }
+        let started = std::time::Instant::now();
+        let rows = sqlx::query(sql)
+            .bind("big")
+            .bind("m1")
+            .fetch_all(&mut c)
+            .await
+            .unwrap();
+        eprintln!(
+            "{name}: {} rows in {:?} ({N} records, statistics never gathered)",
+            rows.len(),
+            started.elapsed()
+        );
+    }
+    let status = store.job_status("big").await.unwrap();
+    assert_eq!(
+        (status.published, status.done, status.failed),
+        (N, N / 10 * 9, N / 10)
+    );
+}

@@ -37,9 +37,23 @@ mod redact;
 mod registry;
 mod rows;
 mod vector;
+mod workers;
 mod write;
 
 pub use checkpoints::Checkpoint;
+
+/// Every PostgreSQL statement that reads one job (`$1`) of one model (`$2`) for `status`,
+/// `export` and job mode's watch, by name. Their plans must stay linear in the job's size
+/// whatever the planner's statistics (`migrations/postgres/0013`): tests/store.rs EXPLAINs each
+/// on a bulk-loaded job whose statistics were never gathered.
+pub const JOB_STATEMENTS_PG: [(&str, &str); 6] = [
+    ("published", jobs::PUBLISHED),
+    ("done", jobs::DONE),
+    ("failed", jobs::FAILED),
+    ("recent", jobs::RECENT_PG),
+    ("results", rows::RESULTS_PG),
+    ("failures", rows::FAILURES_PG),
+];
 pub use jobs::{ExportedRefusal, JobCounts, JobStatus, RefusedLine, REFUSED_RAW_BYTES};
 pub use read::{StatusCounts, StoredEmbedding};
 pub use redact::redact_url;

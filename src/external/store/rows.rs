@@ -41,7 +41,8 @@ pub struct ExportedFailure {
     pub failed_at_us: i64,
 }
 
-const RESULTS_PG: &str = "SELECT e.record_id, e.embedding::real[] AS embedding, e.model, \
+pub(super) const RESULTS_PG: &str =
+    "SELECT e.record_id, e.embedding::real[] AS embedding, e.model, \
      e.model_hash, r.job, e.input_sha256, e.message_id, e.publish_time_us, \
      e.task, e.label, e.score, e.scores::text AS scores, e.entities::text AS entities, \
      e.text, e.finish_reason, e.prompt_tokens::BIGINT AS prompt_tokens, \
@@ -55,7 +56,7 @@ const RESULTS_SQLITE: &str = "SELECT e.record_id, e.embedding, e.model, e.model_
      CAST(ROUND((julianday(e.processed_at) - 2440587.5) * 86400000000.0) AS INTEGER) AS processed_at_us \
      FROM job_records r JOIN embeddings e ON e.record_id = r.record_id AND e.model = $2 \
      WHERE r.job = $1 ORDER BY r.record_id";
-const FAILURES_PG: &str = "SELECT f.message_id, f.record_id, f.job, f.error, f.payload, \
+pub(super) const FAILURES_PG: &str = "SELECT f.message_id, f.record_id, f.job, f.error, f.payload, \
      f.payload_bytes, f.payload_sha256, f.publish_time_us, (EXTRACT(EPOCH FROM f.failed_at) * 1000000)::BIGINT AS failed_at_us \
      FROM failed_records f WHERE f.job = $1 AND NOT EXISTS \
      (SELECT 1 FROM embeddings e WHERE e.record_id = f.record_id AND e.model = $2) \
