@@ -359,7 +359,10 @@ impl Pictures {
             let (part, processor, max) = (part.to_vec(), self.processor.clone(), self.max_pixels);
             tasks.push(tokio::task::spawn_blocking(move || {
                 part.into_iter()
-                    .map(|(i, bytes)| (i, processor.prepare(&bytes, max).map_err(|e| e.0)))
+                    .map(|(i, bytes)| {
+                        let decoded = alone(|| processor.prepare(&bytes, max).map_err(|e| e.0));
+                        (i, decoded)
+                    })
                     .collect::<Vec<_>>()
             }));
         }
@@ -370,7 +373,8 @@ impl Pictures {
         };
         let mut decoded = Vec::new();
         for (result, part) in done.into_iter().zip(parts) {
-            // A decoder that panics fails the pictures of its slice, with the reason.
+            // Each picture's panic is caught alone (`alone`); a slice's task can still fail
+            // as a whole (it was cancelled), and then fails its pictures with the reason.
             decoded.extend(result.unwrap_or_else(|e| {
                 let why = format!("the image decoder panicked: {e}");
                 part.iter().map(|&i| (i, Err(why.clone()))).collect()
@@ -378,6 +382,15 @@ impl Pictures {
         }
         Some(decoded)
     }
+}
+
+/// One picture's decode, a decoder panic turned into that picture's error: the other pictures
+/// of its slice (decoded on the same thread) go on.
+fn alone<T>(decode: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(decode)).unwrap_or_else(|panic| {
+        let why = crate::shutdown::panic_message(panic.as_ref());
+        Err(format!("the image decoder panicked: {why}"))
+    })
 }
 
 impl Infer for Pictures {
@@ -435,5 +448,25 @@ impl Infer for Pictures {
 
     fn predict(&self, items: Vec<Item>) -> BoxFuture<'_, Result<Predicted, ModelError>> {
         Box::pin(self.handle.predict(items))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Issue 53: a decoder panic on one picture failed every picture its thread decoded; it
+    /// fails that picture alone, with the reason, and the next one on the thread decodes.
+    #[test]
+    fn a_picture_whose_decoder_panics_fails_alone() {
+        let pictures = [Some(1), None, Some(3)];
+        let decoded: Vec<_> = pictures
+            .iter()
+            .map(|p| super::alone(|| Ok::<_, String>(p.expect("a decoder bug"))))
+            .collect();
+        assert_eq!((&decoded[0], &decoded[2]), (&Ok(1), &Ok(3)));
+        let why = decoded[1].as_ref().unwrap_err();
+        assert!(
+            why.contains("the image decoder panicked: a decoder bug"),
+            "{why}"
+        );
     }
 }
