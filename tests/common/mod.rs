@@ -666,42 +666,72 @@ pub fn worst_png(side: u32) -> Vec<u8> {
     png
 }
 
+/// A 1×1 PNG whose `iCCP` chunk holds a profile of `icc_bytes` zeros, deflated (an ICC bomb when
+/// large: 200 MiB deflate to about 200 KB).
+pub fn png_with_icc(icc_bytes: usize) -> Vec<u8> {
+    use std::io::Write;
+    let mut plain = Vec::new();
+    image::DynamicImage::ImageRgb8(image::RgbImage::from_pixel(1, 1, image::Rgb([9, 99, 199])))
+        .write_to(
+            &mut std::io::Cursor::new(&mut plain),
+            image::ImageFormat::Png,
+        )
+        .unwrap();
+    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+    let zeros = vec![0u8; 1 << 20];
+    for _ in 0..icc_bytes >> 20 {
+        z.write_all(&zeros).unwrap();
+    }
+    z.write_all(&zeros[..icc_bytes & ((1 << 20) - 1)]).unwrap();
+    let mut iccp = b"icc\0\0".to_vec();
+    iccp.extend(z.finish().unwrap());
+    // Signature (8) and IHDR (25), then the profile, then the rest as written.
+    let mut out = plain[..33].to_vec();
+    png_chunk(&mut out, b"iCCP", &iccp);
+    out.extend(&plain[33..]);
+    out
+}
+
+/// Appends a PNG chunk (length, type, data, CRC-32).
+fn png_chunk(out: &mut Vec<u8>, kind: &[u8], data: &[u8]) {
+    out.extend((data.len() as u32).to_be_bytes());
+    let start = out.len();
+    out.extend(kind);
+    out.extend(data);
+    let crc = png_crc32(&out[start..]);
+    out.extend(crc.to_be_bytes());
+}
+
+/// PNG's CRC-32 (the zlib polynomial), bit by bit: a test's chunks are small.
+fn png_crc32(bytes: &[u8]) -> u32 {
+    let mut c = !0u32;
+    for &b in bytes {
+        c ^= u32::from(b);
+        for _ in 0..8 {
+            c = if c & 1 == 1 {
+                0xEDB8_8320 ^ (c >> 1)
+            } else {
+                c >> 1
+            };
+        }
+    }
+    !c
+}
+
 /// A tiny PNG whose header declares `width` × `height` pixels, with a few bytes of image data.
 pub fn png_declaring(width: u32, height: u32) -> Vec<u8> {
-    fn chunk(out: &mut Vec<u8>, kind: &[u8], data: &[u8]) {
-        out.extend((data.len() as u32).to_be_bytes());
-        let start = out.len();
-        out.extend(kind);
-        out.extend(data);
-        let crc = crc32(&out[start..]);
-        out.extend(crc.to_be_bytes());
-    }
-    fn crc32(bytes: &[u8]) -> u32 {
-        let mut c = !0u32;
-        for &b in bytes {
-            c ^= u32::from(b);
-            for _ in 0..8 {
-                c = if c & 1 == 1 {
-                    0xEDB8_8320 ^ (c >> 1)
-                } else {
-                    c >> 1
-                };
-            }
-        }
-        !c
-    }
     let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
     let mut ihdr = width.to_be_bytes().to_vec();
     ihdr.extend(height.to_be_bytes());
     ihdr.extend([8, 2, 0, 0, 0]);
-    chunk(&mut out, b"IHDR", &ihdr);
+    png_chunk(&mut out, b"IHDR", &ihdr);
     // A zlib stream of zeros: what a bomb's data looks like, cut short.
-    chunk(
+    png_chunk(
         &mut out,
         b"IDAT",
         &[0x78, 0x9c, 0x63, 0x60, 0x18, 0x05, 0x00, 0x00],
     );
-    chunk(&mut out, b"IEND", &[]);
+    png_chunk(&mut out, b"IEND", &[]);
     out
 }
 

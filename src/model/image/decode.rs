@@ -30,6 +30,15 @@ const FORMATS: [ImageFormat; 5] = [
     ImageFormat::Bmp,
 ];
 
+/// What a PNG's decoder may allocate for itself, whatever the picture's size: its ancillary
+/// chunks (the ICC profile above all) and row buffers; the picture is charged to the budget
+/// apart. The image crate hands the PNG decoder the reader's limit once, before the header, and
+/// cannot change it after (its `set_limits` does not reach the PNG decoder): with the default
+/// 512 MiB, a 1×1 PNG whose `iCCP` chunk inflated to 500 MiB took 547 MB against a 32 MB
+/// budget. Real ICC profiles are kilobytes to a few hundred; one past the bound is dropped (the
+/// PNG decoder's choice), and the pixels never depended on it (Pillow does not apply it either).
+const PNG_OWN_BYTES: u64 = 16 << 20;
+
 /// Why bytes are not an image this service reads: the record's fault, recorded as its failure.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -50,9 +59,14 @@ pub fn decode_held<'m>(
     memory: &'m DecodeMemory,
 ) -> Result<(Rgb8, Held<'m>), Undecodable> {
     let fail = |what: &str, e: image::ImageError| Undecodable(format!("{what}: {e}"));
-    let reader = ImageReader::new(Cursor::new(bytes))
+    let mut reader = ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
         .map_err(|e| Undecodable(format!("cannot read the image: {e}")))?;
+    if reader.format() == Some(ImageFormat::Png) {
+        let mut own = image::Limits::default();
+        own.max_alloc = Some(PNG_OWN_BYTES);
+        reader.limits(own);
+    }
     let format = reader.format().ok_or_else(|| {
         Undecodable(format!(
             "not an image: {} bytes without the signature of JPEG, PNG, WebP, GIF or BMP",
