@@ -556,3 +556,37 @@ async fn postgres_job_statements_stay_linear_on_stale_statistics() {
         (N, N / 10 * 9, N / 10)
     );
 }
+
+/// Job-mode heartbeats (issue 53): a peer holding messages counts as working while its beat is
+/// recent; one holding none, this worker itself, a stale beat and a worker that left do not.
+async fn heartbeats_say_who_works_on_a_job(url: &str) {
+    use std::time::Duration;
+    let store = Store::connect(url).await.unwrap();
+    store.migrate().await.unwrap();
+    let recent = Duration::from_secs(30);
+    store.beat("j", "a", 3).await.unwrap();
+    store.beat("j", "b", 0).await.unwrap();
+    assert_eq!(store.working_peers("j", "b", recent).await.unwrap(), 1);
+    assert_eq!(store.working_peers("j", "a", recent).await.unwrap(), 0);
+    assert_eq!(store.working_peers("other", "b", recent).await.unwrap(), 0);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let stale = Duration::from_secs(1);
+    assert_eq!(store.working_peers("j", "b", stale).await.unwrap(), 0);
+    store.beat("j", "a", 0).await.unwrap();
+    assert_eq!(store.working_peers("j", "b", recent).await.unwrap(), 0);
+    store.beat("j", "a", 2).await.unwrap();
+    store.leave("j", "a").await.unwrap();
+    assert_eq!(store.working_peers("j", "b", recent).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn sqlite_heartbeats_say_who_works_on_a_job() {
+    let (_dir, url) = fresh_sqlite();
+    heartbeats_say_who_works_on_a_job(&url).await;
+}
+
+#[tokio::test]
+async fn postgres_heartbeats_say_who_works_on_a_job() {
+    let url = fresh_pg_database().await;
+    heartbeats_say_who_works_on_a_job(&url).await;
+}
