@@ -6,6 +6,8 @@
 //! allocated) from one process-wide budget, waits while other decodes hold too much of it, and
 //! gives them back when its picture has been preprocessed. A picture that needs more than the
 //! whole budget is refused with the reason: it could never be decoded, so it is never waited on.
+//! Decodes are served in the order they asked: a large picture waits for the bytes held before
+//! it, never behind a stream of small ones that each fit in what is left.
 
 use std::sync::{Condvar, Mutex, OnceLock};
 
@@ -13,8 +15,16 @@ use std::sync::{Condvar, Mutex, OnceLock};
 #[derive(Debug)]
 pub struct DecodeMemory {
     capacity: u64,
-    used: Mutex<u64>,
+    state: Mutex<Queue>,
     freed: Condvar,
+}
+
+/// What is held, and whose turn it is (a ticket per decode, served in order).
+#[derive(Debug, Default)]
+struct Queue {
+    used: u64,
+    next_ticket: u64,
+    serving: u64,
 }
 
 /// Bytes taken from a [`DecodeMemory`], given back when dropped.
@@ -31,7 +41,7 @@ impl DecodeMemory {
         crate::alloc::return_freed_memory();
         Self {
             capacity,
-            used: Mutex::new(0),
+            state: Mutex::new(Queue::default()),
             freed: Condvar::new(),
         }
     }
@@ -41,8 +51,8 @@ impl DecodeMemory {
         self.capacity
     }
 
-    /// Takes `bytes`, waiting until the decodes holding the rest give enough back; `Err` (the
-    /// reason) when `bytes` is more than the whole budget.
+    /// Takes `bytes`, after every decode that asked before it, waiting until the decodes holding
+    /// the rest give enough back; `Err` (the reason) when `bytes` is more than the whole budget.
     pub fn take(&self, bytes: u64) -> Result<Held<'_>, String> {
         if bytes > self.capacity {
             return Err(format!(
@@ -53,11 +63,16 @@ impl DecodeMemory {
             ));
         }
         // A poisoned lock only means a decode panicked while counting: the count is still right.
-        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
-        while *used + bytes > self.capacity {
-            used = self.freed.wait(used).unwrap_or_else(|p| p.into_inner());
+        let mut q = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let ticket = q.next_ticket;
+        q.next_ticket += 1;
+        while q.serving != ticket || q.used + bytes > self.capacity {
+            q = self.freed.wait(q).unwrap_or_else(|p| p.into_inner());
         }
-        *used += bytes;
+        q.used += bytes;
+        q.serving += 1;
+        // The next in line may fit in what is left.
+        self.freed.notify_all();
         Ok(Held {
             budget: self,
             bytes,
@@ -66,14 +81,14 @@ impl DecodeMemory {
 
     /// Bytes held now.
     pub fn used(&self) -> u64 {
-        *self.used.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).used
     }
 }
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
-        let mut used = self.budget.used.lock().unwrap_or_else(|p| p.into_inner());
-        *used -= self.bytes;
+        let mut q = self.budget.state.lock().unwrap_or_else(|p| p.into_inner());
+        q.used -= self.bytes;
         self.budget.freed.notify_all();
     }
 }
@@ -138,6 +153,39 @@ mod tests {
         assert_eq!(budget.used(), 70, "the second decode must wait");
         drop(first);
         assert_eq!(waiter.join().unwrap(), 40);
+        assert_eq!(budget.used(), 0);
+    }
+
+    /// Issue 53: a large picture is not starved by small ones that keep fitting in what is
+    /// left: a decode that asked later waits behind it, and goes once it has taken its bytes.
+    #[test]
+    fn decodes_take_their_bytes_in_the_order_they_asked() {
+        let budget = Arc::new(DecodeMemory::new(100));
+        let first = budget.take(60).unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let ask = |name: &'static str, bytes: u64| {
+            let (b, order) = (budget.clone(), order.clone());
+            std::thread::spawn(move || {
+                let held = b.take(bytes).unwrap();
+                order.lock().unwrap().push(name);
+                std::thread::sleep(Duration::from_millis(50));
+                drop(held);
+            })
+        };
+        let large = ask("large", 80);
+        std::thread::sleep(Duration::from_millis(100));
+        let small = ask("small", 30);
+        std::thread::sleep(Duration::from_millis(100));
+        // 60 + 30 fit, but the large picture asked first.
+        assert_eq!(
+            budget.used(),
+            60,
+            "the small picture went ahead of the large one"
+        );
+        drop(first);
+        large.join().unwrap();
+        small.join().unwrap();
+        assert_eq!(*order.lock().unwrap(), ["large", "small"]);
         assert_eq!(budget.used(), 0);
     }
 }
