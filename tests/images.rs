@@ -435,3 +435,40 @@ fn a_png_whose_icc_profile_inflates_far_stays_within_the_decode_budget() {
     );
     assert!(grew < 32.0 + 16.0 + 8.0, "{grew:.0} MiB");
 }
+
+/// A GIF whose logical screen is `screen`² and whose one frame is `frame`² at (0, 0), its data a
+/// few bytes of LZW (the frame is refused before it is read, or decodes short).
+fn gif_with_frame(screen: u16, frame: u16) -> Vec<u8> {
+    let mut gif = b"GIF89a".to_vec();
+    gif.extend(screen.to_le_bytes());
+    gif.extend(screen.to_le_bytes());
+    gif.extend([0x80, 0, 0]); // a global colour table of 2 colours
+    gif.extend([0, 0, 0, 255, 255, 255]);
+    gif.extend([0x21, 0xF9, 4, 0, 0, 0, 0, 0]); // a graphic control extension
+    gif.push(0x2C);
+    gif.extend([0, 0, 0, 0]);
+    gif.extend(frame.to_le_bytes());
+    gif.extend(frame.to_le_bytes());
+    gif.push(0);
+    gif.extend([2, 2, 0x44, 0x01, 0, 0x3B]); // LZW: clear, one pixel, end; the trailer
+    gif
+}
+
+/// Issue 53: a 26 kB GIF with a 3000² screen and a 6000² frame took 242 MB against an 85 MB
+/// decode budget (a frame buffer of the frame's size, then cropped, where Pillow grows the
+/// picture): a first frame that reaches past its screen is refused at the header, with the
+/// reason; one that fits is read.
+#[test]
+fn a_gif_frame_larger_than_its_screen_is_refused_before_it_is_read() {
+    let err = decode(&gif_with_frame(3000, 6000), LIMIT)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("first frame (6000x6000 at 0,0) reaches past its 3000x3000 screen"),
+        "{err}"
+    );
+    match decode(&gif_with_frame(64, 32), LIMIT) {
+        Ok(rgb) => assert_eq!((rgb.width, rgb.height), (64, 64)),
+        Err(e) => assert!(!e.to_string().contains("reaches past"), "{e}"),
+    }
+}

@@ -101,6 +101,9 @@ pub fn decode_held<'m>(
              {max_pixels} (--max-image-pixels)"
         )));
     }
+    if format == ImageFormat::Gif {
+        gif_frame_within_screen(bytes, width, height)?;
+    }
     let mut limits = image::Limits::default();
     // The pixels at 16 bits and four channels, and as much again for the decoder's own buffers.
     limits.max_alloc = Some(pixels.saturating_mul(16));
@@ -111,7 +114,12 @@ pub fn decode_held<'m>(
         .orientation()
         .map_err(|e| fail(&format!("a broken {format:?}"), e))?;
     let color = decoder.color_type();
-    let need = peak_bytes(decoder.total_bytes(), pixels, color, orientation);
+    let mut need = peak_bytes(decoder.total_bytes(), pixels, color, orientation);
+    if format == ImageFormat::Gif {
+        // A first frame that does not fill the screen is read into a buffer of its own (RGBA, at
+        // most the screen's size: see `gif_frame_within_screen`) before it is placed.
+        need = need.saturating_add(pixels.saturating_mul(4));
+    }
     let held = memory.take(need).map_err(|why| {
         Undecodable(format!(
             "the {format:?} declares {width}x{height} pixels of {color:?}: {why}"
@@ -137,6 +145,66 @@ pub fn decode_held<'m>(
         data: image.into_bytes(),
     };
     Ok((rgb, held))
+}
+
+/// Refuses a GIF whose first frame reaches past its logical screen: Pillow grows the picture to
+/// hold such a frame, the image crate crops it (after a frame buffer of the frame's own size: a
+/// 3000² screen with a 6000² frame took 242 MB against an 85 MB budget), so neither the pixels
+/// nor the memory would be what was declared.
+fn gif_frame_within_screen(bytes: &[u8], width: u32, height: u32) -> Result<(), Undecodable> {
+    let Some((left, top, w, h)) = gif_first_frame(bytes) else {
+        return Ok(()); // No frame: the decoder says what is wrong.
+    };
+    if left + w > width || top + h > height {
+        return Err(Undecodable(format!(
+            "the GIF's first frame ({w}x{h} at {left},{top}) reaches past its {width}x{height} \
+             screen: Pillow grows the picture to hold it and this decoder would crop it, so it \
+             is not read"
+        )));
+    }
+    Ok(())
+}
+
+/// A GIF's first frame as its image descriptor places it (left, top, width, height), past the
+/// global colour table and any extension blocks; `None` where the bytes end first.
+fn gif_first_frame(bytes: &[u8]) -> Option<(u32, u32, u32, u32)> {
+    let u16_at = |at: usize| -> Option<u32> {
+        Some(u32::from(u16::from_le_bytes([
+            *bytes.get(at)?,
+            *bytes.get(at + 1)?,
+        ])))
+    };
+    let flags = *bytes.get(10)?;
+    let mut at = 13
+        + if flags & 0x80 != 0 {
+            3 << ((flags & 7) + 1)
+        } else {
+            0
+        };
+    loop {
+        match *bytes.get(at)? {
+            0x2C => {
+                return Some((
+                    u16_at(at + 1)?,
+                    u16_at(at + 3)?,
+                    u16_at(at + 5)?,
+                    u16_at(at + 7)?,
+                ))
+            }
+            // An extension: its label, then sub-blocks until an empty one.
+            0x21 => {
+                at += 2;
+                loop {
+                    let len = usize::from(*bytes.get(at)?);
+                    at += 1 + len;
+                    if len == 0 {
+                        break;
+                    }
+                }
+            }
+            _ => return None,
+        }
+    }
 }
 
 /// The most bytes a decode holds at once, from its header: the decoder's output (8 bytes a pixel
