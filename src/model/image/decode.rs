@@ -120,6 +120,13 @@ pub fn decode_held<'m>(
         // most the screen's size: see `gif_frame_within_screen`) before it is placed.
         need = need.saturating_add(pixels.saturating_mul(4));
     }
+    if format == ImageFormat::Jpeg && jpeg_progressive(bytes) {
+        // A progressive JPEG is decoded from planes of coefficients held whole until its last
+        // scan (i16 a sample; three full planes at worst, 4:4:4), beside the picture, and the
+        // JPEG decoder does not count them against the allocation limit: 6000² held 352 MB
+        // where 247 MB was charged.
+        need = need.saturating_add(pixels.saturating_mul(6));
+    }
     let held = memory.take(need).map_err(|why| {
         Undecodable(format!(
             "the {format:?} declares {width}x{height} pixels of {color:?}: {why}"
@@ -236,6 +243,29 @@ fn to_usize(n: u64) -> Result<usize, Undecodable> {
 fn jpeg_complete(bytes: &[u8]) -> bool {
     let last = |marker: u8| bytes.windows(2).rposition(|w| w == [0xFF, marker]);
     matches!((last(0xDA), last(0xD9)), (Some(scan), Some(end)) if end > scan)
+}
+
+/// Whether the JPEG's frame is progressive (SOF2, or the arithmetic-coded SOF6, SOF10, SOF14),
+/// from the markers before its first scan; `false` where the bytes end first (the decoder then
+/// says what is wrong).
+fn jpeg_progressive(bytes: &[u8]) -> bool {
+    let mut at = 2; // past SOI
+    while let (Some(&0xFF), Some(&marker)) = (bytes.get(at), bytes.get(at + 1)) {
+        match marker {
+            // Fill bytes before a marker.
+            0xFF => at += 1,
+            0xC2 | 0xC6 | 0xCA | 0xCE => return true,
+            // Another frame type, or the first scan: not progressive.
+            0xC0 | 0xC1 | 0xC3 | 0xC5 | 0xC7 | 0xC9 | 0xCB | 0xCD | 0xCF | 0xDA => return false,
+            _ => {
+                let (Some(&hi), Some(&lo)) = (bytes.get(at + 2), bytes.get(at + 3)) else {
+                    return false;
+                };
+                at += 2 + usize::from(u16::from_be_bytes([hi, lo]));
+            }
+        }
+    }
+    false
 }
 
 /// How Pillow holds what the decoder gave, in 8 bits a sample, and where its alpha comes from.
@@ -416,4 +446,30 @@ fn png_facts(bytes: &[u8]) -> Option<PngFacts> {
         at = at + 12 + len;
     }
     Some(facts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn photo(name: &str) -> Vec<u8> {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/images/photos/");
+        std::fs::read(format!("{dir}{name}")).unwrap()
+    }
+
+    /// Issue 53: a progressive JPEG's coefficient planes are charged to the decode budget, so
+    /// its frame type must be told from the markers before the first scan.
+    #[test]
+    fn progressive_jpegs_are_told_from_their_frame_marker() {
+        assert!(jpeg_progressive(&photo("chelsea-progressive.jpg")));
+        for baseline in ["astronaut.jpg", "camera-gray.jpg", "coffee-cmyk.jpg"] {
+            assert!(!jpeg_progressive(&photo(baseline)), "{baseline}");
+        }
+        // Fill bytes before a marker, an APP0 segment, then SOF2; and the same cut short.
+        let header = [
+            0xFF, 0xD8, 0xFF, 0xFF, 0xE0, 0x00, 0x04, 0x4A, 0x46, 0xFF, 0xC2, 0x00, 0x11,
+        ];
+        assert!(jpeg_progressive(&header));
+        assert!(!jpeg_progressive(&header[..8]));
+    }
 }
