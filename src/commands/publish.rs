@@ -5,7 +5,7 @@
 //! re-run skips the shards an earlier run finished.
 
 use spotinfer::config::PublishArgs;
-use spotinfer::external::gcs::Gcs;
+use spotinfer::external::gcs::{check_bucket, Gcs};
 use spotinfer::external::store::Store;
 use spotinfer::jobs::input::{self, Format, Input};
 use spotinfer::jobs::publish::{JobTarget, Publish, PublishSummary};
@@ -16,7 +16,13 @@ pub async fn run(a: PublishArgs) -> anyhow::Result<()> {
     let columns = a.columns.columns();
     let gcs = match a.input.starts_with("gs://") {
         true => {
-            check_allowed(&a.input, &a.storage.allowed_buckets)?;
+            // Refused before anything is read: the list that keeps records' `uri`s to the
+            // buckets meant binds the publisher's input too.
+            let bucket = a.input["gs://".len()..]
+                .split('/')
+                .next()
+                .unwrap_or_default();
+            check_bucket(&a.storage.allowed_buckets, bucket, &a.input)?;
             Some(Gcs::new(a.storage.storage_emulator_host.as_deref()).await?)
         }
         false => None,
@@ -134,17 +140,4 @@ async fn register(a: &PublishArgs, job: &str, model: &str) -> anyhow::Result<Sto
     store.migrate().await?;
     store.register_job(job, model).await?;
     Ok(store)
-}
-
-/// Refuses a `gs://` input outside `--allowed-buckets` (when set) before anything is read: the
-/// list that keeps records' `uri`s to the buckets meant binds the publisher's input too.
-fn check_allowed(input: &str, allowed: &[String]) -> anyhow::Result<()> {
-    let bucket = input["gs://".len()..].split('/').next().unwrap_or_default();
-    if allowed.is_empty() || allowed.iter().any(|b| b == bucket) {
-        return Ok(());
-    }
-    anyhow::bail!(
-        "{input}: bucket {bucket:?} is not in --allowed-buckets ({}): nothing was read",
-        allowed.join(",")
-    )
 }

@@ -21,7 +21,7 @@ mod upload;
 
 pub use list::Listed;
 pub use model_cache::{cache_path, FetchedModel, FileList};
-pub use read::InputReader;
+pub use read::{check_bucket, InputReader};
 pub use upload::Upload;
 
 use google_cloud_auth::credentials::anonymous;

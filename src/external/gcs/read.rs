@@ -75,6 +75,18 @@ pub struct InputReader {
     client: tokio::sync::OnceCell<Gcs>,
 }
 
+/// Refuses `uri`, in `bucket`, when `allowed` (`--allowed-buckets`) is set and does not name
+/// it: the one rule for records' `uri`s and for `publish`'s input.
+pub fn check_bucket(allowed: &[String], bucket: &str, uri: &str) -> Result<(), StorageError> {
+    if allowed.is_empty() || allowed.iter().any(|b| b == bucket) {
+        return Ok(());
+    }
+    Err(StorageError::NotAllowed {
+        uri: uri.to_string(),
+        bucket: bucket.to_string(),
+    })
+}
+
 impl InputReader {
     /// A reader for objects of at most `max_bytes` in `allowed_buckets` (empty: any bucket).
     /// The list is what keeps a publisher from making the workers read, with their service
@@ -96,13 +108,7 @@ impl InputReader {
     fn check_allowed(&self, uri: &str) -> Result<(), StorageError> {
         let (bucket, _) = crate::record::split_gs_uri(uri)
             .ok_or_else(|| StorageError::BadUri(uri.to_string()))?;
-        if self.allowed_buckets.is_empty() || self.allowed_buckets.iter().any(|b| b == bucket) {
-            return Ok(());
-        }
-        Err(StorageError::NotAllowed {
-            uri: uri.to_string(),
-            bucket: bucket.to_string(),
-        })
+        check_bucket(&self.allowed_buckets, bucket, uri)
     }
 
     /// The object's bytes (a text, or an image for an image model). Permanent errors

@@ -227,9 +227,15 @@ impl Plan {
     /// The id a row refused before its cells were mapped names: read from its id column's cell
     /// (`None` when absent or unreadable), or the one it would have been given.
     pub fn known_id(&self, id_cell: Option<Cell>, shard: &str, row: u64) -> Option<String> {
+        self.id_of(id_cell.unwrap_or(Cell::Null), shard, row).ok()
+    }
+
+    /// The record id: the id column's cell (a string or an integer), or one made from `shard`
+    /// and `row` when the plan has no id column; or why the cell is no id.
+    fn id_of(&self, id_cell: Cell, shard: &str, row: u64) -> Result<String, String> {
         match self.id {
-            true => id_value((id_cell?, &self.read[0])).ok(),
-            false => Some(format!("{shard}:{row}")),
+            true => id_value((id_cell, &self.read[0])),
+            false => Ok(format!("{shard}:{row}")),
         }
     }
 
@@ -247,10 +253,10 @@ impl Plan {
         let mut cells = cells.into_iter().zip(&self.read);
         let mut next = || cells.next().unwrap_or((Cell::Null, &self.read[0]));
         let mut record = Map::new();
-        let id = match self.id {
-            true => id_value(next()).map_err(|error| Refusal { error, id: None })?,
-            false => format!("{shard}:{row}"),
-        };
+        let id_cell = if self.id { next().0 } else { Cell::Null };
+        let id = self
+            .id_of(id_cell, shard, row)
+            .map_err(|error| Refusal { error, id: None })?;
         let refused = |error| Refusal {
             error,
             id: Some(id.clone()),

@@ -62,11 +62,6 @@ pub fn decode_held<'m>(
     let mut reader = ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
         .map_err(|e| Undecodable(format!("cannot read the image: {e}")))?;
-    if reader.format() == Some(ImageFormat::Png) {
-        let mut own = image::Limits::default();
-        own.max_alloc = Some(PNG_OWN_BYTES);
-        reader.limits(own);
-    }
     let format = reader.format().ok_or_else(|| {
         Undecodable(format!(
             "not an image: {} bytes without the signature of JPEG, PNG, WebP, GIF or BMP",
@@ -84,6 +79,11 @@ pub fn decode_held<'m>(
         return Err(Undecodable(
             "a truncated JPEG: no end-of-image marker after its last scan".into(),
         ));
+    }
+    if format == ImageFormat::Png {
+        let mut own = image::Limits::default();
+        own.max_alloc = Some(PNG_OWN_BYTES);
+        reader.limits(own);
     }
     let mut decoder = reader
         .into_decoder()
