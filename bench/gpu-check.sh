@@ -8,7 +8,8 @@
 # bench/gpu_check.py: every kernel against its CPU reference (`spotinfer models kernels`), the
 # unpadded encoder's f32 and f16 vectors against sentence-transformers fp32 on the same GPU, and
 # the speed of the default CUDA path (padded candle), of the unpadded one and of
-# sentence-transformers fp16, with the GPU's busy share. Writes OUT/gpu-check.json; exits 1 if a
+# sentence-transformers fp16, with the GPU's busy share; and CLIP's and ViT's image towers on the
+# unpadded operations against candle's, on the fixture photographs. Writes OUT/gpu-check.json; exits 1 if a
 # kernel or a vector check fails. Sized to finish in under 8 minutes on an H100.
 #
 # CI runs it with `--device cpu` on a tiny shape (2 layers, 64 wide), where the reference vectors

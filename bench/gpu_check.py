@@ -9,7 +9,11 @@
 2. vectors: the unpadded encoder's f32 and f16 vectors (and the default CUDA path's f16) against
    sentence-transformers fp32 on the same GPU (on the CPU, where CI has no PyTorch: against the
    padded candle encoder's f32); f32 must reach cosine 0.99999 and f16 0.9999 on every text.
-3. speed: the default path (`--backend candle`), `--backend unpadded` and, on a GPU,
+3. image towers: `spotinfer models kernels` on the repository's random-weight CLIP and ViT
+   fixtures: their image towers on the unpadded operations (`--backend unpadded`) on the device
+   in f32 and f16 against candle's towers in f32 on the CPU, over generated probe pictures
+   (largest difference relative to the largest output: 1e-5 in f32, 1e-2 in f16).
+4. speed: the default path (`--backend candle`), `--backend unpadded` and, on a GPU,
    sentence-transformers fp16, alternated, medians of tokens/s and the GPU's busy share
    (nvidia-smi), and one profiled unpadded run (`--profile-device`). Runs past `--minutes` are
    left out and named as unmeasured, so the whole check stays within its time.
@@ -106,6 +110,9 @@ def vectors(args, shape):
     for backend, precision in sides:
         result[f"{backend}_{precision}"] = cosine_summary(spotinfer(backend, precision, args.device), reference)
     return result
+
+
+IMAGES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "images")
 
 
 def st_bench_row(args, model, path, batch_size):
@@ -214,6 +221,15 @@ def main():
             failures.append(f"{name}: f32 vectors, worst cosine {v['unpadded_f32']['worst']}")
         if v["unpadded_f16"]["worst"] < 0.9999:
             failures.append(f"{name}: f16 vectors, worst cosine {v['unpadded_f16']['worst']}")
+    report["image_towers"] = {}
+    for name in ["clip", "vit"]:
+        rows = report["image_towers"][name] = kernels(args, os.path.join(IMAGES, "models", name))
+        for k in rows:
+            status = "ok" if k["passed"] else "PAST THE BAR"
+            print(f"image tower {k['op']:17} {k['dtype']:5} {k['shape']:48} "
+                  f"{k['largest_difference']:.2e} (bar {k['bar']:.1e}) {status}", flush=True)
+            if not k["passed"]:
+                failures.append(f"{k['op']} {k['dtype']}")
     for shape in shapes:
         report["speed"] += speed(args, shape)
     report["targets"] = targets(report)

@@ -4,9 +4,11 @@
 
 mod common;
 
+use candle_core::DType::F32;
 use common::floats;
 use spotinfer::model::engines::towers::ImageModel;
 use spotinfer::model::image::decode::decode;
+use spotinfer::model::ImageTask;
 use std::path::{Path, PathBuf};
 
 fn fixtures() -> PathBuf {
@@ -149,7 +151,7 @@ fn vit_probabilities_match_transformers() {
 #[test]
 fn the_image_task_tokenizes_as_transformers_and_refuses_text_model_options() {
     use spotinfer::model::{
-        Backend, DeviceChoice, ImageTask, Item, LoadOptions, Predict, PromptChoice, Reads, Text,
+        Backend, DeviceChoice, Item, LoadOptions, Predict, PromptChoice, Reads, Text,
     };
     let refs = reference();
     for name in ["clip", "siglip"] {
@@ -210,19 +212,64 @@ fn the_image_task_tokenizes_as_transformers_and_refuses_text_model_options() {
 /// CLIP's tower computes in bf16 where the CPU has AMX (the test below).
 #[test]
 fn the_cpu_image_towers_match_transformers_and_candle() {
-    use spotinfer::model::{
-        DeviceChoice, ImageTask, Item, LoadOptions, Output, Precision, Predict,
-    };
+    use spotinfer::model::{DeviceChoice, LoadOptions, Precision};
+    let f32 = LoadOptions::new(DeviceChoice::Cpu).precision(Precision::F32);
+    towers_match_transformers_and_candle(&f32, "fused image tower");
+}
+
+/// The same on the unpadded encoder's operations (`--backend unpadded`, issue 51's image
+/// towers), run on candle's CPU backend through the kernels' references: the packed graph
+/// computes what candle's towers and transformers compute.
+#[test]
+fn the_unpadded_image_towers_match_transformers_and_candle() {
+    use spotinfer::model::{Backend, DeviceChoice, LoadOptions};
+    let unpadded = LoadOptions::new(DeviceChoice::Cpu).backend(Backend::Unpadded);
+    towers_match_transformers_and_candle(&unpadded, "unpadded image tower");
+    // Element by element: every output of a batch of all the photographs, and one of them
+    // alone, against candle's towers, relative to the largest output.
+    for name in ["clip", "vit"] {
+        let dir = fixtures().join("models").join(name);
+        let candle = model(name);
+        let packed = ImageModel::load_unpadded(&dir, &candle_core::Device::Cpu, F32).unwrap();
+        let pixels: Vec<Vec<f32>> = pixel_values(&candle).into_iter().map(|(_, p)| p).collect();
+        let (want, got) = (
+            candle.images(&pixels).unwrap(),
+            packed.images(&pixels).unwrap(),
+        );
+        let alone = packed.images(&pixels[3..4]).unwrap();
+        let scale = want.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
+        let worst = want
+            .iter()
+            .zip(&got)
+            .chain([(&want[3], &alone[0])])
+            .map(|(w, g)| largest_difference(w, g) / scale)
+            .fold(0f32, f32::max);
+        eprintln!(
+            "{name}: {} pictures, largest difference {worst:.2e} of the largest output",
+            pixels.len()
+        );
+        assert!(worst <= 1e-5, "{name}: {worst}");
+    }
+    let err = ImageTask::open(&fixtures().join("models/siglip"), &unpadded)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("SigLIP") && err.contains("--backend candle"),
+        "{err}"
+    );
+}
+
+/// CLIP's and ViT's photographs through the image task loaded with `options` (whose device
+/// description contains `says`): within the bars of transformers' outputs, and vectors within
+/// cosine 0.99999 of candle's towers on the same pixel values.
+fn towers_match_transformers_and_candle(options: &spotinfer::model::LoadOptions, says: &str) {
+    use spotinfer::model::{Item, Output, Predict};
     let refs = reference();
     for name in ["clip", "vit"] {
         let dir = fixtures().join("models").join(name);
-        let f32 = LoadOptions::new(DeviceChoice::Cpu).precision(Precision::F32);
-        let task = ImageTask::open(&dir, &f32).unwrap();
-        assert!(
-            task.info().device.contains("fused image tower"),
-            "{}",
-            task.info().device
-        );
+        let task = ImageTask::open(&dir, options).unwrap();
+        assert!(task.info().device.contains(says), "{}", task.info().device);
         let candle = model(name);
         let photos = pixel_values(&candle);
         let items: Vec<Item> = photos
@@ -265,7 +312,7 @@ fn the_cpu_image_towers_match_transformers_and_candle() {
 /// probabilities within 1e-2). CLIP's int8 must load wherever the CPU has an int8 kernel.
 #[test]
 fn reduced_precisions_on_the_cpu_image_tower_are_checked_and_close() {
-    use spotinfer::model::{DeviceChoice, ImageTask, LoadOptions, Precision, Predict};
+    use spotinfer::model::{DeviceChoice, LoadOptions, Precision, Predict};
     let refs = reference();
     for precision in [Precision::Bf16, Precision::Int8] {
         for name in ["clip", "vit"] {
@@ -299,7 +346,7 @@ fn reduced_precisions_on_the_cpu_image_tower_are_checked_and_close() {
 /// f32 everywhere. Either way the photographs stay within the bars of transformers' outputs.
 #[test]
 fn auto_puts_clips_image_tower_on_amx_tiles_and_keeps_vit_in_f32() {
-    use spotinfer::model::{DeviceChoice, ImageTask, LoadOptions, Predict};
+    use spotinfer::model::{DeviceChoice, LoadOptions, Predict};
     let refs = reference();
     for name in ["clip", "vit"] {
         let dir = fixtures().join("models").join(name);

@@ -28,15 +28,17 @@ pub enum ModelsCommand {
     Check(ModelCheckArgs),
     /// Run every operation of the unpadded encoder (`--backend unpadded`) at a model folder's
     /// shapes on the device, in f32, f16 and bf16, against its CPU reference on random inputs:
-    /// one JSON line per operation, then `ok` (exit status 1 if any is past its bar). The GPU
-    /// check's first step (bench/gpu-check.sh).
+    /// one JSON line per operation, then `ok` (exit status 1 if any is past its bar). For a CLIP
+    /// or ViT folder: its image tower on those operations, f32 and f16, against candle's tower
+    /// on generated pictures. The GPU check's first steps (bench/gpu-check.sh).
     Kernels(ModelKernelsArgs),
 }
 
 /// `spotinfer models kernels`.
 #[derive(Debug, Clone, Args)]
 pub struct ModelKernelsArgs {
-    /// A model folder (its config.json gives the shapes; the weights are not read).
+    /// A model folder (its config.json gives the shapes; a text encoder's weights are not read,
+    /// an image model's are).
     #[arg(env = "SPOTINFER_MODEL", default_value = "models/all-MiniLM-L6-v2")]
     pub dir: PathBuf,
     /// Device the kernels run on (`cpu` runs the references against themselves).

@@ -334,14 +334,22 @@ pub(super) fn load_unpadded(
 }
 
 /// Every operation of the unpadded encoder at the shapes of the model folder `dir`, on the device
-/// `choice` names, in f32, f16 and bf16, against its CPU reference (`unpadded::check`).
+/// `choice` names, in f32, f16 and bf16, against its CPU reference (`unpadded::check`); for a
+/// CLIP or ViT folder, its unpadded image tower against candle's ([`towers::check_unpadded_tower`]).
 pub fn check_unpadded_kernels(
     dir: &std::path::Path,
     choice: DeviceChoice,
     lengths: &[usize],
 ) -> Result<Vec<unpadded::check::KernelCheck>, ModelError> {
-    let spec = ModelSpec::read(dir)?;
     let device = select_device(choice)?;
+    let config = crate::model::spec::read_optional(&dir.join("config.json"))?;
+    if matches!(
+        config["architectures"][0].as_str(),
+        Some("CLIPModel" | "ViTForImageClassification")
+    ) {
+        return towers::check_unpadded_tower(dir, &device);
+    }
+    let spec = ModelSpec::read(dir)?;
     let shapes = unpadded::check::Shapes {
         hidden: spec.encoder.hidden,
         heads: spec.encoder.heads,

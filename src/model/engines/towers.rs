@@ -6,6 +6,8 @@
 //! safetensors. Where candle computes differently from transformers for some configurations,
 //! those are refused at load (see [`ImageModel::load`]).
 
+use super::fused_images::FusedImages;
+use super::unpadded::vision::{UnpaddedVision, VisionAct, VisionKind, VisionShape};
 use crate::model::image::Processor;
 use crate::model::spec::read_json;
 use crate::model::ModelError;
@@ -19,12 +21,31 @@ use std::path::{Path, PathBuf};
 /// The network of an image model folder.
 enum Towers {
     Clip(clip::ClipModel),
-    /// CLIP's text tower and projection alone: its image tower is the CPU one.
+    /// CLIP's text tower and projection alone: its image tower is an [`ImageTower`].
     ClipText(clip::text_model::ClipTextTransformer, candle_nn::Linear),
     Siglip(siglip::Model),
     Vit(vit::Model),
-    /// No candle network: ViT's image tower is the CPU one.
-    CpuOnly,
+    /// No candle network: ViT's image tower is an [`ImageTower`].
+    ImageOnly,
+}
+
+/// Which code computes CLIP's and ViT's image towers (SigLIP's and the text towers are always
+/// candle-transformers').
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TowerChoice {
+    /// candle-transformers' implementations.
+    Candle,
+    /// The CPU encoder's kernels (`super::fused_images`), in this precision.
+    Fused(Precision),
+    /// The unpadded encoder's operations (`super::unpadded::vision`: fused kernels on CUDA;
+    /// opt-in, as the text encoder's).
+    Unpadded,
+}
+
+/// An image tower computed outside candle-transformers' implementation.
+enum ImageTower {
+    Fused(Box<FusedImages>),
+    Unpadded(UnpaddedVision),
 }
 
 /// An image model: its processor and its network, on one device.
@@ -45,9 +66,9 @@ pub struct ImageModel {
     /// its end-of-text token, so padding is never seen.
     text_length: Option<(usize, u32)>,
     device: Device,
-    /// CLIP's or ViT's image tower on the CPU encoder's kernels, when chosen
-    /// ([`ImageModel::load_with_cpu_tower`]): images go through it rather than candle's.
-    cpu_tower: Option<super::fused_images::FusedImages>,
+    /// CLIP's or ViT's image tower outside candle-transformers, when chosen ([`TowerChoice`]):
+    /// images go through it rather than candle's.
+    image_tower: Option<ImageTower>,
 }
 
 impl ImageModel {
@@ -59,22 +80,29 @@ impl ImageModel {
 
     /// [`ImageModel::load`] with the weights in `dtype` (f16 on CUDA).
     pub fn load_as(dir: &Path, device: &Device, dtype: DType) -> Result<Self, ModelError> {
-        Self::load_parts(dir, device, dtype, None)
+        Self::load_parts(dir, device, dtype, TowerChoice::Candle)
     }
 
     /// [`ImageModel::load`] on the CPU with CLIP's or ViT's image tower on the CPU encoder's
     /// kernels (`super::fused`) in `precision`, where the architecture has one; candle keeps
     /// what else the model needs (CLIP's text tower, SigLIP), so no tower is held twice.
     pub fn load_with_cpu_tower(dir: &Path, precision: Precision) -> Result<Self, ModelError> {
-        Self::load_parts(dir, &Device::Cpu, DType::F32, Some(precision))
+        Self::load_parts(dir, &Device::Cpu, DType::F32, TowerChoice::Fused(precision))
     }
 
-    /// Loads the model; with `cpu_precision`, the image tower on the CPU encoder's kernels.
+    /// [`ImageModel::load_as`] with CLIP's or ViT's image tower on the unpadded encoder's
+    /// operations; SigLIP is refused (its tower ends in an attention-pooling head they do not
+    /// compute).
+    pub fn load_unpadded(dir: &Path, device: &Device, dtype: DType) -> Result<Self, ModelError> {
+        Self::load_parts(dir, device, dtype, TowerChoice::Unpadded)
+    }
+
+    /// Loads the model with its image tower computed as `choice` says.
     fn load_parts(
         dir: &Path,
         device: &Device,
         dtype: DType,
-        cpu_precision: Option<Precision>,
+        choice: TowerChoice,
     ) -> Result<Self, ModelError> {
         let config_path = dir.join("config.json");
         let unsupported = |message: String| ModelError::Unsupported {
@@ -85,23 +113,28 @@ impl ImageModel {
         let processor = Processor::read(dir)?;
         // The CPU tower first: its reader maps the file and lets it go before candle maps it
         // for the rest, so the two mappings never add up in the worker's peak memory.
-        let cpu_tower = match cpu_precision {
-            Some(p) => super::fused_images::FusedImages::load(dir, &config, p)?,
-            None => None,
+        let mut image_tower = match choice {
+            TowerChoice::Fused(p) => FusedImages::load(dir, &config, p)?.map(|t| ImageTower::Fused(Box::new(t))),
+            _ => None,
         };
-        let cpu_images = cpu_tower.is_some();
         let weights = dir.join("model.safetensors");
         // SAFETY: the file is mapped read-only and not changed while the model lives.
         let vb = unsafe {
             VarBuilder::from_mmaped_safetensors(std::slice::from_ref(&weights), dtype, device)
         }?;
         let architecture = config["architectures"][0].as_str().unwrap_or("none");
+        if choice == TowerChoice::Unpadded {
+            let tower = unpadded_tower(architecture, &config, &config_path, vb.clone())
+                .map_err(unsupported)?;
+            image_tower = Some(ImageTower::Unpadded(tower));
+        }
+        let own_images = image_tower.is_some();
         let (towers, labels, input, text_length, dim) = match architecture {
             "CLIPModel" => {
                 let c = clip_config(&config).map_err(unsupported)?;
                 let input = (c.vision_config.image_size, c.vision_config.image_size);
                 let dim = c.vision_config.projection_dim;
-                let towers = match cpu_images {
+                let towers = match own_images {
                     true => Towers::ClipText(
                         clip::text_model::ClipTextTransformer::new(
                             vb.pp("text_model"),
@@ -138,8 +171,8 @@ impl ImageModel {
                 let c: vit::Config = candle_config(&config, architecture).map_err(unsupported)?;
                 let labels = crate::model::spec::labels(&config, &config_path)?;
                 let input = (c.image_size, c.image_size);
-                let towers = match cpu_images {
-                    true => Towers::CpuOnly,
+                let towers = match own_images {
+                    true => Towers::ImageOnly,
                     false => Towers::Vit(vit::Model::new(&c, labels.len(), vb)?),
                 };
                 let dim = labels.len();
@@ -158,7 +191,7 @@ impl ImageModel {
                 .as_u64()
                 .unwrap_or(77) as usize,
             Towers::Siglip(_) => text_length.map_or(0, |(n, _)| n),
-            Towers::Vit(_) | Towers::CpuOnly => 0,
+            Towers::Vit(_) | Towers::ImageOnly => 0,
         };
         let model = Self {
             max_text_tokens,
@@ -169,7 +202,7 @@ impl ImageModel {
             input,
             text_length,
             device: device.clone(),
-            cpu_tower,
+            image_tower,
         };
         model.check_input(dir)?;
         Ok(model)
@@ -192,13 +225,24 @@ impl ImageModel {
     }
 
     /// The CPU tower, if in use.
-    pub fn cpu_tower(&self) -> Option<&super::fused_images::FusedImages> {
-        self.cpu_tower.as_ref()
+    pub fn cpu_tower(&self) -> Option<&FusedImages> {
+        match &self.image_tower {
+            Some(ImageTower::Fused(t)) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The unpadded image tower, if in use.
+    pub fn unpadded(&self) -> Option<&UnpaddedVision> {
+        match &self.image_tower {
+            Some(ImageTower::Unpadded(t)) => Some(t),
+            _ => None,
+        }
     }
 
     /// Whether the model has a text tower (CLIP, SigLIP).
     pub fn has_text(&self) -> bool {
-        !matches!(self.towers, Towers::Vit(_) | Towers::CpuOnly)
+        !matches!(self.towers, Towers::Vit(_) | Towers::ImageOnly)
     }
 
     /// Per image (its pixel values from [`Processor::pixel_values`]): CLIP's and SigLIP's
@@ -207,7 +251,7 @@ impl ImageModel {
         if pixel_values.is_empty() {
             return Ok(vec![]);
         }
-        if let Some(tower) = &self.cpu_tower {
+        if let Some(ImageTower::Fused(tower)) = &self.image_tower {
             let images: Vec<&[f32]> = pixel_values.iter().map(|p| p.as_ref()).collect();
             return tower.images(&images);
         }
@@ -224,11 +268,12 @@ impl ImageModel {
             )));
         }
         let x = Tensor::from_vec(flat, (pixel_values.len(), 3, h, w), &self.device)?;
-        let out = match &self.towers {
-            Towers::Clip(m) => m.get_image_features(&x)?,
-            Towers::Siglip(m) => m.get_image_features(&x)?,
-            Towers::Vit(m) => m.forward(&x)?,
-            Towers::ClipText(..) | Towers::CpuOnly => {
+        let out = match (&self.towers, &self.image_tower) {
+            (_, Some(ImageTower::Unpadded(tower))) => tower.forward(&x)?,
+            (Towers::Clip(m), _) => m.get_image_features(&x)?,
+            (Towers::Siglip(m), _) => m.get_image_features(&x)?,
+            (Towers::Vit(m), _) => m.forward(&x)?,
+            (Towers::ClipText(..) | Towers::ImageOnly, _) => {
                 return Err(ModelError::Input("no image tower on candle".into()))
             }
         };
@@ -256,7 +301,7 @@ impl ImageModel {
                 Towers::Clip(m) => m.get_text_features(&x)?,
                 Towers::ClipText(m, projection) => x.apply(m)?.apply(projection)?,
                 Towers::Siglip(m) => m.get_text_features(&x)?,
-                Towers::Vit(_) | Towers::CpuOnly => {
+                Towers::Vit(_) | Towers::ImageOnly => {
                     return Err(ModelError::Input(
                         "a text record to an image classifier, which has no text tower".into(),
                     ))
@@ -266,6 +311,98 @@ impl ImageModel {
         }
         Ok(out)
     }
+}
+
+/// CLIP's or ViT's unpadded image tower in `dir` on `device`, in f32 and f16, against candle's
+/// tower in f32 on the CPU over the probe pictures: the largest difference of an output,
+/// relative to the largest output, within 1e-5 (f32) or 1e-2 (f16). The GPU check's image step
+/// (`spotinfer models kernels` on an image model folder); on the CPU it proves the packed graph.
+pub fn check_unpadded_tower(
+    dir: &Path,
+    device: &Device,
+) -> Result<Vec<super::unpadded::check::KernelCheck>, ModelError> {
+    let reference = ImageModel::load(dir, &Device::Cpu)?;
+    let probes = super::fused_images::probe_images(&reference.processor);
+    let want = reference.images(&probes)?;
+    let scale = want.iter().flatten().fold(1e-30f32, |m, x| m.max(x.abs()));
+    let mut checks = vec![];
+    for (dtype, bar) in [(DType::F32, 1e-5), (DType::F16, 1e-2)] {
+        let model = ImageModel::load_unpadded(dir, device, dtype)?;
+        let Some(tower) = model.unpadded() else {
+            return Err(ModelError::Input("no unpadded tower".into()));
+        };
+        let got = model.images(&probes)?;
+        let largest_difference = got
+            .iter()
+            .flatten()
+            .zip(want.iter().flatten())
+            .map(|(a, b)| (a - b).abs() / scale)
+            .fold(0f32, f32::max);
+        let name = if model.has_text() { "clip" } else { "vit" };
+        checks.push(super::unpadded::check::KernelCheck {
+            op: format!("{name}-image-tower"),
+            shape: format!("{} probe pictures, {}", probes.len(), tower.describe()),
+            dtype: format!("{dtype:?}").to_lowercase(),
+            largest_difference,
+            bar,
+            passed: largest_difference <= bar,
+        });
+    }
+    Ok(checks)
+}
+
+/// CLIP's or ViT's image tower on the unpadded encoder's operations, sized from `config`.
+fn unpadded_tower(
+    architecture: &str,
+    config: &Value,
+    path: &Path,
+    vb: VarBuilder,
+) -> Result<UnpaddedVision, String> {
+    let (kind, shape) = match architecture {
+        "CLIPModel" => {
+            let c = clip_config(config)?.vision_config;
+            let shape = VisionShape {
+                hidden: c.embed_dim,
+                heads: c.num_attention_heads,
+                intermediate: c.intermediate_size,
+                layers: c.num_hidden_layers,
+                image_size: c.image_size,
+                patch: c.patch_size,
+                eps: 1e-5,
+                outputs: c.projection_dim,
+                act: VisionAct::QuickGelu,
+            };
+            (VisionKind::Clip, shape)
+        }
+        "ViTForImageClassification" => {
+            let c: vit::Config = candle_config(config, architecture)?;
+            if !c.qkv_bias {
+                return Err("ViT qkv_bias false: the unpadded tower's products have biases".into());
+            }
+            let labels = crate::model::spec::labels(config, path)
+                .map_err(|e| e.to_string())?
+                .len();
+            let shape = VisionShape {
+                hidden: c.hidden_size,
+                heads: c.num_attention_heads,
+                intermediate: c.intermediate_size,
+                layers: c.num_hidden_layers,
+                image_size: c.image_size,
+                patch: c.patch_size,
+                eps: c.layer_norm_eps,
+                outputs: labels,
+                act: VisionAct::Candle(c.hidden_act),
+            };
+            (VisionKind::Vit, shape)
+        }
+        other => {
+            return Err(format!(
+                "{other}: the unpadded backend computes CLIP's and ViT's image towers (SigLIP's \
+                 ends in an attention-pooling head; use --backend candle)"
+            ))
+        }
+    };
+    UnpaddedVision::load(kind, shape, vb).map_err(|e| format!("the unpadded image tower: {e}"))
 }
 
 /// candle's `ClipConfig` from transformers' `config.json`, refusing what candle's CLIP computes

@@ -65,9 +65,10 @@ impl ImageTask {
                  f16 on CUDA when asked)"
             ),
         };
-        if matches!(options.backend, Backend::Fused | Backend::Unpadded) {
+        if options.backend == Backend::Fused {
             return Err(refuse(
-                "--backend fused and --backend unpadded compute BERT-family text encoders",
+                "--backend fused computes BERT-family text encoders (the CPU image tower is \
+                 --backend auto's)",
             ));
         }
         if options.prompt != PromptChoice::ModelDefault || options.max_seq_len.is_some() {
@@ -84,8 +85,9 @@ impl ImageTask {
             other => return Err(refuse(&format!("--precision {other:?}"))),
         };
         // On the CPU, CLIP's and ViT's image towers run on the CPU encoder's kernels unless
-        // candle is asked for; SigLIP's (and the text towers) stay on candle.
-        let cpu_tower = device.is_cpu() && options.backend != Backend::Candle;
+        // candle or the unpadded tower is asked for; SigLIP's (and the text towers) stay on
+        // candle.
+        let cpu_tower = device.is_cpu() && options.backend == Backend::Auto;
         let auto_bf16 = options.precision == Precision::Auto && cpu_tower && auto_tries_bf16(dir)?;
         let cpu_precision = match options.precision {
             Precision::Bf16 => spotinfer_fused_cpu::Precision::Bf16,
@@ -93,9 +95,10 @@ impl ImageTask {
             _ if auto_bf16 => spotinfer_fused_cpu::Precision::Bf16,
             _ => spotinfer_fused_cpu::Precision::F32,
         };
-        let mut towers = match cpu_tower {
-            true => ImageModel::load_with_cpu_tower(dir, cpu_precision)?,
-            false => ImageModel::load_as(dir, &device, dtype)?,
+        let mut towers = match (options.backend, cpu_tower) {
+            (Backend::Unpadded, _) => ImageModel::load_unpadded(dir, &device, dtype)?,
+            (_, true) => ImageModel::load_with_cpu_tower(dir, cpu_precision)?,
+            (_, false) => ImageModel::load_as(dir, &device, dtype)?,
         };
         if matches!(options.precision, Precision::Bf16 | Precision::Int8) {
             check_reduced_precision(dir, &towers, options.precision)?;
@@ -132,7 +135,11 @@ impl ImageTask {
                     t.describe(),
                     if has_text { "; candle text tower" } else { "" }
                 ),
-                _ => format!("{device:?} (candle, {dtype:?})"),
+                None if towers.unpadded().is_some() => format!(
+                    "{device:?} (unpadded image tower, {dtype:?}{})",
+                    if has_text { "; candle text tower" } else { "" }
+                ),
+                None => format!("{device:?} (candle, {dtype:?})"),
             },
             prompts: vec![],
             task,

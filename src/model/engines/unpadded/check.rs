@@ -10,7 +10,8 @@ use candle_core::{DType, Device, Result, Tensor};
 /// One operation at one shape and dtype against its reference.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct KernelCheck {
-    /// The operation (`dense`, `varlen-attention`, `add-layer-norm`).
+    /// The operation (`dense`, `varlen-attention`, `add-layer-norm`,
+    /// `add-layer-norm-keeping-sum`).
     pub op: String,
     /// Its shape, as `tokens x inputs -> outputs` or the like.
     pub shape: String,
@@ -100,25 +101,32 @@ pub fn check_kernels(
         32,
     )?);
     let (x, r) = (random(tokens, d)?, random(tokens, d)?);
-    let norm = |dev: &Device| -> Result<AddNorm> {
-        Ok(AddNorm {
-            gamma: random_on(1, d, 201, dtype)?.squeeze(0)?.to_device(dev)?,
-            beta: random_on(1, d, 202, dtype)?.squeeze(0)?.to_device(dev)?,
-            eps: 1e-12,
-        })
-    };
-    let reference = x.apply_op2(&r, norm(&Device::Cpu)?)?;
-    let got = x
-        .to_device(device)?
-        .apply_op2(&r.to_device(device)?, norm(device)?)?;
-    checks.push(compare(
-        "add-layer-norm",
-        format!("{tokens}x{d}"),
-        &reference,
-        &got,
-        dtype,
-        1,
-    )?);
+    for keep_sum in [false, true] {
+        let norm = |dev: &Device| -> Result<AddNorm> {
+            Ok(AddNorm {
+                gamma: random_on(1, d, 201, dtype)?.squeeze(0)?.to_device(dev)?,
+                beta: random_on(1, d, 202, dtype)?.squeeze(0)?.to_device(dev)?,
+                eps: 1e-12,
+                keep_sum,
+            })
+        };
+        let reference = x.apply_op2(&r, norm(&Device::Cpu)?)?;
+        let got = x
+            .to_device(device)?
+            .apply_op2(&r.to_device(device)?, norm(device)?)?;
+        let op = match keep_sum {
+            false => "add-layer-norm",
+            true => "add-layer-norm-keeping-sum",
+        };
+        checks.push(compare(
+            op,
+            format!("{tokens}x{d}"),
+            &reference,
+            &got,
+            dtype,
+            1,
+        )?);
+    }
     Ok(checks)
 }
 
@@ -206,7 +214,8 @@ mod tests {
                     "dense",
                     "dense",
                     "varlen-attention",
-                    "add-layer-norm"
+                    "add-layer-norm",
+                    "add-layer-norm-keeping-sum"
                 ]
             );
             assert!(

@@ -158,6 +158,7 @@ pub fn add_norm(
         shared_mem_bytes: 0,
     };
     let (width_arg, eps) = (width as i32, op.eps);
+    let rows = tokens * width;
     macro_rules! run {
         ($t:ty, $name:literal) => {{
             let func = dev.get_or_load_custom_func(
@@ -170,23 +171,37 @@ pub fn add_norm(
                 view::<$t>((residual, r_layout))?,
             );
             let (gv, bv) = (view::<$t>((g, g_layout))?, view::<$t>((b, b_layout))?);
-            // SAFETY: every element is written by the kernel (one block a row).
-            let out = unsafe { dev.alloc::<$t>(tokens * width)? };
+            // SAFETY: every element is written by the kernel (one block a row; the sums' half
+            // with keep_sum, which is the only case it exists).
+            let out = unsafe { dev.alloc::<$t>(if op.keep_sum { 2 * rows } else { rows })? };
+            let sums = if op.keep_sum {
+                out.slice(rows..)
+            } else {
+                out.slice(..)
+            };
             let mut args = func.builder();
-            args.arg(&xv).arg(&rv).arg(&gv).arg(&bv).arg(&out);
+            args.arg(&xv)
+                .arg(&rv)
+                .arg(&gv)
+                .arg(&bv)
+                .arg(&out)
+                .arg(&sums);
             args.arg(&width_arg).arg(&eps);
             // SAFETY: the arguments are the kernel's, in its order.
             unsafe { args.launch(config) }.w()?;
             CudaStorage::wrap_cuda_slice(out, dev.clone())
         }};
     }
-    let out = match x.dtype() {
-        DType::F32 => run!(f32, "add_layer_norm_f32"),
-        DType::F16 => run!(half::f16, "add_layer_norm_f16"),
-        DType::BF16 => run!(half::bf16, "add_layer_norm_bf16"),
-        other => candle_core::bail!("add-layer-norm: not in {other:?}"),
+    let out = match (x.dtype(), op.keep_sum) {
+        (DType::F32, false) => run!(f32, "add_layer_norm_f32"),
+        (DType::F16, false) => run!(half::f16, "add_layer_norm_f16"),
+        (DType::BF16, false) => run!(half::bf16, "add_layer_norm_bf16"),
+        (DType::F32, true) => run!(f32, "add_layer_norm_sum_f32"),
+        (DType::F16, true) => run!(half::f16, "add_layer_norm_sum_f16"),
+        (DType::BF16, true) => run!(half::bf16, "add_layer_norm_sum_bf16"),
+        (other, _) => candle_core::bail!("add-layer-norm: not in {other:?}"),
     };
-    Ok((out, x_layout.shape().clone()))
+    Ok((out, op.out_shape(x_layout.shape())?))
 }
 
 /// A contiguous operand's elements on the device.

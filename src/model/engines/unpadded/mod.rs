@@ -13,6 +13,8 @@
 //! 7. the feed-forward's second product with its bias;
 //! 8. the residual add and LayerNorm.
 //!
+//! CLIP's and ViT's image towers run on the same operations (`vision`).
+//!
 //! Every operation runs on candle's CPU backend too, through its reference (`ops.rs`), so the
 //! whole graph is tested on machines without a GPU against the padded encoder. It is opt-in
 //! (`--backend unpadded`) until the GPU check (`bench/gpu-check.sh`) has passed on a GPU.
@@ -22,6 +24,7 @@ pub mod check;
 mod cuda;
 mod gemm;
 mod ops;
+pub mod vision;
 
 use super::candle_bert::CandleBert;
 use crate::model::TokenIds;
@@ -95,16 +98,7 @@ impl Packed {
 impl UnpaddedBert {
     /// The padded encoder's weights, arranged for packed batches (no copy: the same tensors).
     pub fn new(bert: &CandleBert) -> Result<Self> {
-        let norm = |n: &candle_nn::LayerNorm| -> Result<AddNorm> {
-            let Some(beta) = n.bias() else {
-                candle_core::bail!("a LayerNorm without a bias");
-            };
-            Ok(AddNorm {
-                gamma: n.weight().clone(),
-                beta: beta.clone(),
-                eps: n.eps() as f32,
-            })
-        };
+        let norm = AddNorm::new;
         let dense = |l: &candle_nn::Linear| -> Result<Dense> {
             let Some(bias) = l.bias() else {
                 candle_core::bail!("a dense layer without a bias");
@@ -357,6 +351,7 @@ mod tests {
                 gamma: g.clone(),
                 beta: b.clone(),
                 eps: 1e-12,
+                keep_sum: false,
             };
             let got = x.apply_op2(&r, op).unwrap();
             let norm = candle_nn::LayerNorm::new(g, b, 1e-12);
@@ -429,6 +424,7 @@ mod tests {
                 gamma: cast(&g),
                 beta: cast(&b),
                 eps: 1e-5,
+                keep_sum: false,
             };
             let got = cast(&x).apply_op2(&cast(&r), op(&cast)).unwrap();
             assert_eq!(got.dtype(), dtype);

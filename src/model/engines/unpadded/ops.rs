@@ -7,7 +7,8 @@
 //! * [`VarlenAttention`]: attention within each sequence of a packed batch, online softmax over
 //!   tiles of 32 keys (`kernels/varlen_attention.cu`);
 //! * [`AddNorm`]: `LayerNorm(x + residual)`, one block-wide reduction per row
-//!   (`kernels/add_layer_norm.cu`).
+//!   (`kernels/add_layer_norm.cu`); for a pre-LayerNorm tower (CLIP's and ViT's image towers) it
+//!   also gives the sum, the residual stream the next layer adds to.
 
 use super::gemm::GemmCall;
 use candle_core::backend::BackendStorage;
@@ -186,12 +187,47 @@ impl CustomOp2 for VarlenAttention {
 }
 
 /// `LayerNorm(x + residual)·gamma + beta` over each row of `(tokens, width)`, with the sums as the
-/// kernel's block adds them ([`block_sum`]).
+/// kernel's block adds them ([`block_sum`]). With `keep_sum` the result is `(2, tokens, width)`:
+/// the normalised rows, then `x + residual` rounded to the dtype (a pre-LayerNorm layer needs
+/// both, and one pass writes both).
 #[derive(Clone)]
 pub struct AddNorm {
     pub gamma: Tensor,
     pub beta: Tensor,
     pub eps: f32,
+    pub keep_sum: bool,
+}
+
+impl AddNorm {
+    /// A LayerNorm's weights as the op, giving the normalised rows alone.
+    pub fn new(norm: &candle_nn::LayerNorm) -> Result<Self> {
+        let Some(beta) = norm.bias() else {
+            candle_core::bail!("a LayerNorm without a bias");
+        };
+        Ok(Self {
+            gamma: norm.weight().clone(),
+            beta: beta.clone(),
+            eps: norm.eps() as f32,
+            keep_sum: false,
+        })
+    }
+
+    /// The same norm, also giving the sum.
+    pub fn keeping_sum(&self) -> Self {
+        Self {
+            keep_sum: true,
+            ..self.clone()
+        }
+    }
+
+    /// The output's shape for `(tokens, width)` operands.
+    pub fn out_shape(&self, shape: &Shape) -> Result<Shape> {
+        let (tokens, width) = shape.dims2()?;
+        Ok(match self.keep_sum {
+            true => Shape::from((2, tokens, width)),
+            false => Shape::from((tokens, width)),
+        })
+    }
 }
 
 impl CustomOp2 for AddNorm {
@@ -212,7 +248,8 @@ impl CustomOp2 for AddNorm {
         }
         let (g, b) = (host_f32(&self.gamma)?, host_f32(&self.beta)?);
         let (x_values, r_values) = (f32s(x, x_layout)?, f32s(residual, r_layout)?);
-        let mut out = vec![0f32; tokens * width];
+        let rows = tokens * width;
+        let mut out = vec![0f32; if self.keep_sum { 2 * rows } else { rows }];
         for row in 0..tokens {
             let span = row * width..(row + 1) * width;
             let v: Vec<f32> = x_values[span.clone()]
@@ -223,11 +260,14 @@ impl CustomOp2 for AddNorm {
             let mean = block_sum(&v) / width as f32;
             let squares: Vec<f32> = v.iter().map(|x| (x - mean) * (x - mean)).collect();
             let inv = 1.0 / (block_sum(&squares) / width as f32 + self.eps).sqrt();
-            for (i, o) in out[span].iter_mut().enumerate() {
+            for (i, o) in out[span.clone()].iter_mut().enumerate() {
                 *o = (v[i] - mean) * inv * g[i] + b[i];
             }
+            if self.keep_sum {
+                out[rows + span.start..rows + span.end].copy_from_slice(&v);
+            }
         }
-        Ok((storage(out, x.dtype())?, x_layout.shape().clone()))
+        Ok((storage(out, x.dtype())?, self.out_shape(x_layout.shape())?))
     }
 
     #[cfg(feature = "cuda")]

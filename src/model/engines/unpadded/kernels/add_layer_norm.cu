@@ -1,4 +1,6 @@
-// out = LayerNorm(x + residual) · gamma + beta, one block of THREADS threads per row, f32 sums.
+// out = LayerNorm(x + residual) · gamma + beta, one block of THREADS threads per row, f32 sums;
+// the _sum kernels also write x + residual to sum_out (a pre-LayerNorm layer's residual stream;
+// a template argument, so the plain kernels keep their registers).
 // The reference is `AddNorm::cpu_fwd` (ops.rs), which adds in the same order: thread t sums the
 // row's elements t, t + THREADS, … in turn; each warp folds its lanes by xor-shuffles of 16, 8,
 // 4, 2, 1; the warps' sums are added in warp order. Compiled with --fmad=false, so every product
@@ -18,10 +20,11 @@ __device__ float block_sum(float v, float* warp_sums) {
     return total;
 }
 
-template <typename T>
+template <typename T, bool KEEP_SUM>
 __device__ void add_layer_norm(const typename T::raw* x, const typename T::raw* residual,
                                const typename T::raw* gamma, const typename T::raw* beta,
-                               typename T::raw* out, int width, float eps) {
+                               typename T::raw* out, typename T::raw* sum_out, int width,
+                               float eps) {
     __shared__ float warp_sums[THREADS / 32];
     const long row = blockIdx.x;
     const typename T::raw* xr = x + row * width;
@@ -47,16 +50,20 @@ __device__ void add_layer_norm(const typename T::raw* x, const typename T::raw* 
         if (i < width) {
             float y = (v[r] - mean) * inv * load(gamma[i], T()) + load(beta[i], T());
             out[row * width + i] = store(y, T());
+            if (KEEP_SUM) sum_out[row * width + i] = store(v[r], T());
         }
     }
 }
 
-#define INSTANTIATE(NAME, T)                                                                  \
+#define INSTANTIATE(NAME, T, KEEP_SUM)                                                        \
     extern "C" __global__ void __launch_bounds__(THREADS) NAME(                               \
         const T::raw* x, const T::raw* residual, const T::raw* gamma, const T::raw* beta,      \
-        T::raw* out, int width, float eps) {                                                  \
-        add_layer_norm<T>(x, residual, gamma, beta, out, width, eps);                        \
+        T::raw* out, T::raw* sum_out, int width, float eps) {                                 \
+        add_layer_norm<T, KEEP_SUM>(x, residual, gamma, beta, out, sum_out, width, eps);     \
     }
-INSTANTIATE(add_layer_norm_f32, F32)
-INSTANTIATE(add_layer_norm_f16, F16)
-INSTANTIATE(add_layer_norm_bf16, BF16)
+INSTANTIATE(add_layer_norm_f32, F32, false)
+INSTANTIATE(add_layer_norm_f16, F16, false)
+INSTANTIATE(add_layer_norm_bf16, BF16, false)
+INSTANTIATE(add_layer_norm_sum_f32, F32, true)
+INSTANTIATE(add_layer_norm_sum_f16, F16, true)
+INSTANTIATE(add_layer_norm_sum_bf16, BF16, true)
