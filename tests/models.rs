@@ -136,7 +136,9 @@ fn every_fixture_model_matches_sentence_transformers_on_both_encoders() {
 /// batches gives the padded encoder's vectors within 2e-6 of each element (relative past 1): the
 /// sums run in other orders (measured worst 1.19e-6, ten f32 steps at 1.0; most models under
 /// 7e-7). The unpadded graph,
-/// run by candle's CPU backend through its kernels' references, batched and alone.
+/// run by candle's CPU backend through its kernels' references, batched and alone. Packed to
+/// CUDA-graph buckets (`--backend unpadded-graphs`: padding sequences and empty ones added), the
+/// texts' vectors stay within 1e-6 of the plain packed ones.
 #[test]
 fn every_pooling_on_packed_batches_gives_the_padded_vectors() {
     let reference = reference();
@@ -152,18 +154,30 @@ fn every_pooling_on_packed_batches_gives_the_padded_vectors() {
                 (None, None) => PromptChoice::ModelDefault,
             };
             let padded = load(name, Backend::Candle, choice.clone());
-            let packed = load(name, Backend::Unpadded, choice);
+            let packed = load(name, Backend::Unpadded, choice.clone());
+            let bucketed = load(name, Backend::UnpaddedGraphs, choice);
             let a = padded.embed(&texts).unwrap().vectors;
-            let mut worst = 0f32;
+            let g = bucketed.embed(&texts).unwrap().vectors;
+            assert!(bucketed.info().device.contains("CUDA graphs per bucket"));
+            let (mut worst, mut worst_bucketed) = (0f32, 0f32);
             for (i, b) in packed.embed(&texts).unwrap().vectors.iter().enumerate() {
                 let alone = &packed.embed(&[texts[i]]).unwrap().vectors[0];
                 for (x, (y, z)) in a[i].iter().zip(b.iter().zip(alone)) {
                     worst = worst.max((x - y).abs().max((x - z).abs()) / x.abs().max(1.0));
                 }
+                for (y, w) in b.iter().zip(&g[i]) {
+                    worst_bucketed = worst_bucketed.max((y - w).abs() / y.abs().max(1.0));
+                }
             }
             assert!(worst <= 2e-6, "{name} {:?}: {worst}", case["prompt_name"]);
+            assert!(
+                worst_bucketed <= 1e-6,
+                "{name} {:?}: bucketed {worst_bucketed}",
+                case["prompt_name"]
+            );
             eprintln!(
-                "{name} {:?}: packed against padded {worst:.2e}",
+                "{name} {:?}: packed against padded {worst:.2e}, bucketed against packed \
+                 {worst_bucketed:.2e}",
                 case["prompt_name"]
             );
         }

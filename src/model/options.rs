@@ -37,6 +37,10 @@ pub enum Backend {
     /// The candle encoder on packed batches with fused kernels on CUDA
     /// (`src/model/engines/unpadded`): opt-in until the GPU check has passed on a GPU.
     Unpadded,
+    /// `Unpadded` with batches packed to buckets and, on CUDA, each bucket's launches captured
+    /// once in a CUDA graph and replayed (`src/model/engines/unpadded/graphs.rs`): opt-in until
+    /// the GPU check has passed on a GPU.
+    UnpaddedGraphs,
 }
 
 impl Choice for Backend {
@@ -45,6 +49,7 @@ impl Choice for Backend {
         ("fused", Self::Fused),
         ("candle", Self::Candle),
         ("unpadded", Self::Unpadded),
+        ("unpadded-graphs", Self::UnpaddedGraphs),
     ];
 }
 

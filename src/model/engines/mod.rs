@@ -140,11 +140,12 @@ impl Engine {
             Self::Unpadded(model, pooling, stages) => {
                 let mut clock = StageClock::start(stages, model.device());
                 let packed = unpadded::Packed::new(batch.iter().map(|(e, _)| *e), model)?;
+                let starts = packed.starts.clone();
                 clock.lap(|s| &mut s.inputs_s)?;
-                let hidden = model.forward(&packed)?;
+                let hidden = model.run(packed)?;
                 clock.lap(|s| &mut s.encoder_s)?;
                 let skips: Vec<usize> = batch.iter().map(|(_, skip)| *skip).collect();
-                let vectors = unpadded::pool(&hidden, &packed.starts, *pooling, &skips)?;
+                let vectors = unpadded::pool(&hidden, &starts, *pooling, &skips)?;
                 let vectors = vectors.to_vec2::<f32>()?;
                 clock.lap(|s| &mut s.outputs_s)?;
                 clock.done();
@@ -198,10 +199,11 @@ impl Engine {
             Self::Unpadded(model, _, stages) => {
                 let mut clock = StageClock::start(stages, model.device());
                 let packed = unpadded::Packed::new(batch.iter().copied(), model)?;
+                let starts = packed.starts.clone();
                 clock.lap(|s| &mut s.inputs_s)?;
-                let hidden = model.forward(&packed)?;
+                let hidden = model.run(packed)?;
                 clock.lap(|s| &mut s.encoder_s)?;
-                let rows = unpadded::token_rows(&hidden, &packed.starts, first_only)?;
+                let rows = unpadded::token_rows(&hidden, &starts, first_only)?;
                 clock.lap(|s| &mut s.outputs_s)?;
                 clock.done();
                 Ok(rows)
@@ -319,17 +321,19 @@ fn candle_bert(spec: &ModelSpec, device: &Device, dtype: DType) -> Result<Candle
 }
 
 /// The unpadded encoder on `device`, its weights converted to `dtype` (the padded encoder's
-/// loading, then the same tensors arranged for packed batches).
+/// loading, then the same tensors arranged for packed batches), with CUDA graphs per bucket
+/// when `cuda_graphs`.
 pub(super) fn load_unpadded(
     spec: &ModelSpec,
     device: &Device,
     dtype: DType,
+    cuda_graphs: bool,
 ) -> Result<Engine, ModelError> {
-    let model =
-        UnpaddedBert::new(&candle_bert(spec, device, dtype)?).map_err(|e| ModelError::Config {
-            path: spec.dir.clone(),
-            message: e.to_string(),
-        })?;
+    let bert = candle_bert(spec, device, dtype)?;
+    let model = UnpaddedBert::new(&bert, cuda_graphs).map_err(|e| ModelError::Config {
+        path: spec.dir.clone(),
+        message: e.to_string(),
+    })?;
     Ok(Engine::Unpadded(model, spec.pooling.mode, None))
 }
 

@@ -114,7 +114,9 @@ impl ImageModel {
         // The CPU tower first: its reader maps the file and lets it go before candle maps it
         // for the rest, so the two mappings never add up in the worker's peak memory.
         let mut image_tower = match choice {
-            TowerChoice::Fused(p) => FusedImages::load(dir, &config, p)?.map(|t| ImageTower::Fused(Box::new(t))),
+            TowerChoice::Fused(p) => {
+                FusedImages::load(dir, &config, p)?.map(|t| ImageTower::Fused(Box::new(t)))
+            }
             _ => None,
         };
         let weights = dir.join("model.safetensors");

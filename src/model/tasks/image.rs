@@ -65,6 +65,12 @@ impl ImageTask {
                  f16 on CUDA when asked)"
             ),
         };
+        if options.backend == Backend::UnpaddedGraphs {
+            return Err(refuse(
+                "--backend unpadded-graphs computes BERT-family text encoders (image towers: \
+                 --backend unpadded)",
+            ));
+        }
         if options.backend == Backend::Fused {
             return Err(refuse(
                 "--backend fused computes BERT-family text encoders (the CPU image tower is \

@@ -98,7 +98,7 @@ impl TextModel {
         let device = select_device(options.device)?;
         let fused = match options.backend {
             Backend::Fused => true,
-            Backend::Candle | Backend::Unpadded => false,
+            Backend::Candle | Backend::Unpadded | Backend::UnpaddedGraphs => false,
             Backend::Auto => device.is_cpu(),
         };
         let (engine, dtype) = if fused {
@@ -110,10 +110,10 @@ impl TextModel {
                 (Precision::Auto, task) if task != Task::Embed => candle_core::DType::F32,
                 (precision, _) => candle_dtype(precision, &device)?,
             };
-            let engine = if options.backend == Backend::Unpadded {
-                load_unpadded(&spec, &device, dtype)?
-            } else {
-                load_candle(&spec, &device, dtype)?
+            let engine = match options.backend {
+                Backend::Unpadded => load_unpadded(&spec, &device, dtype, false)?,
+                Backend::UnpaddedGraphs => load_unpadded(&spec, &device, dtype, true)?,
+                _ => load_candle(&spec, &device, dtype)?,
             };
             (engine, Some(dtype))
         };
@@ -130,6 +130,9 @@ impl TextModel {
                 None => "Cpu (fused, f32)".into(),
                 Some(dtype) if options.backend == Backend::Unpadded => {
                     format!("{device:?} (candle unpadded, {dtype:?})")
+                }
+                Some(dtype) if options.backend == Backend::UnpaddedGraphs => {
+                    format!("{device:?} (candle unpadded, CUDA graphs per bucket, {dtype:?})")
                 }
                 Some(dtype) => format!("{device:?} (candle, {dtype:?})"),
             },

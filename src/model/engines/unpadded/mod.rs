@@ -13,7 +13,9 @@
 //! 7. the feed-forward's second product with its bias;
 //! 8. the residual add and LayerNorm.
 //!
-//! CLIP's and ViT's image towers run on the same operations (`vision`).
+//! CLIP's and ViT's image towers run on the same operations (`vision`); with `--backend
+//! unpadded-graphs` a batch is packed to a size bucket and each bucket's launches are captured
+//! once in a CUDA graph and replayed (`graphs`).
 //!
 //! Every operation runs on candle's CPU backend too, through its reference (`ops.rs`), so the
 //! whole graph is tested on machines without a GPU against the padded encoder. It is opt-in
@@ -23,6 +25,7 @@ pub mod check;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod gemm;
+pub mod graphs;
 mod ops;
 pub mod vision;
 
@@ -42,6 +45,8 @@ pub struct UnpaddedBert {
     layers: Vec<Layer>,
     attention: VarlenAttention,
     position_offset: u32,
+    /// CUDA graphs per bucket (`graphs`), when asked for: batches are then packed to buckets.
+    graphs: Option<graphs::Graphs>,
 }
 
 struct Layer {
@@ -54,50 +59,83 @@ struct Layer {
 }
 
 /// A batch's texts packed end to end, as the unpadded encoder reads them: ids, token types and
-/// positions `(tokens)` u32 on the device, and `cu_seqlens` (texts + 1: each text's first row,
-/// then the total) on the device and on the host.
+/// positions `(tokens)` u32 on the device, and `cu_seqlens` (sequences + 1: each one's first row,
+/// then the total) on the device; the texts' bounds on the host.
 pub struct Packed {
     ids: Tensor,
     types: Tensor,
     positions: Tensor,
     cu_seqlens: Tensor,
-    /// `cu_seqlens` on the host.
+    /// Each text's first row, then the texts' total (the bucket's padding left out).
     pub starts: Vec<u32>,
     max_len: usize,
+    /// The bucket it was padded to, and its arrays on the host (for a CUDA graph's inputs).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    bucket: Option<graphs::Bucket>,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    host: Option<HostBatch>,
+}
+
+/// A packed batch's arrays on the host, before they go to the device.
+pub struct HostBatch {
+    /// Token ids, end to end.
+    pub ids: Vec<u32>,
+    /// Token types.
+    pub types: Vec<u32>,
+    /// Positions.
+    pub positions: Vec<u32>,
+    /// `cu_seqlens`.
+    pub bounds: Vec<u32>,
 }
 
 impl Packed {
     /// Packs `batch` for `model`'s device: each text's positions count from the model's offset.
+    /// With CUDA graphs on, the batch is padded to its bucket (`graphs::Bucket`).
     pub fn new<'a>(
         batch: impl Iterator<Item = &'a TokenIds>,
         model: &UnpaddedBert,
     ) -> Result<Self> {
-        let (mut ids, mut types, mut positions, mut starts) = (vec![], vec![], vec![], vec![0u32]);
-        let mut max_len = 0;
+        let mut host = HostBatch {
+            ids: vec![],
+            types: vec![],
+            positions: vec![],
+            bounds: vec![0u32],
+        };
+        let mut lengths = vec![];
         for text in batch {
-            ids.extend_from_slice(&text.ids);
-            types.extend_from_slice(&text.type_ids);
+            host.ids.extend_from_slice(&text.ids);
+            host.types.extend_from_slice(&text.type_ids);
             let first = model.position_offset;
-            positions.extend(first..first + text.len() as u32);
-            starts.push(ids.len() as u32);
-            max_len = max_len.max(text.len());
+            host.positions.extend(first..first + text.len() as u32);
+            host.bounds.push(host.ids.len() as u32);
+            lengths.push(text.len());
+        }
+        let starts = host.bounds.clone();
+        let mut max_len = lengths.iter().copied().max().unwrap_or(0);
+        let bucket = model.graphs.as_ref().map(|_| graphs::Bucket::of(&lengths));
+        if let Some(bucket) = bucket {
+            bucket.pad(&mut host, model.position_offset);
+            max_len = bucket.max_len;
         }
         let device = model.device();
         let tensor = |v: &[u32]| Tensor::from_slice(v, v.len(), device);
         Ok(Self {
-            ids: tensor(&ids)?,
-            types: tensor(&types)?,
-            positions: tensor(&positions)?,
-            cu_seqlens: tensor(&starts)?,
+            ids: tensor(&host.ids)?,
+            types: tensor(&host.types)?,
+            positions: tensor(&host.positions)?,
+            cu_seqlens: tensor(&host.bounds)?,
             starts,
             max_len,
+            bucket,
+            host: bucket.map(|_| host),
         })
     }
 }
 
 impl UnpaddedBert {
-    /// The padded encoder's weights, arranged for packed batches (no copy: the same tensors).
-    pub fn new(bert: &CandleBert) -> Result<Self> {
+    /// The padded encoder's weights, arranged for packed batches (no copy: the same tensors);
+    /// with `cuda_graphs`, batches are packed to buckets and, on CUDA, run by a graph per bucket.
+    pub fn new(bert: &CandleBert, cuda_graphs: bool) -> Result<Self> {
         let norm = AddNorm::new;
         let dense = |l: &candle_nn::Linear| -> Result<Dense> {
             let Some(bias) = l.bias() else {
@@ -144,7 +182,17 @@ impl UnpaddedBert {
                 max_len: 0,
             },
             position_offset: bert.position_offset,
+            graphs: cuda_graphs.then(graphs::Graphs::default),
         })
+    }
+
+    /// The last hidden state of a batch's tokens, as [`UnpaddedBert::forward`] gives it: by the
+    /// batch's bucket's CUDA graph when graphs are on (rows past the texts' are padding).
+    pub fn run(&self, batch: Packed) -> Result<Tensor> {
+        match &self.graphs {
+            Some(graphs) => graphs.run(self, batch),
+            None => self.forward(&batch),
+        }
     }
 
     /// The last hidden state of every token of the batch, `(tokens, hidden)` in the model's
@@ -276,7 +324,7 @@ mod tests {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/bert-mean-old");
         let spec = ModelSpec::read(&dir).unwrap();
         let bert = super::super::candle_bert(&spec, &Device::Cpu, DType::F32).unwrap();
-        UnpaddedBert::new(&bert).unwrap()
+        UnpaddedBert::new(&bert, false).unwrap()
     }
 
     fn texts(lengths: &[usize]) -> Vec<TokenIds> {
@@ -337,6 +385,31 @@ mod tests {
         // The nodes between the layer's input and its output, the input itself excluded.
         let operations = out.sorted_nodes().len() - 1;
         assert_eq!(operations, 8);
+    }
+
+    /// Packed to its CUDA-graph bucket, a batch runs on padding rows and empty sequences past
+    /// its texts, and its texts' rows are those of the plain packed batch, bit for bit (each
+    /// padding sequence attends only to itself; every other operation is row by row).
+    #[test]
+    fn a_bucketed_batch_gives_the_plain_batchs_rows() {
+        let plain = fixture();
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/bert-mean-old");
+        let spec = ModelSpec::read(&dir).unwrap();
+        let bert = super::super::candle_bert(&spec, &Device::Cpu, DType::F32).unwrap();
+        let bucketed = UnpaddedBert::new(&bert, true).unwrap();
+        let texts = texts(&[5, 17, 1, 40, 3]);
+        let a = Packed::new(texts.iter(), &plain).unwrap();
+        let b = Packed::new(texts.iter(), &bucketed).unwrap();
+        let bucket = b.bucket.unwrap();
+        assert_eq!(
+            (bucket.tokens, bucket.sequences, bucket.max_len),
+            (128, 8, 64)
+        );
+        assert_eq!(b.cu_seqlens.dims1().unwrap(), 9);
+        assert_eq!(a.starts, b.starts);
+        let (x, y) = (plain.run(a).unwrap(), bucketed.run(b).unwrap());
+        assert_eq!(y.dims2().unwrap().0, 128);
+        assert_eq!(largest_difference(&x, &y.narrow(0, 0, 66).unwrap()), 0.0);
     }
 
     /// The residual add and LayerNorm equals candle's LayerNorm of the sum (which sums in
