@@ -212,10 +212,13 @@ fn view<'a, T: CudaDType>((s, layout): (&'a CudaStorage, &Layout)) -> Result<Cud
     Ok(s.as_cuda_slice::<T>()?.slice(start..end))
 }
 
+/// Compiled PTX by (module, architecture).
+type PtxCache = HashMap<(String, i32), Arc<str>>;
+
 /// A kernel module's PTX, compiled by NVRTC for this device's architecture the first time
 /// (candle then loads it once per device, by the module's name).
 fn ptx(dev: &CudaDevice, module: &str) -> Result<Arc<str>> {
-    static PTX: OnceLock<Mutex<HashMap<(String, i32), Arc<str>>>> = OnceLock::new();
+    static PTX: OnceLock<Mutex<PtxCache>> = OnceLock::new();
     let (major, minor) = dev.cuda_stream().context().compute_capability().w()?;
     let arch = major * 10 + minor;
     let mut compiled = PTX
