@@ -28,43 +28,22 @@ impl FusedImages {
         config: &Value,
         precision: Precision,
     ) -> Result<Option<Self>, ModelError> {
-        let architecture = config["architectures"][0].as_str().unwrap_or("");
-        let (layout, c) = match architecture {
-            "CLIPModel" => (VisionLayout::Clip, &config["vision_config"]),
-            "ViTForImageClassification" => (VisionLayout::Vit, config),
-            _ => return Ok(None),
+        let Some(dims) = vision_dims(dir, config)? else {
+            return Ok(None);
         };
+        let layout = dims.layout;
         let path = dir.join("config.json");
-        let unsupported = |message: String| ModelError::Unsupported {
-            path: path.clone(),
-            message,
-        };
-        let n = |k: &str| -> Result<usize, ModelError> {
-            c[k].as_u64()
-                .map(|v| v as usize)
-                .ok_or_else(|| unsupported(format!("{architecture}: no {k}")))
-        };
         if layout == VisionLayout::Vit {
-            let act = c["hidden_act"].as_str().unwrap_or("gelu");
-            if act != "gelu" || c["qkv_bias"].as_bool() == Some(false) {
-                return Err(unsupported(format!(
-                    "ViT hidden_act {act:?} or qkv_bias false: the CPU tower computes exact GELU with biases"
-                )));
+            let act = config["hidden_act"].as_str().unwrap_or("gelu");
+            if act != "gelu" || config["qkv_bias"].as_bool() == Some(false) {
+                return Err(ModelError::Unsupported {
+                    path,
+                    message: format!(
+                        "ViT hidden_act {act:?} or qkv_bias false: the CPU tower computes exact GELU with biases"
+                    ),
+                });
             }
         }
-        let dims = VisionDims {
-            hidden: n("hidden_size")?,
-            heads: n("num_attention_heads")?,
-            intermediate: n("intermediate_size")?,
-            layers: n("num_hidden_layers")?,
-            image_size: n("image_size")?,
-            patch: n("patch_size")?,
-            eps: c["layer_norm_eps"].as_f64().unwrap_or(match layout {
-                VisionLayout::Clip => 1e-5,
-                VisionLayout::Vit => 1e-12,
-            }) as f32,
-            layout,
-        };
         let weights = dir.join("model.safetensors");
         let tower = CpuVision::load(&weights, dims, precision).map_err(|e| match e {
             spotinfer_fused_cpu::FusedError::Unsupported(m) => ModelError::Precision(m),
@@ -125,6 +104,39 @@ impl FusedImages {
     pub fn describe(&self) -> String {
         format!("{:?} on {}", self.tower.precision(), self.tower.kernels())
     }
+}
+
+/// The image tower's shape of `CLIPModel` or `ViTForImageClassification` from its parsed
+/// `config.json` in `dir`; `None` for another architecture (SigLIP). Shared by the CPU tower and
+/// the unpadded one (`super::unpadded::vision`).
+pub fn vision_dims(dir: &Path, config: &Value) -> Result<Option<VisionDims>, ModelError> {
+    let architecture = config["architectures"][0].as_str().unwrap_or("");
+    let (layout, c) = match architecture {
+        "CLIPModel" => (VisionLayout::Clip, &config["vision_config"]),
+        "ViTForImageClassification" => (VisionLayout::Vit, config),
+        _ => return Ok(None),
+    };
+    let n = |k: &str| -> Result<usize, ModelError> {
+        c[k].as_u64()
+            .map(|v| v as usize)
+            .ok_or_else(|| ModelError::Unsupported {
+                path: dir.join("config.json"),
+                message: format!("{architecture}: no {k}"),
+            })
+    };
+    Ok(Some(VisionDims {
+        hidden: n("hidden_size")?,
+        heads: n("num_attention_heads")?,
+        intermediate: n("intermediate_size")?,
+        layers: n("num_hidden_layers")?,
+        image_size: n("image_size")?,
+        patch: n("patch_size")?,
+        eps: c["layer_norm_eps"].as_f64().unwrap_or(match layout {
+            VisionLayout::Clip => 1e-5,
+            VisionLayout::Vit => 1e-12,
+        }) as f32,
+        layout,
+    }))
 }
 
 /// Eight generated 320 × 240 pictures, through the model's processor: gradients, stripes,

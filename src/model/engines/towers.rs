@@ -7,7 +7,7 @@
 //! those are refused at load (see [`ImageModel::load`]).
 
 use super::fused_images::FusedImages;
-use super::unpadded::vision::{UnpaddedVision, VisionAct, VisionKind, VisionShape};
+use super::unpadded::vision::{UnpaddedVision, VisionAct};
 use crate::model::image::Processor;
 use crate::model::spec::read_json;
 use crate::model::ModelError;
@@ -16,6 +16,7 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::{clip, siglip, vit};
 use serde_json::Value;
 use spotinfer_fused_cpu::Precision;
+use spotinfer_fused_cpu::VisionLayout;
 use std::path::{Path, PathBuf};
 
 /// The network of an image model folder.
@@ -360,51 +361,30 @@ fn unpadded_tower(
     path: &Path,
     vb: VarBuilder,
 ) -> Result<UnpaddedVision, String> {
-    let (kind, shape) = match architecture {
-        "CLIPModel" => {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let refused = format!(
+        "{architecture}: the unpadded backend computes CLIP's and ViT's image towers (SigLIP's \
+         ends in an attention-pooling head; use --backend candle)"
+    );
+    let dims = super::fused_images::vision_dims(dir, config)
+        .map_err(|e| e.to_string())?
+        .ok_or(refused)?;
+    let (outputs, act) = match dims.layout {
+        VisionLayout::Clip => {
             let c = clip_config(config)?.vision_config;
-            let shape = VisionShape {
-                hidden: c.embed_dim,
-                heads: c.num_attention_heads,
-                intermediate: c.intermediate_size,
-                layers: c.num_hidden_layers,
-                image_size: c.image_size,
-                patch: c.patch_size,
-                eps: 1e-5,
-                outputs: c.projection_dim,
-                act: VisionAct::QuickGelu,
-            };
-            (VisionKind::Clip, shape)
+            (c.projection_dim, VisionAct::QuickGelu)
         }
-        "ViTForImageClassification" => {
+        VisionLayout::Vit => {
             let c: vit::Config = candle_config(config, architecture)?;
             if !c.qkv_bias {
                 return Err("ViT qkv_bias false: the unpadded tower's products have biases".into());
             }
-            let labels = crate::model::spec::labels(config, path)
-                .map_err(|e| e.to_string())?
-                .len();
-            let shape = VisionShape {
-                hidden: c.hidden_size,
-                heads: c.num_attention_heads,
-                intermediate: c.intermediate_size,
-                layers: c.num_hidden_layers,
-                image_size: c.image_size,
-                patch: c.patch_size,
-                eps: c.layer_norm_eps,
-                outputs: labels,
-                act: VisionAct::Candle(c.hidden_act),
-            };
-            (VisionKind::Vit, shape)
-        }
-        other => {
-            return Err(format!(
-                "{other}: the unpadded backend computes CLIP's and ViT's image towers (SigLIP's \
-                 ends in an attention-pooling head; use --backend candle)"
-            ))
+            let labels = crate::model::spec::labels(config, path).map_err(|e| e.to_string())?;
+            (labels.len(), VisionAct::Candle(c.hidden_act))
         }
     };
-    UnpaddedVision::load(kind, shape, vb).map_err(|e| format!("the unpadded image tower: {e}"))
+    UnpaddedVision::load(dims, outputs, act, vb)
+        .map_err(|e| format!("the unpadded image tower: {e}"))
 }
 
 /// candle's `ClipConfig` from transformers' `config.json`, refusing what candle's CLIP computes

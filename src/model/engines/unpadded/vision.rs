@@ -22,38 +22,7 @@ use super::ops::{AddNorm, Dense, VarlenAttention};
 use candle_core::{DType, IndexOp, Module, Result, Tensor};
 use candle_nn::{Activation, VarBuilder};
 use candle_transformers::models::clip::text_model::Activation::QuickGelu;
-
-/// Which image tower the weights are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum VisionKind {
-    /// `CLIPModel`'s `vision_model` with `visual_projection`.
-    Clip,
-    /// `ViTForImageClassification`'s `vit` with `classifier`.
-    Vit,
-}
-
-/// A vision tower's sizes, from the folder's `config.json`.
-#[derive(Debug, Clone, Copy)]
-pub struct VisionShape {
-    /// The hidden width.
-    pub hidden: usize,
-    /// Attention heads.
-    pub heads: usize,
-    /// The feed-forward's inner width.
-    pub intermediate: usize,
-    /// Transformer layers.
-    pub layers: usize,
-    /// The square picture's side, in pixels.
-    pub image_size: usize,
-    /// The square patch's side, in pixels.
-    pub patch: usize,
-    /// The LayerNorms' epsilon.
-    pub eps: f64,
-    /// The head's outputs: CLIP's projection width, ViT's labels.
-    pub outputs: usize,
-    /// The feed-forward's activation.
-    pub act: VisionAct,
-}
+use spotinfer_fused_cpu::{VisionDims, VisionLayout};
 
 /// A feed-forward's activation, computed by the same candle code as the model's candle
 /// implementation computes it.
@@ -102,10 +71,11 @@ pub struct UnpaddedVision {
 }
 
 impl UnpaddedVision {
-    /// The tower of `kind` with `shape` from `vb` (the model file's root), in `vb`'s dtype and
-    /// on its device.
-    pub fn load(kind: VisionKind, shape: VisionShape, vb: VarBuilder) -> Result<Self> {
-        let (w, heads) = (shape.hidden, shape.heads);
+    /// The tower of `dims` (the shape the CPU tower reads too) with a head of `outputs` (CLIP's
+    /// projection width, ViT's labels) and the feed-forward's `act`, from `vb` (the model file's
+    /// root), in `vb`'s dtype and on its device.
+    pub fn load(dims: VisionDims, outputs: usize, act: VisionAct, vb: VarBuilder) -> Result<Self> {
+        let (w, heads) = (dims.hidden, dims.heads);
         if heads == 0 || w % heads != 0 || w / heads > super::ops::MAX_HEAD_DIM {
             candle_core::bail!(
                 "{heads} heads over {w}: the attention kernel takes heads of 128 at most"
@@ -114,30 +84,31 @@ impl UnpaddedVision {
         if w > super::ops::MAX_NORM_WIDTH {
             candle_core::bail!("a width of {w}: the LayerNorm kernel takes rows of 2048 at most");
         }
-        let norm =
-            |vb: VarBuilder| candle_nn::layer_norm(w, shape.eps, vb).and_then(|n| AddNorm::new(&n));
-        let tokens = (shape.image_size / shape.patch).pow(2) + 1;
+        let norm = |vb: VarBuilder| {
+            candle_nn::layer_norm(w, f64::from(dims.eps), vb).and_then(|n| AddNorm::new(&n))
+        };
+        let tokens = (dims.image_size / dims.patch).pow(2) + 1;
         let conv = candle_nn::Conv2dConfig {
-            stride: shape.patch,
+            stride: dims.patch,
             ..Default::default()
         };
-        let (root, layer_names) = match kind {
-            VisionKind::Clip => (vb.pp("vision_model"), LayerNames::CLIP),
-            VisionKind::Vit => (vb.pp("vit"), LayerNames::VIT),
+        let (root, layer_names) = match dims.layout {
+            VisionLayout::Clip => (vb.pp("vision_model"), LayerNames::CLIP),
+            VisionLayout::Vit => (vb.pp("vit"), LayerNames::VIT),
         };
         let emb = root.pp("embeddings");
-        let (patch, class, positions, pre_norm) = match kind {
-            VisionKind::Clip => (
-                candle_nn::conv2d_no_bias(3, w, shape.patch, conv, emb.pp("patch_embedding"))?,
+        let (patch, class, positions, pre_norm) = match dims.layout {
+            VisionLayout::Clip => (
+                candle_nn::conv2d_no_bias(3, w, dims.patch, conv, emb.pp("patch_embedding"))?,
                 emb.get(w, "class_embedding")?,
                 emb.pp("position_embedding").get((tokens, w), "weight")?,
                 Some(norm(root.pp("pre_layrnorm"))?),
             ),
-            VisionKind::Vit => (
+            VisionLayout::Vit => (
                 candle_nn::conv2d(
                     3,
                     w,
-                    shape.patch,
+                    dims.patch,
                     conv,
                     emb.pp("patch_embeddings.projection"),
                 )?,
@@ -146,15 +117,13 @@ impl UnpaddedVision {
                 None,
             ),
         };
-        let layers = (0..shape.layers)
-            .map(|i| layer_names.load(&root, i, shape, &norm))
+        let layers = (0..dims.layers)
+            .map(|i| layer_names.load(&root, i, dims, &norm))
             .collect::<Result<Vec<_>>>()?;
-        let (final_norm, head) = match kind {
-            VisionKind::Clip => {
-                let projection = vb
-                    .pp("visual_projection")
-                    .get((shape.outputs, w), "weight")?;
-                let zeros = Tensor::zeros(shape.outputs, projection.dtype(), projection.device())?;
+        let (final_norm, head) = match dims.layout {
+            VisionLayout::Clip => {
+                let projection = vb.pp("visual_projection").get((outputs, w), "weight")?;
+                let zeros = Tensor::zeros(outputs, projection.dtype(), projection.device())?;
                 (
                     norm(root.pp("post_layernorm"))?,
                     Dense {
@@ -163,11 +132,11 @@ impl UnpaddedVision {
                     },
                 )
             }
-            VisionKind::Vit => {
+            VisionLayout::Vit => {
                 let classifier = vb.pp("classifier");
                 let head = Dense {
-                    weight: classifier.get((shape.outputs, w), "weight")?,
-                    bias: classifier.get(shape.outputs, "bias")?,
+                    weight: classifier.get((outputs, w), "weight")?,
+                    bias: classifier.get(outputs, "bias")?,
                 };
                 (norm(root.pp("layernorm"))?, head)
             }
@@ -180,7 +149,7 @@ impl UnpaddedVision {
             layers,
             final_norm,
             head,
-            act: shape.act,
+            act,
             attention: VarlenAttention {
                 heads,
                 head_dim: w / heads,
@@ -311,11 +280,11 @@ impl LayerNames {
         &self,
         root: &VarBuilder,
         i: usize,
-        shape: VisionShape,
+        dims: VisionDims,
         norm: &dyn Fn(VarBuilder) -> Result<AddNorm>,
     ) -> Result<Layer> {
         let vb = root.pp(self.layers).pp(i);
-        let (w, inner) = (shape.hidden, shape.intermediate);
+        let (w, inner) = (dims.hidden, dims.intermediate);
         let dense = |name: &str, inputs: usize, outputs: usize| -> Result<Dense> {
             let vb = vb.pp(name);
             Ok(Dense {
