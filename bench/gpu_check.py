@@ -14,7 +14,11 @@
    fixtures: their image towers on the unpadded operations (`--backend unpadded`) on the device
    in f32 and f16 against candle's towers in f32 on the CPU, over generated probe pictures
    (largest difference relative to the largest output: 1e-5 in f32, 1e-2 in f16).
-4. speed: the default path (`--backend candle`), `--backend unpadded`, `--backend
+4. paged KV cache (issue 52's GPU decoder, its first parts): `spotinfer models kernels --paged`:
+   the cache's writes (exact) and attention against their CPU references at the SmolLM2-135M and
+   Qwen2-0.5B shapes, and one sequence's outputs read whole, in chunks and decoded beside others
+   on the device itself (bit for bit).
+5. speed: the default path (`--backend candle`), `--backend unpadded`, `--backend
    unpadded-graphs` and, on a GPU,
    sentence-transformers fp16, alternated, medians of tokens/s and the GPU's busy share
    (nvidia-smi), and one profiled unpadded run (`--profile-device`). Runs past `--minutes` are
@@ -55,8 +59,8 @@ def run(args, cmd):
     return out, mem
 
 
-def kernels(args, shape):
-    out = subprocess.run([args.bin, "models", "kernels", shape, "--device", args.device],
+def kernels(args, *target):
+    out = subprocess.run([args.bin, "models", "kernels", *target, "--device", args.device],
                          capture_output=True, text=True)
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     if not rows:
@@ -239,6 +243,13 @@ def main():
                   f"{k['largest_difference']:.2e} (bar {k['bar']:.1e}) {status}", flush=True)
             if not k["passed"]:
                 failures.append(f"{k['op']} {k['dtype']}")
+    report["paged"] = kernels(args, "--paged")
+    for k in report["paged"]:
+        status = "ok" if k["passed"] else "PAST THE BAR"
+        print(f"paged {k['op']:27} {k['dtype']:5} {k['shape']:58} "
+              f"{k['largest_difference']:.2e} (bar {k['bar']:.1e}) {status}", flush=True)
+        if not k["passed"]:
+            failures.append(f"paged {k['op']} {k['dtype']} {k['shape']}")
     for shape in shapes:
         report["speed"] += speed(args, shape)
     report["targets"] = targets(report)

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Compiles every NVRTC kernel of the unpadded encoder as the CUDA build compiles it at run time
-(src/model/engines/unpadded/kernels: common.cuh, then the kernel file; --fmad=false) for
+"""Compiles every NVRTC kernel of the engines as the CUDA build compiles it at run time
+(src/model/engines/kernels/common.cuh, then each kernel file of a `kernels` folder under
+src/model/engines: the unpadded encoder's, the paged decoder's; --fmad=false) for
 compute_80, compute_89 and compute_90, and assembles each PTX with `ptxas -v` for the matching
 sm_XX. Fails on a compile error, on a ptxas error, or on any register spill. Needs no GPU and no
 driver: NVRTC and ptxas come from the PyPI CUDA wheels (scripts/cuda-requirements.txt).
@@ -17,8 +18,8 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KERNELS = os.path.join(ROOT, "src/model/engines/unpadded/kernels")
-# The options kernels.rs passes (besides the device's own -arch at run time).
+ENGINES = os.path.join(ROOT, "src/model/engines")
+# The options nvrtc.rs passes (besides the device's own -arch at run time).
 OPTIONS = ["--fmad=false"]
 ARCHES = ["80", "89", "90"]
 
@@ -58,8 +59,8 @@ def main():
         ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
     lib = ctypes.CDLL(sorted(glob.glob(os.path.join(args.cuda, "lib/libnvrtc.so.*")))[0])
     ptxas = os.path.join(args.cuda, "bin/ptxas")
-    common = open(os.path.join(KERNELS, "common.cuh")).read()
-    files = sorted(glob.glob(os.path.join(KERNELS, "*.cu")))
+    common = open(os.path.join(ENGINES, "kernels", "common.cuh")).read()
+    files = sorted(glob.glob(os.path.join(ENGINES, "**", "kernels", "*.cu"), recursive=True))
     if not files:
         sys.exit("check-kernels: no kernel files")
     failed = False

@@ -49,8 +49,9 @@ pub async fn run(a: ModelsArgs) -> anyhow::Result<()> {
             Ok(())
         }
         ModelsCommand::Kernels(k) => {
-            let checks = tokio::task::spawn_blocking(move || {
-                spotinfer::model::check_unpadded_kernels(&k.dir, k.device, &k.lengths)
+            let checks = tokio::task::spawn_blocking(move || match k.paged {
+                true => spotinfer::model::check_paged_kernels(k.device),
+                false => spotinfer::model::check_unpadded_kernels(&k.dir, k.device, &k.lengths),
             })
             .await??;
             for check in &checks {

@@ -44,6 +44,11 @@ pub struct ModelKernelsArgs {
     /// Device the kernels run on (`cpu` runs the references against themselves).
     #[arg(long, env = "SPOTINFER_DEVICE", value_parser = choice::<DeviceChoice>(), default_value = "auto")]
     pub device: DeviceChoice,
+    /// Check the paged KV cache's operations instead (the GPU decoder's, issue 52: its writes
+    /// and attention against their references, and their batch invariance on the device), at
+    /// the SmolLM2-135M and Qwen2-0.5B shapes; the model folder is not read.
+    #[arg(long)]
+    pub paged: bool,
     /// The lengths of the packed batch's texts, in tokens.
     #[arg(long, value_delimiter = ',', default_value = "1,7,31,32,33,53,64,130")]
     pub lengths: Vec<usize>,

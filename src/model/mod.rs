@@ -36,7 +36,7 @@ mod thread;
 mod types;
 
 pub use engines::unpadded::check::KernelCheck;
-pub use engines::{check_unpadded_kernels, DeviceStages};
+pub use engines::{check_paged_kernels, check_unpadded_kernels, DeviceStages};
 pub use item::{Item, Prepare, Tagged, Text, TokenIds, Tokenized};
 pub use options::{default_model_name, Backend, CpuKernels, DeviceChoice, LoadOptions, Precision};
 pub use output::{cosine, Completion, Entity, FinishReason, Output};

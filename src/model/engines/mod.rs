@@ -14,6 +14,9 @@ pub mod candle_bert;
 pub mod decoder;
 pub mod fused;
 pub mod fused_images;
+mod host;
+#[cfg(feature = "cuda")]
+mod nvrtc;
 pub mod towers;
 pub mod unpadded;
 
@@ -366,6 +369,15 @@ pub fn check_unpadded_kernels(
         )?);
     }
     Ok(checks)
+}
+
+/// The paged KV cache's operations on the device `choice` names against their references, and
+/// their batch invariance there (`decoder::paged::check`).
+pub fn check_paged_kernels(
+    choice: DeviceChoice,
+) -> Result<Vec<unpadded::check::KernelCheck>, ModelError> {
+    let device = select_device(choice)?;
+    Ok(decoder::paged::check::check_paged(&device)?)
 }
 
 /// The candle device `choice` names; an error when CUDA is asked for and cannot be had.

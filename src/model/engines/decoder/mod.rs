@@ -6,6 +6,8 @@
 //! * `template`: the chat template rendered as transformers renders it;
 //! * `sampling`: the next token, greedy or from a seeded stream that depends on the position
 //!   only, so a redelivery or a resumed generation draws the same;
+//! * `paged`: the paged KV cache of the GPU decoder being built (issue 52): its block pool and
+//!   its attention, tested on the CPU;
 //! * `decode`: the loop that advances many sequences together ([`Scheduler`]: continuous
 //!   batching under a token budget, batches joining while others run) and stops them (end
 //!   token, stop string, length, interruption).
@@ -16,6 +18,7 @@
 mod decode;
 pub mod gguf_tokenizer;
 mod load;
+pub mod paged;
 mod sampling;
 mod template;
 

@@ -133,7 +133,7 @@ pub fn check_kernels(
 /// The check of `got` against `reference`, relative to the reference's largest magnitude: one
 /// unit in the dtype's last place (a sum that lands near a rounding boundary may round either
 /// way), plus what adding `terms` f32 values in another order may change.
-fn compare(
+pub(crate) fn compare(
     op: &str,
     shape: String,
     reference: &Tensor,
@@ -177,7 +177,7 @@ fn random_on(rows: usize, cols: usize, seed: u64, dtype: DType) -> Result<Tensor
 }
 
 /// `n` values in [-1, 1) from a linear congruential generator (the same on every machine).
-fn uniform(n: usize, seed: u64) -> Result<Vec<f32>> {
+pub(crate) fn uniform(n: usize, seed: u64) -> Result<Vec<f32>> {
     let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
     Ok((0..n)
         .map(|_| {

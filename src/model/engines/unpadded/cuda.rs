@@ -5,25 +5,18 @@
 //! `cpu_fwd` is its reference.
 
 use super::ops::{AddNorm, Dense, VarlenAttention, NORM_THREADS};
+use crate::model::engines::nvrtc::ptx;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::cublaslt::{CudaBlasLT, Matmul, MatmulConfig};
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
-use candle_core::cuda_backend::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use candle_core::cuda_backend::{CudaDType, CudaDevice, WrapErr};
 use candle_core::{CudaStorage, DType, Layout, Result, Shape, Storage};
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// Prepended to each kernel file: NVRTC is handed one source and no include path.
-const COMMON: &str = include_str!("kernels/common.cuh");
-/// Each kernel file by the module name it is loaded under.
-const SOURCES: [(&str, &str); 2] = [
-    ("add_layer_norm", include_str!("kernels/add_layer_norm.cu")),
-    (
-        "varlen_attention",
-        include_str!("kernels/varlen_attention.cu"),
-    ),
-];
+/// The add + LayerNorm kernels.
+const ADD_LAYER_NORM: &str = include_str!("kernels/add_layer_norm.cu");
+/// The attention kernels.
+const VARLEN_ATTENTION: &str = include_str!("kernels/varlen_attention.cu");
 /// Query rows per attention block (`QUERIES` in varlen_attention.cu).
 const QUERIES: usize = 16;
 
@@ -115,7 +108,7 @@ pub fn varlen_attention(
             let func = dev.get_or_load_custom_func(
                 $name,
                 "varlen_attention",
-                &ptx(&dev, "varlen_attention")?,
+                &ptx(&dev, "varlen_attention", VARLEN_ATTENTION)?,
             )?;
             let input = view::<$t>((qkv, qkv_layout))?;
             // SAFETY: every element is written by the kernel (each row's every head).
@@ -164,7 +157,7 @@ pub fn add_norm(
             let func = dev.get_or_load_custom_func(
                 $name,
                 "add_layer_norm",
-                &ptx(&dev, "add_layer_norm")?,
+                &ptx(&dev, "add_layer_norm", ADD_LAYER_NORM)?,
             )?;
             let (xv, rv) = (
                 view::<$t>((x, x_layout))?,
@@ -210,36 +203,6 @@ fn view<'a, T: CudaDType>((s, layout): (&'a CudaStorage, &Layout)) -> Result<Cud
         candle_core::bail!("unpadded ops take contiguous operands");
     };
     Ok(s.as_cuda_slice::<T>()?.slice(start..end))
-}
-
-/// Compiled PTX by (module, architecture).
-type PtxCache = HashMap<(String, i32), Arc<str>>;
-
-/// A kernel module's PTX, compiled by NVRTC for this device's architecture the first time
-/// (candle then loads it once per device, by the module's name).
-fn ptx(dev: &CudaDevice, module: &str) -> Result<Arc<str>> {
-    static PTX: OnceLock<Mutex<PtxCache>> = OnceLock::new();
-    let (major, minor) = dev.cuda_stream().context().compute_capability().w()?;
-    let arch = major * 10 + minor;
-    let mut compiled = PTX
-        .get_or_init(Default::default)
-        .lock()
-        .map_err(|_| candle_core::Error::Msg("NVRTC cache poisoned".into()))?;
-    let key = (module.to_string(), arch);
-    if !compiled.contains_key(&key) {
-        let Some((_, source)) = SOURCES.iter().find(|(m, _)| *m == module) else {
-            candle_core::bail!("no kernel module {module}");
-        };
-        let options = CompileOptions {
-            fmad: Some(false),
-            options: vec![format!("--gpu-architecture=compute_{arch}")],
-            ..Default::default()
-        };
-        let ptx = compile_ptx_with_opts(format!("{COMMON}\n{source}"), options)
-            .map_err(|e| candle_core::Error::Msg(format!("NVRTC, {module}: {e}")))?;
-        compiled.insert(key.clone(), ptx.to_src().into());
-    }
-    Ok(compiled[&key].clone())
 }
 
 /// A cuBLASLt status as candle's error (candle converts the other CUDA libraries' errors, not

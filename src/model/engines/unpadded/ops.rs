@@ -11,6 +11,7 @@
 //!   also gives the sum, the residual stream the next layer adds to.
 
 use super::gemm::GemmCall;
+use crate::model::engines::host::{f32s, storage, tensor_f32, u32s};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
@@ -56,7 +57,7 @@ impl CustomOp1 for Dense {
     fn cpu_fwd(&self, x: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
         let (tokens, _) = layout.shape().dims2()?;
         let call = self.call(tokens)?;
-        let (w, b) = (host_f32(&self.weight)?, host_f32(&self.bias)?);
+        let (w, b) = (tensor_f32(&self.weight)?, tensor_f32(&self.bias)?);
         let mut y = vec![0f32; tokens * call.m];
         call.reference(&w, &f32s(x, layout)?, Some(&b), &mut y);
         Ok((storage(y, x.dtype())?, Shape::from((tokens, call.m))))
@@ -246,7 +247,7 @@ impl CustomOp2 for AddNorm {
         if r_layout.shape() != x_layout.shape() {
             candle_core::bail!("add-layer-norm: residual {:?}", r_layout.shape());
         }
-        let (g, b) = (host_f32(&self.gamma)?, host_f32(&self.beta)?);
+        let (g, b) = (tensor_f32(&self.gamma)?, tensor_f32(&self.beta)?);
         let (x_values, r_values) = (f32s(x, x_layout)?, f32s(residual, r_layout)?);
         let rows = tokens * width;
         let mut out = vec![0f32; if self.keep_sum { 2 * rows } else { rows }];
@@ -303,44 +304,10 @@ pub fn block_sum(values: &[f32]) -> f32 {
     total
 }
 
-/// A tensor's values as f32 on the host (weights, read by the reference ops).
-fn host_f32(t: &Tensor) -> Result<Vec<f32>> {
-    t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()
-}
-
-/// A contiguous CPU operand's values as f32.
-fn f32s(s: &CpuStorage, layout: &Layout) -> Result<Vec<f32>> {
-    let Some((start, end)) = layout.contiguous_offsets() else {
-        candle_core::bail!("unpadded ops take contiguous operands");
-    };
-    Ok(match s {
-        CpuStorage::F32(v) => v[start..end].to_vec(),
-        CpuStorage::F16(v) => v[start..end].iter().map(|x| x.to_f32()).collect(),
-        CpuStorage::BF16(v) => v[start..end].iter().map(|x| x.to_f32()).collect(),
-        other => candle_core::bail!(
-            "unpadded ops run in f32, f16 or bf16, not {:?}",
-            other.dtype()
-        ),
-    })
-}
-
-/// f32 values rounded once to `dtype`.
-fn storage(values: Vec<f32>, dtype: DType) -> Result<CpuStorage> {
-    Ok(match dtype {
-        DType::F32 => CpuStorage::F32(values),
-        DType::F16 => CpuStorage::F16(values.into_iter().map(half::f16::from_f32).collect()),
-        DType::BF16 => CpuStorage::BF16(values.into_iter().map(half::bf16::from_f32).collect()),
-        other => candle_core::bail!("unpadded ops run in f32, f16 or bf16, not {other:?}"),
-    })
-}
-
 /// A packed batch's sequence bounds, checked: starting at 0, never decreasing, ending at
 /// `tokens`.
 fn bounds(s: &CpuStorage, layout: &Layout, tokens: usize) -> Result<Vec<u32>> {
-    let (CpuStorage::U32(v), Some((start, end))) = (s, layout.contiguous_offsets()) else {
-        candle_core::bail!("cu_seqlens: contiguous u32");
-    };
-    let cu = v[start..end].to_vec();
+    let cu = u32s(s, layout)?;
     let ordered = cu.windows(2).all(|w| w[0] <= w[1]);
     if cu.first() != Some(&0) || cu.last() != Some(&(tokens as u32)) || !ordered {
         candle_core::bail!("cu_seqlens {cu:?} do not cover {tokens} tokens in order");

@@ -1,0 +1,127 @@
+//! The paged cache's GPU side: the `cuda_fwd` of `attention.rs`'s ops, each the NVRTC kernel
+//! of `kernels/paged.cu` (compiled for the device the first time a process runs it).
+
+use super::attention::{PagedAttention, WriteCache, KEY_TILE};
+use crate::model::engines::nvrtc::ptx;
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaView, CudaViewMut, LaunchConfig, PushKernelArg,
+};
+use candle_core::cuda_backend::{CudaDType, WrapErr};
+use candle_core::{CudaStorage, DType, Layout, Result, Shape};
+
+/// The paged cache's kernels.
+const PAGED: &str = include_str!("kernels/paged.cu");
+
+/// `WriteCache` on CUDA: one block a new token.
+pub fn write_cache(
+    op: &WriteCache,
+    (cache, cache_layout): (&mut CudaStorage, &Layout),
+    rows: (&CudaStorage, &Layout),
+    slots: (&CudaStorage, &Layout),
+    tokens: usize,
+) -> Result<()> {
+    let l = op.0;
+    let dev = cache.device().clone();
+    let capacity = cache_layout.shape().dims4()?.1;
+    let Some((start, end)) = cache_layout.contiguous_offsets() else {
+        candle_core::bail!("paged write: the cache is not contiguous");
+    };
+    let config = LaunchConfig {
+        grid_dim: (tokens as u32, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (stride, k_at, v_at) = (l.stride as i32, l.k_at as i32, l.v_at as i32);
+    let (kv_width, slots_arg) = ((l.kv_heads * l.head_dim) as i32, capacity as i64);
+    let slot_of = view::<u32>(slots)?;
+    macro_rules! run {
+        ($t:ty, $name:literal) => {{
+            let func = dev.get_or_load_custom_func($name, "paged", &ptx(&dev, "paged", PAGED)?)?;
+            let input = view::<$t>(rows)?;
+            let mut target: CudaViewMut<'_, $t> =
+                cache.as_cuda_slice_mut::<$t>()?.slice_mut(start..end);
+            let mut args = func.builder();
+            args.arg(&mut target).arg(&input).arg(&slot_of);
+            args.arg(&stride)
+                .arg(&k_at)
+                .arg(&v_at)
+                .arg(&kv_width)
+                .arg(&slots_arg);
+            // SAFETY: the arguments are the kernel's, in its order; every slot is below the
+            // cache's capacity (the block pool gives no other).
+            unsafe { args.launch(config) }.w()?;
+        }};
+    }
+    match cache.dtype() {
+        DType::F32 => run!(f32, "write_cache_f32"),
+        DType::F16 => run!(half::f16, "write_cache_f16"),
+        DType::BF16 => run!(half::bf16, "write_cache_bf16"),
+        other => candle_core::bail!("paged write: not in {other:?}"),
+    }
+    Ok(())
+}
+
+/// `PagedAttention` on CUDA: one warp a (new token, head).
+pub fn paged_attention(
+    op: &PagedAttention,
+    rows: (&CudaStorage, &Layout),
+    cache: (&CudaStorage, &Layout),
+    plan: (&CudaStorage, &Layout),
+    (tokens, slots): (usize, usize),
+) -> Result<(CudaStorage, Shape)> {
+    let l = op.layout;
+    let dev = rows.0.device().clone();
+    let config = LaunchConfig {
+        grid_dim: (tokens as u32, l.heads as u32, 1),
+        block_dim: (KEY_TILE as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let ints = [
+        tokens as i32,
+        l.stride as i32,
+        l.q_at as i32,
+        l.heads as i32,
+        l.kv_heads as i32,
+        l.head_dim as i32,
+        op.block_size as i32,
+        op.width as i32,
+    ];
+    let (slots_arg, scale) = (slots as i64, op.scale());
+    let plan = view::<u32>(plan)?;
+    let width = l.heads * l.head_dim;
+    macro_rules! run {
+        ($t:ty, $name:literal) => {{
+            let func = dev.get_or_load_custom_func($name, "paged", &ptx(&dev, "paged", PAGED)?)?;
+            let (input, kv) = (view::<$t>(rows)?, view::<$t>(cache)?);
+            // SAFETY: every element is written by the kernel (each token's every head).
+            let out = unsafe { dev.alloc::<$t>(tokens * width)? };
+            let mut args = func.builder();
+            args.arg(&input).arg(&kv).arg(&plan).arg(&out);
+            for i in &ints {
+                args.arg(i);
+            }
+            args.arg(&slots_arg).arg(&scale);
+            // SAFETY: the arguments are the kernel's, in its order; the plan's rows and
+            // positions lie within its tables and the tables' slots within the cache (the block
+            // pool gives no other).
+            unsafe { args.launch(config) }.w()?;
+            CudaStorage::wrap_cuda_slice(out, dev.clone())
+        }};
+    }
+    let out = match rows.0.dtype() {
+        DType::F32 => run!(f32, "paged_attention_f32"),
+        DType::F16 => run!(half::f16, "paged_attention_f16"),
+        DType::BF16 => run!(half::bf16, "paged_attention_bf16"),
+        other => candle_core::bail!("paged attention: not in {other:?}"),
+    };
+    Ok((out, Shape::from((tokens, width))))
+}
+
+/// A contiguous operand's elements on the device.
+fn view<'a, T: CudaDType>((s, layout): (&'a CudaStorage, &Layout)) -> Result<CudaView<'a, T>> {
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        candle_core::bail!("paged ops take contiguous operands");
+    };
+    Ok(s.as_cuda_slice::<T>()?.slice(start..end))
+}
