@@ -350,26 +350,50 @@ fn folder_dims(path: &Path, c: &Json) -> Result<DecoderDims, ModelError> {
     })
 }
 
-fn load_folder(dir: &Path, precision: Precision) -> Result<Loaded, ModelError> {
-    let config = read_json(&dir.join("config.json"))?;
-    let dims = folder_dims(dir, &config)?;
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|source| ModelError::File {
-            path: dir.to_path_buf(),
-            source,
-        })?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-        .collect();
-    files.sort();
-    if files.is_empty() {
-        return Err(unsupported(dir, "no .safetensors weights"));
+/// A transformers folder's weights, read by the names transformers gives them, as f32 of the
+/// shape the decoder asks for: what the CPU decoder and the paged one are built from.
+pub(super) struct FolderWeights {
+    tensors: candle_core::safetensors::MmapedSafetensors,
+    /// The safetensors files, in order.
+    pub files: Vec<PathBuf>,
+    /// The dtypes read, for the format's description.
+    pub dtypes: std::collections::BTreeSet<String>,
+}
+
+impl FolderWeights {
+    /// The folder's `config.json` (parsed), the decoder's shape from it, and its weights.
+    pub(super) fn open(dir: &Path) -> Result<(Json, DecoderDims, Self), ModelError> {
+        let config = read_json(&dir.join("config.json"))?;
+        let dims = folder_dims(dir, &config)?;
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|source| ModelError::File {
+                path: dir.to_path_buf(),
+                source,
+            })?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(unsupported(dir, "no .safetensors weights"));
+        }
+        // SAFETY: the files are not written while a worker loads them (see fused-cpu's weights).
+        let tensors = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&files) }?;
+        let weights = Self {
+            tensors,
+            files,
+            dtypes: Default::default(),
+        };
+        Ok((config, dims, weights))
     }
-    // SAFETY: the files are not written while a worker loads them (see fused-cpu's weights).
-    let tensors = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&files) }?;
-    let mut dtypes = std::collections::BTreeSet::new();
-    let decoder = CpuDecoder::load(dims, precision, |name, shape| {
-        let Ok(view) = tensors.get(name) else {
+
+    /// Tensor `name` as f32 values, checked to be `shape`; `None` when the files lack it.
+    pub(super) fn read(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<Option<Vec<f32>>, FusedError> {
+        let Ok(view) = self.tensors.get(name) else {
             return Ok(None);
         };
         if view.shape() != shape {
@@ -378,8 +402,8 @@ fn load_folder(dir: &Path, precision: Precision) -> Result<Loaded, ModelError> {
                 view.shape()
             )));
         }
-        dtypes.insert(format!("{:?}", view.dtype()));
-        tensors
+        self.dtypes.insert(format!("{:?}", view.dtype()));
+        self.tensors
             .load(name, &Device::Cpu)
             .and_then(|t| {
                 t.to_dtype(candle_core::DType::F32)?
@@ -388,8 +412,14 @@ fn load_folder(dir: &Path, precision: Precision) -> Result<Loaded, ModelError> {
             })
             .map(Some)
             .map_err(|e| FusedError::Unsupported(format!("tensor {name}: {e}")))
-    })
-    .map_err(from_bert(dir))?;
+    }
+}
+
+fn load_folder(dir: &Path, precision: Precision) -> Result<Loaded, ModelError> {
+    let (config, dims, mut weights) = FolderWeights::open(dir)?;
+    let decoder = CpuDecoder::load(dims, precision, |name, shape| weights.read(name, shape))
+        .map_err(from_bert(dir))?;
+    let (files, dtypes) = (weights.files, weights.dtypes);
     let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
         .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
     let tok_config = read_json(&dir.join("tokenizer_config.json")).unwrap_or(Json::Null);

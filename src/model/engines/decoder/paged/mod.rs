@@ -12,3 +12,5 @@ pub mod blocks;
 pub mod check;
 #[cfg(feature = "cuda")]
 mod cuda;
+pub mod decoder;
+mod linear;

@@ -1,0 +1,528 @@
+//! A decoder LLM of the Llama family (Llama, SmolLM, Qwen2, Qwen3) on candle's devices over the
+//! paged KV cache (issue 52): the network a GPU worker will generate with, built from the same
+//! weights reader as the CPU decoder, so what either computes differently from transformers is
+//! refused at one place (`super::super::load`).
+//!
+//! A step takes some new tokens of some sequences (whole prompts, parts of prompts, or one token
+//! each while decoding) and gives each sequence's next-token logits. Every operation computes a
+//! token's row from that row alone (RMSNorm, the products, the rotary embedding, the activation)
+//! or from its own sequence's cache (`PagedAttention`), which is what makes a sequence's logits
+//! independent of its neighbours, of how its prompt was cut, and of a resumption. On candle's
+//! CPU backend that holds bit for bit (the tests); on CUDA the dense layers are cuBLAS's for now
+//! (`linear.rs`), whose algorithm may change with the batch's row count.
+
+use super::attention::{PagedAttention, RowLayout, WriteCache};
+use super::blocks::{BlockPool, PoolError, SeqId};
+use super::linear::linear;
+use candle_core::{DType, Device, Result, Tensor, D};
+use spotinfer_fused_cpu::{DecoderDims, FusedError};
+use std::sync::Mutex;
+
+/// Token slots a block of the cache.
+pub const BLOCK_SIZE: usize = 16;
+
+/// One layer's weights, in the decoder's dtype on its device.
+struct Layer {
+    attn_norm: Tensor,
+    /// Query, key and value projections stacked, `(q + 2 kv, hidden)`, and their biases.
+    qkv: Tensor,
+    qkv_bias: Option<Tensor>,
+    /// Qwen3's RMSNorm of each query and key head.
+    qk_norm: Option<(Tensor, Tensor)>,
+    out: Tensor,
+    out_bias: Option<Tensor>,
+    ffn_norm: Tensor,
+    /// Gate and up projections stacked, `(2 intermediate, hidden)`.
+    gate_up: Tensor,
+    down: Tensor,
+}
+
+/// The cache: its bookkeeping and, per layer, its keys and values `(2, slots, kv_heads,
+/// head_dim)`.
+struct Cache {
+    pool: BlockPool,
+    kv: Vec<Tensor>,
+}
+
+/// The paged decoder.
+pub struct PagedDecoder {
+    dims: DecoderDims,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: Tensor,
+    /// The rotary embedding's cosines and sines by position, `(positions, head_dim / 2)`.
+    cos: Tensor,
+    sin: Tensor,
+    cache: Mutex<Cache>,
+}
+
+/// A step's host-side plan: token ids, positions and slots, the attention's plan, and the row
+/// of each sequence's last new token.
+struct StepPlan {
+    ids: Vec<u32>,
+    positions: Vec<u32>,
+    slots: Vec<u32>,
+    plan: Vec<u32>,
+    width: usize,
+    lasts: Vec<u32>,
+    ends: Vec<usize>,
+}
+
+impl PagedDecoder {
+    /// Builds the decoder of shape `dims` in `dtype` on `device` from `read(name, shape)` (the
+    /// CPU decoder's reader: transformers' names, f32 values, `None` for a missing optional
+    /// tensor), with a cache of `cache_tokens` token slots for every layer.
+    pub fn load(
+        dims: DecoderDims,
+        device: &Device,
+        dtype: DType,
+        cache_tokens: usize,
+        mut read: impl FnMut(&str, &[usize]) -> std::result::Result<Option<Vec<f32>>, FusedError>,
+    ) -> Result<Self> {
+        let d = dims;
+        if d.heads == 0 || d.kv_heads == 0 || !d.heads.is_multiple_of(d.kv_heads) {
+            candle_core::bail!(
+                "{} query heads over {} key/value heads",
+                d.heads,
+                d.kv_heads
+            );
+        }
+        if d.head_dim > super::attention::MAX_HEAD_DIM || !d.head_dim.is_multiple_of(2) {
+            candle_core::bail!(
+                "heads of {}: the paged attention takes even widths up to 128",
+                d.head_dim
+            );
+        }
+        let mut tensor = |name: &str, shape: &[usize], required: bool| -> Result<Option<Tensor>> {
+            match read(name, shape).map_err(candle_core::Error::wrap)? {
+                Some(v) => Ok(Some(Tensor::from_vec(v, shape, device)?.to_dtype(dtype)?)),
+                None if required => candle_core::bail!("no tensor {name}"),
+                None => Ok(None),
+            }
+        };
+        let embed = tensor("model.embed_tokens.weight", &[d.vocab, d.hidden], true)?
+            .ok_or_else(|| candle_core::Error::Msg("no embeddings".into()))?;
+        let mut layers = Vec::with_capacity(d.layers);
+        for i in 0..d.layers {
+            layers.push(load_layer(&d, i, &mut tensor)?);
+        }
+        let norm = tensor("model.norm.weight", &[d.hidden], true)?
+            .ok_or_else(|| candle_core::Error::Msg("no final norm".into()))?;
+        let lm_head = match d.tied {
+            true => embed.clone(),
+            false => {
+                tensor("lm_head.weight", &[d.vocab, d.hidden], false)?.unwrap_or(embed.clone())
+            }
+        };
+        let (cos, sin) = rope_tables(&d, device, dtype)?;
+        let blocks = cache_tokens.div_ceil(BLOCK_SIZE);
+        let shape = (2, blocks * BLOCK_SIZE, d.kv_heads, d.head_dim);
+        let kv = (0..d.layers)
+            .map(|_| Tensor::zeros(shape, dtype, device))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            dims,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            cos,
+            sin,
+            cache: Mutex::new(Cache {
+                pool: BlockPool::new(blocks, BLOCK_SIZE),
+                kv,
+            }),
+        })
+    }
+
+    /// The decoder's shape.
+    pub fn dims(&self) -> &DecoderDims {
+        &self.dims
+    }
+
+    /// Admits sequence `seq` for at most `tokens` tokens (prompt and new), taking its blocks.
+    pub fn admit(&self, seq: SeqId, tokens: usize) -> std::result::Result<(), PoolError> {
+        self.lock()
+            .map_err(|_| PoolError::Misuse(seq, "cache poisoned"))?
+            .pool
+            .admit(seq, tokens)
+    }
+
+    /// Gives `seq`'s blocks back.
+    pub fn release(&self, seq: SeqId) {
+        if let Ok(mut cache) = self.lock() {
+            cache.pool.release(seq);
+        }
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Cache>> {
+        self.cache
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("the paged cache's lock is poisoned".into()))
+    }
+
+    /// One step: each feed's new tokens (an admitted sequence's next ones) through the network,
+    /// written to the cache; per feed, the logits after its last token (`vocab` f32), or with
+    /// `all_logits` after each of its tokens, row after row.
+    pub fn forward(&self, feeds: &[(SeqId, &[u32])], all_logits: bool) -> Result<Vec<Vec<f32>>> {
+        let mut cache = self.lock()?;
+        let plan = plan_step(&mut cache.pool, feeds)?;
+        let device = self.embed.device();
+        let tensor = |v: &[u32]| Tensor::new(v, device);
+        let (ids, positions) = (tensor(&plan.ids)?, tensor(&plan.positions)?);
+        let (slots, attention_plan) = (tensor(&plan.slots)?, tensor(&plan.plan)?);
+        let cos = self.cos.index_select(&positions, 0)?;
+        let sin = self.sin.index_select(&positions, 0)?;
+        let d = &self.dims;
+        let attention = PagedAttention {
+            layout: RowLayout::qkv(d.heads, d.kv_heads, d.head_dim),
+            block_size: BLOCK_SIZE,
+            width: plan.width,
+        };
+        let mut x = self.embed.index_select(&ids, 0)?;
+        for (layer, kv) in self.layers.iter().zip(&cache.kv) {
+            let rows = layer.attention_rows(&x, d, &cos, &sin)?;
+            kv.inplace_op3(&rows, &slots, &WriteCache(attention.layout))?;
+            let context = rows.apply_op3(kv, &attention_plan, attention)?;
+            x = (x + linear(&context, &layer.out, layer.out_bias.as_ref())?)?;
+            x = (&x + layer.feed_forward(&x, d.eps)?)?;
+        }
+        let x = match all_logits {
+            true => x,
+            false => x.index_select(&tensor(&plan.lasts)?, 0)?,
+        };
+        let x = candle_nn::ops::rms_norm(&x, &self.norm, d.eps)?;
+        let logits = linear(&x, &self.lm_head, None)?
+            .to_dtype(DType::F32)?
+            .to_vec2::<f32>()?;
+        Ok(match all_logits {
+            false => logits,
+            true => {
+                let mut rows = logits.into_iter();
+                let mut start = 0;
+                plan.ends
+                    .iter()
+                    .map(|&end| {
+                        let n = end - start;
+                        start = end;
+                        rows.by_ref().take(n).flatten().collect()
+                    })
+                    .collect()
+            }
+        })
+    }
+}
+
+impl Layer {
+    /// The layer's attention input rows: RMSNorm, the stacked Q, K, V product, Qwen3's head
+    /// norms, the rotary embedding on Q and K; `(tokens, (heads + 2 kv_heads) · head_dim)`.
+    fn attention_rows(
+        &self,
+        x: &Tensor,
+        d: &DecoderDims,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> Result<Tensor> {
+        let t = x.dim(0)?;
+        let (q, kv) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
+        let h = candle_nn::ops::rms_norm(x, &self.attn_norm, d.eps)?;
+        let qkv = linear(&h, &self.qkv, self.qkv_bias.as_ref())?;
+        let mut queries = qkv.narrow(1, 0, q)?.reshape((1, t, d.heads, d.head_dim))?;
+        let mut keys = qkv
+            .narrow(1, q, kv)?
+            .reshape((1, t, d.kv_heads, d.head_dim))?;
+        if let Some((q_norm, k_norm)) = &self.qk_norm {
+            queries = candle_nn::ops::rms_norm(&queries.contiguous()?, q_norm, d.eps)?;
+            keys = candle_nn::ops::rms_norm(&keys.contiguous()?, k_norm, d.eps)?;
+        }
+        let queries = candle_nn::rotary_emb::rope_thd(&queries.contiguous()?, cos, sin)?;
+        let keys = candle_nn::rotary_emb::rope_thd(&keys.contiguous()?, cos, sin)?;
+        Tensor::cat(
+            &[
+                queries.reshape((t, q))?,
+                keys.reshape((t, kv))?,
+                qkv.narrow(1, q + kv, kv)?,
+            ],
+            1,
+        )
+    }
+
+    /// The gated feed-forward of the residual stream `x` (its RMSNorm first).
+    fn feed_forward(&self, x: &Tensor, eps: f32) -> Result<Tensor> {
+        let h = candle_nn::ops::rms_norm(x, &self.ffn_norm, eps)?;
+        let gate_up = linear(&h, &self.gate_up, None)?;
+        let inner = gate_up.dim(D::Minus1)? / 2;
+        let act = (gate_up.narrow(1, 0, inner)?.silu()? * gate_up.narrow(1, inner, inner)?)?;
+        linear(&act, &self.down, None)
+    }
+}
+
+/// Appends each feed's tokens to its sequence in the pool and plans the step.
+fn plan_step(pool: &mut BlockPool, feeds: &[(SeqId, &[u32])]) -> Result<StepPlan> {
+    let mut p = StepPlan {
+        ids: vec![],
+        positions: vec![],
+        slots: vec![],
+        plan: vec![],
+        width: 0,
+        lasts: vec![],
+        ends: vec![],
+    };
+    for (row, (seq, tokens)) in feeds.iter().enumerate() {
+        if tokens.is_empty() {
+            candle_core::bail!("sequence {seq}: a step with no token");
+        }
+        let first = pool
+            .len(*seq)
+            .ok_or_else(|| candle_core::Error::Msg(format!("sequence {seq} not admitted")))?;
+        p.slots.extend(
+            pool.append(*seq, tokens.len())
+                .map_err(candle_core::Error::wrap)?,
+        );
+        p.ids.extend_from_slice(tokens);
+        for i in 0..tokens.len() {
+            let position = (first + i) as u32;
+            p.positions.push(position);
+            p.plan.extend([row as u32, position]);
+        }
+        p.lasts.push(p.ids.len() as u32 - 1);
+        p.ends.push(p.ids.len());
+    }
+    let seqs: Vec<SeqId> = feeds.iter().map(|f| f.0).collect();
+    let (tables, width) = pool.table_matrix(&seqs).map_err(candle_core::Error::wrap)?;
+    p.plan.extend(tables);
+    p.width = width;
+    Ok(p)
+}
+
+/// Layer `i`'s weights through `tensor(name, shape, required)`.
+fn load_layer(
+    d: &DecoderDims,
+    i: usize,
+    tensor: &mut impl FnMut(&str, &[usize], bool) -> Result<Option<Tensor>>,
+) -> Result<Layer> {
+    let at = |part: &str| format!("model.layers.{i}.{part}");
+    let (h, q, kv) = (d.hidden, d.heads * d.head_dim, d.kv_heads * d.head_dim);
+    let mut need = |name: &str, shape: &[usize]| -> Result<Tensor> {
+        tensor(&at(name), shape, true)?.ok_or_else(|| candle_core::Error::Msg(format!("no {name}")))
+    };
+    let qkv = Tensor::cat(
+        &[
+            need("self_attn.q_proj.weight", &[q, h])?,
+            need("self_attn.k_proj.weight", &[kv, h])?,
+            need("self_attn.v_proj.weight", &[kv, h])?,
+        ],
+        0,
+    )?;
+    let gate_up = Tensor::cat(
+        &[
+            need("mlp.gate_proj.weight", &[d.intermediate, h])?,
+            need("mlp.up_proj.weight", &[d.intermediate, h])?,
+        ],
+        0,
+    )?;
+    let (attn_norm, ffn_norm) = (
+        need("input_layernorm.weight", &[h])?,
+        need("post_attention_layernorm.weight", &[h])?,
+    );
+    let out = need("self_attn.o_proj.weight", &[h, q])?;
+    let down = need("mlp.down_proj.weight", &[h, d.intermediate])?;
+    let qk_norm = match d.qk_norm {
+        true => Some((
+            need("self_attn.q_norm.weight", &[d.head_dim])?,
+            need("self_attn.k_norm.weight", &[d.head_dim])?,
+        )),
+        false => None,
+    };
+    let mut optional = |name: &str, n: usize| tensor(&at(name), &[n], false);
+    let biases = (
+        optional("self_attn.q_proj.bias", q)?,
+        optional("self_attn.k_proj.bias", kv)?,
+        optional("self_attn.v_proj.bias", kv)?,
+    );
+    let qkv_bias = match biases {
+        (Some(bq), Some(bk), Some(bv)) => Some(Tensor::cat(&[bq, bk, bv], 0)?),
+        (None, None, None) => None,
+        _ => candle_core::bail!("layer {i}: biases on some of the Q, K and V projections only"),
+    };
+    Ok(Layer {
+        attn_norm,
+        qkv,
+        qkv_bias,
+        qk_norm,
+        out,
+        out_bias: optional("self_attn.o_proj.bias", h)?,
+        ffn_norm,
+        gate_up,
+        down,
+    })
+}
+
+/// The rotary embedding's tables, computed in f32 as transformers computes them (inverse
+/// frequencies `1/θ^(2i/d)`, angles position × frequency), then rounded to `dtype`.
+fn rope_tables(d: &DecoderDims, device: &Device, dtype: DType) -> Result<(Tensor, Tensor)> {
+    let half = d.head_dim / 2;
+    let inv: Vec<f32> = (0..half)
+        .map(|i| 1.0 / d.rope_theta.powf((2 * i) as f32 / d.head_dim as f32))
+        .collect();
+    let angles: Vec<f32> = (0..d.max_positions)
+        .flat_map(|p| inv.iter().map(move |f| p as f32 * f))
+        .collect();
+    let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
+    let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
+    let table = |v: Vec<f32>| Tensor::from_vec(v, (d.max_positions, half), device)?.to_dtype(dtype);
+    Ok((table(cos)?, table(sin)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PagedDecoder;
+    use crate::model::engines::decoder::argmax;
+    use crate::model::engines::decoder::load::FolderWeights;
+    use candle_core::{DType, Device};
+    use std::path::{Path, PathBuf};
+
+    fn fixtures() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm")
+    }
+
+    fn reference() -> serde_json::Value {
+        let text = std::fs::read_to_string(fixtures().join("models.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    fn ids(v: &serde_json::Value) -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    }
+
+    fn open(name: &str) -> PagedDecoder {
+        let (_, dims, mut weights) =
+            FolderWeights::open(&fixtures().join("models").join(name)).unwrap();
+        PagedDecoder::load(dims, &Device::Cpu, DType::F32, 8192, |n, s| {
+            weights.read(n, s)
+        })
+        .unwrap()
+    }
+
+    /// `n` greedy tokens of sequence `seq` after `prompt` read in parts of `chunk` tokens, and
+    /// the logits before each.
+    fn greedy(
+        model: &PagedDecoder,
+        seq: u64,
+        prompt: &[u32],
+        chunk: usize,
+        n: usize,
+    ) -> (Vec<u32>, Vec<Vec<f32>>) {
+        model.admit(seq, prompt.len() + n).unwrap();
+        let mut logits = vec![];
+        for part in prompt.chunks(chunk) {
+            logits = model.forward(&[(seq, part)], false).unwrap();
+        }
+        let (mut tokens, mut seen) = (vec![], vec![]);
+        let mut last = logits.swap_remove(0);
+        while tokens.len() < n {
+            let t = argmax(&last);
+            tokens.push(t);
+            seen.push(std::mem::take(&mut last));
+            if tokens.len() < n {
+                last = model.forward(&[(seq, &[t])], false).unwrap().swap_remove(0);
+            }
+        }
+        model.release(seq);
+        (tokens, seen)
+    }
+
+    /// Greedy tokens equal transformers' `generate(do_sample=False)` in f32 on the random-weight
+    /// Llama, Qwen2 (biases) and Qwen3 (head norms) fixtures, twelve prompts each, on candle's
+    /// CPU backend.
+    #[test]
+    fn greedy_tokens_equal_transformers_for_every_family() {
+        let refs = reference();
+        for name in ["llama", "qwen2", "qwen3"] {
+            let model = open(name);
+            for (c, case) in refs["models"][name].as_array().unwrap().iter().enumerate() {
+                let want = ids(&case["greedy"]);
+                let (got, _) = greedy(
+                    &model,
+                    c as u64,
+                    &ids(&case["prompt_ids"]),
+                    usize::MAX,
+                    want.len(),
+                );
+                assert_eq!(got, want, "{name} case {c}");
+            }
+        }
+    }
+
+    /// Batch invariance: every prompt's logits, step by step, are the same bits read alone,
+    /// read in chunks of 17 tokens, read in one step with all the others and decoded beside
+    /// them, and resumed from a checkpoint of its first ten tokens (the prompt and those tokens
+    /// read again as a new sequence).
+    #[test]
+    fn logits_do_not_depend_on_the_batch_the_chunks_or_a_resumption() {
+        let refs = reference();
+        let bits = |v: &[Vec<f32>]| -> Vec<Vec<u32>> {
+            v.iter()
+                .map(|r| r.iter().map(|x| x.to_bits()).collect())
+                .collect()
+        };
+        for name in ["llama", "qwen3"] {
+            let model = open(name);
+            let cases = refs["models"][name].as_array().unwrap();
+            let prompts: Vec<Vec<u32>> = cases.iter().map(|c| ids(&c["prompt_ids"])).collect();
+            let n = 16;
+            let alone: Vec<(Vec<u32>, Vec<Vec<f32>>)> = prompts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| greedy(&model, i as u64, p, usize::MAX, n))
+                .collect();
+            for (i, p) in prompts.iter().enumerate() {
+                let (tokens, logits) = greedy(&model, 100 + i as u64, p, 17, n);
+                assert_eq!(
+                    (&tokens, bits(&logits)),
+                    (&alone[i].0, bits(&alone[i].1)),
+                    "{name} {i} chunked"
+                );
+                let mut resumed = p.clone();
+                resumed.extend(&alone[i].0[..10]);
+                let (_, logits) = greedy(&model, 200 + i as u64, &resumed, usize::MAX, n - 10);
+                assert_eq!(bits(&logits), bits(&alone[i].1[10..]), "{name} {i} resumed");
+            }
+            // All together: one step reads every prompt, then every sequence decodes together.
+            for (i, p) in prompts.iter().enumerate() {
+                model.admit(300 + i as u64, p.len() + n).unwrap();
+            }
+            let feeds: Vec<(u64, &[u32])> = prompts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (300 + i as u64, p.as_slice()))
+                .collect();
+            let mut logits = model.forward(&feeds, false).unwrap();
+            for step in 0..n {
+                let next: Vec<u32> = logits.iter().map(|l| argmax(l)).collect();
+                for (i, l) in logits.iter().enumerate() {
+                    assert_eq!(
+                        bits(std::slice::from_ref(l)),
+                        bits(&alone[i].1[step..step + 1]),
+                        "{name} {i} batched step {step}"
+                    );
+                }
+                if step + 1 < n {
+                    let feeds: Vec<(u64, [u32; 1])> = next
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &t)| (300 + i as u64, [t]))
+                        .collect();
+                    let feeds: Vec<(u64, &[u32])> =
+                        feeds.iter().map(|(s, t)| (*s, t.as_slice())).collect();
+                    logits = model.forward(&feeds, false).unwrap();
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! The paged decoder's dense layers, `x · Wᵀ (+ b)`, with each output row computed from its own
+//! input row alone, its sums in one order whatever the batch: on candle's CPU backend a plain
+//! custom op ([`RowLinear`]), since candle's CPU product (the `gemm` crate) picks its blocking by
+//! the row count and so sums a row differently in a batch of 1 and of 40 (measured: a fixture
+//! prompt's logits differed in their last bits read whole and in chunks of 17). On CUDA it is
+//! candle's cuBLAS product for now, whose algorithm may also change with the row count: the
+//! pinned cuBLASLt configuration issue 52 asks for is not built yet.
+
+use crate::model::engines::host::{f32s, storage, tensor_f32};
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
+
+/// `x · wᵀ (+ b)` for `x` `(tokens, inputs)`, `w` `(outputs, inputs)`, `b` `(outputs)`.
+pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    if !x.device().is_cpu() {
+        let y = x.matmul(&w.t()?)?;
+        return match b {
+            Some(b) => y.broadcast_add(b),
+            None => Ok(y),
+        };
+    }
+    x.contiguous()?.apply_op1(RowLinear {
+        weight: w.clone(),
+        bias: b.cloned(),
+    })
+}
+
+/// The CPU side of [`linear`]: each output element a sum over the inputs in order, in f32, the
+/// bias added last, rounded once to the dtype.
+struct RowLinear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl CustomOp1 for RowLinear {
+    fn name(&self) -> &'static str {
+        "row-linear"
+    }
+
+    fn cpu_fwd(&self, x: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (tokens, inputs) = layout.shape().dims2()?;
+        let (outputs, k) = self.weight.dims2()?;
+        if k != inputs {
+            candle_core::bail!("row-linear: rows of {inputs} against weights of {k}");
+        }
+        let w = tensor_f32(&self.weight)?;
+        let b = self.bias.as_ref().map(tensor_f32).transpose()?;
+        let x_values = f32s(x, layout)?;
+        let mut out = vec![0f32; tokens * outputs];
+        for (row, y) in x_values.chunks(inputs).zip(out.chunks_mut(outputs)) {
+            for (j, o) in y.iter_mut().enumerate() {
+                let mut s = 0f32;
+                for (a, c) in row.iter().zip(&w[j * inputs..(j + 1) * inputs]) {
+                    s += a * c;
+                }
+                *o = s + b.as_ref().map_or(0.0, |b| b[j]);
+            }
+        }
+        Ok((storage(out, x.dtype())?, Shape::from((tokens, outputs))))
+    }
+}
