@@ -7,7 +7,8 @@
 //! point of an interrupted run.
 
 use spotinfer::model::engines::decoder::{
-    DecoderPrecision, FinishReason, Generated, Interrupt, LanguageModel, Message, Prompt, Request,
+    Build, DecoderPrecision, FinishReason, Generated, Interrupt, LanguageModel, Message, Prompt,
+    Request,
 };
 use std::path::{Path, PathBuf};
 
@@ -59,20 +60,79 @@ fn tokens(g: &Generated) -> Vec<u32> {
 
 #[test]
 fn templates_ids_and_greedy_tokens_equal_transformers_for_every_family_from_folders() {
-    same_as_transformers(|name| fixtures().join("models").join(name));
+    same_as_transformers(|name| fixtures().join("models").join(name), &cpu());
+}
+
+/// The CPU decoder in f32.
+fn cpu() -> Build {
+    Build::Cpu(DecoderPrecision::F32)
+}
+
+/// The paged decoder (`--backend paged`) on candle's CPU backend, f32, with `cache_tokens`.
+fn paged(cache_tokens: usize) -> Build {
+    Build::Paged {
+        device: candle_core::Device::Cpu,
+        dtype: candle_core::DType::F32,
+        cache_tokens,
+    }
+}
+
+/// The paged decoder behind the same decode loop (scheduler, sampler, stops, checkpoints): the
+/// greedy tokens of every family from folders and from GGUF files equal transformers'; on
+/// Qwen3 every prompt's tokens are the same under a budget, alone and resumed; a cache of room
+/// for about two sequences makes the others wait for blocks (same tokens), and a sequence larger
+/// than the whole cache is refused with the reason, the others done.
+#[test]
+fn the_paged_decoder_generates_transformers_tokens_from_the_same_decode_loop() {
+    same_as_transformers(|name| fixtures().join("models").join(name), &paged(8192));
+    same_as_transformers(
+        |name| fixtures().join("gguf").join(format!("{name}.gguf")),
+        &paged(8192),
+    );
+    let refs = reference();
+    let cases = refs["models"]["qwen3"].as_array().expect("cases");
+    let path = fixtures().join("models/qwen3");
+    let want: Vec<Vec<u32>> = cases.iter().map(expected).collect();
+    let model = LanguageModel::open_as(&path, &paged(8192)).expect("load");
+    same_alone_in_a_batch_under_a_budget_and_resumed(&model, cases, &want);
+    let all: Vec<Request> = cases.iter().map(|c| greedy(messages(c), vec![])).collect();
+    let longest = cases
+        .iter()
+        .map(|c| ids(&c["prompt_ids"]).len())
+        .max()
+        .expect("cases");
+    let small = LanguageModel::open_as(&path, &paged(2 * (longest + 24))).expect("load");
+    let out = small.generate(&all, 0, &Interrupt::new(), None);
+    for (i, (g, want)) in out.iter().zip(&want).enumerate() {
+        assert_eq!(&tokens(g), want, "prompt {i} waiting for blocks");
+    }
+    let tiny = LanguageModel::open_as(&path, &paged(longest)).expect("load");
+    let out = tiny.generate(&all, 0, &Interrupt::new(), None);
+    let refused = out
+        .iter()
+        .filter(|g| matches!(g, Generated::Refused(why) if why.contains("paged KV cache")))
+        .count();
+    assert!(refused >= 1, "{out:?}");
+    assert!(
+        out.iter().any(|g| matches!(g, Generated::Done(_))),
+        "{out:?}"
+    );
 }
 
 /// The GGUF files hold the same weights (in f32), the tokenizer, the template and the special
 /// tokens: llama's query and key rows come permuted for llama.cpp's rotary layout, Qwen's do not.
 #[test]
 fn templates_ids_and_greedy_tokens_equal_transformers_for_every_family_from_gguf_files() {
-    same_as_transformers(|name| fixtures().join("gguf").join(format!("{name}.gguf")));
+    same_as_transformers(
+        |name| fixtures().join("gguf").join(format!("{name}.gguf")),
+        &cpu(),
+    );
 }
 
-fn same_as_transformers(path: impl Fn(&str) -> PathBuf) {
+fn same_as_transformers(path: impl Fn(&str) -> PathBuf, build: &Build) {
     let refs = reference();
     for (name, cases) in refs["models"].as_object().expect("models") {
-        let model = LanguageModel::open(&path(name)).expect("load");
+        let model = LanguageModel::open_as(&path(name), build).expect("load");
         let cases = cases.as_array().expect("cases");
         let requests: Vec<Request> = cases.iter().map(|c| greedy(messages(c), vec![])).collect();
         for (case, request) in cases.iter().zip(&requests) {

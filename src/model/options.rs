@@ -41,6 +41,10 @@ pub enum Backend {
     /// once in a CUDA graph and replayed (`src/model/engines/unpadded/graphs.rs`): opt-in until
     /// the GPU check has passed on a GPU.
     UnpaddedGraphs,
+    /// Generation models only: the paged decoder on candle's device (`--device`: CUDA, or the
+    /// CPU for tests) in place of the CPU decoder (`src/model/engines/decoder/paged/`): opt-in
+    /// until the GPU check has passed on a GPU.
+    Paged,
 }
 
 impl Choice for Backend {
@@ -50,6 +54,7 @@ impl Choice for Backend {
         ("candle", Self::Candle),
         ("unpadded", Self::Unpadded),
         ("unpadded-graphs", Self::UnpaddedGraphs),
+        ("paged", Self::Paged),
     ];
 }
 

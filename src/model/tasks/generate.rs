@@ -16,15 +16,16 @@
 //! The network and the decode loop are the engine's (`model::engines::decoder`).
 
 use crate::model::engines::decoder::{
-    DecoderPrecision, Generated, Input, Interrupt, LanguageModel, Request, Sampling, Scheduler,
+    Build, DecoderPrecision, Generated, Input, Interrupt, LanguageModel, Request, Sampling,
+    Scheduler,
 };
 use crate::model::seam::{unfit, Checkpoint, Checkpoints, Infer, Settled};
 use crate::model::spec::Task;
 use crate::model::Output;
 use crate::model::Reply;
 use crate::model::{
-    default_model_name, weights_hash, LoadOptions, ModelError, ModelInfo, Precision, Predicted,
-    Reads,
+    default_model_name, weights_hash, Backend, LoadOptions, ModelError, ModelInfo, Precision,
+    Predicted, Reads,
 };
 use crate::model::{Item, Joining, Predict};
 use crate::record::{Record, RecordError};
@@ -94,7 +95,13 @@ impl GenerateTask {
                 path: path.to_path_buf(),
                 message,
             })?;
-        let model = LanguageModel::open_in(path, precision)?;
+        let build = decoder_build(options, precision, &defaults).map_err(|message| {
+            ModelError::Unsupported {
+                path: path.to_path_buf(),
+                message,
+            }
+        })?;
+        let model = LanguageModel::open_as(path, &build)?;
         let files: Vec<&Path> = model.weight_files.iter().map(PathBuf::as_path).collect();
         // Checkpoints are kept under the model's hash, and tokens resume exactly only in the
         // precision that generated them: bf16's hash says so, so an f32 worker starts a bf16
@@ -102,10 +109,14 @@ impl GenerateTask {
         // do the worker's defaults, tokenizer and template, after `~` (`settings_digest`): a
         // rollout that changes them starts interrupted answers over instead of finishing them
         // under other settings, and each result row says which it was made under.
-        let weights = match precision {
-            DecoderPrecision::Bf16 => format!("{}+bf16", weights_hash(&files)?),
-            _ => weights_hash(&files)?,
+        // The paged decoder is another engine: its tokens resume exactly on itself, so its
+        // checkpoints are kept apart from the CPU decoder's the same way.
+        let engine = match (&build, precision) {
+            (Build::Paged { dtype, .. }, _) => format!("+paged-{dtype:?}").to_lowercase(),
+            (_, DecoderPrecision::Bf16) => "+bf16".into(),
+            _ => String::new(),
         };
+        let weights = format!("{}{engine}", weights_hash(&files)?);
         let hash = format!("{weights}~{}", settings_digest(path, &defaults));
         let info = ModelInfo {
             name: options
@@ -115,15 +126,18 @@ impl GenerateTask {
             hash,
             dim: 0,
             max_seq_len: model.context(),
-            device: format!(
-                "Cpu (decoder, {} from {}, {})",
-                match model.precision() {
-                    DecoderPrecision::Bf16 => "bf16",
-                    _ => "f32",
-                },
-                model.format,
-                model.kernels()
-            ),
+            device: match build {
+                Build::Paged { .. } => format!("{} from {}", model.kernels(), model.format),
+                Build::Cpu(_) => format!(
+                    "Cpu (decoder, {} from {}, {})",
+                    match model.precision() {
+                        DecoderPrecision::Bf16 => "bf16",
+                        _ => "f32",
+                    },
+                    model.format,
+                    model.kernels()
+                ),
+            },
             prompts: Vec::new(),
             task: Task::Generate,
             labels: Vec::new(),
@@ -515,6 +529,49 @@ pub fn decoder_precision(precision: Precision) -> Result<DecoderPrecision, Strin
         Precision::F16 => Err(refused("f16")),
         Precision::Int8 => Err(refused("int8")),
     }
+}
+
+/// Token slots of the paged decoder's cache when the worker sets no `--max-batch-tokens`.
+pub const PAGED_CACHE_TOKENS: usize = 65_536;
+
+/// The network a generation model is built into: the CPU decoder in `precision`, unless
+/// `--backend paged` asks for the paged decoder on `--device` (f32 on the CPU, bf16 on CUDA
+/// under auto), its cache as large as the worker's `--max-batch-tokens` (else
+/// [`PAGED_CACHE_TOKENS`]). A CUDA device without `--backend paged` says, at start, that
+/// generation stays on the CPU.
+pub fn decoder_build(
+    options: &LoadOptions,
+    precision: DecoderPrecision,
+    defaults: &GenerationDefaults,
+) -> Result<Build, String> {
+    if options.backend != Backend::Paged {
+        if options.device == crate::model::DeviceChoice::Cuda {
+            tracing::warn!(
+                "generation runs on the CPU decoder: the paged GPU decoder is opt-in \
+                 (--backend paged) until its GPU check has passed"
+            );
+        }
+        return Ok(Build::Cpu(precision));
+    }
+    let device = crate::model::engines::select_device(options.device).map_err(|e| e.to_string())?;
+    let dtype = match (options.precision, device.is_cpu()) {
+        (Precision::Auto, false) | (Precision::Bf16, _) => candle_core::DType::BF16,
+        (Precision::Auto | Precision::F32, _) => candle_core::DType::F32,
+        (other, _) => {
+            return Err(format!(
+                "the paged decoder computes in f32 or bf16, not {other:?}"
+            ))
+        }
+    };
+    let cache_tokens = match defaults.max_batch_tokens {
+        0 => PAGED_CACHE_TOKENS,
+        n => n,
+    };
+    Ok(Build::Paged {
+        device,
+        dtype,
+        cache_tokens,
+    })
 }
 
 fn refused(asked: &str) -> String {

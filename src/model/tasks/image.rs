@@ -65,6 +65,11 @@ impl ImageTask {
                  f16 on CUDA when asked)"
             ),
         };
+        if options.backend == Backend::Paged {
+            return Err(refuse(
+                "--backend paged computes generation models (decoder LLMs)",
+            ));
+        }
         if options.backend == Backend::UnpaddedGraphs {
             return Err(refuse(
                 "--backend unpadded-graphs computes BERT-family text encoders (image towers: \

@@ -93,12 +93,18 @@ impl TextModel {
                 spec.task.task.name()
             )));
         }
+        if options.backend == Backend::Paged {
+            return Err(ModelError::Config {
+                path: dir.to_path_buf(),
+                message: "--backend paged computes generation models (decoder LLMs)".into(),
+            });
+        }
         let tokenizer = TextTokenizer::load(&spec, max_seq_len)?;
         let prompts = Prompts::new(&spec, &options.prompt)?;
         let device = select_device(options.device)?;
         let fused = match options.backend {
             Backend::Fused => true,
-            Backend::Candle | Backend::Unpadded | Backend::UnpaddedGraphs => false,
+            Backend::Candle | Backend::Unpadded | Backend::UnpaddedGraphs | Backend::Paged => false,
             Backend::Auto => device.is_cpu(),
         };
         let (engine, dtype) = if fused {

@@ -10,7 +10,9 @@
 //! decoder computes every row alike whatever its neighbours (see `CpuDecoder`), and the sampler
 //! draws by position, so the continuation is the one the uninterrupted run would have written.
 
-use super::{Completion, FinishReason, Generated, LanguageModel, Request};
+use super::paged::blocks::{PoolError, SeqId};
+use super::paged::decoder::PagedDecoder;
+use super::{Completion, FinishReason, Generated, LanguageModel, Network, Request};
 use spotinfer_fused_cpu::{KvCache, Step};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -54,7 +56,7 @@ struct Sequence {
     request: Request,
     prompt: Vec<u32>,
     generated: Vec<u32>,
-    cache: KvCache,
+    cache: SeqCache,
     /// Cache tokens it may grow to: its share of the budget.
     need: usize,
     started: Option<Instant>,
@@ -72,6 +74,73 @@ impl Sequence {
         let prompt = self.prompt.get(read..).unwrap_or_default();
         let generated = &self.generated[read.saturating_sub(self.prompt.len())..];
         prompt.iter().chain(generated).take(most).copied().collect()
+    }
+}
+
+/// A sequence's keys and values: its own on the CPU decoder; on the paged decoder, its blocks of
+/// the shared cache, taken when it starts running and given back when it is dropped, whichever
+/// way it leaves (finished, refused, interrupted, its batch forgotten).
+enum SeqCache {
+    Cpu(KvCache),
+    Paged {
+        decoder: Arc<PagedDecoder>,
+        id: SeqId,
+        len: usize,
+        admitted: bool,
+    },
+}
+
+impl SeqCache {
+    /// An empty cache for `model`'s network.
+    fn new(model: &LanguageModel) -> Self {
+        match model.network() {
+            Network::Cpu(_) => Self::Cpu(KvCache::default()),
+            Network::Paged(d) => Self::Paged {
+                id: d.new_sequence(),
+                decoder: d.clone(),
+                len: 0,
+                admitted: false,
+            },
+        }
+    }
+
+    /// Tokens it holds.
+    fn len(&self) -> usize {
+        match self {
+            Self::Cpu(c) => c.len(),
+            Self::Paged { len, .. } => *len,
+        }
+    }
+
+    /// Takes room for `tokens` tokens (the paged cache's blocks; the CPU decoder's grows).
+    fn admit(&mut self, tokens: usize) -> Result<(), PoolError> {
+        if let Self::Paged {
+            decoder,
+            id,
+            admitted,
+            ..
+        } = self
+        {
+            if !*admitted {
+                decoder.admit(*id, tokens)?;
+                *admitted = true;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SeqCache {
+    fn drop(&mut self) {
+        if let Self::Paged {
+            decoder,
+            id,
+            admitted: true,
+            ..
+        } = self
+        {
+            decoder.release(*id);
+        }
     }
 }
 
@@ -212,6 +281,20 @@ impl Scheduler {
             let Some(mut seq) = self.waiting.pop_front() else {
                 break;
             };
+            // The paged cache's blocks: when they run out, the sequence waits for others to end
+            // (one that could never fit, or that does not fit an empty cache, is refused).
+            match seq.cache.admit(seq.need) {
+                Ok(()) => {}
+                Err(PoolError::Full { .. }) if !self.active.is_empty() => {
+                    self.waiting.push_front(seq);
+                    break;
+                }
+                Err(e) => {
+                    let why = format!("the paged KV cache cannot hold this sequence: {e}");
+                    self.record(seq.job, seq.index, Generated::Refused(why));
+                    continue;
+                }
+            }
             self.reserved += seq.need;
             seq.started = Some(Instant::now());
             self.active.push(seq);
@@ -308,7 +391,7 @@ fn prepare(
         need: prompt.len() + max_new,
         prompt,
         generated,
-        cache: KvCache::default(),
+        cache: SeqCache::new(model),
         request,
         started: None,
     })
@@ -345,7 +428,7 @@ pub const STEP_TOKENS: usize = 512;
 fn step(model: &LanguageModel, active: &mut [Sequence]) -> Result<(), String> {
     let mut order: Vec<usize> = (0..active.len()).collect();
     // Decoding sequences (a cache, one token unread) first: false sorts before true.
-    order.sort_by_key(|&i| active[i].cache.is_empty() || active[i].unread_len() != 1);
+    order.sort_by_key(|&i| active[i].cache.len() == 0 || active[i].unread_len() != 1);
     let mut left = STEP_TOKENS;
     let mut feeds: Vec<(usize, Vec<u32>, bool)> = Vec::new();
     for i in order {
@@ -358,21 +441,22 @@ fn step(model: &LanguageModel, active: &mut [Sequence]) -> Result<(), String> {
         feeds.push((i, tokens, whole));
     }
     feeds.sort_by_key(|f| f.0);
-    let logits = {
-        let mut feeding = feeds.iter().peekable();
-        let mut steps: Vec<Step<'_>> = Vec::with_capacity(feeds.len());
-        for (i, s) in active.iter_mut().enumerate() {
-            if let Some((_, tokens, _)) = feeding.next_if(|f| f.0 == i) {
-                steps.push(Step {
-                    cache: &mut s.cache,
-                    tokens,
-                });
+    let logits = match model.network() {
+        Network::Cpu(decoder) => {
+            let mut feeding = feeds.iter().peekable();
+            let mut steps: Vec<Step<'_>> = Vec::with_capacity(feeds.len());
+            for (i, s) in active.iter_mut().enumerate() {
+                if let (Some((_, tokens, _)), SeqCache::Cpu(cache)) =
+                    (feeding.next_if(|f| f.0 == i), &mut s.cache)
+                {
+                    steps.push(Step { cache, tokens });
+                }
             }
+            decoder
+                .forward(&mut steps, false)
+                .map_err(|e| e.to_string())?
         }
-        model
-            .decoder
-            .forward(&mut steps, false)
-            .map_err(|e| e.to_string())?
+        Network::Paged(decoder) => paged_step(decoder, active, &feeds)?,
     };
     for ((i, _, whole), logits) in feeds.iter().zip(logits) {
         if *whole {
@@ -382,6 +466,29 @@ fn step(model: &LanguageModel, active: &mut [Sequence]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// [`step`]'s forward pass on the paged decoder: each feed's tokens appended to its sequence's
+/// blocks, the logits after its last one.
+fn paged_step(
+    decoder: &PagedDecoder,
+    active: &mut [Sequence],
+    feeds: &[(usize, Vec<u32>, bool)],
+) -> Result<Vec<Vec<f32>>, String> {
+    let mut inputs: Vec<(SeqId, &[u32])> = Vec::with_capacity(feeds.len());
+    for (i, tokens, _) in feeds {
+        match &active[*i].cache {
+            SeqCache::Paged { id, .. } => inputs.push((*id, tokens)),
+            SeqCache::Cpu(_) => return Err("a CPU cache on the paged decoder".into()),
+        }
+    }
+    let logits = decoder.forward(&inputs, false).map_err(|e| e.to_string())?;
+    for (i, tokens, _) in feeds {
+        if let SeqCache::Paged { len, .. } = &mut active[*i].cache {
+            *len += tokens.len();
+        }
+    }
+    Ok(logits)
 }
 
 /// The completion, if the sequence's last token ended it.

@@ -5,6 +5,8 @@
 //! rotary scaling, sliding-window attention, another activation) is refused here with the reason.
 
 use super::gguf_tokenizer;
+use super::paged::decoder::PagedDecoder;
+use super::Network;
 use crate::model::ModelError;
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::Device;
@@ -14,10 +16,50 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use tokenizers::Tokenizer;
 
+/// Which network a generation model is built into.
+#[derive(Debug, Clone)]
+pub enum Build {
+    /// The CPU decoder (`spotinfer_fused_cpu::CpuDecoder`), its dense layers in this precision.
+    Cpu(Precision),
+    /// The paged decoder (`super::paged::decoder`) on a candle device, in a dtype, with a cache
+    /// of so many token slots.
+    Paged {
+        /// Where it runs.
+        device: Device,
+        /// Its weights' and activations' dtype.
+        dtype: candle_core::DType,
+        /// Token slots of its KV cache.
+        cache_tokens: usize,
+    },
+}
+
+impl Build {
+    /// The network from `dims` and the weights reader.
+    fn network(
+        &self,
+        path: &Path,
+        dims: DecoderDims,
+        read: impl FnMut(&str, &[usize]) -> Result<Option<Vec<f32>>, FusedError>,
+    ) -> Result<Network, ModelError> {
+        match self {
+            Self::Cpu(precision) => Ok(Network::Cpu(Box::new(
+                CpuDecoder::load(dims, *precision, read).map_err(from_bert(path))?,
+            ))),
+            Self::Paged {
+                device,
+                dtype,
+                cache_tokens,
+            } => PagedDecoder::load(dims, device, *dtype, *cache_tokens, read)
+                .map(|d| Network::Paged(std::sync::Arc::new(d)))
+                .map_err(|e| unsupported(path, e.to_string())),
+        }
+    }
+}
+
 /// Everything a generation model is made of.
 pub struct Loaded {
     /// The network.
-    pub decoder: CpuDecoder,
+    pub decoder: Network,
     /// The model's tokenizer.
     pub tokenizer: Tokenizer,
     /// The chat template (Jinja), if the model has one.
@@ -54,13 +96,13 @@ pub fn is_generation_model(path: &Path) -> bool {
         .unwrap_or(false)
 }
 
-/// Loads the model at `path` (a `.gguf` file or a transformers folder), its dense layers
-/// packed for `precision` (f32, or bf16 where the CPU has it).
-pub fn load(path: &Path, precision: Precision) -> Result<Loaded, ModelError> {
+/// Loads the model at `path` (a `.gguf` file or a transformers folder) into the network
+/// `build` names.
+pub fn load(path: &Path, build: &Build) -> Result<Loaded, ModelError> {
     if path.extension().is_some_and(|e| e == "gguf") {
-        load_gguf(path, precision)
+        load_gguf(path, build)
     } else {
-        load_folder(path, precision)
+        load_folder(path, build)
     }
 }
 
@@ -75,7 +117,7 @@ fn from_bert(path: &Path) -> impl Fn(FusedError) -> ModelError + '_ {
     move |e| unsupported(path, e.to_string())
 }
 
-fn load_gguf(path: &Path, precision: Precision) -> Result<Loaded, ModelError> {
+fn load_gguf(path: &Path, build: &Build) -> Result<Loaded, ModelError> {
     let io = |source| ModelError::File {
         path: path.to_path_buf(),
         source,
@@ -124,7 +166,7 @@ fn load_gguf(path: &Path, precision: Precision) -> Result<Loaded, ModelError> {
         tied: !content.tensor_infos.contains_key("output.weight"),
     };
     let mut types = std::collections::BTreeSet::new();
-    let decoder = CpuDecoder::load(dims, precision, |name, shape| {
+    let decoder = build.network(path, dims, |name, shape| {
         let Some(gguf_name) = gguf_name(name) else {
             return Ok(None);
         };
@@ -154,8 +196,7 @@ fn load_gguf(path: &Path, precision: Precision) -> Result<Loaded, ModelError> {
         } else {
             read
         }))
-    })
-    .map_err(from_bert(path))?;
+    })?;
     let token = |key: &str| meta_u64(meta, key).map(|v| v as u32);
     let text_of = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i));
     let bos = token("tokenizer.ggml.bos_token_id");
@@ -415,10 +456,9 @@ impl FolderWeights {
     }
 }
 
-fn load_folder(dir: &Path, precision: Precision) -> Result<Loaded, ModelError> {
+fn load_folder(dir: &Path, build: &Build) -> Result<Loaded, ModelError> {
     let (config, dims, mut weights) = FolderWeights::open(dir)?;
-    let decoder = CpuDecoder::load(dims, precision, |name, shape| weights.read(name, shape))
-        .map_err(from_bert(dir))?;
+    let decoder = build.network(dir, dims, |name, shape| weights.read(name, shape))?;
     let (files, dtypes) = (weights.files, weights.dtypes);
     let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
         .map_err(|e| ModelError::Tokenizer(e.to_string()))?;

@@ -23,16 +23,18 @@ mod sampling;
 mod template;
 
 pub use decode::{Interrupt, Scheduler};
-pub use load::is_generation_model;
+pub use load::{is_generation_model, Build};
 pub use sampling::{argmax, Sampling};
 
 pub use crate::model::output::{Completion, FinishReason};
 use crate::model::ModelError;
 pub use crate::record::generation::{Input, Message, Prompt};
-use spotinfer_fused_cpu::CpuDecoder;
+use paged::decoder::PagedDecoder;
 /// The precision the decoder's dense layers compute in (the fused CPU crate's).
 pub use spotinfer_fused_cpu::Precision as DecoderPrecision;
+use spotinfer_fused_cpu::{CpuDecoder, DecoderDims};
 use std::path::Path;
+use std::sync::Arc;
 use template::ChatTemplate;
 use tokenizers::Tokenizer;
 
@@ -83,9 +85,27 @@ pub enum Generated {
     Refused(String),
 }
 
+/// The network a generation model computes with.
+pub enum Network {
+    /// The CPU decoder of `crates/fused-cpu` (the default).
+    Cpu(Box<CpuDecoder>),
+    /// The paged decoder on a candle device (`paged`: opt-in, `--backend paged`).
+    Paged(Arc<PagedDecoder>),
+}
+
+impl Network {
+    /// The decoder's shape.
+    pub fn dims(&self) -> &DecoderDims {
+        match self {
+            Self::Cpu(d) => d.dims(),
+            Self::Paged(d) => d.dims(),
+        }
+    }
+}
+
 /// A loaded generation model.
 pub struct LanguageModel {
-    decoder: CpuDecoder,
+    decoder: Network,
     tokenizer: Tokenizer,
     template: Option<ChatTemplate>,
     add_bos: Option<u32>,
@@ -106,7 +126,12 @@ impl LanguageModel {
     /// [`LanguageModel::open`] with the dense layers in `precision`: f32, or bf16 where the CPU
     /// has AMX or AVX-512 BF16 (refused with the reason elsewhere, and int8 everywhere).
     pub fn open_in(path: &Path, precision: DecoderPrecision) -> Result<Self, ModelError> {
-        let l = load::load(path, precision)?;
+        Self::open_as(path, &Build::Cpu(precision))
+    }
+
+    /// [`LanguageModel::open`] into the network `build` names.
+    pub fn open_as(path: &Path, build: &Build) -> Result<Self, ModelError> {
+        let l = load::load(path, build)?;
         let template = l
             .chat_template
             .map(|t| ChatTemplate::new(t, l.bos_token.clone(), l.eos_token.clone()))
@@ -144,12 +169,24 @@ impl LanguageModel {
 
     /// The precision the dense layers compute in.
     pub fn precision(&self) -> DecoderPrecision {
-        self.decoder.precision()
+        match &self.decoder {
+            Network::Cpu(d) => d.precision(),
+            Network::Paged(d) if d.dtype() == candle_core::DType::BF16 => DecoderPrecision::Bf16,
+            Network::Paged(_) => DecoderPrecision::F32,
+        }
     }
 
     /// The instructions the dense layers run on.
-    pub fn kernels(&self) -> &'static str {
-        self.decoder.kernels()
+    pub fn kernels(&self) -> String {
+        match &self.decoder {
+            Network::Cpu(d) => d.kernels().to_string(),
+            Network::Paged(d) => d.describe(),
+        }
+    }
+
+    /// The network.
+    pub fn network(&self) -> &Network {
+        &self.decoder
     }
 
     /// The prompt as the model reads it: the chat template rendered, or the raw prompt.
@@ -189,13 +226,25 @@ impl LanguageModel {
     /// The logits after each of `ids` (`ids.len() × vocab`), in one pass: for checks against
     /// another engine's greedy run.
     pub fn teacher_forced(&self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let decoder = match &self.decoder {
+            Network::Cpu(d) => d,
+            Network::Paged(d) => {
+                let seq = d.new_sequence();
+                d.admit(seq, ids.len())
+                    .map_err(|e| ModelError::Input(e.to_string()))?;
+                let out = d.forward(&[(seq, ids)], true);
+                d.release(seq);
+                return out
+                    .map(|mut o| o.swap_remove(0))
+                    .map_err(|e| ModelError::Input(e.to_string()));
+            }
+        };
         let mut cache = spotinfer_fused_cpu::KvCache::default();
         let mut steps = [spotinfer_fused_cpu::Step {
             cache: &mut cache,
             tokens: ids,
         }];
-        let mut out = self
-            .decoder
+        let mut out = decoder
             .forward(&mut steps, true)
             .map_err(|e| ModelError::Input(e.to_string()))?;
         Ok(out.swap_remove(0))

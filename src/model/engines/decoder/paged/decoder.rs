@@ -55,6 +55,8 @@ pub struct PagedDecoder {
     cos: Tensor,
     sin: Tensor,
     cache: Mutex<Cache>,
+    /// The next sequence id handed out.
+    next_id: std::sync::atomic::AtomicU64,
 }
 
 /// A step's host-side plan: token ids, positions and slots, the attention's plan, and the row
@@ -133,12 +135,34 @@ impl PagedDecoder {
                 pool: BlockPool::new(blocks, BLOCK_SIZE),
                 kv,
             }),
+            next_id: Default::default(),
         })
     }
 
     /// The decoder's shape.
     pub fn dims(&self) -> &DecoderDims {
         &self.dims
+    }
+
+    /// A sequence id no other sequence of this decoder has.
+    pub fn new_sequence(&self) -> SeqId {
+        self.next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The dtype it computes in.
+    pub fn dtype(&self) -> DType {
+        self.embed.dtype()
+    }
+
+    /// Its device, dtype and cache, for the model's description.
+    pub fn describe(&self) -> String {
+        let slots = self.lock().map_or(0, |c| c.pool.total() * BLOCK_SIZE);
+        format!(
+            "paged decoder on {:?}, {:?}, {slots} cache slots",
+            self.embed.device(),
+            self.dtype()
+        )
     }
 
     /// Admits sequence `seq` for at most `tokens` tokens (prompt and new), taking its blocks.
