@@ -17,7 +17,9 @@
 4. paged KV cache (issue 52's GPU decoder, its first parts): `spotinfer models kernels --paged`:
    the cache's writes (exact) and attention against their CPU references at the SmolLM2-135M and
    Qwen2-0.5B shapes, and one sequence's outputs read whole, in chunks and decoded beside others
-   on the device itself (bit for bit).
+   on the device itself (bit for bit); the paged decoder on the repository's random-weight
+   Llama, Qwen2 and Qwen3 fixtures in f32 on the device: greedy tokens against transformers'
+   (models.json), and each prompt's first logits alone, batched and chunked (bit for bit).
 5. speed: the default path (`--backend candle`), `--backend unpadded`, `--backend
    unpadded-graphs` and, on a GPU,
    sentence-transformers fp16, alternated, medians of tokens/s and the GPU's busy share
@@ -118,6 +120,7 @@ def vectors(args, shape):
     return result
 
 
+LLM_FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "llm")
 IMAGES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "images")
 
 
@@ -243,7 +246,7 @@ def main():
                   f"{k['largest_difference']:.2e} (bar {k['bar']:.1e}) {status}", flush=True)
             if not k["passed"]:
                 failures.append(f"{k['op']} {k['dtype']}")
-    report["paged"] = kernels(args, "--paged")
+    report["paged"] = kernels(args, "--paged", LLM_FIXTURES)
     for k in report["paged"]:
         status = "ok" if k["passed"] else "PAST THE BAR"
         print(f"paged {k['op']:27} {k['dtype']:5} {k['shape']:58} "

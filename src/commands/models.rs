@@ -50,7 +50,7 @@ pub async fn run(a: ModelsArgs) -> anyhow::Result<()> {
         }
         ModelsCommand::Kernels(k) => {
             let checks = tokio::task::spawn_blocking(move || match k.paged {
-                true => spotinfer::model::check_paged_kernels(k.device),
+                true => spotinfer::model::check_paged_kernels(k.device, &k.dir),
                 false => spotinfer::model::check_unpadded_kernels(&k.dir, k.device, &k.lengths),
             })
             .await??;

@@ -46,7 +46,9 @@ pub struct ModelKernelsArgs {
     pub device: DeviceChoice,
     /// Check the paged KV cache's operations instead (the GPU decoder's, issue 52: its writes
     /// and attention against their references, and their batch invariance on the device), at
-    /// the SmolLM2-135M and Qwen2-0.5B shapes; the model folder is not read.
+    /// the SmolLM2-135M and Qwen2-0.5B shapes; given the LLM fixtures' folder
+    /// (tests/fixtures/llm) in place of a model, also the paged decoder's greedy tokens against
+    /// transformers' and its logits' invariance there.
     #[arg(long)]
     pub paged: bool,
     /// The lengths of the packed batch's texts, in tokens.

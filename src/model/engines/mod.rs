@@ -372,12 +372,19 @@ pub fn check_unpadded_kernels(
 }
 
 /// The paged KV cache's operations on the device `choice` names against their references, and
-/// their batch invariance there (`decoder::paged::check`).
+/// their batch invariance there (`decoder::paged::check`); with the LLM fixtures' folder
+/// (`tests/fixtures/llm`) as `fixtures`, the paged decoder's greedy tokens against transformers'
+/// and its logits' invariance on that device too.
 pub fn check_paged_kernels(
     choice: DeviceChoice,
+    fixtures: &std::path::Path,
 ) -> Result<Vec<unpadded::check::KernelCheck>, ModelError> {
     let device = select_device(choice)?;
-    Ok(decoder::paged::check::check_paged(&device)?)
+    let mut checks = decoder::paged::check::check_paged(&device)?;
+    if fixtures.join("models.json").is_file() {
+        checks.extend(decoder::paged::check::check_decoders(&device, fixtures)?);
+    }
+    Ok(checks)
 }
 
 /// The candle device `choice` names; an error when CUDA is asked for and cannot be had.

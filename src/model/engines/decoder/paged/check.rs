@@ -177,6 +177,124 @@ fn invariance(device: &Device, layout: RowLayout, dtype: DType, name: &str) -> R
     })
 }
 
+/// The paged decoder on `device` over the fixture families of `fixtures` (tests/fixtures/llm:
+/// random-weight Llama, Qwen2 and Qwen3 folders and transformers' greedy tokens for twelve
+/// prompts each in `models.json`), in f32: its greedy tokens against transformers' (the share
+/// that differ; bar: none), and every prompt's logits read alone against the same read in
+/// chunks of 17 and in one batch with the others (bar: none of difference).
+pub fn check_decoders(device: &Device, fixtures: &std::path::Path) -> Result<Vec<KernelCheck>> {
+    use super::super::argmax;
+    use super::super::load::FolderWeights;
+    use super::decoder::PagedDecoder;
+    let text = std::fs::read_to_string(fixtures.join("models.json"))?;
+    let refs: serde_json::Value = serde_json::from_str(&text).map_err(candle_core::Error::wrap)?;
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_u64())
+                    .map(|x| x as u32)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut checks = vec![];
+    for name in ["llama", "qwen2", "qwen3"] {
+        let dir = fixtures.join("models").join(name);
+        let (_, dims, mut weights) = FolderWeights::open(&dir).map_err(candle_core::Error::wrap)?;
+        let model = PagedDecoder::load(dims, device, DType::F32, 8192, |n, s| weights.read(n, s))?;
+        let cases = refs["models"][name].as_array().cloned().unwrap_or_default();
+        let prompts: Vec<Vec<u32>> = cases.iter().map(|c| ids(&c["prompt_ids"])).collect();
+        // Greedy, alone, whole prompts; and the first step's logits three ways.
+        let (mut differ, mut total, mut worst) = (0usize, 0usize, 0f32);
+        let first = |feeds: &[(u64, &[u32])], chunk: usize| -> Result<Vec<Vec<f32>>> {
+            for (seq, p) in feeds {
+                model
+                    .admit(*seq, p.len() + 1)
+                    .map_err(candle_core::Error::wrap)?;
+            }
+            let mut out = vec![];
+            if chunk == usize::MAX {
+                out = model.forward(feeds, false)?;
+            } else {
+                for (seq, p) in feeds {
+                    let mut last = vec![];
+                    for part in p.chunks(chunk) {
+                        last = model.forward(&[(*seq, part)], false)?;
+                    }
+                    out.extend(last);
+                }
+            }
+            for (seq, _) in feeds {
+                model.release(*seq);
+            }
+            Ok(out)
+        };
+        let mut seq = 0u64;
+        for (case, prompt) in cases.iter().zip(&prompts) {
+            let want = ids(&case["greedy"]);
+            seq += 1;
+            model
+                .admit(seq, prompt.len() + want.len())
+                .map_err(candle_core::Error::wrap)?;
+            let mut logits = model
+                .forward(&[(seq, prompt.as_slice())], false)?
+                .swap_remove(0);
+            for (i, &w) in want.iter().enumerate() {
+                let t = argmax(&logits);
+                differ += usize::from(t != w);
+                total += 1;
+                if i + 1 < want.len() {
+                    logits = model.forward(&[(seq, &[t])], false)?.swap_remove(0);
+                }
+            }
+            model.release(seq);
+        }
+        let feeds: Vec<(u64, &[u32])> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (1000 + i as u64, p.as_slice()))
+            .collect();
+        let batched = first(&feeds, usize::MAX)?;
+        let chunked = first(&feeds, 17)?;
+        for (i, p) in prompts.iter().enumerate() {
+            let alone = first(&[(2000 + i as u64, p.as_slice())], usize::MAX)?;
+            for other in [&batched[i], &chunked[i]] {
+                let d = alone[0]
+                    .iter()
+                    .zip(other)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                worst = worst.max(d);
+            }
+        }
+        let share = differ as f32 / total.max(1) as f32;
+        checks.push(KernelCheck {
+            op: "paged-decoder-greedy".into(),
+            shape: format!(
+                "{name}: {} prompts, {total} tokens against transformers f32",
+                prompts.len()
+            ),
+            dtype: "f32".into(),
+            largest_difference: share,
+            bar: 0.0,
+            passed: differ == 0,
+        });
+        checks.push(KernelCheck {
+            op: "paged-decoder-invariance".into(),
+            shape: format!(
+                "{name}: first logits alone, in a batch of {}, in chunks of 17",
+                prompts.len()
+            ),
+            dtype: "f32".into(),
+            largest_difference: worst,
+            bar: 0.0,
+            passed: worst == 0.0,
+        });
+    }
+    Ok(checks)
+}
+
 #[cfg(test)]
 mod tests {
     /// On the CPU every check passes and the device side equals the reference exactly.
