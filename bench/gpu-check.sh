@@ -9,7 +9,9 @@
 # unpadded encoder's f32 and f16 vectors against sentence-transformers fp32 on the same GPU, and
 # the speed of the default CUDA path (padded candle), of the unpadded one and of
 # sentence-transformers fp16, with the GPU's busy share; and CLIP's and ViT's image towers on the
-# unpadded operations against candle's, on the fixture photographs. Writes OUT/gpu-check.json; exits 1 if a
+# unpadded operations against candle's, on the fixture photographs; and the paged decoder (issue
+# 52): its kernels, its invariance and its greedy tokens on the LLM fixtures, and its speed beside
+# transformers bf16 on random-weight SmolLM2-135M and Qwen2-0.5B shapes (bench/gpu_llm.py). Writes OUT/gpu-check.json; exits 1 if a
 # kernel or a vector check fails. Sized to finish in under 8 minutes on an H100.
 #
 # CI runs it with `--device cpu` on a tiny shape (2 layers, 64 wide), where the reference vectors
@@ -42,8 +44,11 @@ if [[ $device == cuda ]]; then
     make minilm 6 384 12 1536
     make bert-base 12 768 12 3072
     make bert-large 24 1024 16 4096
+    python3 bench/gpu_llm.py make "$out/smollm2-135m" smollm2-135m
+    python3 bench/gpu_llm.py make "$out/qwen2-0.5b" qwen2-0.5b
     python3 bench/gpu_check.py --bin "$bin" --device cuda --out "$out" --records 20000 \
-        --batch-sizes 64,256 --shapes "$(IFS=,; echo "${shapes[*]}")"
+        --batch-sizes 64,256 --shapes "$(IFS=,; echo "${shapes[*]}")" \
+        --llm-shapes "$out/smollm2-135m,$out/qwen2-0.5b"
 else
     make tiny 2 64 2 128
     python3 bench/gpu_check.py --bin "$bin" --device cpu --out "$out" --records 48 \

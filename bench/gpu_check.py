@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The unpadded encoder's GPU check (issue 51); bench/gpu-check.sh makes the shapes and calls it.
+"""The GPU check of the unpadded encoder (issue 51) and the paged decoder (issue 52);
+bench/gpu-check.sh makes the shapes and calls it.
 
     python3 bench/gpu_check.py --bin BIN --device cuda|cpu --shapes DIR,DIR --out DIR \
         [--records 10000] [--batch-sizes 64,256] [--rounds 2] [--minutes 7.5]
@@ -25,6 +26,9 @@
    sentence-transformers fp16, alternated, medians of tokens/s and the GPU's busy share
    (nvidia-smi), and one profiled unpadded run (`--profile-device`). Runs past `--minutes` are
    left out and named as unmeasured, so the whole check stays within its time.
+6. generation speed: `spotinfer bench --backend paged` beside transformers bf16 (bench/gpu_llm.py)
+   on random-weight SmolLM2-135M and Qwen2-0.5B shapes at batches 1, 64 and 256, 128 new tokens
+   (on the CPU: the fixture Llama at batches 1 and 4, 8 new tokens, spotinfer alone).
 Writes OUT/gpu-check.json with the issue's targets, each met, missed or unmeasured.
 """
 import argparse
@@ -124,6 +128,36 @@ LLM_FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "t
 IMAGES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "images")
 
 
+def generation(args, shapes):
+    """The paged decoder's speed (step 6 of the module comment): `spotinfer bench --backend
+    paged` at each batch size beside transformers bf16 on the same GPU, on each shape."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_llm.py")
+    path = os.path.join(args.out, "llm-prompts.jsonl")
+    cuda = args.device == "cuda"
+    batches, new = ([1, 64, 256], 128) if cuda else ([1, 4], 8)
+    subprocess.run([sys.executable, script, "prompts", path, str(max(batches))], check=True)
+    rows = []
+    for shape in shapes:
+        for b in batches:
+            row = {"model": os.path.basename(shape.rstrip("/")), "batch_size": b, "new_tokens": new}
+            if time.monotonic() - STARTED > args.minutes * 60:
+                row["unmeasured"] = "past the check's time"
+                rows.append(row)
+                continue
+            out, mem = run(args, [args.bin, "bench", "--input", path, "--model", shape,
+                                  "--backend", "paged", "--device", args.device,
+                                  "--batch-sizes", str(b), "--max-new-tokens", str(new),
+                                  "--max-batch-tokens", str(131072 if cuda else 4096)])
+            bench = json.loads(out.stdout.strip().splitlines()[-1])[0]
+            row["spotinfer"] = dict(bench["bench"], device=bench["device"], gpu_busy=mem.utilisation)
+            if cuda:
+                out, _ = run(args, [sys.executable, script, "transformers", shape, path, str(b), str(new)])
+                row["transformers_bf16"] = json.loads(out.stdout.strip().splitlines()[-1])
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 def st_bench_row(args, model, path, batch_size):
     gpu = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu.py")
     out, mem = run(args, [sys.executable, gpu, "st-bench", os.path.abspath(model), path, str(batch_size)])
@@ -190,6 +224,13 @@ def targets(report):
                 ratio = got["tokens_per_s"] / st["tokens_per_s"] if got and st else None
                 out.append((f"{where}: {side} >= 10x sentence-transformers fp16", ratio,
                             None if ratio is None else ratio >= 10))
+    floors = {"smollm2-135m": 30_000, "qwen2-0.5b": 17_711}
+    for row in report.get("generation", []):
+        if row["model"] in floors and row["batch_size"] == 256:
+            got = row.get("spotinfer", {}).get("generated_tokens_per_s")
+            floor = floors[row["model"]]
+            out.append((f"{row['model']} batch 256: paged decoder >= {floor:,} generated tokens/s",
+                        got, None if got is None else got >= floor))
     for name, v in report["vectors"].items():
         for side in ["unpadded_f16", "unpadded-graphs_f16"]:
             if side in v:
@@ -208,6 +249,8 @@ def main():
     p.add_argument("--batch-sizes", default="64,256")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--minutes", type=float, default=7.5)
+    p.add_argument("--llm-shapes", default=os.path.join(LLM_FIXTURES, "models", "llama"),
+                   help="generation model folders for the paged decoder's speed")
     args = p.parse_args()
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     shapes = [s for s in args.shapes.split(",") if s]
@@ -255,6 +298,8 @@ def main():
             failures.append(f"paged {k['op']} {k['dtype']} {k['shape']}")
     for shape in shapes:
         report["speed"] += speed(args, shape)
+    llm_shapes = [s for s in args.llm_shapes.split(",") if s]
+    report["generation"] = generation(args, llm_shapes)
     report["targets"] = targets(report)
     report["failures"] = failures
     report["minutes"] = (time.monotonic() - STARTED) / 60
