@@ -11,7 +11,7 @@
 //! draws by position, so the continuation is the one the uninterrupted run would have written.
 
 use super::paged::blocks::{PoolError, SeqId};
-use super::paged::decoder::PagedDecoder;
+use super::paged::decoder::{Next, PagedDecoder};
 use super::{Completion, FinishReason, Generated, LanguageModel, Network, Request};
 use spotinfer_fused_cpu::{KvCache, Step};
 use std::collections::VecDeque;
@@ -455,34 +455,45 @@ fn step(model: &LanguageModel, active: &mut [Sequence]) -> Result<(), String> {
             decoder
                 .forward(&mut steps, false)
                 .map_err(|e| e.to_string())?
+                .into_iter()
+                .map(Next::Logits)
+                .collect()
         }
         Network::Paged(decoder) => paged_step(decoder, active, &feeds)?,
     };
-    for ((i, _, whole), logits) in feeds.iter().zip(logits) {
+    for ((i, _, whole), next) in feeds.iter().zip(logits) {
         if *whole {
             let seq = &mut active[*i];
-            let next = seq.request.sampling.choose(&logits, seq.generated.len());
-            seq.generated.push(next);
+            let token = match next {
+                Next::Token(t) => t,
+                Next::Logits(l) => seq.request.sampling.choose(&l, seq.generated.len()),
+            };
+            seq.generated.push(token);
         }
     }
     Ok(())
 }
 
 /// [`step`]'s forward pass on the paged decoder: each feed's tokens appended to its sequence's
-/// blocks, the logits after its last one.
+/// blocks; a greedy sequence's next token chosen on the device (as a sequence still reading its
+/// prompt, whose choice is not used), a sampled one's logits for the sampler.
 fn paged_step(
     decoder: &PagedDecoder,
     active: &mut [Sequence],
     feeds: &[(usize, Vec<u32>, bool)],
-) -> Result<Vec<Vec<f32>>, String> {
+) -> Result<Vec<Next>, String> {
     let mut inputs: Vec<(SeqId, &[u32])> = Vec::with_capacity(feeds.len());
-    for (i, tokens, _) in feeds {
+    let mut greedy = Vec::with_capacity(feeds.len());
+    for (i, tokens, whole) in feeds {
         match &active[*i].cache {
             SeqCache::Paged { id, .. } => inputs.push((*id, tokens)),
             SeqCache::Cpu(_) => return Err("a CPU cache on the paged decoder".into()),
         }
+        greedy.push(!whole || active[*i].request.sampling.temperature == 0.0);
     }
-    let logits = decoder.forward(&inputs, false).map_err(|e| e.to_string())?;
+    let logits = decoder
+        .forward_choosing(&inputs, &greedy)
+        .map_err(|e| e.to_string())?;
     for (i, tokens, _) in feeds {
         if let SeqCache::Paged { len, .. } = &mut active[*i].cache {
             *len += tokens.len();

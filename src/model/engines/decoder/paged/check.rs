@@ -133,7 +133,41 @@ pub fn check_paged(device: &Device) -> Result<Vec<KernelCheck>> {
             checks.push(invariance(device, layout, dtype, name)?);
         }
     }
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        checks.push(argmax_check(device, dtype)?);
+    }
     Ok(checks)
+}
+
+/// Greedy choice on `device` against the decode loop's argmax: 64 rows of a 49,152-token
+/// vocabulary (SmolLM2's), every fourth row's maximum repeated at a later index, the last row
+/// led by a NaN; the share of rows that differ (bar: none).
+fn argmax_check(device: &Device, dtype: DType) -> Result<KernelCheck> {
+    let (rows, vocab) = (64usize, 49_152usize);
+    let mut values = uniform(rows * vocab, 91)?;
+    for r in (0..rows).step_by(4) {
+        let row = &mut values[r * vocab..(r + 1) * vocab];
+        row[r * 7 + 3] = 9.0;
+        row[vocab - 1 - r] = 9.0;
+    }
+    values[(rows - 1) * vocab] = f32::NAN;
+    let logits = Tensor::from_vec(values, (rows, vocab), &Device::Cpu)?.to_dtype(dtype)?;
+    let want = logits
+        .apply_op1(super::argmax::ArgmaxRows)?
+        .to_vec1::<u32>()?;
+    let got = logits
+        .to_device(device)?
+        .apply_op1(super::argmax::ArgmaxRows)?
+        .to_vec1::<u32>()?;
+    let differ = want.iter().zip(&got).filter(|(a, b)| a != b).count();
+    Ok(KernelCheck {
+        op: "paged-argmax".into(),
+        shape: format!("{rows} rows of {vocab}, ties and a NaN"),
+        dtype: format!("{dtype:?}").to_lowercase(),
+        largest_difference: differ as f32 / rows as f32,
+        bar: 0.0,
+        passed: differ == 0,
+    })
 }
 
 /// One sequence of 100 tokens on `device`: read whole beside another, read in chunks (37, 1,
@@ -301,7 +335,7 @@ mod tests {
     #[test]
     fn every_paged_check_passes_on_the_cpu() {
         let checks = super::check_paged(&candle_core::Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 18);
+        assert_eq!(checks.len(), 21);
         assert!(
             checks
                 .iter()

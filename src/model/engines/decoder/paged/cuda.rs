@@ -125,3 +125,35 @@ fn view<'a, T: CudaDType>((s, layout): (&'a CudaStorage, &Layout)) -> Result<Cud
     };
     Ok(s.as_cuda_slice::<T>()?.slice(start..end))
 }
+
+/// `ArgmaxRows` on CUDA: one block a row.
+pub fn argmax_rows(logits: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+    let (rows, vocab) = layout.shape().dims2()?;
+    let dev = logits.device().clone();
+    let config = LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let vocab_arg = vocab as i32;
+    macro_rules! run {
+        ($t:ty, $name:literal) => {{
+            let func = dev.get_or_load_custom_func($name, "paged", &ptx(&dev, "paged", PAGED)?)?;
+            let input = view::<$t>((logits, layout))?;
+            // SAFETY: every element is written by the kernel (one block a row).
+            let out = unsafe { dev.alloc::<u32>(rows)? };
+            let mut args = func.builder();
+            args.arg(&input).arg(&out).arg(&vocab_arg);
+            // SAFETY: the arguments are the kernel's, in its order.
+            unsafe { args.launch(config) }.w()?;
+            CudaStorage::wrap_cuda_slice(out, dev.clone())
+        }};
+    }
+    let out = match logits.dtype() {
+        DType::F32 => run!(f32, "argmax_rows_f32"),
+        DType::F16 => run!(half::f16, "argmax_rows_f16"),
+        DType::BF16 => run!(half::bf16, "argmax_rows_bf16"),
+        other => candle_core::bail!("argmax: not in {other:?}"),
+    };
+    Ok((out, Shape::from(rows)))
+}

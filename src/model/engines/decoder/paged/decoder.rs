@@ -59,6 +59,16 @@ pub struct PagedDecoder {
     next_id: std::sync::atomic::AtomicU64,
 }
 
+/// What a step gives for one sequence: its greedy next token, chosen on the device, or its
+/// logits, for the sampler.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Next {
+    /// The first largest logit's id.
+    Token(u32),
+    /// The logits after its last token (`vocab`, f32).
+    Logits(Vec<f32>),
+}
+
 /// A step's host-side plan: token ids, positions and slots, the attention's plan, and the row
 /// of each sequence's last new token.
 struct StepPlan {
@@ -186,10 +196,86 @@ impl PagedDecoder {
             .map_err(|_| candle_core::Error::Msg("the paged cache's lock is poisoned".into()))
     }
 
+    /// One step, as [`PagedDecoder::forward`], giving for each feed whose `greedy` entry is set
+    /// its greedy token, chosen on the device (one id copied back, not the vocabulary's
+    /// logits), and the logits for the others.
+    pub fn forward_choosing(
+        &self,
+        feeds: &[(SeqId, &[u32])],
+        greedy: &[bool],
+    ) -> Result<Vec<Next>> {
+        let logits = self.last_logits(feeds)?;
+        let rows = |want: bool| -> Vec<u32> {
+            (0..greedy.len() as u32)
+                .filter(|&i| greedy[i as usize] == want)
+                .collect()
+        };
+        let device = logits.device();
+        let (chosen, sampled) = (rows(true), rows(false));
+        let mut tokens = match chosen.is_empty() {
+            true => vec![],
+            false => logits
+                .index_select(&Tensor::new(chosen.as_slice(), device)?, 0)?
+                .apply_op1(super::argmax::ArgmaxRows)?
+                .to_vec1::<u32>()?,
+        }
+        .into_iter();
+        let mut kept = match sampled.is_empty() {
+            true => vec![],
+            false => logits
+                .index_select(&Tensor::new(sampled.as_slice(), device)?, 0)?
+                .to_dtype(DType::F32)?
+                .to_vec2::<f32>()?,
+        }
+        .into_iter();
+        Ok(greedy
+            .iter()
+            .filter_map(|&g| match g {
+                true => tokens.next().map(Next::Token),
+                false => kept.next().map(Next::Logits),
+            })
+            .collect())
+    }
+
+    /// The logits after each feed's last token, `(feeds, vocab)` on the device.
+    fn last_logits(&self, feeds: &[(SeqId, &[u32])]) -> Result<Tensor> {
+        let (x, plan) = self.hidden(feeds)?;
+        let lasts = Tensor::new(plan.lasts.as_slice(), x.device())?;
+        let x = candle_nn::ops::rms_norm(&x.index_select(&lasts, 0)?, &self.norm, self.dims.eps)?;
+        linear(&x, &self.lm_head, None)
+    }
+
     /// One step: each feed's new tokens (an admitted sequence's next ones) through the network,
     /// written to the cache; per feed, the logits after its last token (`vocab` f32), or with
     /// `all_logits` after each of its tokens, row after row.
     pub fn forward(&self, feeds: &[(SeqId, &[u32])], all_logits: bool) -> Result<Vec<Vec<f32>>> {
+        if !all_logits {
+            return self
+                .last_logits(feeds)?
+                .to_dtype(DType::F32)?
+                .to_vec2::<f32>();
+        }
+        let (x, plan) = self.hidden(feeds)?;
+        let x = candle_nn::ops::rms_norm(&x, &self.norm, self.dims.eps)?;
+        let logits = linear(&x, &self.lm_head, None)?
+            .to_dtype(DType::F32)?
+            .to_vec2::<f32>()?;
+        let mut rows = logits.into_iter();
+        let mut start = 0;
+        Ok(plan
+            .ends
+            .iter()
+            .map(|&end| {
+                let n = end - start;
+                start = end;
+                rows.by_ref().take(n).flatten().collect()
+            })
+            .collect())
+    }
+
+    /// The feeds' tokens through every layer (their keys and values written to the cache): the
+    /// last hidden state of each new token, `(tokens, hidden)`, and the step's plan.
+    fn hidden(&self, feeds: &[(SeqId, &[u32])]) -> Result<(Tensor, StepPlan)> {
         let mut cache = self.lock()?;
         let plan = plan_step(&mut cache.pool, feeds)?;
         let device = self.embed.device();
@@ -212,29 +298,7 @@ impl PagedDecoder {
             x = (x + linear(&context, &layer.out, layer.out_bias.as_ref())?)?;
             x = (&x + layer.feed_forward(&x, d.eps)?)?;
         }
-        let x = match all_logits {
-            true => x,
-            false => x.index_select(&tensor(&plan.lasts)?, 0)?,
-        };
-        let x = candle_nn::ops::rms_norm(&x, &self.norm, d.eps)?;
-        let logits = linear(&x, &self.lm_head, None)?
-            .to_dtype(DType::F32)?
-            .to_vec2::<f32>()?;
-        Ok(match all_logits {
-            false => logits,
-            true => {
-                let mut rows = logits.into_iter();
-                let mut start = 0;
-                plan.ends
-                    .iter()
-                    .map(|&end| {
-                        let n = end - start;
-                        start = end;
-                        rows.by_ref().take(n).flatten().collect()
-                    })
-                    .collect()
-            }
-        })
+        Ok((x, plan))
     }
 }
 
@@ -480,6 +544,40 @@ mod tests {
                 );
                 assert_eq!(got, want, "{name} case {c}");
             }
+        }
+    }
+
+    /// A step choosing on the device gives, for a greedy feed, the decode loop's argmax of the
+    /// logits the plain step gives, and for a sampled one those logits themselves.
+    #[test]
+    fn choosing_on_the_device_gives_the_greedy_token_or_the_logits() {
+        use super::Next;
+        let refs = reference();
+        let model = open("qwen2");
+        let prompts: Vec<Vec<u32>> = refs["models"]["qwen2"].as_array().unwrap()[..4]
+            .iter()
+            .map(|c| ids(&c["prompt_ids"]))
+            .collect();
+        let feeds = |base: u64| -> Vec<(u64, &[u32])> {
+            prompts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (base + i as u64, p.as_slice()))
+                .collect()
+        };
+        for (i, p) in prompts.iter().enumerate() {
+            model.admit(10 + i as u64, p.len()).unwrap();
+            model.admit(20 + i as u64, p.len()).unwrap();
+        }
+        let logits = model.forward(&feeds(10), false).unwrap();
+        let greedy = [true, false, true, false];
+        let chosen = model.forward_choosing(&feeds(20), &greedy).unwrap();
+        for (i, (next, l)) in chosen.iter().zip(&logits).enumerate() {
+            let want = match greedy[i] {
+                true => Next::Token(argmax(l)),
+                false => Next::Logits(l.clone()),
+            };
+            assert_eq!(next, &want, "feed {i}");
         }
     }
 

@@ -7,6 +7,7 @@
 //! Not yet built on them: the decoder's layers on candle's devices and its place behind the
 //! decode loop (`super::decode`), so a generation model still runs on the CPU decoder.
 
+mod argmax;
 pub mod attention;
 pub mod blocks;
 pub mod check;

@@ -96,3 +96,52 @@ __device__ void write_cache(typename T::raw* cache, const typename T::raw* rows,
 INSTANTIATE(f32, F32)
 INSTANTIATE(f16, F16)
 INSTANTIATE(bf16, BF16)
+
+// One block of ARGMAX_THREADS per row: each thread scans its strided share in order keeping the
+// first largest (strictly greater replaces), then the block keeps the larger value, or on a tie
+// the lower index. A NaN first logit gives 0 and a NaN is never larger, as the decode loop's
+// argmax (`sampling::argmax`) does.
+#define ARGMAX_THREADS 256
+
+template <typename T>
+__device__ void argmax_rows(const typename T::raw* logits, unsigned int* out, int vocab) {
+    __shared__ float best_value[ARGMAX_THREADS];
+    __shared__ unsigned int best_index[ARGMAX_THREADS];
+    const typename T::raw* row = logits + (long)blockIdx.x * vocab;
+    const float first = load(row[0], T());
+    float value = NEG_INF;
+    unsigned int index = 0xffffffffu;
+    for (int i = threadIdx.x; i < vocab; i += ARGMAX_THREADS) {
+        float v = load(row[i], T());
+        if (v > value || (index == 0xffffffffu && v == value)) {
+            value = v;
+            index = i;
+        }
+    }
+    best_value[threadIdx.x] = value;
+    best_index[threadIdx.x] = index;
+    __syncthreads();
+    for (int stride = ARGMAX_THREADS / 2; stride > 0; stride >>= 1) {
+        if (threadIdx.x < stride) {
+            float v = best_value[threadIdx.x + stride];
+            unsigned int j = best_index[threadIdx.x + stride];
+            float u = best_value[threadIdx.x];
+            unsigned int k = best_index[threadIdx.x];
+            if (j != 0xffffffffu && (k == 0xffffffffu || v > u || (v == u && j < k))) {
+                best_value[threadIdx.x] = v;
+                best_index[threadIdx.x] = j;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = first != first ? 0u : best_index[0];
+}
+
+#define INSTANTIATE_ARGMAX(SUFFIX, T)                                                         \
+    extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)                              \
+        argmax_rows_##SUFFIX(const T::raw* logits, unsigned int* out, int vocab) {            \
+        argmax_rows<T>(logits, out, vocab);                                                   \
+    }
+INSTANTIATE_ARGMAX(f32, F32)
+INSTANTIATE_ARGMAX(f16, F16)
+INSTANTIATE_ARGMAX(bf16, BF16)
