@@ -393,15 +393,7 @@ mod tests {
     }
 
     fn largest_difference(a: &Tensor, b: &Tensor) -> f32 {
-        let d = (a.to_dtype(DType::F32).unwrap() - b.to_dtype(DType::F32).unwrap()).unwrap();
-        d.abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar()
-            .unwrap()
+        super::super::check::largest_difference(a, b).unwrap()
     }
 
     /// Sequences whose prompts land in scattered blocks (others' blocks taken between theirs):

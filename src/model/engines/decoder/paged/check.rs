@@ -73,6 +73,12 @@ impl Harness {
     }
 }
 
+/// The largest difference between two tensors' elements, in f32.
+pub fn largest_difference(a: &Tensor, b: &Tensor) -> Result<f32> {
+    let d = (a.to_dtype(DType::F32)? - b.to_dtype(DType::F32)?)?;
+    d.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()
+}
+
 /// Random rows `(tokens, stride)` in `dtype` on the host, the same on every machine.
 pub fn random_rows(tokens: usize, stride: usize, seed: u64, dtype: DType) -> Result<Tensor> {
     Tensor::from_vec(
@@ -198,8 +204,7 @@ fn invariance(device: &Device, layout: RowLayout, dtype: DType, name: &str) -> R
     }
     let mut worst = 0f32;
     for got in [Tensor::cat(&parts, 0)?, Tensor::cat(&steps, 0)?] {
-        let d = (whole.to_dtype(DType::F32)? - got.to_dtype(DType::F32)?)?;
-        worst = worst.max(d.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?);
+        worst = worst.max(largest_difference(&whole, &got)?);
     }
     Ok(KernelCheck {
         op: "paged-attention-invariance".into(),
