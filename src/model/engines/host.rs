@@ -42,3 +42,48 @@ pub fn storage(values: Vec<f32>, dtype: DType) -> Result<CpuStorage> {
         other => candle_core::bail!("custom ops run in f32, f16 or bf16, not {other:?}"),
     })
 }
+
+/// Keys per tile of the attention kernels (a warp's lanes on the GPU).
+pub const KEY_TILE: usize = 32;
+
+/// One query row's attention over `n` keys and values (`kv(j)` gives key `j` and value `j`), as
+/// the engines' attention kernels compute it (the unpadded encoder's `varlen_attention.cu`, the
+/// paged decoder's `paged.cu`): keys in tiles of [`KEY_TILE`] in order, each score a sum over the
+/// head in order times `scale`, a running maximum `m` and sum `l`, each tile's correction
+/// `exp(m_old − m_new)` applied before its keys are added one by one. Written to `out`.
+pub fn attend<'a>(
+    q: &[f32],
+    scale: f32,
+    n: usize,
+    kv: impl Fn(usize) -> (&'a [f32], &'a [f32]),
+    out: &mut [f32],
+) {
+    let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
+    out.fill(0.0);
+    let mut p = [0f32; KEY_TILE];
+    for tile in (0..n).step_by(KEY_TILE) {
+        let keys = tile..(tile + KEY_TILE).min(n);
+        let mut tile_max = f32::NEG_INFINITY;
+        for (pj, j) in p.iter_mut().zip(keys.clone()) {
+            let mut s = 0f32;
+            for (a, b) in q.iter().zip(kv(j).0) {
+                s += a * b;
+            }
+            *pj = s * scale;
+            tile_max = tile_max.max(*pj);
+        }
+        let m_new = m.max(tile_max);
+        let correction = (m - m_new).exp();
+        l *= correction;
+        out.iter_mut().for_each(|o| *o *= correction);
+        for (pj, j) in p.iter_mut().zip(keys) {
+            *pj = (*pj - m_new).exp();
+            l += *pj;
+            for (o, x) in out.iter_mut().zip(kv(j).1) {
+                *o += *pj * x;
+            }
+        }
+        m = m_new;
+    }
+    out.iter_mut().for_each(|o| *o /= l);
+}

@@ -3,11 +3,12 @@
 //! header `kernels/common.cuh` (element loads and stores without CUDA headers), for the device's
 //! own architecture, with `--fmad=false` so that every product and sum is rounded as the
 //! kernel's CPU reference rounds it. `scripts/check-kernels.py` compiles the same sources for
-//! compute_80, 89 and 90 in CI.
+//! compute_80, 89 and 90 in CI. [`view`] hands the kernels their operands.
 
+use candle_core::cuda_backend::cudarc::driver::CudaView;
 use candle_core::cuda_backend::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
-use candle_core::cuda_backend::{CudaDevice, WrapErr};
-use candle_core::Result;
+use candle_core::cuda_backend::{CudaDType, CudaDevice, WrapErr};
+use candle_core::{CudaStorage, Layout, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -41,4 +42,12 @@ pub fn ptx(dev: &CudaDevice, module: &'static str, source: &str) -> Result<Arc<s
         .into();
     compiled.insert((module, arch), ptx.clone());
     Ok(ptx)
+}
+
+/// A contiguous operand's elements on the device, as the kernels take them.
+pub fn view<'a, T: CudaDType>((s, layout): (&'a CudaStorage, &Layout)) -> Result<CudaView<'a, T>> {
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        candle_core::bail!("the engines' kernels take contiguous operands");
+    };
+    Ok(s.as_cuda_slice::<T>()?.slice(start..end))
 }

@@ -5,10 +5,10 @@
 //! `cpu_fwd` is its reference.
 
 use super::ops::{AddNorm, Dense, VarlenAttention, NORM_THREADS};
-use crate::model::engines::nvrtc::ptx;
+use crate::model::engines::nvrtc::{ptx, view};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::cublaslt::{CudaBlasLT, Matmul, MatmulConfig};
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, CudaDevice, WrapErr};
 use candle_core::{CudaStorage, DType, Layout, Result, Shape, Storage};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -195,14 +195,6 @@ pub fn add_norm(
         (other, _) => candle_core::bail!("add-layer-norm: not in {other:?}"),
     };
     Ok((out, op.out_shape(x_layout.shape())?))
-}
-
-/// A contiguous operand's elements on the device.
-fn view<'a, T: CudaDType>((s, layout): (&'a CudaStorage, &Layout)) -> Result<CudaView<'a, T>> {
-    let Some((start, end)) = layout.contiguous_offsets() else {
-        candle_core::bail!("unpadded ops take contiguous operands");
-    };
-    Ok(s.as_cuda_slice::<T>()?.slice(start..end))
 }
 
 /// A cuBLASLt status as candle's error (candle converts the other CUDA libraries' errors, not

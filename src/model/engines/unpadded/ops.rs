@@ -5,18 +5,17 @@
 //!
 //! * [`Dense`]: `x·Wᵀ + b`, one cuBLASLt call with the bias as its epilogue ([`GemmCall`]);
 //! * [`VarlenAttention`]: attention within each sequence of a packed batch, online softmax over
-//!   tiles of 32 keys (`kernels/varlen_attention.cu`);
+//!   tiles of 32 keys (`kernels/varlen_attention.cu`; the reference is `host::attend`, which the
+//!   paged decoder's attention shares);
 //! * [`AddNorm`]: `LayerNorm(x + residual)`, one block-wide reduction per row
 //!   (`kernels/add_layer_norm.cu`); for a pre-LayerNorm tower (CLIP's and ViT's image towers) it
 //!   also gives the sum, the residual stream the next layer adds to.
 
 use super::gemm::GemmCall;
-use crate::model::engines::host::{f32s, storage, tensor_f32, u32s};
+use crate::model::engines::host::{attend, f32s, storage, tensor_f32, u32s};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
-/// Keys per tile of [`VarlenAttention`] (a warp's lanes on the GPU).
-pub const KEY_TILE: usize = 32;
 /// Threads per row of [`AddNorm`] (its kernel's block).
 pub const NORM_THREADS: usize = 128;
 /// The widest head [`VarlenAttention`]'s kernel holds (4 elements a lane).
@@ -90,39 +89,6 @@ impl VarlenAttention {
     pub fn scale(&self) -> f32 {
         1.0 / (self.head_dim as f32).sqrt()
     }
-
-    /// One query row's output for one head, as the kernel computes it: keys in tiles of
-    /// [`KEY_TILE`] in order, a running maximum `m` and sum `l`, each tile's correction
-    /// `exp(m_old − m_new)` applied before its keys are added one by one.
-    fn query(&self, q: &[f32], keys: &[&[f32]], values: &[&[f32]], out: &mut [f32]) {
-        let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
-        out.fill(0.0);
-        let mut p = [0f32; KEY_TILE];
-        for (k_tile, v_tile) in keys.chunks(KEY_TILE).zip(values.chunks(KEY_TILE)) {
-            let mut tile_max = f32::NEG_INFINITY;
-            for (pj, k) in p.iter_mut().zip(k_tile) {
-                let mut s = 0f32;
-                for (a, b) in q.iter().zip(k.iter()) {
-                    s += a * b;
-                }
-                *pj = s * self.scale();
-                tile_max = tile_max.max(*pj);
-            }
-            let m_new = m.max(tile_max);
-            let correction = (m - m_new).exp();
-            l *= correction;
-            out.iter_mut().for_each(|o| *o *= correction);
-            for (pj, v) in p.iter_mut().zip(v_tile) {
-                *pj = (*pj - m_new).exp();
-                l += *pj;
-                for (o, x) in out.iter_mut().zip(v.iter()) {
-                    *o += *pj * x;
-                }
-            }
-            m = m_new;
-        }
-        out.iter_mut().for_each(|o| *o /= l);
-    }
 }
 
 impl CustomOp2 for VarlenAttention {
@@ -164,11 +130,17 @@ impl CustomOp2 for VarlenAttention {
                     let at = row * stride + third * width + h * hd;
                     &qkv[at..at + hd]
                 };
-                let keys: Vec<&[f32]> = rows.clone().map(|r| part(r, 1)).collect();
-                let values: Vec<&[f32]> = rows.clone().map(|r| part(r, 2)).collect();
+                let first = rows.start;
+                let kv = |j: usize| (part(first + j, 1), part(first + j, 2));
                 for r in rows.clone() {
                     let at = r * width + h * hd;
-                    self.query(part(r, 0), &keys, &values, &mut out[at..at + hd]);
+                    attend(
+                        part(r, 0),
+                        self.scale(),
+                        rows.len(),
+                        kv,
+                        &mut out[at..at + hd],
+                    );
                 }
             }
         }

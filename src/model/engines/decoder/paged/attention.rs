@@ -7,7 +7,8 @@
 //!
 //! One kernel serves prompts (many new tokens a sequence, read whole or in chunks) and decoding
 //! (one a sequence): every query row is computed alone, over its keys in tiles of
-//! [`KEY_TILE`] taken in order, so a token's output does not depend on what else is in the batch,
+//! [`KEY_TILE`] taken in order (the reference is `host::attend`, the unpadded encoder's too), so
+//! a token's output does not depend on what else is in the batch,
 //! on how its prompt was cut into chunks, or on whether the run was resumed from a checkpoint:
 //! the batch invariance that keeps a resumed answer equal to the uninterrupted one.
 //!
@@ -17,12 +18,12 @@
 //! `block × block_size + offset`. The plan is u32: per new token its sequence's row in the block
 //! tables and its position, then the tables `(sequences, width)`.
 
-use crate::model::engines::host::{f32s, storage, u32s};
+use crate::model::engines::host::{attend, f32s, storage, u32s};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, InplaceOp3, Layout, Result, Shape};
 
 /// Keys per tile (a warp's lanes on the GPU).
-pub const KEY_TILE: usize = 32;
+pub use crate::model::engines::host::KEY_TILE;
 /// The widest head the kernel holds (4 elements a lane).
 pub const MAX_HEAD_DIM: usize = 128;
 
@@ -190,47 +191,6 @@ impl PagedAttention {
         1.0 / (self.layout.head_dim as f32).sqrt()
     }
 
-    /// One query row's output for one head, as the kernel computes it: keys in tiles of
-    /// [`KEY_TILE`] in order, each key's score a sum over the head in order, a running maximum
-    /// and sum, each tile's correction applied before its keys are added one by one.
-    fn query(
-        &self,
-        q: &[f32],
-        key: &dyn Fn(usize) -> (Vec<f32>, Vec<f32>),
-        keys: usize,
-        out: &mut [f32],
-    ) {
-        let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
-        out.fill(0.0);
-        for tile in (0..keys).step_by(KEY_TILE) {
-            let kv: Vec<(Vec<f32>, Vec<f32>)> =
-                (tile..(tile + KEY_TILE).min(keys)).map(key).collect();
-            let scores: Vec<f32> = kv
-                .iter()
-                .map(|(k, _)| {
-                    let mut s = 0f32;
-                    for (a, b) in q.iter().zip(k) {
-                        s += a * b;
-                    }
-                    s * self.scale()
-                })
-                .collect();
-            let m_new = scores.iter().fold(m, |a, &b| a.max(b));
-            let correction = (m - m_new).exp();
-            l *= correction;
-            out.iter_mut().for_each(|o| *o *= correction);
-            for (s, (_, v)) in scores.iter().zip(&kv) {
-                let p = (s - m_new).exp();
-                l += p;
-                for (o, x) in out.iter_mut().zip(v) {
-                    *o += p * x;
-                }
-            }
-            m = m_new;
-        }
-        out.iter_mut().for_each(|o| *o /= l);
-    }
-
     /// The plan's parts: per token (table row, position), and the tables.
     fn read_plan(&self, plan: &[u32], tokens: usize) -> Result<(Vec<TokenPlan>, Vec<u32>)> {
         if plan.len() < 2 * tokens || !(plan.len() - 2 * tokens).is_multiple_of(self.width.max(1)) {
@@ -287,14 +247,14 @@ impl CustomOp3 for PagedAttention {
             }
             for h in 0..l.heads {
                 let kv_head = h / group;
-                let key = |p: usize| {
+                let kv = |p: usize| {
                     let at = slot(p) * w + kv_head * d;
                     let v_at = (capacity + slot(p)) * w + kv_head * d;
-                    (cache[at..at + d].to_vec(), cache[v_at..v_at + d].to_vec())
+                    (&cache[at..at + d], &cache[v_at..v_at + d])
                 };
                 let q = &rows[t * l.stride + l.q_at + h * d..][..d];
                 let at = (t * l.heads + h) * d;
-                self.query(q, &key, position + 1, &mut out[at..at + d]);
+                attend(q, self.scale(), position + 1, kv, &mut out[at..at + d]);
             }
         }
         Ok((storage(out, dtype)?, Shape::from((tokens, l.heads * d))))

@@ -2,12 +2,10 @@
 //! of `kernels/paged.cu` (compiled for the device the first time a process runs it).
 
 use super::attention::{PagedAttention, WriteCache, KEY_TILE};
-use crate::model::engines::nvrtc::ptx;
+use crate::model::engines::nvrtc::{ptx, view};
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaView, CudaViewMut, LaunchConfig, PushKernelArg,
-};
-use candle_core::cuda_backend::{CudaDType, WrapErr};
+use candle_core::cuda_backend::cudarc::driver::{CudaViewMut, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaStorage, DType, Layout, Result, Shape};
 
 /// The paged cache's kernels.
@@ -116,14 +114,6 @@ pub fn paged_attention(
         other => candle_core::bail!("paged attention: not in {other:?}"),
     };
     Ok((out, Shape::from((tokens, width))))
-}
-
-/// A contiguous operand's elements on the device.
-fn view<'a, T: CudaDType>((s, layout): (&'a CudaStorage, &Layout)) -> Result<CudaView<'a, T>> {
-    let Some((start, end)) = layout.contiguous_offsets() else {
-        candle_core::bail!("paged ops take contiguous operands");
-    };
-    Ok(s.as_cuda_slice::<T>()?.slice(start..end))
 }
 
 /// `ArgmaxRows` on CUDA: one block a row.
