@@ -7,7 +7,8 @@
 //! is done when its last sequence is.
 //!
 //! A resumed request reads its prompt and its checkpointed tokens in one pass and goes on; the
-//! decoder computes every row alike whatever its neighbours (see `CpuDecoder`), and the sampler
+//! decoder computes every row alike whatever its neighbours (see `CpuDecoder` and
+//! `paged::decoder`), and the sampler
 //! draws by position, so the continuation is the one the uninterrupted run would have written.
 
 use super::paged::blocks::{PoolError, SeqId};
@@ -78,15 +79,14 @@ impl Sequence {
 }
 
 /// A sequence's keys and values: its own on the CPU decoder; on the paged decoder, its blocks of
-/// the shared cache, taken when it starts running and given back when it is dropped, whichever
-/// way it leaves (finished, refused, interrupted, its batch forgotten).
+/// the shared cache (the decoder's pool keeps its length), taken when it starts running and given
+/// back when it is dropped, whichever way it leaves (finished, refused, interrupted, its batch
+/// forgotten).
 enum SeqCache {
     Cpu(KvCache),
     Paged {
         decoder: Arc<PagedDecoder>,
         id: SeqId,
-        len: usize,
-        admitted: bool,
     },
 }
 
@@ -98,8 +98,6 @@ impl SeqCache {
             Network::Paged(d) => Self::Paged {
                 id: d.new_sequence(),
                 decoder: d.clone(),
-                len: 0,
-                admitted: false,
             },
         }
     }
@@ -108,37 +106,23 @@ impl SeqCache {
     fn len(&self) -> usize {
         match self {
             Self::Cpu(c) => c.len(),
-            Self::Paged { len, .. } => *len,
+            Self::Paged { decoder, id } => decoder.len(*id).unwrap_or(0),
         }
     }
 
     /// Takes room for `tokens` tokens (the paged cache's blocks; the CPU decoder's grows).
-    fn admit(&mut self, tokens: usize) -> Result<(), PoolError> {
-        if let Self::Paged {
-            decoder,
-            id,
-            admitted,
-            ..
-        } = self
-        {
-            if !*admitted {
-                decoder.admit(*id, tokens)?;
-                *admitted = true;
-            }
+    fn admit(&self, tokens: usize) -> Result<(), PoolError> {
+        match self {
+            Self::Cpu(_) => Ok(()),
+            Self::Paged { decoder, id } => decoder.admit(*id, tokens),
         }
-        Ok(())
     }
 }
 
 impl Drop for SeqCache {
     fn drop(&mut self) {
-        if let Self::Paged {
-            decoder,
-            id,
-            admitted: true,
-            ..
-        } = self
-        {
+        // Releasing a sequence the pool never admitted does nothing.
+        if let Self::Paged { decoder, id } = self {
             decoder.release(*id);
         }
     }
@@ -479,7 +463,7 @@ fn step(model: &LanguageModel, active: &mut [Sequence]) -> Result<(), String> {
 /// prompt, whose choice is not used), a sampled one's logits for the sampler.
 fn paged_step(
     decoder: &PagedDecoder,
-    active: &mut [Sequence],
+    active: &[Sequence],
     feeds: &[(usize, Vec<u32>, bool)],
 ) -> Result<Vec<Next>, String> {
     let mut inputs: Vec<(SeqId, &[u32])> = Vec::with_capacity(feeds.len());
@@ -491,15 +475,9 @@ fn paged_step(
         }
         greedy.push(!whole || active[*i].request.sampling.temperature == 0.0);
     }
-    let logits = decoder
+    decoder
         .forward_choosing(&inputs, &greedy)
-        .map_err(|e| e.to_string())?;
-    for (i, tokens, _) in feeds {
-        if let SeqCache::Paged { len, .. } = &mut active[*i].cache {
-            *len += tokens.len();
-        }
-    }
-    Ok(logits)
+        .map_err(|e| e.to_string())
 }
 
 /// The completion, if the sequence's last token ended it.

@@ -6,8 +6,8 @@
 //! * `template`: the chat template rendered as transformers renders it;
 //! * `sampling`: the next token, greedy or from a seeded stream that depends on the position
 //!   only, so a redelivery or a resumed generation draws the same;
-//! * `paged`: the paged KV cache of the GPU decoder being built (issue 52): its block pool and
-//!   its attention, tested on the CPU;
+//! * `paged`: the GPU decoder (issue 52, opt-in as `--backend paged`): a Llama-family network on
+//!   candle's devices over a paged KV cache, behind the same decode loop ([`Network`]);
 //! * `decode`: the loop that advances many sequences together ([`Scheduler`]: continuous
 //!   batching under a token budget, batches joining while others run) and stops them (end
 //!   token, stop string, length, interruption).

@@ -69,15 +69,14 @@ pub enum Next {
     Logits(Vec<f32>),
 }
 
-/// A step's host-side plan: token ids, positions and slots, the attention's plan, and the row
-/// of each sequence's last new token.
+/// A step's host-side plan: token ids, positions and slots, the attention's plan, and where each
+/// sequence's new rows end.
 struct StepPlan {
     ids: Vec<u32>,
     positions: Vec<u32>,
     slots: Vec<u32>,
     plan: Vec<u32>,
     width: usize,
-    lasts: Vec<u32>,
     ends: Vec<usize>,
 }
 
@@ -183,7 +182,12 @@ impl PagedDecoder {
             .admit(seq, tokens)
     }
 
-    /// Gives `seq`'s blocks back.
+    /// Tokens `seq` holds in the cache (`None` before it is admitted).
+    pub fn len(&self, seq: SeqId) -> Option<usize> {
+        self.lock().ok()?.pool.len(seq)
+    }
+
+    /// Gives `seq`'s blocks back (nothing when it holds none).
     pub fn release(&self, seq: SeqId) {
         if let Ok(mut cache) = self.lock() {
             cache.pool.release(seq);
@@ -240,7 +244,8 @@ impl PagedDecoder {
     /// The logits after each feed's last token, `(feeds, vocab)` on the device.
     fn last_logits(&self, feeds: &[(SeqId, &[u32])]) -> Result<Tensor> {
         let (x, plan) = self.hidden(feeds)?;
-        let lasts = Tensor::new(plan.lasts.as_slice(), x.device())?;
+        let lasts: Vec<u32> = plan.ends.iter().map(|&end| end as u32 - 1).collect();
+        let lasts = Tensor::new(lasts, x.device())?;
         let x = candle_nn::ops::rms_norm(&x.index_select(&lasts, 0)?, &self.norm, self.dims.eps)?;
         linear(&x, &self.lm_head, None)
     }
@@ -354,7 +359,6 @@ fn plan_step(pool: &mut BlockPool, feeds: &[(SeqId, &[u32])]) -> Result<StepPlan
         slots: vec![],
         plan: vec![],
         width: 0,
-        lasts: vec![],
         ends: vec![],
     };
     for (row, (seq, tokens)) in feeds.iter().enumerate() {
@@ -374,7 +378,6 @@ fn plan_step(pool: &mut BlockPool, feeds: &[(SeqId, &[u32])]) -> Result<StepPlan
             p.positions.push(position);
             p.plan.extend([row as u32, position]);
         }
-        p.lasts.push(p.ids.len() as u32 - 1);
         p.ends.push(p.ids.len());
     }
     let seqs: Vec<SeqId> = feeds.iter().map(|f| f.0).collect();

@@ -1,11 +1,15 @@
-//! The paged KV cache a GPU decoder reads (issue 52), built and tested without a GPU: the
-//! host's bookkeeping of blocks and sequences (`blocks`), and the attention that reads the cache
-//! through block tables and the writes that fill it (`attention`: candle custom ops, each
-//! `cpu_fwd` the reference of its NVRTC kernel in `kernels/paged.cu`, `cuda`); `check` runs
-//! them on a device against their references and checks their batch invariance there.
+//! The GPU decoder (issue 52), built and tested without a GPU, opt-in as `--backend paged`:
 //!
-//! Not yet built on them: the decoder's layers on candle's devices and its place behind the
-//! decode loop (`super::decode`), so a generation model still runs on the CPU decoder.
+//! * `blocks`: the host's bookkeeping of the paged KV cache's blocks and sequences;
+//! * `attention`: the writes that fill the cache and the attention that reads it through block
+//!   tables, candle custom ops whose `cpu_fwd` is the reference of their NVRTC kernel
+//!   (`kernels/paged.cu`, launched by `cuda`); `argmax` the greedy choice on the device;
+//! * `decoder`: the Llama-family network over the cache (`linear` its dense layers), which the
+//!   decode loop (`super::decode`) runs through [`super::Network`];
+//! * `check`: all of it on a device against the references, and its batch invariance there.
+//!
+//! Not built yet: dense layers pinned to one cuBLASLt configuration (on CUDA they are cuBLAS's,
+//! whose algorithm may change with the batch), sampling with a temperature on the device.
 
 mod argmax;
 pub mod attention;
