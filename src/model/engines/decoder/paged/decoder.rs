@@ -529,24 +529,15 @@ mod tests {
     }
 
     /// Greedy tokens equal transformers' `generate(do_sample=False)` in f32 on the random-weight
-    /// Llama, Qwen2 (biases) and Qwen3 (head norms) fixtures, twelve prompts each, on candle's
-    /// CPU backend.
+    /// Llama, Qwen2 (biases) and Qwen3 (head norms) fixtures, twelve prompts each, and each
+    /// prompt's first logits are the same alone, batched and chunked: the GPU check's decoder
+    /// rows (`check::check_decoders`), on candle's CPU backend.
     #[test]
     fn greedy_tokens_equal_transformers_for_every_family() {
-        let refs = reference();
-        for name in ["llama", "qwen2", "qwen3"] {
-            let model = open(name);
-            for (c, case) in refs["models"][name].as_array().unwrap().iter().enumerate() {
-                let want = ids(&case["greedy"]);
-                let (got, _) = greedy(
-                    &model,
-                    c as u64,
-                    &ids(&case["prompt_ids"]),
-                    usize::MAX,
-                    want.len(),
-                );
-                assert_eq!(got, want, "{name} case {c}");
-            }
+        let checks = super::super::check::check_decoders(&Device::Cpu, &fixtures()).unwrap();
+        assert_eq!(checks.len(), 6);
+        for c in &checks {
+            assert!(c.passed && c.largest_difference == 0.0, "{c:?}");
         }
     }
 
