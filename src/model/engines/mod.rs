@@ -350,10 +350,8 @@ pub fn check_unpadded_kernels(
 ) -> Result<Vec<unpadded::check::KernelCheck>, ModelError> {
     let device = select_device(choice)?;
     let config = crate::model::spec::read_optional(&dir.join("config.json"))?;
-    if matches!(
-        config["architectures"][0].as_str(),
-        Some("CLIPModel" | "ViTForImageClassification")
-    ) {
+    // The architectures with an image tower on the unpadded operations (CLIP, ViT).
+    if fused_images::vision_dims(dir, &config)?.is_some() {
         return towers::check_unpadded_tower(dir, &device);
     }
     let spec = ModelSpec::read(dir)?;
