@@ -119,6 +119,41 @@ fn the_paged_decoder_generates_transformers_tokens_from_the_same_decode_loop() {
     );
 }
 
+/// Issue 52: a checkpoint continues on another engine. An answer interrupted on the CPU decoder
+/// is finished by the paged decoder, and one interrupted on the paged decoder by the CPU
+/// decoder; in f32 on these fixtures both write transformers' greedy tokens, so each finished
+/// answer is the uninterrupted one (on real weights another engine's continuation is valid but
+/// may part from it after a near-tie, which docs/generate.md says).
+#[test]
+fn an_answer_interrupted_on_one_engine_is_finished_by_the_other() {
+    let refs = reference();
+    let cases = refs["models"]["llama"].as_array().expect("cases");
+    let path = fixtures().join("models/llama");
+    let engines = [
+        LanguageModel::open_as(&path, &cpu()).expect("load"),
+        LanguageModel::open_as(&path, &paged(8192)).expect("load"),
+    ];
+    for (i, case) in cases.iter().enumerate() {
+        let want = expected(case);
+        for (from, to) in [(0, 1), (1, 0)] {
+            let cut = want.len() / 2;
+            let first = Request {
+                max_new_tokens: cut,
+                ..greedy(messages(case), vec![])
+            };
+            let part = tokens(&engines[from].generate(&[first], 0, &Interrupt::new(), None)[0]);
+            assert_eq!(part, want[..cut], "prompt {i}: the first {cut} tokens");
+            let rest = greedy(messages(case), part);
+            let out = engines[to].generate(&[rest], 0, &Interrupt::new(), None);
+            assert_eq!(
+                tokens(&out[0]),
+                want,
+                "prompt {i} from engine {from} to {to}"
+            );
+        }
+    }
+}
+
 /// The GGUF files hold the same weights (in f32), the tokenizer, the template and the special
 /// tokens: llama's query and key rows come permuted for llama.cpp's rotary layout, Qwen's do not.
 #[test]

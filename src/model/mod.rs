@@ -40,7 +40,7 @@ pub use engines::{check_paged_kernels, check_unpadded_kernels, DeviceStages};
 pub use item::{Item, Prepare, Tagged, Text, TokenIds, Tokenized};
 pub use options::{default_model_name, Backend, CpuKernels, DeviceChoice, LoadOptions, Precision};
 pub use output::{cosine, Completion, Entity, FinishReason, Output};
-pub use seam::{unfit, Checkpoint, Checkpoints, Infer, Saved, Settled};
+pub use seam::{unfit, Checkpoint, Checkpoints, Infer, Saved, SavedTokens, Settled};
 pub use spec::{ModelSpec, Task};
 pub use tasks::generate::{GenerateTask, GenerationDefaults, Generations, INTERRUPT_GRACE};
 pub use tasks::image::{is_image_model, ImageTask, Pictures};

@@ -143,16 +143,31 @@ pub struct Checkpoint {
     pub record_id: String,
     /// The model generating it, by name.
     pub model: String,
-    /// Which weights wrote the tokens (`ModelInfo::hash`).
+    /// Which weights and settings the tokens continue under (`ModelInfo::hash` without the
+    /// engine's mark: any engine may resume them).
     pub model_hash: String,
     /// Hex SHA-256 of the record's prompt and options (`generation::Input::sha256`).
     pub input_sha256: String,
     /// The token ids generated so far.
     pub tokens: Vec<u32>,
+    /// The engine that wrote them (`ModelInfo::device`: device, precision, kernels): a
+    /// continuation on another engine is valid but may part from the uninterrupted text after a
+    /// near-tie, so the resuming worker says so.
+    pub engine: String,
+}
+
+/// Tokens a generation saved, and the engine that wrote them (none: saved before engines were
+/// recorded).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SavedTokens {
+    /// The token ids generated so far.
+    pub tokens: Vec<u32>,
+    /// [`Checkpoint::engine`].
+    pub engine: Option<String>,
 }
 
 /// The tokens saved per (record id, prompt hash).
-pub type Saved = HashMap<(String, String), Vec<u32>>;
+pub type Saved = HashMap<(String, String), SavedTokens>;
 
 /// Where a generation model keeps its checkpoints between deliveries: the database, in the
 /// worker (`crate::external::store`). A trait, so the model layer does not depend on the store.

@@ -479,6 +479,7 @@ mod tests {
             model_hash: "h".into(),
             input_sha256: "00".into(),
             tokens: vec![1, 2],
+            engine: "cpu".into(),
         };
         store
             .save_checkpoints(&[checkpoint("g"), checkpoint("other")])

@@ -1,8 +1,9 @@
 //! Generation checkpoints: the tokens an interrupted generation had written, saved at shutdown
 //! by the worker before it hands the message back, and read by the infer stage when the message
 //! comes again (on any worker), so the generation continues instead of starting over. Keyed by
-//! record id, model and the hash of the record's prompt and options, and read only by the
-//! weights that wrote it (a model swapped under the same name starts over). A committed result
+//! record id, model and the hash of the record's prompt and options, and read only under the
+//! weights and settings that wrote it (a model swapped under the same name starts over), by any
+//! engine: each names the engine that wrote it, so one resumed elsewhere is told apart. A committed result
 //! deletes its record's checkpoints (`write`), and so does a record that ends as a failure
 //! ([`Store::forget_checkpoints`]) or goes to the dead-letter topic (the worker does not save
 //! it); what is left behind otherwise (a record republished with another prompt, a job
@@ -69,9 +70,11 @@ impl Store {
     pub async fn save_checkpoints(&self, checkpoints: &[Checkpoint]) -> Result<(), StoreError> {
         let now = self.pick(super::PG_NOW, super::SQLITE_NOW);
         let sql = format!(
-            "INSERT INTO generation_checkpoints (record_id, model, input_sha256, tokens, model_hash) \
-             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (record_id, model, input_sha256) \
-             DO UPDATE SET tokens = excluded.tokens, model_hash = excluded.model_hash, saved_at = {now}"
+            "INSERT INTO generation_checkpoints \
+             (record_id, model, input_sha256, tokens, model_hash, engine) \
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (record_id, model, input_sha256) \
+             DO UPDATE SET tokens = excluded.tokens, model_hash = excluded.model_hash, \
+             engine = excluded.engine, saved_at = {now}"
         );
         on_pool!(self, p => {
             let mut tx = p.begin().await?;
@@ -82,6 +85,7 @@ impl Store {
                     .bind(&c.input_sha256)
                     .bind(to_bytes(&c.tokens))
                     .bind(&c.model_hash)
+                    .bind(&c.engine)
                     .execute(&mut *tx)
                     .await?;
             }
@@ -90,27 +94,31 @@ impl Store {
         Ok(())
     }
 
-    /// The saved tokens of `model`'s generations for `keys` (record id, input hash), by key:
-    /// only those the weights `model_hash` wrote.
+    /// The saved tokens of `model`'s generations for `keys` (record id, input hash), by key,
+    /// with the engine that wrote them: only those saved under `model_hash`.
     pub async fn checkpoints(
         &self,
         model: &str,
         model_hash: &str,
         keys: &[(String, String)],
-    ) -> Result<HashMap<(String, String), Vec<u32>>, StoreError> {
+    ) -> Result<crate::model::Saved, StoreError> {
         let mut found = HashMap::new();
-        let sql = "SELECT tokens FROM generation_checkpoints \
+        let sql = "SELECT tokens, engine FROM generation_checkpoints \
                    WHERE record_id = $1 AND model = $2 AND input_sha256 = $3 AND model_hash = $4";
         for (id, sha) in keys {
-            let tokens: Option<Vec<u8>> = on_pool!(self, p => sqlx::query_scalar(sql)
+            let row: Option<(Vec<u8>, Option<String>)> = on_pool!(self, p => sqlx::query_as(sql)
                 .bind(id)
                 .bind(model)
                 .bind(sha)
                 .bind(model_hash)
                 .fetch_optional(p)
                 .await?);
-            if let Some(t) = tokens {
-                found.insert((id.clone(), sha.clone()), from_bytes(&t));
+            if let Some((tokens, engine)) = row {
+                let saved = crate::model::SavedTokens {
+                    tokens: from_bytes(&tokens),
+                    engine,
+                };
+                found.insert((id.clone(), sha.clone()), saved);
             }
         }
         Ok(found)

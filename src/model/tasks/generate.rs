@@ -103,14 +103,12 @@ impl GenerateTask {
         })?;
         let model = LanguageModel::open_as(path, &build)?;
         let files: Vec<&Path> = model.weight_files.iter().map(PathBuf::as_path).collect();
-        // Checkpoints are kept under the model's hash, and tokens resume exactly only in the
-        // precision that generated them: bf16's hash says so, so an f32 worker starts a bf16
-        // worker's records over rather than continue them differently (and the reverse). So
-        // do the worker's defaults, tokenizer and template, after `~` (`settings_digest`): a
-        // rollout that changes them starts interrupted answers over instead of finishing them
-        // under other settings, and each result row says which it was made under.
-        // The paged decoder is another engine: its tokens resume exactly on itself, so its
-        // checkpoints are kept apart from the CPU decoder's the same way.
+        // The hash names what decides the tokens, so each result row says what it was made
+        // under: the weights; the engine when it is not the CPU decoder in f32 (bf16 and the
+        // paged decoder round differently: `+bf16`, `+paged-…`); and after `~` the worker's
+        // defaults, tokenizer and template (`settings_digest`). A checkpoint is kept under the
+        // hash without the engine's mark (`resume_key`): a rollout that changes the weights or
+        // settings starts interrupted answers over, one that changes the engine continues them.
         let engine = match (&build, precision) {
             (Build::Paged { dtype, .. }, _) => format!("+paged-{dtype:?}").to_lowercase(),
             (_, DecoderPrecision::Bf16) => "+bf16".into(),
@@ -329,7 +327,8 @@ pub const INTERRUPT_GRACE: Duration = Duration::from_secs(5);
 ///   the sink commits it (its next delivery then finishes without generating);
 /// * at shutdown ([`Infer::hand_back`]), the tokens the handed-back records carry are saved,
 ///   keyed by record id, model and the hash of the record's prompt and options, and marked
-///   with the weights that wrote them (only they resume from them). A record on its last
+///   with the weights and settings that wrote them (only they resume from them) and the
+///   engine (any engine resumes them; one that did not write them says so). A record on its last
 ///   delivery attempt goes to the dead-letter topic: its checkpoint is deleted instead. A
 ///   committed result or a failure row deletes its checkpoint (the sink).
 pub struct Generations {
@@ -364,7 +363,8 @@ impl Generations {
             return;
         }
         let info = self.handle.info();
-        let read = store.read(&info.name, &info.hash, &keys);
+        let key = resume_key(&info.hash);
+        let read = store.read(&info.name, &key, &keys);
         let found = match tokio::time::timeout(INTERRUPT_GRACE, read).await {
             Ok(Ok(found)) => found,
             Ok(Err(e)) => {
@@ -379,17 +379,30 @@ impl Generations {
             }
         };
         let with_prompt = records.iter_mut().filter(|r| r.generation.is_some());
-        let mut resumed = 0;
+        let (mut resumed, mut elsewhere) = (0, std::collections::BTreeSet::new());
         for (r, key) in with_prompt.zip(keys) {
-            if let Some(tokens) = found.get(&key) {
-                r.checkpoint = tokens.clone();
+            if let Some(saved) = found.get(&key) {
+                r.checkpoint = saved.tokens.clone();
                 resumed += 1;
+                if saved.engine.as_deref() != Some(info.device.as_str()) {
+                    elsewhere.insert(saved.engine.as_deref().unwrap_or("not recorded"));
+                }
             }
         }
         if resumed > 0 {
             tracing::info!(
                 records = resumed,
                 "resuming generations from their checkpoints"
+            );
+        }
+        if !elsewhere.is_empty() {
+            // Another engine rounds differently: what follows is a valid continuation of the
+            // saved tokens, which the uninterrupted run could have left after a near-tie.
+            tracing::warn!(
+                written_by = ?elsewhere,
+                engine = %info.device,
+                "continuing generations another engine began: each continues its saved tokens, \
+                 and may part from the text an uninterrupted run on either engine writes"
             );
         }
     }
@@ -498,6 +511,7 @@ impl Infer for Generations {
                 return 0;
             };
             let info = self.handle.info();
+            let model_hash = resume_key(&info.hash);
             let (mut keep, mut dead) = (Vec::new(), Vec::new());
             for (r, last_attempt) in records {
                 let Some(g) = &r.generation else { continue };
@@ -507,9 +521,10 @@ impl Infer for Generations {
                     keep.push(Checkpoint {
                         record_id: r.id.clone(),
                         model: info.name.clone(),
-                        model_hash: info.hash.clone(),
+                        model_hash: model_hash.clone(),
                         input_sha256: g.sha256(),
                         tokens: r.checkpoint.clone(),
+                        engine: info.device.clone(),
                     });
                 }
             }
@@ -574,6 +589,14 @@ pub fn decoder_build(
     })
 }
 
+/// The hash a generation's checkpoints are kept under: the model's hash without the engine's
+/// mark (`weights+engine~settings` → `weights~settings`), so any engine resumes them.
+fn resume_key(hash: &str) -> String {
+    let (weights, settings) = hash.split_once('~').unwrap_or((hash, ""));
+    let weights = weights.split_once('+').map_or(weights, |(w, _)| w);
+    format!("{weights}~{settings}")
+}
+
 fn refused(asked: &str) -> String {
     format!("a generation model computes in f32 (auto) or bf16 on the CPU, not {asked}")
 }
@@ -600,12 +623,17 @@ mod tests {
 
     /// The generation model `llm` with weights `hash`, keeping checkpoints in `store`.
     fn served(store: &crate::external::store::Store, hash: &str) -> Generations {
+        served_on(store, hash, "cpu")
+    }
+
+    /// [`served`] on the engine `device`.
+    fn served_on(store: &crate::external::store::Store, hash: &str, device: &str) -> Generations {
         let info = ModelInfo {
             name: "llm".into(),
             hash: hash.into(),
             dim: 0,
             max_seq_len: 64,
-            device: "cpu".into(),
+            device: device.into(),
             prompts: Vec::new(),
             task: Task::Generate,
             labels: Vec::new(),
@@ -751,6 +779,41 @@ mod tests {
         assert_eq!(hand_back(&a, &[("r", &[7, 8], false)]).await, 1);
         assert_eq!(resumed(&b, "r").await, Vec::<u32>::new());
         assert_eq!(resumed(&a, "r").await, [7, 8]);
+    }
+
+    /// Issue 52: a checkpoint names the engine that wrote it and is kept under the weights and
+    /// settings alone, so another engine (bf16, the paged decoder) continues it; other weights
+    /// or other settings start over.
+    #[tokio::test]
+    async fn a_checkpoint_resumes_on_another_engine_and_names_the_one_that_wrote_it() {
+        let (_dir, store) = sqlite().await;
+        let cpu = served_on(&store, "w~s", "Cpu (decoder, f32)");
+        assert_eq!(hand_back(&cpu, &[("r", &[7, 8], false)]).await, 1);
+        let engine: String = sqlx_scalar(&store, "SELECT engine FROM generation_checkpoints").await;
+        assert_eq!(engine, "Cpu (decoder, f32)");
+        for (hash, device, want) in [
+            ("w+paged-bf16~s", "Cuda(0) paged bf16", &[7u32, 8][..]),
+            ("w+bf16~s", "Cpu (decoder, bf16)", &[7, 8]),
+            ("w~s", "Cpu (decoder, f32)", &[7, 8]),
+            ("v+paged-bf16~s", "Cuda(0) paged bf16", &[]),
+            ("w+paged-bf16~t", "Cuda(0) paged bf16", &[]),
+        ] {
+            let other = served_on(&store, hash, device);
+            assert_eq!(resumed(&other, "r").await, want, "{hash} on {device}");
+        }
+        let paged = served_on(&store, "w+paged-bf16~s", "Cuda(0) paged bf16");
+        hand_back(&paged, &[("r", &[7, 8, 9], false)]).await;
+        let engine: String = sqlx_scalar(&store, "SELECT engine FROM generation_checkpoints").await;
+        assert_eq!(engine, "Cuda(0) paged bf16");
+        assert_eq!(resumed(&cpu, "r").await, [7, 8, 9]);
+    }
+
+    /// The one text `sql` selects from the test's SQLite store.
+    async fn sqlx_scalar(store: &crate::external::store::Store, sql: &str) -> String {
+        let crate::external::store::Store::Sqlite(pool) = store else {
+            panic!("the tests' store is SQLite");
+        };
+        sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
     }
 
     /// Issue 40: a record the hand-back dead-letters (its last delivery attempt) leaves no
