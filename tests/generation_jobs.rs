@@ -357,3 +357,105 @@ async fn a_job_whose_completions_hold_nul_and_control_bytes_completes_and_export
     assert_eq!(texts, want, "Parquet");
     eprintln!("60 completions, {with_nul} holding U+0000 and {with_control} other control bytes, exported exactly");
 }
+
+/// Issue 52: an answer begun on one engine is finished by another. Worker A (the CPU decoder)
+/// is SIGTERMed mid-answer; its checkpoints name its engine. Worker B runs the paged decoder
+/// (`--backend paged`, on candle's CPU backend here, CUDA in production) and continues them.
+/// In f32 on the random-weight Llama fixture both engines write the same tokens, so every answer
+/// equals the CPU decoder's uninterrupted one; the results say which engine finished each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_begun_on_the_cpu_decoder_are_finished_by_the_paged_decoder() {
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm/models/llama");
+    let records: Vec<Value> = texts()
+        .into_iter()
+        .take(24)
+        .enumerate()
+        .map(|(i, text)| {
+            let text: String = text.chars().take(80).collect();
+            json!({"id": format!("e-{i:02}"), "max_new_tokens": 160,
+                   "messages": [{"role": "user", "content": text}]})
+        })
+        .collect();
+    let want: HashMap<String, String> = records
+        .iter()
+        .zip(uninterrupted_completions(&model, &records))
+        .map(|(r, c)| (r["id"].as_str().unwrap().to_string(), c.text))
+        .collect();
+    let db = fresh_pg_database().await;
+    let name = unique("generate-engines");
+    let (args, _) = fresh_pubsub(&name).await;
+    let env = Env {
+        args,
+        db: db.clone(),
+        model,
+    };
+    env.ok("setup", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("prompts.jsonl");
+    let lines: String = records.iter().map(|r| r.to_string() + "\n").collect();
+    std::fs::write(&input, lines).unwrap();
+    env.ok("publish", &[&input.display().to_string(), "--job", &name]);
+
+    let mut a = env.worker(&["--batch-size", "8"]);
+    wait_until(Duration::from_secs(300), "a few answers done", || async {
+        int(&env.status(&name), "done") >= 4
+    })
+    .await;
+    a.signal(libc::SIGTERM);
+    let (status, _) = a.wait(Duration::from_secs(15));
+    assert!(status.success(), "SIGTERM exits 0: {status}");
+    use sqlx::Connection;
+    let mut c = sqlx::PgConnection::connect(&db).await.unwrap();
+    let engines: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT engine, COUNT(*) FROM generation_checkpoints WHERE length(tokens) > 0 GROUP BY 1",
+    )
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    assert!(
+        engines.len() == 1 && engines[0].0.starts_with("Cpu (decoder, f32"),
+        "the SIGTERM came mid-answer and the checkpoints name the CPU decoder: {engines:?}"
+    );
+
+    let flags = [
+        "--backend",
+        "paged",
+        "--batch-size",
+        "8",
+        "--exit-when-job-complete",
+        &name,
+        "--job-poll",
+        "1s",
+    ];
+    let (status, _) = env.worker(&flags).wait(Duration::from_secs(600));
+    assert!(
+        status.success(),
+        "the paged worker completes the job: {status}"
+    );
+    let end = env.status(&name);
+    assert_eq!((int(&end, "done"), int(&end, "failed")), (24, 0), "{end}");
+    let jsonl = dir.path().join("out.jsonl");
+    env.ok(
+        "export",
+        &["--job", &name, "--output", &jsonl.display().to_string()],
+    );
+    for row in read_jsonl(&jsonl) {
+        let id = row["id"].as_str().unwrap();
+        assert_eq!(row["text"].as_str().unwrap(), want[id], "{id}");
+    }
+    let (paged, cpu): (i64, i64) = sqlx::query_as(
+        "SELECT COUNT(*) FILTER (WHERE model_hash LIKE '%+paged-f32~%'), \
+                COUNT(*) FILTER (WHERE model_hash NOT LIKE '%+%') FROM embeddings",
+    )
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    assert!(
+        paged > 0 && cpu >= 4 && paged + cpu == 24,
+        "{paged} paged, {cpu} CPU"
+    );
+    eprintln!(
+        "{} checkpoints of the CPU decoder finished by the paged decoder; {paged} answers by it, {cpu} by the CPU decoder, all equal to the uninterrupted ones",
+        engines[0].1
+    );
+}
