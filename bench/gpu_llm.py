@@ -4,14 +4,16 @@ transformers' speed on the same GPU. bench/gpu_check.py calls it; spotinfer's si
 `spotinfer bench --backend paged`.
 
     python3 bench/gpu_llm.py make DIR smollm2-135m|qwen2-0.5b   # transformers saves the model
-    python3 bench/gpu_llm.py prompts OUT.jsonl N                 # N chat prompts, one JSON a line
+    python3 bench/gpu_llm.py prompts OUT.jsonl N [sampled]       # N chat prompts, one JSON a line
     python3 bench/gpu_llm.py transformers DIR PROMPTS.jsonl B N  # one timed bf16 run, one JSON line
 
 The shapes are SmolLM2-135M's (30 layers, 576 wide, 9 heads over 3, feed-forward 1536) and
-Qwen2-0.5B's (24 layers, 896 wide, 14 heads over 2, feed-forward 4864, Q/K/V biases), with the
-LLM fixtures' 600-token tokenizer and chat template (no hub is reachable there): the output
-layer is small on both sides alike. The prompts are the fixtures' real conversations, each
-numbered so that no two are the same. transformers generates N new tokens greedily for B
+Qwen2-0.5B's (24 layers, 896 wide, 14 heads over 2, feed-forward 4864, Q/K/V biases), with
+their vocabularies (49,152 and 151,936: the output layer and the device sampler are full size)
+and the LLM fixtures' 600-token tokenizer and chat template (no hub is reachable there): ids past
+the tokenizer's are generated and decode to nothing, on both sides alike. The prompts are the fixtures' real conversations, each
+numbered so that no two are the same; `sampled` gives each a temperature of 0.8, top-p 0.95 and
+top-k 50 (the device sampler's timing). transformers generates N new tokens greedily for B
 prompts in one batch (left padding), the end token ignored, the prompts' reading included.
 """
 import json
@@ -25,10 +27,10 @@ FIXTURES = ROOT / "tests" / "fixtures" / "llm"
 SHAPES = {
     "smollm2-135m": dict(kind="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                          num_attention_heads=9, num_key_value_heads=3, rope_theta=100000.0,
-                         tie_word_embeddings=True),
+                         tie_word_embeddings=True, vocab_size=49152),
     "qwen2-0.5b": dict(kind="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                        num_attention_heads=14, num_key_value_heads=2, rope_theta=1000000.0,
-                       tie_word_embeddings=True),
+                       tie_word_embeddings=True, vocab_size=151936),
 }
 
 
@@ -38,7 +40,7 @@ def make(out, shape):
     s = dict(SHAPES[shape])
     kind = s.pop("kind")
     config_class = transformers.LlamaConfig if kind == "llama" else transformers.Qwen2Config
-    config = config_class(vocab_size=600, max_position_embeddings=8192, rms_norm_eps=1e-6,
+    config = config_class(max_position_embeddings=8192, rms_norm_eps=1e-6,
                           bos_token_id=0, eos_token_id=2, **s)
     torch.manual_seed(0)
     model_class = transformers.LlamaForCausalLM if kind == "llama" else transformers.Qwen2ForCausalLM
@@ -48,13 +50,16 @@ def make(out, shape):
         shutil.copy(source / f, Path(out) / f)
 
 
-def prompts(out, n):
+def prompts(out, n, sampled=False):
     cases = [c for m in json.load(open(FIXTURES / "models.json"))["models"].values() for c in m]
     with open(out, "w") as f:
         for i in range(n):
             messages = [dict(m) for m in cases[i % len(cases)]["messages"]]
             messages[-1]["content"] = f"{i}. {messages[-1]['content']}"
-            f.write(json.dumps({"id": f"p{i:04}", "messages": messages}) + "\n")
+            record = {"id": f"p{i:04}", "messages": messages}
+            if sampled:
+                record.update(temperature=0.8, top_p=0.95, top_k=50, seed=i)
+            f.write(json.dumps(record) + "\n")
 
 
 def run_transformers(path, prompts_path, b, n):
@@ -86,7 +91,7 @@ if __name__ == "__main__":
     if command == "make":
         make(sys.argv[2], sys.argv[3])
     elif command == "prompts":
-        prompts(sys.argv[2], int(sys.argv[3]))
+        prompts(sys.argv[2], int(sys.argv[3]), sys.argv[4:] == ["sampled"])
     elif command == "transformers":
         run_transformers(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     else:

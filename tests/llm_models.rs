@@ -8,7 +8,7 @@
 
 use spotinfer::model::engines::decoder::{
     Build, DecoderPrecision, FinishReason, Generated, Interrupt, LanguageModel, Message, Prompt,
-    Request,
+    Request, Sampling,
 };
 use std::path::{Path, PathBuf};
 
@@ -117,6 +117,61 @@ fn the_paged_decoder_generates_transformers_tokens_from_the_same_decode_loop() {
         out.iter().any(|g| matches!(g, Generated::Done(_))),
         "{out:?}"
     );
+}
+
+/// Issue 52: the paged decoder samples on the device (temperature, top-k, top-p, keyed by seed
+/// and position): each sampled answer is the same in a batch, alone and resumed after any
+/// point, and it differs from the greedy one. How many sampled tokens match the CPU decoder's
+/// (other sums, so a near-tie may part them) is printed.
+#[test]
+fn the_paged_decoder_samples_the_same_alone_in_a_batch_and_resumed() {
+    let refs = reference();
+    let cases = refs["models"]["qwen3"].as_array().expect("cases");
+    let path = fixtures().join("models/qwen3");
+    let paged = LanguageModel::open_as(&path, &paged(8192)).expect("load");
+    let sampled = |i: usize, case: &serde_json::Value, resume: Vec<u32>| Request {
+        sampling: Sampling {
+            temperature: 0.9,
+            top_p: if i.is_multiple_of(2) { 0.9 } else { 1.0 },
+            top_k: if i.is_multiple_of(3) { 20 } else { 0 },
+            seed: 7 + i as u64,
+        },
+        ..greedy(messages(case), resume)
+    };
+    let all: Vec<Request> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, c)| sampled(i, c, vec![]))
+        .collect();
+    let want: Vec<Vec<u32>> = paged
+        .generate(&all, 0, &Interrupt::new(), None)
+        .iter()
+        .map(tokens)
+        .collect();
+    let greedy_differs = cases.iter().zip(&want).filter(|(c, w)| expected(c) != **w);
+    assert!(greedy_differs.count() >= cases.len() / 2, "{want:?}");
+    for (i, (case, want)) in cases.iter().zip(&want).enumerate() {
+        let alone = paged.generate(&all[i..=i], 0, &Interrupt::new(), None);
+        assert_eq!(&tokens(&alone[0]), want, "prompt {i} alone");
+        let cut = want.len() / 2;
+        let resumed = sampled(i, case, want[..cut].to_vec());
+        let out = paged.generate(&[resumed], 0, &Interrupt::new(), None);
+        assert_eq!(&tokens(&out[0]), want, "prompt {i} resumed after {cut}");
+    }
+    let cpu = LanguageModel::open_as(&path, &cpu()).expect("load");
+    let on_cpu = cpu.generate(&all, 0, &Interrupt::new(), None);
+    let same: usize = want
+        .iter()
+        .zip(&on_cpu)
+        .map(|(w, g)| {
+            w.iter()
+                .zip(tokens(g))
+                .take_while(|(a, b)| **a == *b)
+                .count()
+        })
+        .sum();
+    let total: usize = want.iter().map(Vec::len).sum();
+    eprintln!("sampled: {same} of the paged decoder's {total} tokens equal the CPU decoder's before each answer's first difference");
 }
 
 /// Issue 52: a checkpoint continues on another engine. An answer interrupted on the CPU decoder

@@ -12,7 +12,7 @@
 //! draws by position, so the continuation is the one the uninterrupted run would have written.
 
 use super::paged::blocks::{PoolError, SeqId};
-use super::paged::decoder::{Next, PagedDecoder};
+use super::paged::decoder::PagedDecoder;
 use super::{Completion, FinishReason, Generated, LanguageModel, Network, Request};
 use spotinfer_fused_cpu::{KvCache, Step};
 use std::collections::VecDeque;
@@ -425,7 +425,7 @@ fn step(model: &LanguageModel, active: &mut [Sequence]) -> Result<(), String> {
         feeds.push((i, tokens, whole));
     }
     feeds.sort_by_key(|f| f.0);
-    let logits = match model.network() {
+    let chosen = match model.network() {
         Network::Cpu(decoder) => {
             let mut feeding = feeds.iter().peekable();
             let mut steps: Vec<Step<'_>> = Vec::with_capacity(feeds.len());
@@ -436,47 +436,48 @@ fn step(model: &LanguageModel, active: &mut [Sequence]) -> Result<(), String> {
                     steps.push(Step { cache, tokens });
                 }
             }
-            decoder
+            let logits = decoder
                 .forward(&mut steps, false)
-                .map_err(|e| e.to_string())?
-                .into_iter()
-                .map(Next::Logits)
+                .map_err(|e| e.to_string())?;
+            feeds
+                .iter()
+                .zip(logits)
+                .map(|((i, _, _), l)| {
+                    let seq = &active[*i];
+                    seq.request.sampling.choose(&l, seq.generated.len())
+                })
                 .collect()
         }
         Network::Paged(decoder) => paged_step(decoder, active, &feeds)?,
     };
-    for ((i, _, whole), next) in feeds.iter().zip(logits) {
+    for ((i, _, whole), token) in feeds.iter().zip(chosen) {
         if *whole {
-            let seq = &mut active[*i];
-            let token = match next {
-                Next::Token(t) => t,
-                Next::Logits(l) => seq.request.sampling.choose(&l, seq.generated.len()),
-            };
-            seq.generated.push(token);
+            active[*i].generated.push(token);
         }
     }
     Ok(())
 }
 
 /// [`step`]'s forward pass on the paged decoder: each feed's tokens appended to its sequence's
-/// blocks; a greedy sequence's next token chosen on the device (as a sequence still reading its
-/// prompt, whose choice is not used), a sampled one's logits for the sampler.
+/// blocks, and its next token chosen on the device (greedy, or drawn by the request's sampler at
+/// its position); a sequence still reading its prompt gets a greedy choice, not used.
 fn paged_step(
     decoder: &PagedDecoder,
     active: &[Sequence],
     feeds: &[(usize, Vec<u32>, bool)],
-) -> Result<Vec<Next>, String> {
+) -> Result<Vec<u32>, String> {
     let mut inputs: Vec<(SeqId, &[u32])> = Vec::with_capacity(feeds.len());
-    let mut greedy = Vec::with_capacity(feeds.len());
+    let mut choices = Vec::with_capacity(feeds.len());
     for (i, tokens, whole) in feeds {
-        match &active[*i].cache {
+        let seq = &active[*i];
+        match &seq.cache {
             SeqCache::Paged { id, .. } => inputs.push((*id, tokens)),
             SeqCache::Cpu(_) => return Err("a CPU cache on the paged decoder".into()),
         }
-        greedy.push(!whole || active[*i].request.sampling.temperature == 0.0);
+        choices.push(whole.then_some((seq.request.sampling, seq.generated.len())));
     }
     decoder
-        .forward_choosing(&inputs, &greedy)
+        .forward_choosing(&inputs, &choices)
         .map_err(|e| e.to_string())
 }
 

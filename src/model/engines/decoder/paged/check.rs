@@ -141,7 +141,29 @@ pub fn check_paged(device: &Device) -> Result<Vec<KernelCheck>> {
     }
     for dtype in [DType::F32, DType::F16, DType::BF16] {
         checks.push(argmax_check(device, dtype)?);
+        checks.push(sample_check(device, dtype)?);
     }
+    let (dims, rows): (&[(usize, usize)], &[usize]) = match device.is_cpu() {
+        true => (&[(48, 32), (40, 24)], &[1, 7, 16]),
+        // Qwen2-0.5B's: 896 -> 896 (q, o), 128 (k, v), 4,864 (gate, up), 4,864 -> 896 (down) and
+        // 896 -> 151,936 (the logits).
+        false => (
+            &[
+                (896, 896),
+                (128, 896),
+                (4864, 896),
+                (896, 4864),
+                (151_936, 896),
+            ],
+            &[1, 7, 64, 256],
+        ),
+    };
+    checks.extend(super::products::check_products(
+        device,
+        dims,
+        rows,
+        DType::BF16,
+    )?);
     Ok(checks)
 }
 
@@ -169,6 +191,64 @@ fn argmax_check(device: &Device, dtype: DType) -> Result<KernelCheck> {
     Ok(KernelCheck {
         op: "paged-argmax".into(),
         shape: format!("{rows} rows of {vocab}, ties and a NaN"),
+        dtype: format!("{dtype:?}").to_lowercase(),
+        largest_difference: differ as f32 / rows as f32,
+        bar: 0.0,
+        passed: differ == 0,
+    })
+}
+
+/// Sampling on `device` against the decode loop's sampler (sorting on the host): 64 rows of
+/// Qwen2's 151,936-token vocabulary (8 of 4,096 on the CPU, where the op is the kernel's
+/// bisection step for step and slow), with ties, a NaN and an infinity, under temperatures,
+/// top-k and top-p each row its own, at scattered positions; the share of rows whose token
+/// differs (bar: none).
+fn sample_check(device: &Device, dtype: DType) -> Result<KernelCheck> {
+    use crate::model::engines::decoder::Sampling;
+    let (rows, vocab) = match device.is_cpu() {
+        true => (8usize, 4_096usize),
+        false => (64, 151_936),
+    };
+    let mut values = uniform(rows * vocab, 93)?;
+    values
+        .iter_mut()
+        .for_each(|v| *v = (*v * 64.0).round() / 4.0);
+    values[5] = f32::NAN;
+    values[vocab + 9] = f32::INFINITY;
+    let logits = Tensor::from_vec(values, (rows, vocab), &Device::Cpu)?.to_dtype(dtype)?;
+    let settings = [
+        (1.0, 1.0, 0),
+        (0.7, 0.95, 0),
+        (1.2, 1.0, 50),
+        (0.8, 0.9, 40),
+    ];
+    let cases: Vec<(Sampling, usize)> = (0..rows)
+        .map(|r| {
+            let (temperature, top_p, top_k) = settings[r % settings.len()];
+            let s = Sampling {
+                temperature,
+                top_p,
+                top_k,
+                seed: 1_000 + r as u64,
+            };
+            (s, r * 37)
+        })
+        .collect();
+    let rounded = logits.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+    let want: Vec<u32> = cases
+        .iter()
+        .zip(&rounded)
+        .map(|((s, position), row)| s.choose(row, *position))
+        .collect();
+    let params = super::sample::params(&cases, device)?;
+    let got = logits
+        .to_device(device)?
+        .apply_op2(&params, super::sample::SampleRows)?
+        .to_vec1::<u32>()?;
+    let differ = want.iter().zip(&got).filter(|(a, b)| a != b).count();
+    Ok(KernelCheck {
+        op: "paged-sample".into(),
+        shape: format!("{rows} rows of {vocab}, temperature, top-k, top-p, ties, NaN, inf"),
         dtype: format!("{dtype:?}").to_lowercase(),
         largest_difference: differ as f32 / rows as f32,
         bar: 0.0,
@@ -340,7 +420,7 @@ mod tests {
     #[test]
     fn every_paged_check_passes_on_the_cpu() {
         let checks = super::check_paged(&candle_core::Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 21);
+        assert_eq!(checks.len(), 30);
         assert!(
             checks
                 .iter()

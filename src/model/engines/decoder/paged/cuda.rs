@@ -147,3 +147,41 @@ pub fn argmax_rows(logits: &CudaStorage, layout: &Layout) -> Result<(CudaStorage
     };
     Ok((out, Shape::from(rows)))
 }
+
+/// `SampleRows` on CUDA: one block of 1,024 threads a row.
+pub fn sample_rows(
+    logits: (&CudaStorage, &Layout),
+    params: (&CudaStorage, &Layout),
+) -> Result<(CudaStorage, Shape)> {
+    let (rows, vocab) = logits.1.shape().dims2()?;
+    let dev = logits.0.device().clone();
+    let config = LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (1024, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let vocab_arg = vocab as i32;
+    let words = view::<u32>(params)?;
+    macro_rules! run {
+        ($t:ty, $name:literal) => {{
+            let func = dev.get_or_load_custom_func($name, "paged", &ptx(&dev, "paged", PAGED)?)?;
+            let input = view::<$t>(logits)?;
+            // SAFETY: every element is written by the kernel (the one thread of a row's block
+            // whose chunk holds the draw; a row of NaNs by its first thread).
+            let out = unsafe { dev.alloc::<u32>(rows)? };
+            let mut args = func.builder();
+            args.arg(&input).arg(&words).arg(&out).arg(&vocab_arg);
+            // SAFETY: the arguments are the kernel's, in its order; `SampleRows` checked the
+            // parameters' shape against the logits'.
+            unsafe { args.launch(config) }.w()?;
+            CudaStorage::wrap_cuda_slice(out, dev.clone())
+        }};
+    }
+    let out = match logits.0.dtype() {
+        DType::F32 => run!(f32, "sample_rows_f32"),
+        DType::F16 => run!(half::f16, "sample_rows_f16"),
+        DType::BF16 => run!(half::bf16, "sample_rows_bf16"),
+        other => candle_core::bail!("device sampling: not in {other:?}"),
+    };
+    Ok((out, Shape::from(rows)))
+}

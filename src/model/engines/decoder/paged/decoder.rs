@@ -14,6 +14,7 @@
 use super::attention::{PagedAttention, RowLayout, WriteCache};
 use super::blocks::{BlockPool, PoolError, SeqId};
 use super::linear::linear;
+use crate::model::engines::decoder::Sampling;
 use candle_core::{DType, Device, Result, Tensor, D};
 use spotinfer_fused_cpu::{DecoderDims, FusedError};
 use std::sync::Mutex;
@@ -57,16 +58,6 @@ pub struct PagedDecoder {
     cache: Mutex<Cache>,
     /// The next sequence id handed out.
     next_id: std::sync::atomic::AtomicU64,
-}
-
-/// What a step gives for one sequence: its greedy next token, chosen on the device, or its
-/// logits, for the sampler.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Next {
-    /// The first largest logit's id.
-    Token(u32),
-    /// The logits after its last token (`vocab`, f32).
-    Logits(Vec<f32>),
 }
 
 /// A step's host-side plan: token ids, positions and slots, the attention's plan, and where each
@@ -200,45 +191,42 @@ impl PagedDecoder {
             .map_err(|_| candle_core::Error::Msg("the paged cache's lock is poisoned".into()))
     }
 
-    /// One step, as [`PagedDecoder::forward`], giving for each feed whose `greedy` entry is set
-    /// its greedy token, chosen on the device (one id copied back, not the vocabulary's
-    /// logits), and the logits for the others.
+    /// One step, as [`PagedDecoder::forward`], giving each feed's next token chosen on the
+    /// device (one id copied back, not the vocabulary's logits): the greedy one where `choices`
+    /// has none or a temperature of 0, else the seeded draw at the given position
+    /// (`super::sample`, the decode loop's sampler).
     pub fn forward_choosing(
         &self,
         feeds: &[(SeqId, &[u32])],
-        greedy: &[bool],
-    ) -> Result<Vec<Next>> {
+        choices: &[Option<(Sampling, usize)>],
+    ) -> Result<Vec<u32>> {
         let logits = self.last_logits(feeds)?;
-        let rows = |want: bool| -> Vec<u32> {
-            (0..greedy.len() as u32)
-                .filter(|&i| greedy[i as usize] == want)
-                .collect()
+        let device = logits.device().clone();
+        let drawn = |c: &Option<(Sampling, usize)>| c.is_some_and(|(s, _)| s.temperature > 0.0);
+        let (sampled, greedy): (Vec<u32>, Vec<u32>) =
+            (0..choices.len() as u32).partition(|&i| drawn(&choices[i as usize]));
+        let pick = |rows: &[u32]| -> Result<Tensor> {
+            logits.index_select(&Tensor::new(rows, &device)?, 0)
         };
-        let device = logits.device();
-        let (chosen, sampled) = (rows(true), rows(false));
-        let mut tokens = match chosen.is_empty() {
-            true => vec![],
-            false => logits
-                .index_select(&Tensor::new(chosen.as_slice(), device)?, 0)?
-                .apply_op1(super::argmax::ArgmaxRows)?
-                .to_vec1::<u32>()?,
+        let mut tokens = vec![0u32; choices.len()];
+        if !greedy.is_empty() {
+            let ids = pick(&greedy)?.apply_op1(super::argmax::ArgmaxRows)?;
+            for (&row, id) in greedy.iter().zip(ids.to_vec1::<u32>()?) {
+                tokens[row as usize] = id;
+            }
         }
-        .into_iter();
-        let mut kept = match sampled.is_empty() {
-            true => vec![],
-            false => logits
-                .index_select(&Tensor::new(sampled.as_slice(), device)?, 0)?
-                .to_dtype(DType::F32)?
-                .to_vec2::<f32>()?,
+        if !sampled.is_empty() {
+            let rows: Vec<(Sampling, usize)> = sampled
+                .iter()
+                .filter_map(|&i| choices[i as usize])
+                .collect();
+            let params = super::sample::params(&rows, &device)?;
+            let ids = pick(&sampled)?.apply_op2(&params, super::sample::SampleRows)?;
+            for (&row, id) in sampled.iter().zip(ids.to_vec1::<u32>()?) {
+                tokens[row as usize] = id;
+            }
         }
-        .into_iter();
-        Ok(greedy
-            .iter()
-            .filter_map(|&g| match g {
-                true => tokens.next().map(Next::Token),
-                false => kept.next().map(Next::Logits),
-            })
-            .collect())
+        Ok(tokens)
     }
 
     /// The logits after each feed's last token, `(feeds, vocab)` on the device.
@@ -468,7 +456,7 @@ fn rope_tables(d: &DecoderDims, device: &Device, dtype: DType) -> Result<(Tensor
 
 #[cfg(test)]
 mod tests {
-    use super::PagedDecoder;
+    use super::{PagedDecoder, Sampling};
     use crate::model::engines::decoder::argmax;
     use crate::model::engines::decoder::load::FolderWeights;
     use candle_core::{DType, Device};
@@ -542,10 +530,10 @@ mod tests {
     }
 
     /// A step choosing on the device gives, for a greedy feed, the decode loop's argmax of the
-    /// logits the plain step gives, and for a sampled one those logits themselves.
+    /// logits the plain step gives, and for a sampled one the decode loop's sampler's draw from
+    /// them at its position.
     #[test]
-    fn choosing_on_the_device_gives_the_greedy_token_or_the_logits() {
-        use super::Next;
+    fn choosing_on_the_device_gives_the_greedy_or_the_sampled_token() {
         let refs = reference();
         let model = open("qwen2");
         let prompts: Vec<Vec<u32>> = refs["models"]["qwen2"].as_array().unwrap()[..4]
@@ -564,14 +552,31 @@ mod tests {
             model.admit(20 + i as u64, p.len()).unwrap();
         }
         let logits = model.forward(&feeds(10), false).unwrap();
-        let greedy = [true, false, true, false];
-        let chosen = model.forward_choosing(&feeds(20), &greedy).unwrap();
-        for (i, (next, l)) in chosen.iter().zip(&logits).enumerate() {
-            let want = match greedy[i] {
-                true => Next::Token(argmax(l)),
-                false => Next::Logits(l.clone()),
+        let hot = |top_p, top_k, seed| Sampling {
+            temperature: 1.5,
+            top_p,
+            top_k,
+            seed,
+        };
+        let choices = [
+            None,
+            Some((hot(1.0, 0, 3), 5)),
+            Some((
+                Sampling {
+                    temperature: 0.0,
+                    ..hot(1.0, 0, 1)
+                },
+                0,
+            )),
+            Some((hot(0.9, 20, 4), 11)),
+        ];
+        let chosen = model.forward_choosing(&feeds(20), &choices).unwrap();
+        for (i, (token, l)) in chosen.iter().zip(&logits).enumerate() {
+            let want = match choices[i] {
+                Some((s, position)) => s.choose(l, position),
+                None => argmax(l),
             };
-            assert_eq!(next, &want, "feed {i}");
+            assert_eq!(*token, want, "feed {i}");
         }
     }
 

@@ -3,26 +3,43 @@
 //! custom op ([`RowLinear`]), since candle's CPU product (the `gemm` crate) picks its blocking by
 //! the row count and so sums a row differently in a batch of 1 and of 40 (measured: a fixture
 //! prompt's logits differed in their last bits read whole and in chunks of 17). On CUDA it is
-//! candle's cuBLAS product for now, whose algorithm may also change with the row count: the
-//! pinned cuBLASLt configuration issue 52 asks for is not built yet.
+//! the product pinned to one cuBLASLt configuration per weight shape (`super::pinned`, issue
+//! 52), since cuBLAS's own heuristic may also change its algorithm with the row count; candle's
+//! product stays reachable as [`default_linear`], which `super::products` times it against.
 
 use crate::model::engines::host::{f32s, storage, tensor_f32};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
-/// `x · wᵀ (+ b)` for `x` `(tokens, inputs)`, `w` `(outputs, inputs)`, `b` `(outputs)`.
+/// `x · wᵀ (+ b)` for `x` `(tokens, inputs)`, `w` `(outputs, inputs)`, `b` `(outputs)`, each
+/// output row summed in one order whatever the batch: [`RowLinear`] on the CPU, the pinned
+/// cuBLASLt product on CUDA (the bias added after, elementwise), candle's product elsewhere.
 pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() {
+        return add_bias(super::pinned::pinned_product(x, w)?, b);
+    }
     if !x.device().is_cpu() {
-        let y = x.matmul(&w.t()?)?;
-        return match b {
-            Some(b) => y.broadcast_add(b),
-            None => Ok(y),
-        };
+        return default_linear(x, w, b);
     }
     x.contiguous()?.apply_op1(RowLinear {
         weight: w.clone(),
         bias: b.cloned(),
     })
+}
+
+/// [`linear`] through candle's own product (cuBLAS on CUDA, `gemm` on the CPU), whose algorithm
+/// may change with the row count: kept so that a check can time the pinned product against it.
+pub fn default_linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    add_bias(x.matmul(&w.t()?)?, b)
+}
+
+/// `y + b`, `b` broadcast over the rows (elementwise: each row alone).
+fn add_bias(y: Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    match b {
+        Some(b) => y.broadcast_add(b),
+        None => Ok(y),
+    }
 }
 
 /// The CPU side of [`linear`]: each output element a sum over the inputs in order, in f32, the

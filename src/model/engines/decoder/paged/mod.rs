@@ -3,13 +3,13 @@
 //! * `blocks`: the host's bookkeeping of the paged KV cache's blocks and sequences;
 //! * `attention`: the writes that fill the cache and the attention that reads it through block
 //!   tables, candle custom ops whose `cpu_fwd` is the reference of their NVRTC kernel
-//!   (`kernels/paged.cu`, launched by `cuda`); `argmax` the greedy choice on the device;
-//! * `decoder`: the Llama-family network over the cache (`linear` its dense layers), which the
-//!   decode loop (`super::decode`) runs through [`super::Network`];
-//! * `check`: all of it on a device against the references, and its batch invariance there.
-//!
-//! Not built yet: dense layers pinned to one cuBLASLt configuration (on CUDA they are cuBLAS's,
-//! whose algorithm may change with the batch), sampling with a temperature on the device.
+//!   (`kernels/paged.cu`, launched by `cuda`); `argmax` the greedy choice on the device, `sample`
+//!   the seeded draw (temperature, top-k, top-p) there;
+//! * `decoder`: the Llama-family network over the cache (`linear` its dense layers, on CUDA
+//!   `pinned`'s cuBLASLt product, one configuration per weight shape whatever the batch), which
+//!   the decode loop (`super::decode`) runs through [`super::Network`];
+//! * `check`: all of it on a device against the references, and its batch invariance there
+//!   (`products` that of the dense layers, and on CUDA their time against cuBLAS's own).
 
 mod argmax;
 pub mod attention;
@@ -19,3 +19,7 @@ pub mod check;
 mod cuda;
 pub mod decoder;
 mod linear;
+#[cfg(feature = "cuda")]
+mod pinned;
+pub mod products;
+pub mod sample;

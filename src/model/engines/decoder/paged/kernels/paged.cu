@@ -145,3 +145,207 @@ __device__ void argmax_rows(const typename T::raw* logits, unsigned int* out, in
 INSTANTIATE_ARGMAX(f32, F32)
 INSTANTIATE_ARGMAX(f16, F16)
 INSTANTIATE_ARGMAX(bf16, BF16)
+
+// Sampling (`paged/sample.rs`, `sampling.rs`): one block of SAMPLE_THREADS a row. Every value
+// that decides the token is an integer (rank keys, weights in 32-bit fixed point, their sums),
+// or an f32/f64 operation spelled out with its rounding (no fused multiply-add), so the token is
+// the CPU sampler's whatever order the threads add in. `__launch_bounds__(SAMPLE_THREADS, 1)`
+// lets ptxas use 64 registers a thread: with the default it kept 32 for sm_80 and sm_90 and
+// spilled 40–56 bytes.
+#define SAMPLE_THREADS 1024
+
+__device__ __forceinline__ unsigned long long order_key(float z, unsigned int id) {
+    if (z != z) return 0ull;
+    unsigned int bits = __float_as_uint(z);
+    unsigned int ordered = (bits >> 31) ? ~bits : (bits | 0x80000000u);
+    return ((unsigned long long)ordered << 32) | (unsigned long long)(0xffffffffu - id);
+}
+
+__device__ double exp_nonpositive(double x) {
+    if (x != x || x < -40.0) return 0.0;
+    const double LOG2E = 1.4426950408889634;
+    const double LN2_HI = 6.93147180369123816490e-01;
+    const double LN2_LO = 1.90821492927058770002e-10;
+    double n = (double)__double2ll_rd(__dadd_rn(__dmul_rn(x, LOG2E), 0.5));
+    double r = __dsub_rn(__dsub_rn(x, __dmul_rn(n, LN2_HI)), __dmul_rn(n, LN2_LO));
+    const double factorials[12] = {39916800.0, 3628800.0, 362880.0, 40320.0, 5040.0, 720.0,
+                                   120.0,      24.0,      6.0,      2.0,     1.0,    1.0};
+    double p = __ddiv_rn(1.0, 479001600.0);
+#pragma unroll
+    for (int i = 0; i < 12; i++) p = __dadd_rn(__dmul_rn(p, r), __ddiv_rn(1.0, factorials[i]));
+    long long e = (long long)n + 1023;
+    return __dmul_rn(p, __longlong_as_double(e << 52));
+}
+
+__device__ __forceinline__ unsigned long long token_weight(float z, float max) {
+    if (z != z) return 0ull;
+    float x = __fsub_rn(z, max);
+    if (x != x) return 4294967296ull;
+    return __double2ull_rz(__dmul_rn(exp_nonpositive((double)x), 4294967296.0));
+}
+
+// The block's sum (or, with `take_max`, maximum) of one value a thread, given to every thread.
+__device__ unsigned long long block_reduce(unsigned long long v, unsigned long long* shared,
+                                           bool take_max) {
+    __syncthreads();
+    shared[threadIdx.x] = v;
+    __syncthreads();
+    for (int stride = SAMPLE_THREADS / 2; stride > 0; stride >>= 1) {
+        if (threadIdx.x < stride) {
+            unsigned long long other = shared[threadIdx.x + stride];
+            unsigned long long mine = shared[threadIdx.x];
+            shared[threadIdx.x] = take_max ? (other > mine ? other : mine) : mine + other;
+        }
+        __syncthreads();
+    }
+    return shared[0];
+}
+
+struct Tokens {
+    unsigned long long count, mass;
+};
+
+// Tokens ranked above `key` (or, with `inclusive`, at it and above) and their weight.
+template <typename T>
+__device__ Tokens above(const typename T::raw* row, int vocab, float t, float max,
+                        unsigned long long key, bool inclusive, unsigned long long* shared) {
+    unsigned long long count = 0, mass = 0;
+    for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) {
+        float z = __fdiv_rn(load(row[i], T()), t);
+        unsigned long long k = order_key(z, i);
+        if (k > key || (inclusive && k == key)) {
+            count += 1;
+            mass += token_weight(z, max);
+        }
+    }
+    Tokens r;
+    r.count = block_reduce(count, shared, false);
+    r.mass = block_reduce(mass, shared, false);
+    return r;
+}
+
+// The lowest key in [low, top] whose tokens above pass: fewer than `k` of them (when `k` is below
+// the vocabulary) and, when `threshold` is set, less weight than it. Bisection, as `lowest_kept`.
+template <typename T>
+__device__ unsigned long long lowest_kept(const typename T::raw* row, int vocab, float t,
+                                          float max, unsigned long long low,
+                                          unsigned long long top, unsigned long long k,
+                                          bool use_threshold, unsigned long long threshold,
+                                          unsigned long long* shared) {
+    unsigned long long high = top;
+    while (low < high) {
+        unsigned long long mid = low + (high - low) / 2;
+        Tokens a = above<T>(row, vocab, t, max, mid, false, shared);
+        bool keeps = (k >= (unsigned long long)vocab || a.count < k) &&
+                     (!use_threshold || a.mass < threshold);
+        if (keeps) high = mid;
+        else low = mid + 1;
+    }
+    return high;
+}
+
+template <typename T>
+__device__ void sample_rows(const typename T::raw* logits, const unsigned int* params,
+                            unsigned int* out, int vocab) {
+    __shared__ unsigned long long shared[SAMPLE_THREADS];
+    __shared__ unsigned long long prefix[SAMPLE_THREADS];
+    __shared__ float maxima[SAMPLE_THREADS];
+    const typename T::raw* row = logits + (long)blockIdx.x * vocab;
+    const unsigned int* p = params + blockIdx.x * 8;
+    const float t = __uint_as_float(p[0]);
+    const float top_p = __uint_as_float(p[1]);
+    const unsigned long long seed = (unsigned long long)p[3] | ((unsigned long long)p[4] << 32);
+    const unsigned long long position = (unsigned long long)p[5] | ((unsigned long long)p[6] << 32);
+    unsigned long long k = p[2] == 0 ? (unsigned long long)vocab : (unsigned long long)p[2];
+    if (k > (unsigned long long)vocab) k = vocab;
+
+    // 1. The largest z that is not a NaN, whether there is one, and the top rank key.
+    float max = NEG_INF;
+    unsigned long long numbers = 0, top = 0;
+    for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) {
+        float z = __fdiv_rn(load(row[i], T()), t);
+        if (z == z) {
+            numbers += 1;
+            if (z > max) max = z;
+        }
+        unsigned long long key = order_key(z, i);
+        if (key > top) top = key;
+    }
+    maxima[threadIdx.x] = max;
+    __syncthreads();
+    for (int stride = SAMPLE_THREADS / 2; stride > 0; stride >>= 1) {
+        if (threadIdx.x < stride && maxima[threadIdx.x + stride] > maxima[threadIdx.x])
+            maxima[threadIdx.x] = maxima[threadIdx.x + stride];
+        __syncthreads();
+    }
+    max = maxima[0];
+    numbers = block_reduce(numbers, shared, false);
+    top = block_reduce(top, shared, true);
+    if (numbers == 0) {
+        if (threadIdx.x == 0) out[blockIdx.x] = 0;
+        return;
+    }
+
+    // 2. The lowest key top-k keeps, then top-p.
+    unsigned long long from = 0;
+    if (k < (unsigned long long)vocab)
+        from = lowest_kept<T>(row, vocab, t, max, 0, top, k, false, 0, shared);
+    if (top_p < 1.0f) {
+        Tokens kept = above<T>(row, vocab, t, max, from, true, shared);
+        unsigned long long threshold =
+            __double2ull_rz(__dmul_rn(__ull2double_rn(kept.mass), (double)top_p));
+        from = lowest_kept<T>(row, vocab, t, max, from, top, k, true, threshold, shared);
+    }
+
+    // 3. The draw: the kept tokens in id order cover [0, total); thread j holds a contiguous
+    // chunk, the block's exclusive prefix sums place the chunks, and the one holding the target
+    // walks its chunk.
+    unsigned long long total = above<T>(row, vocab, t, max, from, true, shared).mass;
+    unsigned long long bits = seed ^ ((position + 1ull) * 0x9E3779B97F4A7C15ull);
+    bits = (bits ^ (bits >> 30)) * 0xBF58476D1CE4E5B9ull;
+    bits = (bits ^ (bits >> 27)) * 0x94D049BB133111EBull;
+    bits = (bits ^ (bits >> 31)) >> 11;
+    const unsigned long long target = (__umul64hi(bits, total) << 11) | ((bits * total) >> 53);
+    const int chunk = (vocab + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
+    const int begin = threadIdx.x * chunk;
+    const int end = begin + chunk < vocab ? begin + chunk : vocab;
+    unsigned long long mine = 0;
+    for (int i = begin; i < end; i++) {
+        float z = __fdiv_rn(load(row[i], T()), t);
+        if (order_key(z, i) >= from) mine += token_weight(z, max);
+    }
+    __syncthreads();
+    prefix[threadIdx.x] = mine;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned long long running = 0;
+        for (int j = 0; j < SAMPLE_THREADS; j++) {
+            unsigned long long m = prefix[j];
+            prefix[j] = running;
+            running += m;
+        }
+    }
+    __syncthreads();
+    unsigned long long at = prefix[threadIdx.x];
+    if (mine > 0 && at <= target && target < at + mine) {
+        for (int i = begin; i < end; i++) {
+            float z = __fdiv_rn(load(row[i], T()), t);
+            if (order_key(z, i) >= from) {
+                at += token_weight(z, max);
+                if (target < at) {
+                    out[blockIdx.x] = i;
+                    break;
+                }
+            }
+        }
+    }
+}
+
+#define INSTANTIATE_SAMPLE(SUFFIX, T)                                                         \
+    extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) sample_rows_##SUFFIX(     \
+        const T::raw* logits, const unsigned int* params, unsigned int* out, int vocab) {     \
+        sample_rows<T>(logits, params, out, vocab);                                           \
+    }
+INSTANTIATE_SAMPLE(f32, F32)
+INSTANTIATE_SAMPLE(f16, F16)
+INSTANTIATE_SAMPLE(bf16, BF16)
