@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check of the unpadded encoder (issue 51), one run, one report. On a GPU machine:
 #
-#   bench/gpu-check.sh --bin ./spotinfer --device cuda --out "$OUT"
+#   bench/gpu-check.sh --bin ./spotinfer --device cuda --out "$OUT" [--minutes 7.5]
 #
 # makes the MiniLM (6x384), BERT-base (12x768) and BERT-large (24x1024) shapes with random
 # weights (bench/make_shape.py, from the all-MiniLM-L6-v2 folder's tokenizer), then runs
@@ -20,12 +20,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 device=cpu bin= out=${OUT:-target/gpu-check} source=${SPOTINFER_MODEL:-models/all-MiniLM-L6-v2}
+minutes=7.5
 while [[ $# -gt 0 ]]; do
     case $1 in
         --bin) bin=$2; shift 2 ;;
         --device) device=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
         --model) source=$2; shift 2 ;;
+        --minutes) minutes=$2; shift 2 ;;
         *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -47,6 +49,7 @@ if [[ $device == cuda ]]; then
     python3 bench/gpu_llm.py make "$out/smollm2-135m" smollm2-135m
     python3 bench/gpu_llm.py make "$out/qwen2-0.5b" qwen2-0.5b
     python3 bench/gpu_check.py --bin "$bin" --device cuda --out "$out" --records 20000 \
+        --minutes "$minutes" \
         --batch-sizes 64,256 --shapes "$(IFS=,; echo "${shapes[*]}")" \
         --llm-shapes "$out/smollm2-135m,$out/qwen2-0.5b"
 else

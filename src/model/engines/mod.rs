@@ -332,6 +332,15 @@ pub(super) fn load_unpadded(
     dtype: DType,
     cuda_graphs: bool,
 ) -> Result<Engine, ModelError> {
+    if cuda_graphs && device.is_cuda() {
+        // Its one run on a GPU (an H200, 2026-11-27, bench/gpu-check.sh): `embed` of 4,000 texts
+        // had not finished when the check's time ran out, where the same without graphs had.
+        tracing::warn!(
+            "--backend unpadded-graphs has not yet finished a GPU check: on an H200 it did not \
+             finish 4,000 texts before the check's time ran out, where the plain unpadded path \
+             had; --backend unpadded is the checked path"
+        );
+    }
     let bert = candle_bert(spec, device, dtype)?;
     let model = UnpaddedBert::new(&bert, cuda_graphs).map_err(|e| ModelError::Config {
         path: spec.dir.clone(),
