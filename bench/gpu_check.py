@@ -31,6 +31,9 @@ bench/gpu-check.sh makes the shapes and calls it.
    greedy at each batch size, and sampled on the device at the largest (its cost beside greedy)
    on random-weight SmolLM2-135M and Qwen2-0.5B shapes at batches 1, 64 and 256, 128 new tokens
    (on the CPU: the fixture Llama at batches 1 and 4, 8 new tokens, spotinfer alone).
+7. the paged decoder's teacher-forced top-1 agreement: on a GPU with transformers bf16
+   on the same GPU (16 prompts, 64 tokens: `spotinfer models agree`), reported; on the CPU with
+   the fixtures' transformers f32 greedy tokens, where every one must agree.
 Writes OUT/gpu-check.json with the issue's targets, each met, missed or unmeasured.
 """
 import argparse
@@ -195,6 +198,42 @@ def generation(args, shapes):
     return rows
 
 
+def agreement(args, shapes):
+    """The paged decoder's teacher-forced greedy choices against another engine's, per shape: on
+    a GPU against transformers bf16 on the same GPU (16 prompts, 64 tokens each, bench/gpu_llm.py
+    agree), reported; on the CPU against the fixtures' transformers f32 greedy tokens
+    (models.json), where all must agree."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_llm.py")
+    rows = []
+    for shape in shapes:
+        name = os.path.basename(shape.rstrip("/"))
+        path = os.path.join(args.out, f"agree-{name}.jsonl")
+        row = {"model": name}
+        if time.monotonic() - STARTED > args.minutes * 60:
+            rows.append(dict(row, unmeasured="past the check's time"))
+            continue
+        try:
+            if args.device == "cuda":
+                run(args, [sys.executable, script, "agree", shape,
+                           os.path.join(args.out, "llm-prompts.jsonl"), "16", "64", path])
+                row["against"] = "transformers bf16, same GPU"
+            else:
+                cases = json.load(open(os.path.join(LLM_FIXTURES, "models.json")))["models"][name]
+                with open(path, "w") as f:
+                    for c in cases:
+                        p, g = c["prompt_ids"], c["greedy"]
+                        f.write(json.dumps({"ids": p + g[:-1], "from": len(p), "top1": g}) + "\n")
+                row["against"] = "transformers f32 greedy (models.json)"
+            out, _ = run(args, [args.bin, "models", "agree", shape, "--sequences", path,
+                                "--backend", "paged", "--device", args.device])
+            row.update(json.loads(out.stdout.strip().splitlines()[-1]))
+        except Hung as e:
+            row["hung"] = str(e)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def st_bench_row(args, model, path, batch_size):
     gpu = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu.py")
     out, mem = run(args, [sys.executable, gpu, "st-bench", os.path.abspath(model), path, str(batch_size)])
@@ -343,6 +382,10 @@ def main():
     # and what runs past --minutes is left unmeasured.
     llm_shapes = [s for s in args.llm_shapes.split(",") if s]
     report["generation"] = generation(args, llm_shapes)
+    report["agreement"] = agreement(args, llm_shapes)
+    for row in report["agreement"]:
+        if args.device == "cpu" and row.get("agree") != row.get("total"):
+            failures.append(f"paged decoder top-1 on {row['model']}: {row}")
     for shape in shapes:
         report["speed"] += speed(args, shape)
     report["targets"] = targets(report)

@@ -6,6 +6,7 @@ transformers' speed on the same GPU. bench/gpu_check.py calls it; spotinfer's si
     python3 bench/gpu_llm.py make DIR smollm2-135m|qwen2-0.5b   # transformers saves the model
     python3 bench/gpu_llm.py prompts OUT.jsonl N [sampled]       # N chat prompts, one JSON a line
     python3 bench/gpu_llm.py transformers DIR PROMPTS.jsonl B N  # one timed bf16 run, one JSON line
+    python3 bench/gpu_llm.py agree DIR PROMPTS.jsonl K N OUT.jsonl  # bf16 teacher-forced top-1 ids
 
 The shapes are SmolLM2-135M's (30 layers, 576 wide, 9 heads over 3, feed-forward 1536) and
 Qwen2-0.5B's (24 layers, 896 wide, 14 heads over 2, feed-forward 4864, Q/K/V biases), with
@@ -86,12 +87,35 @@ def run_transformers(path, prompts_path, b, n):
                       "seconds": seconds, "generated_tokens_per_s": tokens / seconds, "dtype": "bfloat16"}))
 
 
+def agree_sequences(path, prompts_path, k, n, out):
+    """transformers bf16's side of the teacher-forced agreement: for the first K prompts, N
+    greedy tokens, then the whole sequence read in one pass and the argmax after each position
+    from the prompt's last on; one line a sequence for `spotinfer models agree`."""
+    import torch
+    import transformers
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to("cuda").eval()
+    cases = [json.loads(line) for line in open(prompts_path)][:k]
+    with open(out, "w") as f, torch.no_grad():
+        for c in cases:
+            text = tok.apply_chat_template(c["messages"], tokenize=False, add_generation_prompt=True)
+            prompt = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"].to("cuda")
+            full = model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                  pad_token_id=tok.pad_token_id)
+            ids = full[0, :-1]
+            top1 = model(ids[None]).logits[0, prompt.shape[1] - 1:].argmax(-1)
+            f.write(json.dumps({"ids": ids.tolist(), "from": prompt.shape[1],
+                                "top1": top1.tolist()}) + "\n")
+
+
 if __name__ == "__main__":
     command = sys.argv[1]
     if command == "make":
         make(sys.argv[2], sys.argv[3])
     elif command == "prompts":
         prompts(sys.argv[2], int(sys.argv[3]), sys.argv[4:] == ["sampled"])
+    elif command == "agree":
+        agree_sequences(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
     elif command == "transformers":
         run_transformers(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     else:

@@ -66,7 +66,64 @@ pub async fn run(a: ModelsArgs) -> anyhow::Result<()> {
             println!("ok: {} operations within their bars", checks.len());
             Ok(())
         }
+        ModelsCommand::Agree(a) => {
+            let line = tokio::task::spawn_blocking(move || agree(&a)).await??;
+            println!("{line}");
+            Ok(())
+        }
     }
+}
+
+/// One sequence of `models agree`: token ids, where the other engine's part starts, and that
+/// engine's greedy choice after each position from `from - 1` on.
+#[derive(serde::Deserialize)]
+struct Sequence {
+    ids: Vec<u32>,
+    from: usize,
+    top1: Vec<u32>,
+}
+
+/// `models agree`: the model's teacher-forced greedy choices against the other engine's.
+fn agree(a: &spotinfer::config::ModelAgreeArgs) -> anyhow::Result<serde_json::Value> {
+    use spotinfer::model::engines::decoder::{argmax, LanguageModel};
+    use spotinfer::model::{decoder_build, decoder_precision, GenerationDefaults};
+    let options = LoadOptions {
+        backend: a.backend,
+        precision: a.precision,
+        ..LoadOptions::new(a.device)
+    };
+    let precision = decoder_precision(a.precision).map_err(anyhow::Error::msg)?;
+    let build = decoder_build(&options, precision, &GenerationDefaults::default())
+        .map_err(anyhow::Error::msg)?;
+    let model = LanguageModel::open_as(&a.model, &build)?;
+    let vocab = model.vocab();
+    let (mut agreed, mut total, mut sequences) = (0usize, 0usize, 0usize);
+    for (n, line) in std::fs::read_to_string(&a.sequences)?.lines().enumerate() {
+        let s: Sequence = serde_json::from_str(line)
+            .map_err(|e| anyhow::anyhow!("{}:{}: {e}", a.sequences.display(), n + 1))?;
+        anyhow::ensure!(
+            s.from >= 1 && s.from + s.top1.len() <= s.ids.len() + 1,
+            "line {}: `from` {} and {} top-1 ids do not fit {} ids",
+            n + 1,
+            s.from,
+            s.top1.len(),
+            s.ids.len()
+        );
+        let logits = model.teacher_forced(&s.ids)?;
+        let rows = logits.chunks(vocab).skip(s.from - 1);
+        agreed += rows
+            .zip(&s.top1)
+            .filter(|(row, &t)| argmax(row) == t)
+            .count();
+        total += s.top1.len();
+        sequences += 1;
+    }
+    Ok(serde_json::json!({
+        "agree": agreed,
+        "total": total,
+        "sequences": sequences,
+        "device": model.kernels(),
+    }))
 }
 
 /// The check for an image model: loaded, then run on one generated image (and one text, for

@@ -5,7 +5,7 @@ use super::shared::{
     BatchArgs, DbArgs, ModelArgs, ModelRef, PubsubArgs, StorageArgs, SubscriptionPolicyArgs,
 };
 use super::values::{choice, duration_in, lease_seconds, millis, secs};
-use crate::model::{Backend, DeviceChoice};
+use crate::model::{Backend, DeviceChoice, Precision};
 use clap::builder::RangedU64ValueParser;
 use clap::{Args, Subcommand, ValueEnum};
 use std::path::PathBuf;
@@ -32,6 +32,31 @@ pub enum ModelsCommand {
     /// or ViT folder: its image tower on those operations, f32 and f16, against candle's tower
     /// on generated pictures. The GPU check's first steps (bench/gpu-check.sh).
     Kernels(ModelKernelsArgs),
+    /// Teacher-forced top-1 agreement of a generation model with another engine's tokens: each
+    /// line of `--sequences` is `{"ids": [...], "from": N, "top1": [...]}`; the model reads
+    /// `ids` in one pass and its greedy choice after each position from N-1 on (predicting
+    /// `ids[N..]`) is compared with `top1`. Prints one JSON line {"agree", "total",
+    /// "sequences"}. The GPU check's bf16 agreement with transformers bf16 (bench/gpu_llm.py).
+    Agree(ModelAgreeArgs),
+}
+
+/// `spotinfer models agree`.
+#[derive(Debug, Clone, Args)]
+pub struct ModelAgreeArgs {
+    /// A generation model: a transformers folder or a GGUF file.
+    pub model: PathBuf,
+    /// The JSON lines file of sequences and the other engine's top-1 ids.
+    #[arg(long)]
+    pub sequences: PathBuf,
+    /// Device the model runs on (the paged decoder's; the CPU decoder runs on the CPU).
+    #[arg(long, env = "SPOTINFER_DEVICE", value_parser = choice::<DeviceChoice>(), default_value = "auto")]
+    pub device: DeviceChoice,
+    /// `paged` for the paged decoder; anything else is the CPU decoder.
+    #[arg(long, env = "SPOTINFER_BACKEND", value_parser = choice::<Backend>(), default_value = "auto")]
+    pub backend: Backend,
+    /// `auto` (f32 on the CPU, bf16 for the paged decoder on CUDA), `f32` or `bf16`.
+    #[arg(long, env = "SPOTINFER_PRECISION", value_parser = choice::<Precision>(), default_value = "auto")]
+    pub precision: Precision,
 }
 
 /// `spotinfer models kernels`.

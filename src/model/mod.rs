@@ -42,7 +42,10 @@ pub use options::{default_model_name, Backend, CpuKernels, DeviceChoice, LoadOpt
 pub use output::{cosine, Completion, Entity, FinishReason, Output};
 pub use seam::{unfit, Checkpoint, Checkpoints, Infer, Saved, SavedTokens, Settled};
 pub use spec::{ModelSpec, Task};
-pub use tasks::generate::{GenerateTask, GenerationDefaults, Generations, INTERRUPT_GRACE};
+pub use tasks::generate::{
+    decoder_build, decoder_precision, GenerateTask, GenerationDefaults, Generations,
+    INTERRUPT_GRACE,
+};
 pub use tasks::image::{is_image_model, ImageTask, Pictures};
 pub use tasks::texts::Texts;
 pub use text::precision::{PrecisionCheck, MIN_PROBE_COSINE};
