@@ -150,6 +150,8 @@ def vectors(args, shape):
                                                               reference)
         except Hung as e:
             result[f"{backend}_{precision}"] = {"worst": 0.0, "hung": str(e)}
+        print(f"vectors {backend} {precision}: {json.dumps(result[f'{backend}_{precision}'])}",
+              flush=True)
     return result
 
 

@@ -275,6 +275,33 @@ async fn a_generation_job_survives_sigterms_mid_answer_and_every_resumed_answer_
     eprintln!("{generated} tokens generated in all; the SIGTERMs checkpointed {saved:?} tokens that were not generated again");
 }
 
+/// The random-weight Llama fixture's folder, `n` chat records of the real texts' first 80
+/// characters (ids `prefix-NN`, the i-th asking for `max_new_tokens(i)`), and the text it writes
+/// for each uninterrupted, by id.
+fn fixture_chats(
+    prefix: &str,
+    n: usize,
+    max_new_tokens: impl Fn(usize) -> usize,
+) -> (PathBuf, Vec<Value>, HashMap<String, String>) {
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm/models/llama");
+    let records: Vec<Value> = texts()
+        .into_iter()
+        .take(n)
+        .enumerate()
+        .map(|(i, text)| {
+            let text: String = text.chars().take(80).collect();
+            json!({"id": format!("{prefix}-{i:02}"), "max_new_tokens": max_new_tokens(i),
+                   "messages": [{"role": "user", "content": text}]})
+        })
+        .collect();
+    let want = records
+        .iter()
+        .zip(uninterrupted_completions(&model, &records))
+        .map(|(r, c)| (r["id"].as_str().unwrap().to_string(), c.text))
+        .collect();
+    (model, records, want)
+}
+
 /// Issue 40: a random-weight Llama with SmolLM2's byte-level tokenizer writes U+0000 and other
 /// control bytes into some of 60 chat answers of 200 tokens. Before, PostgreSQL refused them,
 /// the failure row lost its record id and job, and the job sat at 59 of 60 for ever. Now every
@@ -282,23 +309,8 @@ async fn a_generation_job_survives_sigterms_mid_answer_and_every_resumed_answer_
 /// Parquet, read back by pyarrow) gives back every completion byte for byte as the model wrote it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_whose_completions_hold_nul_and_control_bytes_completes_and_exports_them_exactly() {
-    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm/models/llama");
-    let records: Vec<Value> = texts()
-        .into_iter()
-        .take(60)
-        .enumerate()
-        .map(|(i, text)| {
-            let text: String = text.chars().take(80).collect();
-            json!({"id": format!("n-{i:02}"), "max_new_tokens": 200,
-                   "messages": [{"role": "user", "content": text}]})
-        })
-        .collect();
     // What the model writes, in this process: some of it must hold what a database refuses.
-    let want: HashMap<String, String> = records
-        .iter()
-        .zip(uninterrupted_completions(&model, &records))
-        .map(|(r, c)| (r["id"].as_str().unwrap().to_string(), c.text))
-        .collect();
+    let (model, records, want) = fixture_chats("n", 60, |_| 200);
     let with_nul = want.values().filter(|t| t.contains('\0')).count();
     let with_control = want
         .values()
@@ -365,22 +377,8 @@ async fn a_job_whose_completions_hold_nul_and_control_bytes_completes_and_export
 /// equals the CPU decoder's uninterrupted one; the results say which engine finished each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_begun_on_the_cpu_decoder_are_finished_by_the_paged_decoder() {
-    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm/models/llama");
-    let records: Vec<Value> = texts()
-        .into_iter()
-        .take(24)
-        .enumerate()
-        .map(|(i, text)| {
-            let text: String = text.chars().take(80).collect();
-            json!({"id": format!("e-{i:02}"), "max_new_tokens": 160,
-                   "messages": [{"role": "user", "content": text}]})
-        })
-        .collect();
-    let want: HashMap<String, String> = records
-        .iter()
-        .zip(uninterrupted_completions(&model, &records))
-        .map(|(r, c)| (r["id"].as_str().unwrap().to_string(), c.text))
-        .collect();
+    // Answers of different lengths, so that batches end at different steps.
+    let (model, records, want) = fixture_chats("e", 24, |i| 60 + (i * 37) % 140);
     let db = fresh_pg_database().await;
     let name = unique("generate-engines");
     let (args, _) = fresh_pubsub(&name).await;
@@ -396,25 +394,41 @@ async fn answers_begun_on_the_cpu_decoder_are_finished_by_the_paged_decoder() {
     std::fs::write(&input, lines).unwrap();
     env.ok("publish", &[&input.display().to_string(), "--job", &name]);
 
-    let mut a = env.worker(&["--batch-size", "8"]);
-    wait_until(Duration::from_secs(300), "a few answers done", || async {
-        int(&env.status(&name), "done") >= 4
-    })
-    .await;
-    a.signal(libc::SIGTERM);
-    let (status, _) = a.wait(Duration::from_secs(15));
-    assert!(status.success(), "SIGTERM exits 0: {status}");
+    // Should a SIGTERM find no answer half written, a worker is started and SIGTERMed again,
+    // each time once one more batch has committed, until one leaves checkpoints.
     use sqlx::Connection;
     let mut c = sqlx::PgConnection::connect(&db).await.unwrap();
-    let engines: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT engine, COUNT(*) FROM generation_checkpoints WHERE length(tokens) > 0 GROUP BY 1",
-    )
-    .fetch_all(&mut c)
-    .await
-    .unwrap();
+    let mut engines: Vec<(String, i64)> = Vec::new();
+    for attempt in 1..=5 {
+        let before = int(&env.status(&name), "done");
+        assert!(
+            before < 24,
+            "the CPU decoder finished the job before a SIGTERM found an answer half written"
+        );
+        // One sequence at a time (each needs more than half this cache budget), so a batch of
+        // eight commits while the next is being written.
+        let mut a = env.worker(&["--batch-size", "8", "--max-batch-tokens", "300"]);
+        wait_until(Duration::from_secs(300), "one more batch done", || async {
+            int(&env.status(&name), "done") > before
+        })
+        .await;
+        a.signal(libc::SIGTERM);
+        let (status, _) = a.wait(Duration::from_secs(15));
+        assert!(status.success(), "SIGTERM exits 0: {status}");
+        engines = sqlx::query_as(
+            "SELECT engine, COUNT(*) FROM generation_checkpoints WHERE length(tokens) > 0 GROUP BY 1",
+        )
+        .fetch_all(&mut c)
+        .await
+        .unwrap();
+        if !engines.is_empty() {
+            eprintln!("SIGTERM {attempt} left checkpoints");
+            break;
+        }
+    }
     assert!(
         engines.len() == 1 && engines[0].0.starts_with("Cpu (decoder, f32"),
-        "the SIGTERM came mid-answer and the checkpoints name the CPU decoder: {engines:?}"
+        "a SIGTERM came mid-answer and the checkpoints name the CPU decoder: {engines:?}"
     );
 
     let flags = [
@@ -451,7 +465,7 @@ async fn answers_begun_on_the_cpu_decoder_are_finished_by_the_paged_decoder() {
     .await
     .unwrap();
     assert!(
-        paged > 0 && cpu >= 4 && paged + cpu == 24,
+        paged > 0 && cpu >= 1 && paged + cpu == 24,
         "{paged} paged, {cpu} CPU"
     );
     eprintln!(
