@@ -79,6 +79,19 @@ impl Sampling {
     }
 }
 
+#[cfg(test)]
+impl Sampling {
+    /// These settings (the tests' shorthand).
+    pub(crate) fn of(temperature: f32, top_p: f32, top_k: usize, seed: u64) -> Self {
+        Self {
+            temperature,
+            top_p,
+            top_k,
+            seed,
+        }
+    }
+}
+
 /// The first largest logit's token (torch's `argmax` also returns the first).
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
@@ -186,19 +199,10 @@ fn random_bits(seed: u64, position: u64) -> u64 {
 mod tests {
     use super::*;
 
-    fn sampling(temperature: f32, top_p: f32, top_k: usize, seed: u64) -> Sampling {
-        Sampling {
-            temperature,
-            top_p,
-            top_k,
-            seed,
-        }
-    }
-
     #[test]
     fn greedy_takes_the_first_largest() {
         assert_eq!(
-            sampling(0.0, 1.0, 0, 1).choose(&[0.1, 3.0, 3.0, -1.0], 0),
+            Sampling::of(0.0, 1.0, 0, 1).choose(&[0.1, 3.0, 3.0, -1.0], 0),
             1
         );
     }
@@ -206,12 +210,12 @@ mod tests {
     #[test]
     fn the_same_seed_and_position_draw_the_same_token_and_others_differ() {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
-        let s = sampling(1.0, 1.0, 0, 42);
+        let s = Sampling::of(1.0, 1.0, 0, 42);
         let a: Vec<u32> = (0..40).map(|p| s.choose(&logits, p)).collect();
         let b: Vec<u32> = (0..40).map(|p| s.choose(&logits, p)).collect();
         assert_eq!(a, b);
         let other: Vec<u32> = (0..40)
-            .map(|p| sampling(1.0, 1.0, 0, 43).choose(&logits, p))
+            .map(|p| Sampling::of(1.0, 1.0, 0, 43).choose(&logits, p))
             .collect();
         assert_ne!(a, other);
         assert!(a.iter().collect::<std::collections::HashSet<_>>().len() > 5);
@@ -235,15 +239,18 @@ mod tests {
             }
         };
         close(
-            share(sampling(1.0, 1.0, 0, 9)),
+            share(Sampling::of(1.0, 1.0, 0, 9)),
             [4.0 / 7.0, 2.0 / 7.0, 1.0 / 7.0],
         );
-        close(share(sampling(1.0, 0.6, 0, 9)), [2.0 / 3.0, 1.0 / 3.0, 0.0]);
+        close(
+            share(Sampling::of(1.0, 0.6, 0, 9)),
+            [2.0 / 3.0, 1.0 / 3.0, 0.0],
+        );
         // Temperature 2 flattens: weights 2, √2, 1.
         let (a, b) = (2f64, 2f64.sqrt());
         let sum = a + b + 1.0;
         close(
-            share(sampling(2.0, 1.0, 0, 9)),
+            share(Sampling::of(2.0, 1.0, 0, 9)),
             [a / sum, b / sum, 1.0 / sum],
         );
     }
@@ -268,10 +275,10 @@ mod tests {
     fn top_k_and_top_p_keep_only_the_likeliest() {
         let logits = [5.0, 4.0, 0.0, -2.0, 4.5];
         for p in 0..200 {
-            let k = sampling(1.0, 1.0, 2, 7).choose(&logits, p);
+            let k = Sampling::of(1.0, 1.0, 2, 7).choose(&logits, p);
             assert!(k == 0 || k == 4, "top-k 2 drew {k}");
             // Token 0 alone holds ~0.5 of the mass, so top_p 0.4 keeps only it.
-            assert_eq!(sampling(1.0, 0.4, 0, 7).choose(&logits, p), 0);
+            assert_eq!(Sampling::of(1.0, 0.4, 0, 7).choose(&logits, p), 0);
         }
     }
 }

@@ -202,15 +202,6 @@ mod tests {
     use super::*;
     use candle_core::DType;
 
-    fn sampling(temperature: f32, top_p: f32, top_k: usize, seed: u64) -> Sampling {
-        Sampling {
-            temperature,
-            top_p,
-            top_k,
-            seed,
-        }
-    }
-
     /// Rows of logits with what can go wrong: ties, NaNs, infinities, one value, all equal.
     fn rows() -> Vec<Vec<f32>> {
         let mut rows: Vec<Vec<f32>> = (0..6u64)
@@ -239,13 +230,13 @@ mod tests {
     #[test]
     fn the_kernels_search_draws_what_the_sampler_draws() {
         let settings = [
-            sampling(1.0, 1.0, 0, 1),
-            sampling(0.7, 0.9, 0, 2),
-            sampling(1.3, 1.0, 5, 3),
-            sampling(0.5, 0.5, 40, 4),
-            sampling(2.0, 0.01, 0, 5),
-            sampling(1.0, 1e-12, 3, 6),
-            sampling(1.0, 1.0, 100_000, 7),
+            Sampling::of(1.0, 1.0, 0, 1),
+            Sampling::of(0.7, 0.9, 0, 2),
+            Sampling::of(1.3, 1.0, 5, 3),
+            Sampling::of(0.5, 0.5, 40, 4),
+            Sampling::of(2.0, 0.01, 0, 5),
+            Sampling::of(1.0, 1e-12, 3, 6),
+            Sampling::of(1.0, 1.0, 100_000, 7),
         ];
         let mut drawn = 0;
         for dtype in [DType::F32, DType::F16, DType::BF16] {
@@ -283,9 +274,9 @@ mod tests {
     /// A temperature of 0 (greedy) is not sampled here, and the parameters must fit the logits.
     #[test]
     fn greedy_rows_and_mismatched_parameters_are_refused() {
-        assert!(params(&[(sampling(0.0, 1.0, 0, 1), 0)], &Device::Cpu).is_err());
+        assert!(params(&[(Sampling::of(0.0, 1.0, 0, 1), 0)], &Device::Cpu).is_err());
         let logits = Tensor::zeros((2, 5), DType::F32, &Device::Cpu).unwrap();
-        let one = params(&[(sampling(1.0, 1.0, 0, 1), 0)], &Device::Cpu).unwrap();
+        let one = params(&[(Sampling::of(1.0, 1.0, 0, 1), 0)], &Device::Cpu).unwrap();
         assert!(logits.apply_op2(&one, SampleRows).is_err());
     }
 }
