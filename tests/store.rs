@@ -476,38 +476,47 @@ fn plan_nodes(plan: &[String]) -> Vec<(usize, String, Vec<String>)> {
 /// record. On a 100,000-record job loaded with autovacuum off (statistics from an earlier small
 /// job only), no statement `status`, `export` and the job watch run may join by a loop over a
 /// table: every nested loop enters its inner side by the outer row's key (no join filter, no
-/// sequential scan inside).
+/// sequential scan inside). `bench/job-statements.sh` runs it on a million records
+/// (`SPOTINFER_JOB_RECORDS`, a multiple of ten) for the statements' times.
 #[tokio::test]
 async fn postgres_job_statements_stay_linear_on_stale_statistics() {
     use spotinfer::external::store::JOB_STATEMENTS_PG;
     use sqlx::Connection;
-    const N: i64 = 100_000;
+    let n: i64 = std::env::var("SPOTINFER_JOB_RECORDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
     let url = fresh_pg_database().await;
     let store = Store::connect(&url).await.unwrap();
     store.migrate().await.unwrap();
     let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
     let load = [
-        "ALTER TABLE embeddings SET (autovacuum_enabled = false)",
-        "ALTER TABLE job_records SET (autovacuum_enabled = false)",
-        "ALTER TABLE failed_records SET (autovacuum_enabled = false)",
-        "INSERT INTO jobs (job, model) VALUES ('old', 'm0'), ('big', 'm1')",
-        "INSERT INTO job_records SELECT 'old', 'o' || g FROM generate_series(1, 1000) g",
+        "ALTER TABLE embeddings SET (autovacuum_enabled = false)".to_string(),
+        "ALTER TABLE job_records SET (autovacuum_enabled = false)".into(),
+        "ALTER TABLE failed_records SET (autovacuum_enabled = false)".into(),
+        "INSERT INTO jobs (job, model) VALUES ('old', 'm0'), ('big', 'm1')".into(),
+        "INSERT INTO job_records SELECT 'old', 'o' || g FROM generate_series(1, 1000) g".into(),
         "INSERT INTO embeddings (record_id, embedding, model, dim, job, input_sha256, message_id, \
          publish_time_us) SELECT 'o' || g, '{1}', 'm0', 1, 'old', '', 'm', 0 \
-         FROM generate_series(1, 1000) g",
-        "ANALYZE embeddings",
-        "ANALYZE job_records",
-        "ANALYZE failed_records",
-        "INSERT INTO job_records SELECT 'big', 'r' || g FROM generate_series(1, 100000) g",
+         FROM generate_series(1, 1000) g"
+            .into(),
+        "ANALYZE embeddings".into(),
+        "ANALYZE job_records".into(),
+        "ANALYZE failed_records".into(),
+        format!("INSERT INTO job_records SELECT 'big', 'r' || g FROM generate_series(1, {n}) g"),
         // Nine in ten records done, the tenth failed.
-        "INSERT INTO embeddings (record_id, embedding, model, dim, job, input_sha256, message_id, \
-         publish_time_us) SELECT 'r' || g, '{1}', 'm1', 1, 'big', '', 'm', 0 \
-         FROM generate_series(1, 100000) g WHERE g % 10 <> 0",
-        "INSERT INTO failed_records (message_id, record_id, job, error, payload, publish_time_us, \
-         payload_bytes, payload_sha256) SELECT 'f' || g, 'r' || g, 'big', 'e', '\\x00', 0, 1, '' \
-         FROM generate_series(10, 100000, 10) g",
+        format!(
+            "INSERT INTO embeddings (record_id, embedding, model, dim, job, input_sha256, \
+             message_id, publish_time_us) SELECT 'r' || g, '{{1}}', 'm1', 1, 'big', '', 'm', 0 \
+             FROM generate_series(1, {n}) g WHERE g % 10 <> 0"
+        ),
+        format!(
+            "INSERT INTO failed_records (message_id, record_id, job, error, payload, \
+             publish_time_us, payload_bytes, payload_sha256) SELECT 'f' || g, 'r' || g, 'big', \
+             'e', '\\x00', 0, 1, '' FROM generate_series(10, {n}, 10) g"
+        ),
     ];
-    for sql in load {
+    for sql in &load {
         sqlx::query(sql).execute(&mut c).await.unwrap();
     }
     for (name, sql) in JOB_STATEMENTS_PG {
@@ -545,7 +554,7 @@ async fn postgres_job_statements_stay_linear_on_stale_statistics() {
             .await
             .unwrap();
         eprintln!(
-            "{name}: {} rows in {:?} ({N} records, statistics never gathered)",
+            "{name}: {} rows in {:?} ({n} records, statistics never gathered)",
             rows.len(),
             started.elapsed()
         );
@@ -553,7 +562,7 @@ async fn postgres_job_statements_stay_linear_on_stale_statistics() {
     let status = store.job_status("big").await.unwrap();
     assert_eq!(
         (status.published, status.done, status.failed),
-        (N, N / 10 * 9, N / 10)
+        (n, n / 10 * 9, n / 10)
     );
 }
 
