@@ -425,7 +425,7 @@ fn step(model: &LanguageModel, active: &mut [Sequence]) -> Result<(), String> {
         feeds.push((i, tokens, whole));
     }
     feeds.sort_by_key(|f| f.0);
-    let chosen = match model.network() {
+    let chosen: Vec<Option<u32>> = match model.network() {
         Network::Cpu(decoder) => {
             let mut feeding = feeds.iter().peekable();
             let mut steps: Vec<Step<'_>> = Vec::with_capacity(feeds.len());
@@ -439,19 +439,25 @@ fn step(model: &LanguageModel, active: &mut [Sequence]) -> Result<(), String> {
             let logits = decoder
                 .forward(&mut steps, false)
                 .map_err(|e| e.to_string())?;
+            // Only a sequence whose input is all read draws: a prompt still being read would
+            // pay a sampler's pass over the vocabulary for a choice that is not used.
             feeds
                 .iter()
                 .zip(logits)
-                .map(|((i, _, _), l)| {
+                .map(|((i, _, whole), l)| {
                     let seq = &active[*i];
-                    seq.request.sampling.choose(&l, seq.generated.len())
+                    whole.then(|| seq.request.sampling.choose(&l, seq.generated.len()))
                 })
                 .collect()
         }
-        Network::Paged(decoder) => paged_step(decoder, active, &feeds)?,
+        Network::Paged(decoder) => paged_step(decoder, active, &feeds)?
+            .into_iter()
+            .zip(&feeds)
+            .map(|(token, (_, _, whole))| whole.then_some(token))
+            .collect(),
     };
-    for ((i, _, whole), token) in feeds.iter().zip(chosen) {
-        if *whole {
+    for ((i, _, _), token) in feeds.iter().zip(chosen) {
+        if let Some(token) = token {
             active[*i].generated.push(token);
         }
     }
