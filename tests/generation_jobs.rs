@@ -153,16 +153,6 @@ async fn a_generation_job_survives_sigterms_mid_answer_and_every_resumed_answer_
 ) {
     let good = good_records();
     let (at_worker, at_publish) = poison();
-    let db = fresh_pg_database().await;
-    let name = unique("generate");
-    let (args, _) = fresh_pubsub(&name).await;
-    let env = Env {
-        args,
-        db: db.clone(),
-        model: gguf(),
-    };
-    env.ok("setup", &[]);
-    let dir = tempfile::tempdir().unwrap();
     let mut lines: Vec<Value> = good.clone();
     lines.extend(at_worker.iter().map(|(v, _)| v.clone()));
     lines.extend(at_publish.iter().map(|(v, _)| v.clone()));
@@ -170,10 +160,9 @@ async fn a_generation_job_survives_sigterms_mid_answer_and_every_resumed_answer_
     let n = lines.len();
     let mut order: Vec<usize> = (0..n).collect();
     order.sort_by_key(|&i| (i * 7919) % n);
-    let text: String = order.iter().map(|&i| lines[i].to_string() + "\n").collect();
-    let input = dir.path().join("prompts.jsonl");
-    std::fs::write(&input, text).unwrap();
-    env.ok("publish", &[&input.display().to_string(), "--job", &name]);
+    let ordered: Vec<Value> = order.iter().map(|&i| lines[i].clone()).collect();
+    let (env, name, dir) = published_job("generate", gguf(), &ordered).await;
+    let db = env.db.clone();
     let s = env.status(&name);
     assert_eq!(
         int(&s, "published"),
@@ -275,6 +264,27 @@ async fn a_generation_job_survives_sigterms_mid_answer_and_every_resumed_answer_
     eprintln!("{generated} tokens generated in all; the SIGTERMs checkpointed {saved:?} tokens that were not generated again");
 }
 
+/// A job named after `prefix` on a fresh PostgreSQL database and emulator topic, its workers
+/// running `model`, with `records` published to it in this order (from a file in the returned
+/// folder, where the test may write its exports).
+async fn published_job(
+    prefix: &str,
+    model: PathBuf,
+    records: &[Value],
+) -> (Env, String, tempfile::TempDir) {
+    let db = fresh_pg_database().await;
+    let name = unique(prefix);
+    let (args, _) = fresh_pubsub(&name).await;
+    let env = Env { args, db, model };
+    env.ok("setup", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("prompts.jsonl");
+    let lines: String = records.iter().map(|r| r.to_string() + "\n").collect();
+    std::fs::write(&input, lines).unwrap();
+    env.ok("publish", &[&input.display().to_string(), "--job", &name]);
+    (env, name, dir)
+}
+
 /// The random-weight Llama fixture's folder, `n` chat records of the real texts' first 80
 /// characters (ids `prefix-NN`, the i-th asking for `max_new_tokens(i)`), and the text it writes
 /// for each uninterrupted, by id.
@@ -321,16 +331,7 @@ async fn a_job_whose_completions_hold_nul_and_control_bytes_completes_and_export
         "the fixture no longer writes NUL: {with_nul}"
     );
 
-    let db = fresh_pg_database().await;
-    let name = unique("generate-nul");
-    let (args, _) = fresh_pubsub(&name).await;
-    let env = Env { args, db, model };
-    env.ok("setup", &[]);
-    let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("prompts.jsonl");
-    let lines: String = records.iter().map(|r| r.to_string() + "\n").collect();
-    std::fs::write(&input, lines).unwrap();
-    env.ok("publish", &[&input.display().to_string(), "--job", &name]);
+    let (env, name, dir) = published_job("generate-nul", model, &records).await;
     let flags = [
         "--batch-size",
         "16",
@@ -379,20 +380,8 @@ async fn a_job_whose_completions_hold_nul_and_control_bytes_completes_and_export
 async fn answers_begun_on_the_cpu_decoder_are_finished_by_the_paged_decoder() {
     // Answers of different lengths, so that batches end at different steps.
     let (model, records, want) = fixture_chats("e", 24, |i| 60 + (i * 37) % 140);
-    let db = fresh_pg_database().await;
-    let name = unique("generate-engines");
-    let (args, _) = fresh_pubsub(&name).await;
-    let env = Env {
-        args,
-        db: db.clone(),
-        model,
-    };
-    env.ok("setup", &[]);
-    let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("prompts.jsonl");
-    let lines: String = records.iter().map(|r| r.to_string() + "\n").collect();
-    std::fs::write(&input, lines).unwrap();
-    env.ok("publish", &[&input.display().to_string(), "--job", &name]);
+    let (env, name, dir) = published_job("generate-engines", model, &records).await;
+    let db = env.db.clone();
 
     // Should a SIGTERM find no answer half written, a worker is started and SIGTERMed again,
     // each time once one more batch has committed, until one leaves checkpoints.
