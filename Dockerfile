@@ -19,6 +19,11 @@ RUN /build/scripts/fetch-model.sh /opt/spotinfer/model
 
 # --- CPU build: dependencies first, in their own cached layer ---
 FROM rust:${RUST_VERSION}-bookworm AS build
+# CMake and NASM build libjpeg-turbo (JPEG decoded as Pillow decodes it; scripts/build-deps.sh).
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends cmake nasm \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY crates ./crates
@@ -56,12 +61,12 @@ ENV CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP} \
     PIP_BREAK_SYSTEM_PACKAGES=1
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-pip \
+    && apt-get install -y --no-install-recommends python3 python3-pip cmake nasm \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY crates ./crates
-COPY scripts/build-cuda.sh scripts/cuda-requirements.txt ./scripts/
+COPY scripts/build-cuda.sh scripts/build-deps.sh scripts/cuda-requirements.txt ./scripts/
 COPY src ./src
 COPY migrations ./migrations
 RUN scripts/build-cuda.sh

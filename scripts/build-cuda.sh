@@ -42,6 +42,7 @@ for lib in cudart cublas cublasLt curand nvrtc; do
     [[ -n "$versioned" ]] || { echo "build-cuda: lib$lib.so.* missing from $cuda/lib" >&2; exit 1; }
     ln -sf "$versioned" "$link/lib$lib.so"
 done
+"$root/scripts/build-deps.sh"
 cargo fetch --quiet
 cudarc=$(cargo metadata --format-version 1 --features cuda 2>/dev/null | python3 -c '
 import json, sys

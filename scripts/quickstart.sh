@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 input=${1:-examples/sample.jsonl}
+scripts/build-deps.sh
 scripts/fetch-model.sh
 export PUBSUB_EMULATOR_HOST=${PUBSUB_EMULATOR_HOST:-127.0.0.1:8085}
 scripts/pubsub-emulator.sh start "$PUBSUB_EMULATOR_HOST"

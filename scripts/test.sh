@@ -7,6 +7,7 @@
 #   scripts/test.sh [extra cargo test args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/build-deps.sh
 scripts/fetch-model.sh
 scripts/fetch-llm.sh >/dev/null
 pg_url=$(scripts/postgres.sh start | tail -n1)

@@ -16,6 +16,7 @@
 //! conversion to RGB is done in place and only a quarter turn copies the picture.
 
 use super::budget::{self, DecodeMemory, Held};
+use super::jpeg;
 use super::resample::Rgb8;
 use image::metadata::Orientation;
 use image::{ColorType, DynamicImage, ImageDecoder, ImageFormat, ImageReader};
@@ -73,12 +74,8 @@ pub fn decode_held<'m>(
             "{format:?} images are not read (JPEG, PNG, WebP, GIF and BMP are)"
         )));
     }
-    if format == ImageFormat::Jpeg && !jpeg_complete(bytes) {
-        // zune-jpeg fills a truncated scan with gray and succeeds; Pillow refuses it ("image
-        // file is truncated"), and a half-gray photo is not the record's image.
-        return Err(Undecodable(
-            "a truncated JPEG: no end-of-image marker after its last scan".into(),
-        ));
+    if format == ImageFormat::Jpeg {
+        return decode_jpeg(bytes, max_pixels, memory);
     }
     if format == ImageFormat::Png {
         let mut own = image::Limits::default();
@@ -89,18 +86,7 @@ pub fn decode_held<'m>(
         .into_decoder()
         .map_err(|e| fail(&format!("not a readable {format:?}"), e))?;
     let (width, height) = decoder.dimensions();
-    let pixels = u64::from(width) * u64::from(height);
-    if pixels == 0 {
-        return Err(Undecodable(format!(
-            "the {format:?} declares {width}x{height} pixels: an empty image"
-        )));
-    }
-    if pixels > max_pixels {
-        return Err(Undecodable(format!(
-            "the {format:?} declares {width}x{height} = {pixels} pixels, over the limit of \
-             {max_pixels} (--max-image-pixels)"
-        )));
-    }
+    let pixels = within_limit(format, width, height, max_pixels)?;
     if format == ImageFormat::Gif {
         gif_frame_within_screen(bytes, width, height)?;
     }
@@ -120,13 +106,6 @@ pub fn decode_held<'m>(
         // most the screen's size: see `gif_frame_within_screen`) before it is placed.
         need = need.saturating_add(pixels.saturating_mul(4));
     }
-    if format == ImageFormat::Jpeg && jpeg_progressive(bytes) {
-        // A progressive JPEG is decoded from planes of coefficients held whole until its last
-        // scan (i16 a sample; three full planes at worst, 4:4:4), beside the picture, and the
-        // JPEG decoder does not count them against the allocation limit: 6000² held 352 MB
-        // where 247 MB was charged.
-        need = need.saturating_add(pixels.saturating_mul(6));
-    }
     let held = memory.take(need).map_err(|why| {
         Undecodable(format!(
             "the {format:?} declares {width}x{height} pixels of {color:?}: {why}"
@@ -138,20 +117,91 @@ pub fn decode_held<'m>(
         .map_err(|e| fail(&format!("a broken or truncated {format:?}"), e))?;
     let pillow = Pillow::new(format, bytes, color)?;
     pillow.write_rgb_in_place(&mut data);
+    Ok((upright(format, width, height, data, orientation)?, held))
+}
+
+/// A JPEG through libjpeg-turbo ([`jpeg`]), Pillow's decoder: its header read first (size,
+/// channels, scans), then the bytes its decode holds at its peak taken from `memory` (the
+/// picture, CMYK's fourth byte, a multi-scan file's coefficient planes), then the picture
+/// decoded and turned upright by its EXIF orientation.
+fn decode_jpeg<'m>(
+    bytes: &[u8],
+    max_pixels: u64,
+    memory: &'m DecodeMemory,
+) -> Result<(Rgb8, Held<'m>), Undecodable> {
+    let format = ImageFormat::Jpeg;
+    if !jpeg::complete(bytes) {
+        // libjpeg fills a truncated scan with gray and warns; Pillow refuses it ("image file is
+        // truncated"), and a half-gray photo is not the record's image.
+        return Err(Undecodable(
+            "a truncated JPEG: no end-of-image marker after its last scan".into(),
+        ));
+    }
+    let header = jpeg::header(bytes)?;
+    let (width, height) = (header.width, header.height);
+    let pixels = within_limit(format, width, height, max_pixels)?;
+    let orientation = jpeg::orientation(bytes);
+    let color = if header.channels == 4 {
+        ColorType::Rgba8
+    } else {
+        ColorType::Rgb8
+    };
+    let decoded = pixels.saturating_mul(color.bytes_per_pixel().into());
+    let need =
+        peak_bytes(decoded, pixels, color, orientation).saturating_add(header.coefficient_bytes());
+    let held = memory.take(need).map_err(|why| {
+        Undecodable(format!(
+            "the JPEG declares {width}x{height} pixels of {} channels: {why}",
+            header.channels
+        ))
+    })?;
+    let data = jpeg::decode_rgb(bytes, &header)?;
+    Ok((upright(format, width, height, data, orientation)?, held))
+}
+
+/// The pixel count of a `width`×`height` picture, refused where it is empty or over `max_pixels`.
+fn within_limit(
+    format: ImageFormat,
+    width: u32,
+    height: u32,
+    max_pixels: u64,
+) -> Result<u64, Undecodable> {
+    let pixels = u64::from(width) * u64::from(height);
+    if pixels == 0 {
+        return Err(Undecodable(format!(
+            "the {format:?} declares {width}x{height} pixels: an empty image"
+        )));
+    }
+    if pixels > max_pixels {
+        return Err(Undecodable(format!(
+            "the {format:?} declares {width}x{height} = {pixels} pixels, over the limit of \
+             {max_pixels} (--max-image-pixels)"
+        )));
+    }
+    Ok(pixels)
+}
+
+/// 8-bit RGB `data` of `width`×`height` turned upright: flips and half turns in place, a quarter
+/// turn copying the (3-byte) picture once.
+fn upright(
+    format: ImageFormat,
+    width: u32,
+    height: u32,
+    data: Vec<u8>,
+    orientation: Orientation,
+) -> Result<Rgb8, Undecodable> {
     let rgb = image::RgbImage::from_raw(width, height, data).ok_or_else(|| {
         Undecodable(format!(
             "the {format:?} decoded to fewer bytes than declared"
         ))
     })?;
     let mut image = DynamicImage::ImageRgb8(rgb);
-    // Flips and half turns are in place; a quarter turn copies the (3-byte) picture once.
     image.apply_orientation(orientation);
-    let rgb = Rgb8 {
+    Ok(Rgb8 {
         width: image.width() as usize,
         height: image.height() as usize,
         data: image.into_bytes(),
-    };
-    Ok((rgb, held))
+    })
 }
 
 /// Refuses a GIF whose first frame reaches past its logical screen: Pillow grows the picture to
@@ -236,36 +286,6 @@ fn peak_bytes(total: u64, pixels: u64, color: ColorType, orientation: Orientatio
 
 fn to_usize(n: u64) -> Result<usize, Undecodable> {
     usize::try_from(n).map_err(|_| Undecodable(format!("{n} bytes do not fit in memory")))
-}
-
-/// Whether a JPEG's last scan (`FF DA`) is followed by the end-of-image marker (`FF D9`): a
-/// thumbnail in the EXIF header has its own markers, but they come before the image's scans.
-fn jpeg_complete(bytes: &[u8]) -> bool {
-    let last = |marker: u8| bytes.windows(2).rposition(|w| w == [0xFF, marker]);
-    matches!((last(0xDA), last(0xD9)), (Some(scan), Some(end)) if end > scan)
-}
-
-/// Whether the JPEG's frame is progressive (SOF2, or the arithmetic-coded SOF6, SOF10, SOF14),
-/// from the markers before its first scan; `false` where the bytes end first (the decoder then
-/// says what is wrong).
-fn jpeg_progressive(bytes: &[u8]) -> bool {
-    let mut at = 2; // past SOI
-    while let (Some(&0xFF), Some(&marker)) = (bytes.get(at), bytes.get(at + 1)) {
-        match marker {
-            // Fill bytes before a marker.
-            0xFF => at += 1,
-            0xC2 | 0xC6 | 0xCA | 0xCE => return true,
-            // Another frame type, or the first scan: not progressive.
-            0xC0 | 0xC1 | 0xC3 | 0xC5 | 0xC7 | 0xC9 | 0xCB | 0xCD | 0xCF | 0xDA => return false,
-            _ => {
-                let (Some(&hi), Some(&lo)) = (bytes.get(at + 2), bytes.get(at + 3)) else {
-                    return false;
-                };
-                at += 2 + usize::from(u16::from_be_bytes([hi, lo]));
-            }
-        }
-    }
-    false
 }
 
 /// How Pillow holds what the decoder gave, in 8 bits a sample, and where its alpha comes from.
@@ -446,30 +466,4 @@ fn png_facts(bytes: &[u8]) -> Option<PngFacts> {
         at = at + 12 + len;
     }
     Some(facts)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn photo(name: &str) -> Vec<u8> {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/images/photos/");
-        std::fs::read(format!("{dir}{name}")).unwrap()
-    }
-
-    /// Issue 53: a progressive JPEG's coefficient planes are charged to the decode budget, so
-    /// its frame type must be told from the markers before the first scan.
-    #[test]
-    fn progressive_jpegs_are_told_from_their_frame_marker() {
-        assert!(jpeg_progressive(&photo("chelsea-progressive.jpg")));
-        for baseline in ["astronaut.jpg", "camera-gray.jpg", "coffee-cmyk.jpg"] {
-            assert!(!jpeg_progressive(&photo(baseline)), "{baseline}");
-        }
-        // Fill bytes before a marker, an APP0 segment, then SOF2; and the same cut short.
-        let header = [
-            0xFF, 0xD8, 0xFF, 0xFF, 0xE0, 0x00, 0x04, 0x4A, 0x46, 0xFF, 0xC2, 0x00, 0x11,
-        ];
-        assert!(jpeg_progressive(&header));
-        assert!(!jpeg_progressive(&header[..8]));
-    }
 }

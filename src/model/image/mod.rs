@@ -14,6 +14,7 @@
 
 pub mod budget;
 pub mod decode;
+mod jpeg;
 pub mod resample;
 
 use super::spec::read_json;
