@@ -13,6 +13,10 @@ pub mod read;
 use crate::external::gcs::{Gcs, StorageError};
 use std::path::{Path, PathBuf};
 
+/// The longest record a row may make, in bytes: Pub/Sub's 10 MB message limit, which a record
+/// is published as. A longer line or CSV record is refused without being held in memory.
+pub const MAX_LINE_BYTES: usize = 10_000_000;
+
 /// Errors finding or reading an input.
 #[derive(Debug, thiserror::Error)]
 pub enum InputError {

@@ -1,11 +1,8 @@
 //! A record's message: the input row's record, checked against the worker's own contract
 //! (`record::parse`) and written back as the message data, with the job stamped in.
 
+use crate::jobs::input::MAX_LINE_BYTES;
 use crate::record;
-
-/// The longest message: Pub/Sub's 10 MB limit. A longer line is refused without being held in
-/// memory.
-pub const MAX_LINE_BYTES: usize = 10_000_000;
 
 /// The record id and message data for a line (a JSON line, or the record a table row made),
 /// `None` for a blank line, or why the line is refused. With a `job`, a record that names another job is refused: a job's count must hold

@@ -12,14 +12,14 @@
 pub mod message;
 pub mod outbox;
 
-pub use message::{message_data, MAX_LINE_BYTES};
+pub use message::message_data;
 
 use crate::external::gcs::Gcs;
 use crate::external::pubsub::QueueError;
 use crate::external::store::{RefusedLine, Store, StoreError};
 use crate::jobs::input::columns::{Columns, Kept};
 use crate::jobs::input::read::{self, Batch, Row, RowKind};
-use crate::jobs::input::{Format, Input, InputError, Shard};
+use crate::jobs::input::{Format, Input, InputError, Shard, MAX_LINE_BYTES};
 use google_cloud_pubsub::client::Publisher;
 use outbox::{Outbox, Queued};
 

@@ -263,7 +263,7 @@ impl<'a> Outbox<'a> {
 
     /// Waits for publishes in flight (sending the chunk first when nothing else is in flight)
     /// until `size` more bytes fit under the bound. A message is at most
-    /// [`super::MAX_LINE_BYTES`] and the bound at least that, so room always comes.
+    /// [`crate::jobs::input::MAX_LINE_BYTES`] and the bound at least that, so room always comes.
     async fn make_room(&mut self, size: usize) -> Result<(), PublishError> {
         while self.held + size > self.max {
             if !self.pending.is_empty() {
