@@ -25,8 +25,9 @@
 //! part from the model's own library's (so it is only ever asked for, never chosen).
 //! Normalisation, rotary embedding, attention and the caches stay f32 in both.
 
-use crate::kernels::{exp, linear, softmax_row};
-use crate::packed::{self, Format, PackedWeights};
+use crate::dense::Dense;
+use crate::kernels::{exp, softmax_row};
+use crate::packed::Format;
 use crate::{FusedError, Precision};
 use rayon::prelude::*;
 
@@ -69,49 +70,19 @@ impl DecoderDims {
     }
 }
 
-/// A dense layer's weights in the form the CPU multiplies fastest: packed for this crate's
-/// kernel of the decoder's precision (f32 on x86-64, bf16), as read where there is none.
-enum Matrix {
-    Packed(PackedWeights),
-    Plain { w: Vec<f32>, k: usize },
-}
-
-impl Matrix {
-    fn new(w: Vec<f32>, k: usize, format: Option<Format>) -> Self {
-        match format {
-            Some(format) => Self::Packed(PackedWeights::pack(format, &w, k, &[])),
-            None => Self::Plain { w, k },
-        }
-    }
-
-    fn apply(&self, x: &[f32], b: Option<&[f32]>, out: &mut [f32]) {
-        match self {
-            Self::Packed(w) => packed::linear_wide(x, w, b, out),
-            Self::Plain { w, k } => linear(x, *k, w, b, out),
-        }
-    }
-
-    fn kernels(&self) -> &'static str {
-        match self {
-            Self::Packed(w) => w.format.kernels(),
-            Self::Plain { .. } => crate::kernels::gemm_instructions(),
-        }
-    }
-}
-
 struct Layer {
     attn_norm: Vec<f32>,
     /// Query, key and value projections stacked: `(q_dim + 2 kv_dim, hidden)`.
-    qkv: Matrix,
+    qkv: Dense,
     qkv_bias: Option<Vec<f32>>,
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
-    out: Matrix,
+    out: Dense,
     out_bias: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
     /// Gate and up projections stacked: `(2 intermediate, hidden)`.
-    gate_up: Matrix,
-    down: Matrix,
+    gate_up: Dense,
+    down: Dense,
 }
 
 /// One sequence's keys and values, every layer, every position so far (empty for a new one).
@@ -149,7 +120,7 @@ pub struct CpuDecoder {
     embed: Vec<f32>,
     layers: Vec<Layer>,
     norm: Vec<f32>,
-    lm_head: Matrix,
+    lm_head: Dense,
     /// Per position, `head_dim / 2` cosines then as many sines.
     rope: Vec<f32>,
 }
@@ -198,7 +169,7 @@ impl CpuDecoder {
             dims,
             precision,
             rope: rope_table(&d),
-            lm_head: Matrix::new(lm_head, d.hidden, format),
+            lm_head: Dense::packed(lm_head, d.hidden, format),
             embed,
             layers,
             norm,
@@ -224,19 +195,19 @@ impl CpuDecoder {
         )?);
         let layer = Layer {
             attn_norm: required(read, &at("input_layernorm.weight"), &[h])?,
-            qkv: Matrix::new(qkv, h, format),
+            qkv: Dense::packed(qkv, h, format),
             qkv_bias: None,
             q_norm: None,
             k_norm: None,
-            out: Matrix::new(
+            out: Dense::packed(
                 required(read, &at("self_attn.o_proj.weight"), &[h, q])?,
                 q,
                 format,
             ),
             out_bias: read(&at("self_attn.o_proj.bias"), &[h])?,
             ffn_norm: required(read, &at("post_attention_layernorm.weight"), &[h])?,
-            gate_up: Matrix::new(gate_up, h, format),
-            down: Matrix::new(
+            gate_up: Dense::packed(gate_up, h, format),
+            down: Dense::packed(
                 required(read, &at("mlp.down_proj.weight"), &[h, d.intermediate])?,
                 d.intermediate,
                 format,
@@ -363,7 +334,7 @@ impl CpuDecoder {
             first += n;
         }
         let mut logits = vec![0f32; picked.len() / h * d.vocab];
-        self.lm_head.apply(&picked, None, &mut logits);
+        self.lm_head.apply_wide(&picked, None, &mut logits);
         let mut out = Vec::with_capacity(steps.len());
         let mut rest = &logits[..];
         for n in counts {
@@ -395,7 +366,7 @@ impl CpuDecoder {
         let mut qkv = vec![0f32; n * width];
         layer
             .qkv
-            .apply(&normed, layer.qkv_bias.as_deref(), &mut qkv);
+            .apply_wide(&normed, layer.qkv_bias.as_deref(), &mut qkv);
         qkv.par_chunks_mut(width)
             .zip(rows.par_iter())
             .for_each(|(row, &(_, pos))| {
@@ -438,7 +409,7 @@ impl CpuDecoder {
         let mut projected = vec![0f32; n * h];
         layer
             .out
-            .apply(&ctx, layer.out_bias.as_deref(), &mut projected);
+            .apply_wide(&ctx, layer.out_bias.as_deref(), &mut projected);
         x.iter_mut().zip(&projected).for_each(|(v, p)| *v += p);
 
         normed.copy_from_slice(x);
@@ -447,12 +418,12 @@ impl CpuDecoder {
             .for_each(|r| rms_norm(r, &layer.ffn_norm, d.eps));
         let inter = d.intermediate;
         let mut gate_up = vec![0f32; n * 2 * inter];
-        layer.gate_up.apply(&normed, None, &mut gate_up);
+        layer.gate_up.apply_wide(&normed, None, &mut gate_up);
         let mut act = vec![0f32; n * inter];
         act.par_chunks_mut(inter)
             .zip(gate_up.par_chunks(2 * inter))
             .for_each(|(a, gu)| silu_mul(a, &gu[..inter], &gu[inter..]));
-        layer.down.apply(&act, None, &mut projected);
+        layer.down.apply_wide(&act, None, &mut projected);
         x.iter_mut().zip(&projected).for_each(|(v, p)| *v += p);
     }
 

@@ -21,9 +21,9 @@
 //! dotprod), or, for f32 on CPUs with neither AVX-512 nor AVX2 (Arm's NEON among them), candle's
 //! CPU engine (the `gemm` crate) called directly on the f32 weights. Weights are read from a memory-mapped
 
-use crate::kernels::{
-    self, add_layer_norm, attention, bias_gelu, grow, layer_norm, linear, AttentionProducts,
-};
+use crate::attention::{attention, AttentionProducts};
+use crate::dense::Dense;
+use crate::kernels::{self, add_layer_norm, bias_gelu, grow, layer_norm};
 use crate::packed::{self, Dot, Fma, Format, PackedWeights};
 use crate::weights::WeightsFile;
 use crate::{Dims, FusedError, Layout, Pooling, Precision, Tokens};
@@ -32,46 +32,12 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-/// One dense layer's weight matrix, PyTorch's `(out, in)`, in the forms the precisions use.
-struct Dense {
-    /// Inputs per output.
-    k: usize,
-    /// f32 weights, as read; empty once released for packed weights.
-    f32: Vec<f32>,
-    /// The weights packed for the chosen precision's kernel, if it has one on this CPU.
-    packed: Option<PackedWeights>,
-    /// Each input's largest magnitude over the texts of [`CpuBert::calibrate`] (empty before),
-    /// from which int8 smooths its inputs.
-    ranges: Mutex<Vec<f32>>,
-}
-
-impl Dense {
-    fn new(f32: Vec<f32>, k: usize) -> Self {
-        Self {
-            k,
-            f32,
-            packed: None,
-            ranges: Mutex::new(Vec::new()),
-        }
+/// `out = x · wᵀ (+ b)`; while calibrating (`record`), `w`'s input ranges widened to `x`'s first.
+fn product(w: &Dense, x: &[f32], b: Option<&[f32]>, out: &mut [f32], record: bool) {
+    if record {
+        w.record(x);
     }
-
-    /// `out = x · wᵀ (+ b)` in the precision [`CpuBert::set_precision`] packed for; with
-    /// `record`, also widens [`Dense::ranges`] to `x`'s.
-    fn apply(&self, x: &[f32], b: Option<&[f32]>, out: &mut [f32], record: bool) {
-        if record {
-            let mut ranges = self.ranges.lock().unwrap_or_else(PoisonError::into_inner);
-            ranges.resize(self.k, 0.0);
-            for row in x.chunks_exact(self.k) {
-                for (r, v) in ranges.iter_mut().zip(row) {
-                    *r = r.max(v.abs());
-                }
-            }
-        }
-        match &self.packed {
-            Some(w) => packed::linear(x, w, b, out),
-            None => linear(x, self.k, &self.f32, b, out),
-        }
-    }
+    w.apply(x, b, out);
 }
 
 struct Layer {
@@ -433,14 +399,14 @@ impl CpuBert {
             // Biases are added by the pass that next reads each product (attention needs its
             // bias in place first), saving a write and a read of the product.
             let record = self.recording.load(Ordering::Relaxed);
-            layer.qkv_w.apply(x, Some(&layer.qkv_b), qkv, record);
+            product(&layer.qkv_w, x, Some(&layer.qkv_b), qkv, record);
             attention(qkv, ctx, &spans, h, d.heads, products);
-            layer.attn_out_w.apply(ctx, None, tmp, record);
+            product(&layer.attn_out_w, ctx, None, tmp, record);
             let (ln_w, ln_b) = (&layer.attn_ln_w, &layer.attn_ln_b);
             add_layer_norm(x, tmp, &layer.attn_out_b, ln_w, ln_b, d.eps);
-            layer.inter_w.apply(x, None, inter, record);
+            product(&layer.inter_w, x, None, inter, record);
             bias_gelu(inter, &layer.inter_b);
-            layer.out_w.apply(inter, None, tmp, record);
+            product(&layer.out_w, inter, None, tmp, record);
             let (ln_w, ln_b) = (&layer.out_ln_w, &layer.out_ln_b);
             add_layer_norm(x, tmp, &layer.out_b, ln_w, ln_b, d.eps);
         }
@@ -513,7 +479,8 @@ fn pool(mode: Pooling, rows: &[f32], h: usize, skip: usize) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::{attention, erf, exp, linear, softmax, AttentionProducts};
+    use crate::attention::{attention, AttentionProducts};
+    use crate::kernels::{erf, exp, linear, softmax};
 
     /// The products write through raw pointers: shapes that disagree must stop them in every
     /// build, not only where debug assertions are on.

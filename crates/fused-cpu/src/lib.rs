@@ -18,7 +18,9 @@
 
 #![deny(missing_docs)]
 
+mod attention;
 mod decoder;
+mod dense;
 mod encoder;
 mod error;
 mod kernels;
@@ -34,7 +36,8 @@ pub use error::FusedError;
 /// state): then bf16 is the fastest precision, int8 on AVX-512 VNNI included.
 #[cfg(target_arch = "x86_64")]
 pub use packed::amx::supported as amx_supported;
-pub use packed::bf16::{full_rate as bf16_full_rate, supported as bf16_supported};
+pub use packed::bf16::supported as bf16_supported;
+pub use packed::bf16_full_rate;
 pub use types::{int8_kernels, int8_supported, Dims, Layout, Pooling, Precision, Tokens};
 pub use vision::{CpuVision, VisionDims, VisionLayout};
 

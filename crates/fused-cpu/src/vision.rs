@@ -7,8 +7,9 @@
 //! `pooler_output` (before `visual_projection`) and the row ViT's classifier reads. The heads are
 //! the caller's, a product too small to matter.
 
-use crate::kernels::{attention, grow, layer_norm, linear, AttentionProducts};
-use crate::packed::PackedWeights;
+use crate::attention::{attention, AttentionProducts};
+use crate::dense::Dense;
+use crate::kernels::{grow, layer_norm};
 use crate::weights::WeightsFile;
 use crate::{FusedError, Precision};
 use rayon::prelude::*;
@@ -58,31 +59,22 @@ impl VisionDims {
     }
 }
 
-/// A dense layer with its weights as read and, for the chosen precision, packed.
-struct Dense {
-    k: usize,
-    f32: Vec<f32>,
-    packed: Option<PackedWeights>,
-    bias: Vec<f32>,
-}
+/// A dense layer and its bias.
+type Biased = (Dense, Vec<f32>);
 
-impl Dense {
-    fn apply(&self, x: &[f32], out: &mut [f32]) {
-        match &self.packed {
-            Some(w) => crate::packed::linear(x, w, Some(&self.bias), out),
-            None => linear(x, self.k, &self.f32, Some(&self.bias), out),
-        }
-    }
+/// `out = x · wᵀ + b`.
+fn apply((w, b): &Biased, x: &[f32], out: &mut [f32]) {
+    w.apply(x, Some(b), out);
 }
 
 /// One pre-norm layer.
 struct VisionLayer {
     norm1: (Vec<f32>, Vec<f32>),
-    qkv: Dense,
-    out: Dense,
+    qkv: Biased,
+    out: Biased,
     norm2: (Vec<f32>, Vec<f32>),
-    fc1: Dense,
-    fc2: Dense,
+    fc1: Biased,
+    fc2: Biased,
 }
 
 #[derive(Default)]
@@ -99,7 +91,7 @@ struct Scratch {
 /// A CLIP or ViT image tower for the CPU.
 pub struct CpuVision {
     dims: VisionDims,
-    patch: Dense,
+    patch: Biased,
     class: Vec<f32>,
     position: Vec<f32>,
     pre_norm: Option<(Vec<f32>, Vec<f32>)>,
@@ -138,47 +130,44 @@ impl CpuVision {
                 get(&format!("{name}.bias"), &[h])?,
             ))
         };
-        let dense = |name: &str, n: usize, k: usize| -> Result<Dense, FusedError> {
-            Ok(Dense {
-                k,
-                f32: get(&format!("{name}.weight"), &[n, k])?,
-                packed: None,
-                bias: get(&format!("{name}.bias"), &[n])?,
-            })
+        // Read as f32 (the three of Q, K and V joined first), then packed for `format`.
+        let read = |name: &str, n: usize, k: usize| -> Result<(Vec<f32>, Vec<f32>), FusedError> {
+            Ok((
+                get(&format!("{name}.weight"), &[n, k])?,
+                get(&format!("{name}.bias"), &[n])?,
+            ))
         };
-        let packed = |mut d: Dense| {
-            if let Some(f) = format {
-                d.packed = Some(PackedWeights::pack(f, &d.f32, d.k, &[]));
-                d.f32 = Vec::new();
-            }
-            d
-        };
+        let packed = |(w, b): (Vec<f32>, Vec<f32>), k: usize| (Dense::packed(w, k, format), b);
         let patch_k = 3 * p * p;
-        let patch = packed(Dense {
-            k: patch_k,
-            f32: get(&format!("{}.weight", names.patch), &[h, 3, p, p])?,
-            packed: None,
-            bias: match names.patch_bias {
-                true => get(&format!("{}.bias", names.patch), &[h])?,
-                false => vec![0.0; h],
-            },
-        });
+        let patch = packed(
+            (
+                get(&format!("{}.weight", names.patch), &[h, 3, p, p])?,
+                match names.patch_bias {
+                    true => get(&format!("{}.bias", names.patch), &[h])?,
+                    false => vec![0.0; h],
+                },
+            ),
+            patch_k,
+        );
         let mut layers = Vec::with_capacity(dims.layers);
         for i in 0..dims.layers {
             let at = |part: &str| format!("{}.{i}.{part}", names.layer);
             let [q, k, v] = names.qkv.map(at);
-            let mut qkv = dense(&q, h, h)?;
-            for more in [dense(&k, h, h)?, dense(&v, h, h)?] {
-                qkv.f32.extend(more.f32);
-                qkv.bias.extend(more.bias);
+            let mut qkv = read(&q, h, h)?;
+            for (w, b) in [read(&k, h, h)?, read(&v, h, h)?] {
+                qkv.0.extend(w);
+                qkv.1.extend(b);
             }
             layers.push(VisionLayer {
                 norm1: norm(&at(names.norm1))?,
-                qkv: packed(qkv),
-                out: packed(dense(&at(names.out), h, h)?),
+                qkv: packed(qkv, h),
+                out: packed(read(&at(names.out), h, h)?, h),
                 norm2: norm(&at(names.norm2))?,
-                fc1: packed(dense(&at(names.fc1), dims.intermediate, h)?),
-                fc2: packed(dense(&at(names.fc2), h, dims.intermediate)?),
+                fc1: packed(read(&at(names.fc1), dims.intermediate, h)?, h),
+                fc2: packed(
+                    read(&at(names.fc2), h, dims.intermediate)?,
+                    dims.intermediate,
+                ),
             });
         }
         let tokens = dims.tokens();
@@ -235,7 +224,7 @@ impl CpuVision {
             .for_each(|(out, image)| self.cut_patches(image, out));
         let x = grow(&mut s.x, rows * h);
         let tmp = grow(&mut s.tmp, n * (t - 1) * h);
-        self.patch.apply(patches, tmp);
+        apply(&self.patch, patches, tmp);
         self.embed(x, tmp, n);
         let normed = grow(&mut s.normed, rows * h);
         let qkv = grow(&mut s.qkv, rows * 3 * h);
@@ -246,14 +235,14 @@ impl CpuVision {
         let products = AttentionProducts::beside(self.precision.format(false).ok().flatten());
         for layer in &self.layers {
             norm_into(x, normed, &layer.norm1, d.eps);
-            layer.qkv.apply(normed, qkv);
+            apply(&layer.qkv, normed, qkv);
             attention(qkv, ctx, &spans, h, d.heads, products);
-            layer.out.apply(ctx, tmp);
+            apply(&layer.out, ctx, tmp);
             add(x, tmp);
             norm_into(x, normed, &layer.norm2, d.eps);
-            layer.fc1.apply(normed, inter);
+            apply(&layer.fc1, normed, inter);
             activate(inter, d.layout);
-            layer.fc2.apply(inter, tmp);
+            apply(&layer.fc2, inter, tmp);
             add(x, tmp);
         }
         (0..n)

@@ -18,6 +18,7 @@
 use super::budget::{self, DecodeMemory, Held};
 use super::jpeg;
 use super::resample::Rgb8;
+use super::Undecodable;
 use image::metadata::Orientation;
 use image::{ColorType, DynamicImage, ImageDecoder, ImageFormat, ImageReader};
 use std::io::Cursor;
@@ -39,11 +40,6 @@ const FORMATS: [ImageFormat; 5] = [
 /// budget. Real ICC profiles are kilobytes to a few hundred; one past the bound is dropped (the
 /// PNG decoder's choice), and the pixels never depended on it (Pillow does not apply it either).
 const PNG_OWN_BYTES: u64 = 16 << 20;
-
-/// Why bytes are not an image this service reads: the record's fault, recorded as its failure.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct Undecodable(pub String);
 
 /// Decodes `bytes` (JPEG, PNG, WebP, GIF's first frame, BMP) to upright RGB, refusing an image
 /// of more than `max_pixels` pixels before decoding it.

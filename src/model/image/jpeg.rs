@@ -10,7 +10,7 @@
 //! bytes before marker") into errors, where Pillow decodes through them, and it does not set
 //! libjpeg's memory limit, which is what bounds a multi-scan JPEG's coefficient buffers here.
 
-use super::decode::Undecodable;
+use super::Undecodable;
 use image::metadata::Orientation;
 use std::ffi::CStr;
 use turbojpeg_sys as tj;

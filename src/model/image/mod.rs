@@ -19,10 +19,14 @@ pub mod resample;
 
 use super::spec::read_json;
 use super::ModelError;
-use decode::Undecodable;
 use resample::{Filter, Rgb8};
 use serde_json::Value;
 use std::path::Path;
+
+/// Why bytes are not an image this service reads: the record's fault, recorded as its failure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Undecodable(pub String);
 
 /// The image processors whose steps [`Processor`] reproduces, by `image_processor_type`.
 const KNOWN: [&str; 3] = [

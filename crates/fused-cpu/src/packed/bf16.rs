@@ -25,24 +25,6 @@ pub fn supported() -> bool {
     }
 }
 
-/// Whether bf16 is faster than f32 here: its products run on AMX tiles
-/// ([`super::amx::supported`]: Sapphire Rapids and later), or the AVX-512 BF16 kernel runs
-/// ([`supported`]) on a core that issues `vdpbf16ps` as fast as its FMAs. That is AMD's Zen 4
-/// and 5; Intel's cores issue it at half the rate, where without AMX it gains nothing over the
-/// f32 kernel and costs accuracy. Told apart by the CPU's vendor.
-pub fn full_rate() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let vendor = std::arch::x86_64::__cpuid(0);
-        let amd = (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
-        super::amx::supported() || supported() && amd
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// `row` rounded to bf16 (nearest even, as the weights), two per lane (the even input in the
 /// low half), the odd tail padded with zero.
 pub(crate) fn convert(row: &[f32], dst: &mut [u32]) {
