@@ -1,7 +1,7 @@
 //! Attention's two products for one (text, head) on AMX tiles, in bf16 with f32 sums: the
 //! scores `Q·Kᵀ`, and the context `P·V` from the softmax's probabilities `P`. As in the dense
 //! layers, only the products' inputs are rounded to bf16 (Q, K, V and P); the sums, the scale and
-//! the softmax stay f32, as in the f32 path (`kernels::attention`), which this replaces when the
+//! the softmax stay f32, as in the f32 path (`crate::attention`), which this replaces when the
 //! dense layers run on AMX.
 //!
 //! The tiles take their operands in the dense weights' layout: a row tile is 16 rows of 32 bf16
