@@ -82,7 +82,7 @@ async fn main() -> anyhow::Result<()> {
                         publish_time_us: 1,
                     })
                     .collect();
-                store.commit(&batch, &[]).await?;
+                store.commit(&batch, &[], None).await?;
                 rows.fetch_add(n as u64, Ordering::Relaxed);
                 commits.fetch_add(1, Ordering::Relaxed);
                 batch_no += 1;

@@ -135,7 +135,7 @@ fn uri_worker_config(
     }
 }
 
-fn model() -> spotinfer::pipeline::infer::Served {
+fn model() -> spotinfer::model::Served {
     served(ModelHandle::spawn(TextModel::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap())
 }
 

@@ -695,7 +695,7 @@ async fn an_existing_table_converts_to_pgvector_and_keeps_its_vectors() {
         publish_time_us: t,
     };
     store
-        .commit(&[row("a", 1, 0.5), row("b", 1, 1.5)], &[])
+        .commit(&[row("a", 1, 0.5), row("b", 1, 1.5)], &[], None)
         .await
         .unwrap();
     assert_eq!(store.vector_column().await.unwrap(), VectorColumn::Array);
@@ -705,7 +705,7 @@ async fn an_existing_table_converts_to_pgvector_and_keeps_its_vectors() {
     assert_eq!(column, VectorColumn::Pgvector("0.6.2".into()));
     assert_eq!(store.embeddings().await.unwrap(), before);
     store
-        .commit(&[row("a", 2, 3.0), row("c", 2, 4.0)], &[])
+        .commit(&[row("a", 2, 3.0), row("c", 2, 4.0)], &[], None)
         .await
         .unwrap();
     let after = store.embeddings().await.unwrap();

@@ -440,36 +440,46 @@ fn auto_holds_cosine_0_999_against_f32_on_real_text_in_every_script() {
 /// classifier, a transformers Llama folder and a GGUF file as generation models.
 #[tokio::test]
 async fn the_factory_opens_every_kind_of_model_from_its_files() {
-    use spotinfer::model::engines::decoder::Interrupt;
-    use spotinfer::model::load::{spawn, LoadRequest};
+    use spotinfer::model::load::{spawn, LoadRequest, ModelKind};
     use spotinfer::model::{GenerationDefaults, Reads, Task, Text};
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let cases = [
-        (common::model_dir(), Task::Embed, Reads::Texts),
+        (
+            common::model_dir(),
+            ModelKind::Text,
+            Task::Embed,
+            Reads::Texts,
+        ),
         (
             root.join("tests/fixtures/images/models/vit"),
+            ModelKind::Image,
             Task::Classify,
             Reads::Images,
         ),
         (
             root.join("tests/fixtures/llm/models/llama"),
+            ModelKind::Generation,
             Task::Generate,
             Reads::Prompts,
         ),
         (
             root.join("tests/fixtures/llm/gguf/llama.gguf"),
+            ModelKind::Generation,
             Task::Generate,
             Reads::Prompts,
         ),
     ];
-    for (dir, task, reads) in cases {
+    for (dir, kind, task, reads) in cases {
+        assert_eq!(ModelKind::detect(&dir).unwrap(), kind, "{}", dir.display());
         let request = LoadRequest {
             options: LoadOptions::new(DeviceChoice::Cpu),
             generation: GenerationDefaults::default(),
             max_batch_tokens: 0,
         };
-        let model = spawn(dir.clone(), request, Interrupt::new())
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let running =
+            spawn(dir.clone(), request).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        assert_eq!(running.kind, kind);
+        let model = running.handle;
         let info = model.info();
         assert_eq!((info.task, info.reads), (task, reads), "{}", dir.display());
         if reads == Reads::Texts {

@@ -42,7 +42,7 @@ async fn commits_a_batch_past_the_bind_limit(url: &str) {
     let store = Store::connect(url).await.unwrap();
     store.migrate().await.unwrap();
     let (results, failures) = oversized_batch();
-    store.commit(&results, &failures).await.unwrap();
+    store.commit(&results, &failures, None).await.unwrap();
     let counts = store.status(Some("big")).await.unwrap();
     assert_eq!((counts.done, counts.failed), (9_000, 6_000));
 }
@@ -107,19 +107,19 @@ async fn a_second_model_keeps_the_first_models_vectors(url: &str) {
     let store = Store::connect(url).await.unwrap();
     store.migrate().await.unwrap();
     store
-        .commit(&[model_row("r1", "mini", "aaaa", 10, 1.0)], &[])
+        .commit(&[model_row("r1", "mini", "aaaa", 10, 1.0)], &[], None)
         .await
         .unwrap();
     store
-        .commit(&[model_row("r1", "e5", "bbbb", 11, 2.0)], &[])
+        .commit(&[model_row("r1", "e5", "bbbb", 11, 2.0)], &[], None)
         .await
         .unwrap();
     store
-        .commit(&[model_row("r1", "mini", "cccc", 12, 3.0)], &[])
+        .commit(&[model_row("r1", "mini", "cccc", 12, 3.0)], &[], None)
         .await
         .unwrap();
     store
-        .commit(&[model_row("r1", "e5", "dddd", 5, 9.0)], &[])
+        .commit(&[model_row("r1", "e5", "dddd", 5, 9.0)], &[], None)
         .await
         .unwrap();
     assert_eq!(
@@ -162,11 +162,11 @@ async fn migrates_a_database_of_the_first_schema(url: &str, first: &str, legacy_
         [("mini".to_string(), String::new(), 0.5)]
     );
     store
-        .commit(&[model_row("r1", "mini", "aaaa", 20, 1.0)], &[])
+        .commit(&[model_row("r1", "mini", "aaaa", 20, 1.0)], &[], None)
         .await
         .unwrap();
     store
-        .commit(&[model_row("r1", "e5", "bbbb", 21, 2.0)], &[])
+        .commit(&[model_row("r1", "e5", "bbbb", 21, 2.0)], &[], None)
         .await
         .unwrap();
     assert_eq!(
@@ -224,7 +224,7 @@ async fn vectors_of_every_length_come_back_bit_equal(url: &str) {
             publish_time_us: i as i64,
         })
         .collect();
-    store.commit(&rows, &[]).await.unwrap();
+    store.commit(&rows, &[], None).await.unwrap();
     let stored = store.embeddings().await.unwrap();
     assert_eq!(stored.len(), rows.len());
     for r in &rows {
@@ -326,7 +326,10 @@ async fn values_holding_nul_are_stored_and_exported_exact(url: &str) {
             ..model_row(id, "m", "aaaa", 1, 0.0)
         })
         .collect();
-    store.commit(&results, &[]).await.expect("the rows commit");
+    store
+        .commit(&results, &[], None)
+        .await
+        .expect("the rows commit");
     let counts = store.status(Some("nul")).await.unwrap();
     assert_eq!((counts.done, counts.failed), (4, 0));
     let exported: Vec<_> = store

@@ -20,7 +20,7 @@ fn config_for(args: &PubsubArgs, idle: Option<Duration>) -> WorkerConfig {
     }
 }
 
-fn model() -> spotinfer::pipeline::infer::Served {
+fn model() -> spotinfer::model::Served {
     served(ModelHandle::spawn(TextModel::load(&model_dir(), DeviceChoice::Cpu).unwrap()).unwrap())
 }
 
@@ -144,17 +144,27 @@ fn row(id: &str, t: i64, v: f32) -> ResultRow {
 async fn older_publish_never_overwrites(db: &str) {
     let store = Store::connect(db).await.unwrap();
     store.migrate().await.unwrap();
-    store.commit(&[row("r", 200, 2.0)], &[]).await.unwrap();
+    store
+        .commit(&[row("r", 200, 2.0)], &[], None)
+        .await
+        .unwrap();
     // A redelivery of an older publish arrives late: ignored.
-    store.commit(&[row("r", 100, 1.0)], &[]).await.unwrap();
+    store
+        .commit(&[row("r", 100, 1.0)], &[], None)
+        .await
+        .unwrap();
     assert_eq!(store.embeddings().await.unwrap()["r"].publish_time_us, 200);
     // The same message again: idempotent.
-    store.commit(&[row("r", 200, 2.0)], &[]).await.unwrap();
+    store
+        .commit(&[row("r", 200, 2.0)], &[], None)
+        .await
+        .unwrap();
     // A newer publish replaces it, and duplicates inside one batch keep the newest.
     store
         .commit(
             &[row("r", 300, 3.0), row("r", 250, 2.5), row("s", 1, 1.0)],
             &[],
+            None,
         )
         .await
         .unwrap();

@@ -13,11 +13,8 @@ use anyhow::Context;
 use spotinfer::config::ModelArgs;
 use spotinfer::external::gcs::{FileList, Gcs};
 use spotinfer::external::hub::{Hub, HubId, HubSettings};
-use spotinfer::model::engines::decoder::{is_generation_model, Interrupt};
-use spotinfer::model::load::{self, LoadRequest};
-use spotinfer::model::{
-    GenerateTask, GenerationDefaults, LoadOptions, ModelHandle, PromptChoice, TextModel,
-};
+use spotinfer::model::load::{self, LoadRequest, ModelKind, Running};
+use spotinfer::model::{GenerateTask, GenerationDefaults, LoadOptions, PromptChoice, TextModel};
 use std::path::Path;
 use std::time::Instant;
 
@@ -83,32 +80,29 @@ async fn fetch_from_hub(id: &HubId) -> anyhow::Result<std::path::PathBuf> {
 
 /// The text model as `m` describes it, from `dir` (what [`model_dir`] returned), on this thread.
 pub fn load_text_model(dir: &Path, m: &ModelArgs) -> anyhow::Result<TextModel> {
-    if is_generation_model(dir) {
-        anyhow::bail!(
+    match ModelKind::detect(dir)? {
+        ModelKind::Generation => anyhow::bail!(
             "{} is a generation model: `embed` runs encoders; run prompt records through `work` \
              (`bench` measures its speed)",
             dir.display()
-        );
-    }
-    if spotinfer::model::is_image_model(dir)? {
-        anyhow::bail!(
+        ),
+        ModelKind::Image => anyhow::bail!(
             "{} is an image model: `embed` and `bench` read files of texts; run image records \
              through `work` (examples/image_speed.rs measures the model alone)",
             dir.display()
-        );
+        ),
+        ModelKind::Text => open_text_model(dir, m),
     }
-    open_text_model(dir, m)
 }
 
 /// The generation model in `dir` as `m` describes it, with the worker's defaults, on this thread
 /// (for `bench`: the same task a worker runs, its decode loop never interrupted).
 pub fn open_generation_model(dir: &Path, m: &ModelArgs) -> anyhow::Result<GenerateTask> {
     let request = load_request(m);
-    Ok(GenerateTask::open(
+    Ok(GenerateTask::open_uninterrupted(
         dir,
         &request.options,
         request.generation,
-        Interrupt::new(),
     )?)
 }
 
@@ -153,10 +147,9 @@ fn load_request(m: &ModelArgs) -> LoadRequest {
     }
 }
 
-/// The model on its own thread, for the worker (`model::load::spawn`); a generation model stops
-/// its batch when `interrupt` is set (the worker sets it whenever its pipeline stops).
-pub async fn load_model(m: &ModelArgs, interrupt: Interrupt) -> anyhow::Result<ModelHandle> {
+/// The model on its own thread, for the worker (`model::load::spawn`).
+pub async fn load_model(m: &ModelArgs) -> anyhow::Result<Running> {
     let dir = model_dir(m).await?;
     let request = load_request(m);
-    Ok(tokio::task::spawn_blocking(move || load::spawn(dir, request, interrupt)).await??)
+    Ok(tokio::task::spawn_blocking(move || load::spawn(dir, request)).await??)
 }

@@ -3,8 +3,10 @@
 //! is refused.
 
 use spotinfer::config::{ModelsArgs, ModelsCommand};
-use spotinfer::model::engines::fused_images::probe_images;
-use spotinfer::model::{Backend, DeviceChoice, ImageTask, Item, Predict, Reads, Text};
+use spotinfer::model::load::ModelKind;
+use spotinfer::model::{
+    probe_images, Backend, DeviceChoice, ImageTask, Item, Predict, Reads, Text,
+};
 use spotinfer::model::{Input, LoadOptions, ModelSpec, Output, TextModel};
 
 /// Runs a `models` subcommand.
@@ -12,11 +14,10 @@ pub async fn run(a: ModelsArgs) -> anyhow::Result<()> {
     match a.action {
         ModelsCommand::Check(c) => {
             let dir = super::fetch_model(&c.dir, &c.storage).await?;
-            if spotinfer::model::is_image_model(&dir)? {
-                return check_image_model(dir, c.backend).await;
-            }
-            if spotinfer::model::engines::decoder::is_generation_model(&dir) {
-                return check_generation_model(dir).await;
+            match ModelKind::detect(&dir)? {
+                ModelKind::Image => return check_image_model(dir, c.backend).await,
+                ModelKind::Generation => return check_generation_model(dir).await,
+                ModelKind::Text => {}
             }
             let spec = ModelSpec::read(&dir)?;
             print!("{spec}");
@@ -85,7 +86,7 @@ struct Sequence {
 
 /// `models agree`: the model's teacher-forced greedy choices against the other engine's.
 fn agree(a: &spotinfer::config::ModelAgreeArgs) -> anyhow::Result<serde_json::Value> {
-    use spotinfer::model::engines::decoder::{argmax, LanguageModel};
+    use spotinfer::model::{argmax, LanguageModel};
     use spotinfer::model::{decoder_build, decoder_precision, GenerationDefaults};
     let options = LoadOptions {
         backend: a.backend,
@@ -174,15 +175,15 @@ async fn check_image_model(dir: std::path::PathBuf, backend: Backend) -> anyhow:
 /// The check for a generation model: loaded, then asked for eight greedy tokens of a chat
 /// answer (a raw prompt where it has no chat template).
 async fn check_generation_model(path: std::path::PathBuf) -> anyhow::Result<()> {
-    use spotinfer::model::engines::decoder::{Input, Interrupt, Message, Prompt};
     use spotinfer::model::{GenerateTask, GenerationDefaults};
+    use spotinfer::record::generation::{Input, Message, Prompt};
     let (task, output) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
         let options = LoadOptions::new(DeviceChoice::Cpu);
         let defaults = GenerationDefaults {
             max_new_tokens: 8,
             ..GenerationDefaults::default()
         };
-        let task = GenerateTask::open(&path, &options, defaults, Interrupt::new())?;
+        let task = GenerateTask::open_uninterrupted(&path, &options, defaults)?;
         let input = Input {
             prompt: Prompt::Chat(vec![Message {
                 role: "user".into(),

@@ -33,7 +33,8 @@ pub async fn bench(mut a: BenchArgs) -> anyhow::Result<()> {
 
 fn bench_file(a: BenchArgs) -> anyhow::Result<()> {
     let records = offline::read_records(&a.input, a.model.max_text_bytes)?;
-    if super::is_generation_model(&a.model.source.model) {
+    let kind = spotinfer::model::load::ModelKind::detect(&a.model.source.model)?;
+    if kind == spotinfer::model::load::ModelKind::Generation {
         return bench_generation(a, &records);
     }
     let started = Instant::now();

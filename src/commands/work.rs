@@ -20,11 +20,9 @@ use spotinfer::config::WorkArgs;
 use spotinfer::external::drain::{self, DrainConfig, Notice};
 use spotinfer::external::store::{self, Store, StoreError};
 use spotinfer::external::telemetry::{self, Metrics};
-use spotinfer::model::engines::decoder::Interrupt;
-use spotinfer::model::{load, ModelHandle, Reads};
+use spotinfer::model::{load, Served};
 use spotinfer::pipeline::batcher::BatchConfig;
-use spotinfer::pipeline::infer::Served;
-use spotinfer::pipeline::window::{self, Window};
+use spotinfer::pipeline::window::{self, StallSettings, Window, WindowSettings};
 use spotinfer::pipeline::worker::{self, WorkerConfig};
 use spotinfer::shutdown::{self, Shutdown};
 use std::time::{Duration, Instant};
@@ -162,20 +160,28 @@ async fn work(
     metrics.set_store_ok(true);
     // The model download (gs://), load and measurement give way to SIGTERM: the worker holds no
     // message yet.
-    // A generation model stops its batch when the pipeline stops, so what it wrote is
-    // checkpointed (`Pipeline::run_until_stopped` sets and clears it).
-    let interrupt = Interrupt::new();
+    let serving = load::Serving {
+        max_image_pixels: a.model.max_image_pixels,
+        checkpoints: Some(std::sync::Arc::new(store.clone())),
+    };
     let model = tokio::select! {
         biased;
         _ = shutdown.cancelled() => None,
-        m = model_and_window(a, interrupt.clone()) => Some(m?),
+        m = model_and_window(a, serving) => Some(m?),
     };
     let Some((model, window)) = model else {
         return Ok(("stopped before the model was loaded".into(), Some(store)));
     };
     metrics.set_model_loaded(true);
     let job_mode = a.exit_when_job_complete.is_some();
-    let stall_threshold = stall_rule(a, &model, &window, job_mode);
+    let stall = StallSettings {
+        batch_size: a.batch.batch_size,
+        stall_timeout: a.stall_timeout,
+        batch_wait: a.batch.batch_wait,
+        commit_timeout: a.commit_timeout,
+        job_idle: a.exit_when_idle.filter(|_| job_mode),
+    };
+    let stall_threshold = window::stall_threshold(&model, &window, stall);
     metrics.set_stall_threshold(stall_threshold);
     tracing::info!(
         startup_seconds = started.elapsed().as_secs_f64(),
@@ -200,55 +206,17 @@ async fn work(
         };
         tokio::spawn(watch.run());
     }
-    let serving = load::Serving {
-        max_image_pixels: a.model.max_image_pixels,
-        checkpoints: Some(std::sync::Arc::new(store.clone())),
-    };
     let pipeline = Pipeline {
         cfg,
         store: store.clone(),
-        model: load::serve(model, serving),
+        model,
         metrics: metrics.clone(),
-        interrupt,
     };
     if !pipeline.run_until_stopped(shutdown, notice).await? {
         return Ok(("stopped before it started".into(), Some(store)));
     }
     let said = summary(metrics, started);
     Ok((said, Some(store)))
-}
-
-/// The liveness threshold for this model (see `telemetry::stall_threshold`): the longest a
-/// batch may run without a commit, from the measured rate or, for a generation model, from
-/// `--max-generation-seconds`. Warns when a job-mode idle limit is shorter than that.
-fn stall_rule(a: &WorkArgs, model: &ModelHandle, window: &Window, job_mode: bool) -> Duration {
-    let longest_batch = window.measured_rate.map(|rate| {
-        let max_tokens = model.info().max_seq_len;
-        let measured = window::CALIBRATION_WORDS.min(max_tokens);
-        telemetry::longest_batch(a.batch.batch_size, rate, max_tokens, measured)
-    });
-    // A generation batch may run as long as its records may, one after another at worst.
-    let generating = model.info().reads == Reads::Prompts;
-    let longest_batch = match a.model.generation.max_generation_seconds {
-        limit if generating && !limit.is_zero() => {
-            Some(limit.saturating_mul(a.batch.batch_size as u32))
-        }
-        _ => longest_batch,
-    };
-    let short_idle = a.exit_when_idle.zip(longest_batch);
-    if let Some((idle, longest_batch)) = short_idle.filter(|(i, b)| job_mode && i < b) {
-        tracing::warn!(
-            ?idle,
-            ?longest_batch,
-            "--exit-when-idle is shorter than a batch may run without a commit: a job whose last records are all in long batches may be taken for stuck"
-        );
-    }
-    telemetry::stall_threshold(
-        a.stall_timeout,
-        a.batch.batch_wait,
-        a.commit_timeout,
-        longest_batch,
-    )
 }
 
 /// The pipeline's settings from the flags and the measured window.
@@ -297,10 +265,6 @@ struct Pipeline {
     store: Store,
     model: Served,
     metrics: std::sync::Arc<Metrics>,
-    /// Stops a generation model's running batches, so their tokens come back to be
-    /// checkpointed: set whenever the pipeline stops (SIGTERM, an early drain, an idle exit),
-    /// cleared when it runs again.
-    interrupt: Interrupt,
 }
 
 impl Pipeline {
@@ -315,18 +279,17 @@ impl Pipeline {
     ) -> anyhow::Result<bool> {
         let mut started = false;
         loop {
+            // This run's shutdown: SIGTERM, or an early drain's notice. (A generation model's
+            // batches stop with it: the seam ties them to it, `Infer::start`.)
             let run = Shutdown::new();
-            self.interrupt.clear();
             let forward = tokio::spawn({
                 let (shutdown, run, mut notice) = (shutdown.clone(), run.clone(), notice.clone());
-                let interrupt = self.interrupt.clone();
                 async move {
                     tokio::select! {
                         _ = shutdown.cancelled() => {}
                         _ = notice.announced() => {}
                         _ = run.cancelled() => {}
                     }
-                    interrupt.set();
                     run.cancel();
                 }
             });
@@ -477,43 +440,21 @@ fn worker_name() -> String {
     )
 }
 
-/// The model, and the window sized from its measured speed (or as `--max-outstanding` sets it).
+/// The model served beside its task, and the window sized from its measured speed (or as
+/// `--max-outstanding` sets it, or as its task fixes it).
 async fn model_and_window(
     a: &WorkArgs,
-    interrupt: Interrupt,
-) -> anyhow::Result<(ModelHandle, Window)> {
-    let model = load_model(&a.model, interrupt).await?;
-    if model.info().reads == Reads::Prompts && a.max_outstanding.is_none() {
-        // A generation takes seconds to minutes and its speed depends on what it writes: the
-        // worker holds a fixed number of batches instead of a measured rate's worth.
-        let n = window::GENERATION_WINDOW_BATCHES * a.batch.batch_size;
-        let streams = a.streams.unwrap_or(1);
-        return Ok((model, Window::fixed((n / streams).max(1) as i64, streams)));
-    }
-    let rate = match (a.max_outstanding, a.streams) {
-        (Some(_), Some(_)) => None,
-        _ => Some(
-            window::measure_rate(&model, a.batch.batch_size)
-                .await
-                .context("cannot measure the model's speed")?,
-        ),
+    serving: load::Serving,
+) -> anyhow::Result<(Served, Window)> {
+    let model = load::serve(load_model(&a.model).await?, serving)?;
+    let settings = WindowSettings {
+        max_outstanding: a.max_outstanding,
+        streams: a.streams,
+        batch_size: a.batch.batch_size,
     };
-    // An image model's rate is timed on pixel values alone; its window is capped at a few
-    // batches (`window::IMAGE_WINDOW_BATCHES`), and its streams follow that cap.
-    let images = model.info().reads.images();
-    let cap = window::IMAGE_WINDOW_BATCHES * a.batch.batch_size;
-    let rate = match (rate, images) {
-        (Some(r), true) => Some(r.min(cap as f64 / window::WINDOW_SECONDS)),
-        (r, _) => r,
-    };
-    let streams = a
-        .streams
-        .unwrap_or_else(|| window::streams_for(rate.unwrap_or(0.0)));
-    let window = match a.max_outstanding {
-        Some(n) => Window::fixed(n, streams),
-        // Measured above whenever no limit is given.
-        None => Window::from_rate(rate.unwrap_or(0.0), a.batch.batch_size, streams),
-    };
+    let window = window::size(&model, settings)
+        .await
+        .context("cannot measure the model's speed")?;
     Ok((model, window))
 }
 

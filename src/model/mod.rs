@@ -1,8 +1,8 @@
 //! The model layer: records in, results out, exactly as sentence-transformers and transformers
 //! compute them for the model folder (or GGUF file) they are given.
 //!
-//! The pipeline sees one thing of it: [`Infer`] (`seam`), made by [`load::serve`] from the
-//! model thread [`load::spawn`] starts. Behind that seam, folders say what each part is:
+//! The pipeline sees one thing of it: [`Served`] (`seam`), the model thread [`load::spawn`]
+//! starts beside its task ([`Infer`]), put together by [`load::serve`]. Behind that seam, folders say what each part is:
 //!
 //! * `spec/`: what a folder says to compute (task, encoder, pooling, Dense, Normalize, labels,
 //!   prompts, limits), refusing what spotinfer cannot compute exactly;
@@ -35,18 +35,24 @@ mod text;
 mod thread;
 mod types;
 
+// What the commands use of the engines: `models check` probes an image tower, `models agree`
+// compares two decoders' greedy choices.
+pub use engines::decoder::{argmax, LanguageModel};
+pub use engines::fused_images::probe_images;
 pub use engines::unpadded::check::KernelCheck;
 pub use engines::{check_paged_kernels, check_unpadded_kernels, DeviceStages};
 pub use item::{Item, Prepare, Tagged, Text, TokenIds, Tokenized};
 pub use options::{default_model_name, Backend, CpuKernels, DeviceChoice, LoadOptions, Precision};
 pub use output::{cosine, Completion, Entity, FinishReason, Output};
-pub use seam::{unfit, Checkpoint, Checkpoints, Infer, Saved, SavedTokens, Settled};
+pub use seam::{
+    unfit, Checkpoint, Checkpoints, Infer, Saved, SavedTokens, Served, Settled, WindowRule,
+};
 pub use spec::{ModelSpec, Task};
 pub use tasks::generate::{
     decoder_build, decoder_precision, GenerateTask, GenerationDefaults, Generations,
     INTERRUPT_GRACE,
 };
-pub use tasks::image::{is_image_model, ImageTask, Pictures};
+pub use tasks::image::{ImageTask, Pictures};
 pub use tasks::texts::Texts;
 pub use text::precision::{PrecisionCheck, MIN_PROBE_COSINE};
 pub use text::prompt::PromptChoice;

@@ -1,6 +1,8 @@
-//! The one seam between the pipeline and the models: [`Infer`]. The pipeline's infer stage
-//! (`crate::pipeline::infer`) hands it batches of records and gets back, for each record, a
-//! result or a refusal with its reason; it never asks which task or engine is behind it.
+//! The one seam between the pipeline and the models: [`Served`], a model thread and its task
+//! ([`Infer`]). The pipeline's infer stage (`crate::pipeline::infer`) has the task ready batches
+//! of records, the thread compute them, and the task settle each result or refusal; the worker
+//! asks the task what it decides around them (start, window, last chance, checkpoints). None of
+//! them asks which task or engine is behind it.
 //!
 //! Each task implements it in its own file (`tasks::texts`, `tasks::image`, `tasks::generate`):
 //! what its records must hold, how they are readied off the model thread (texts as they are,
@@ -8,18 +10,25 @@
 //! checkpoints), and what becomes of each result (kept, refused, or handed back interrupted).
 //! `load::serve` picks the implementation for a loaded model.
 
-use super::{Item, ModelError, ModelInfo, Output, Predicted, Reply};
+use super::{Item, ModelHandle, ModelInfo, Output};
 use crate::record::{Record, RecordError};
 use crate::shutdown::Shutdown;
 use futures::future::BoxFuture;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-/// A loaded model serving its task, as the pipeline sees it: records in, one result or one
-/// refusal per record out.
+/// A loaded model's task, as the pipeline sees it: records in, one result or one refusal per
+/// record out, and the task's say in what the pipeline does around them. The computing itself
+/// is the model thread's ([`Served::handle`]), which knows no task.
 pub trait Infer: Send + Sync {
-    /// What the model is (name, weights hash, task, what it reads): for rows, logs, metrics.
-    fn info(&self) -> &ModelInfo;
+    /// Called as the pipeline starts (and again when it runs after an early drain) with the
+    /// run's shutdown: a generation model clears its interrupt, arranges for it to be set when
+    /// `shutdown` begins (its batch then stops, so what it wrote is checkpointed), and purges
+    /// the checkpoints no delivery can resume from.
+    fn start<'a>(&'a self, _shutdown: &'a Shutdown) -> BoxFuture<'a, ()> {
+        Box::pin(std::future::ready(()))
+    }
     /// Readies `records` for the model, off its thread: per record, in order, the item the
     /// model computes or why the record cannot be computed (a final failure, never a batch
     /// failure). `None`: the shutdown began first.
@@ -28,10 +37,6 @@ pub trait Infer: Send + Sync {
         records: Vec<&'a mut Record>,
         shutdown: &'a Shutdown,
     ) -> BoxFuture<'a, Option<Vec<Result<Item, RecordError>>>>;
-    /// Queues prepared items at the model thread; the reply comes when they are computed.
-    fn submit(&self, items: Vec<Item>) -> BoxFuture<'_, Result<Reply, ModelError>>;
-    /// Computes prepared items now (the stage's retries and its one-by-one isolation).
-    fn predict(&self, items: Vec<Item>) -> BoxFuture<'_, Result<Predicted, ModelError>>;
     /// How long after the shutdown began a batch's results are still waited for: a decoder's
     /// come back interrupted, holding what they wrote. Zero: not waited for.
     fn grace(&self) -> Duration {
@@ -40,6 +45,27 @@ pub trait Infer: Send + Sync {
     /// What becomes of one computed result; by default it is kept for the sink.
     fn settle(&self, _record: &mut Record, output: Output) -> Settled {
         Settled::Keep(output)
+    }
+    /// Whether a record's progress is kept between deliveries (a generation's checkpoint):
+    /// then the transaction that commits its result or its failure row deletes it too.
+    fn checkpointed(&self) -> bool {
+        false
+    }
+    /// Whether `record`, on its last delivery attempt at shutdown, may be computed and committed
+    /// within the shutdown budget rather than handed back (a generation may not: it can need
+    /// far longer, and its checkpoint keeps what it wrote).
+    fn finishes_at_shutdown(&self, _record: &Record) -> bool {
+        true
+    }
+    /// How many records the worker holds for this task: as many as the model computes in the
+    /// window's seconds at its measured rate, capped or fixed in batches by the task.
+    fn window(&self) -> WindowRule {
+        WindowRule::Measured
+    }
+    /// The longest a batch of `batch_size` records may take when the task bounds it (a
+    /// generation's time limit); `None`: as the measured rate says.
+    fn longest_batch(&self, _batch_size: usize) -> Option<Duration> {
+        None
     }
     /// Called at shutdown with the records about to go back to Pub/Sub (each with whether it is
     /// on its last delivery attempt) before `deadline`: keeps what they carry for their next
@@ -50,6 +76,35 @@ pub trait Infer: Send + Sync {
         _deadline: tokio::time::Instant,
     ) -> BoxFuture<'a, usize> {
         Box::pin(std::future::ready(0))
+    }
+}
+
+/// How many records a worker holds for a task ([`Infer::window`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowRule {
+    /// As many as the measured rate computes in the window's seconds.
+    Measured,
+    /// As measured, but at most this many batches (an image's rate is timed on pixel values
+    /// alone, and each held picture is large).
+    MeasuredAtMost(usize),
+    /// This many batches, unmeasured (a generation's speed depends on what it writes).
+    Batches(usize),
+}
+
+/// The model as the pipeline holds it: its thread, which computes items whatever the task, and
+/// its task ([`Infer`]), which readies records and settles results. Cheap to clone.
+#[derive(Clone)]
+pub struct Served {
+    /// The model thread.
+    pub handle: ModelHandle,
+    /// The task.
+    pub task: Arc<dyn Infer>,
+}
+
+impl Served {
+    /// What the model is (name, weights hash, task, what it reads): for rows, logs, metrics.
+    pub fn info(&self) -> &ModelInfo {
+        self.handle.info()
     }
 }
 
@@ -181,6 +236,8 @@ pub trait Checkpoints: Send + Sync {
     ) -> BoxFuture<'a, Result<Saved, String>>;
     /// Saves (or replaces) these checkpoints.
     fn save<'a>(&'a self, checkpoints: &'a [Checkpoint]) -> BoxFuture<'a, Result<(), String>>;
+    /// Deletes the checkpoints saved so long ago that no delivery can resume from them.
+    fn purge(&self) -> BoxFuture<'_, Result<u64, String>>;
     /// Deletes the checkpoints of these records: they will not be delivered again.
     fn forget<'a>(
         &'a self,

@@ -1,7 +1,7 @@
 //! The infer stage: batches of records in, [`Outcome`]s out, with the model thread kept busy.
 //! It knows no task and no engine: everything it asks of the model goes through the one seam,
-//! [`Infer`] (`crate::model::seam`), which readies each record (or refuses it with the reason),
-//! computes the batch and says what becomes of each result.
+//! [`Served`] (`crate::model::seam`): its task readies each record (or refuses it with the
+//! reason), its thread computes the batch, and its task says what becomes of each result.
 //!
 //! Two tasks, so the model never waits on the pipeline: one readies each batch and queues it at
 //! the model thread as soon as it has room (one batch computing, one queued), the other collects
@@ -15,16 +15,13 @@
 //! blamed for a broken device.
 
 use crate::external::telemetry::Metrics;
-use crate::model::{Infer, Item, ModelError, Output, Predicted, Reply, Settled};
+use crate::model::{Item, ModelError, Output, Predicted, Reply, Served, Settled};
 use crate::pipeline::message::{Batch, Delivery, HandBack, Outcome, Pending, Rejected};
 use crate::record::RecordError;
 use crate::shutdown::{self, Shutdown};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
-
-/// The model: whatever task and engine, behind the seam.
-pub type Served = Arc<dyn Infer>;
 
 /// A batch at the model, waiting for its results.
 struct AtModel {
@@ -77,7 +74,7 @@ async fn ready(batch: Batch, model: &Served, shutdown: &Shutdown) -> Result<AtMo
     } = batch;
     let verdicts = {
         let refs = records.iter_mut().map(|p| &mut p.record).collect();
-        model.ready(refs, shutdown).await
+        model.task.ready(refs, shutdown).await
     };
     let Some(verdicts) = verdicts else {
         return Err(Batch { records, rejected });
@@ -126,7 +123,7 @@ async fn submit_batches(
             let reply = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => None,
-                r = model.submit(at.items.clone()) => Some(r),
+                r = model.handle.submit(at.items.clone()) => Some(r),
             };
             let Some(reply) = reply else {
                 handback.put(at.into_deliveries());
@@ -179,7 +176,7 @@ async fn collect_results(
                     // The model thread skips or finishes the work; the records go back. A model
                     // with a grace (a decoder) is waited for a little longer: the shutdown
                     // interrupts it, and what it wrote comes back to be kept.
-                    _ = given_up(shutdown, model.grace()) => Err(ModelError::Stopped),
+                    _ = given_up(shutdown, model.task.grace()) => Err(ModelError::Stopped),
                     r = reply.wait() => r,
                 },
                 Err(e) => Err(e),
@@ -266,7 +263,7 @@ fn settle(
 ) {
     let mut interrupted = Vec::new();
     for (mut p, output) in done {
-        match model.settle(&mut p.record, output) {
+        match model.task.settle(&mut p.record, output) {
             Settled::Keep(output) => outcome.done.push((p, output)),
             Settled::Refuse(why) => outcome.rejected.push(p.into_rejected(why)),
             Settled::Interrupted => interrupted.push(Delivery::from(p)),
@@ -285,7 +282,7 @@ fn settle(
 /// too (one decode loop runs them all): they are settled, so what they computed is kept, and go
 /// to the hand-back.
 async fn settle_queued(rx: &mut mpsc::Receiver<AtModel>, model: &Served, handback: &HandBack) {
-    if model.grace().is_zero() {
+    if model.task.grace().is_zero() {
         return;
     }
     while let Ok(at) = rx.try_recv() {
@@ -297,7 +294,9 @@ async fn settle_queued(rx: &mut mpsc::Receiver<AtModel>, model: &Served, handbac
         } = at;
         handback.put(rejected.into_iter().map(Delivery::from));
         let result = match reply {
-            Some(Ok(reply)) => tokio::time::timeout(model.grace(), reply.wait()).await.ok(),
+            Some(Ok(reply)) => tokio::time::timeout(model.task.grace(), reply.wait())
+                .await
+                .ok(),
             _ => None,
         };
         match result {
@@ -396,7 +395,7 @@ async fn retry_device_faults(
             _ = shutdown.cancelled() => return Err(Halt::Shutdown),
             r = async {
                 tokio::time::sleep(pause).await;
-                model.predict(items.to_vec()).await
+                model.handle.predict(items.to_vec()).await
             } => r,
         };
     }
@@ -429,7 +428,7 @@ async fn isolate(
             _ = shutdown.cancelled() => Err(Halt::Shutdown),
             r = async {
                 let one = std::slice::from_ref(&item);
-                let alone = model.predict(one.to_vec()).await;
+                let alone = model.handle.predict(one.to_vec()).await;
                 retry_device_faults(alone, one, model, metrics, shutdown).await
             } => r,
         };

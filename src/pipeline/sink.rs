@@ -30,6 +30,9 @@ pub struct SinkConfig {
     pub task: Task,
     /// The model's labels in id order, which name a classifier's `scores` (empty otherwise).
     pub labels: Vec<String>,
+    /// The task keeps records' progress between deliveries ([`crate::model::Infer::checkpointed`]):
+    /// the transaction that commits a record's result or failure row deletes it.
+    pub checkpointed: bool,
     /// Longest a commit may take before it counts as failed.
     pub commit_timeout: Duration,
     /// Wait for exactly-once ack confirmations.
@@ -136,8 +139,12 @@ async fn commit_one(
     let (results, failures) = rows(&outcome, cfg);
     loop {
         let started = Instant::now();
-        let committed =
-            tokio::time::timeout(cfg.commit_timeout, store.commit(&results, &failures)).await;
+        let checkpoints = cfg.checkpointed.then_some(cfg.model.as_str());
+        let committed = tokio::time::timeout(
+            cfg.commit_timeout,
+            store.commit(&results, &failures, checkpoints),
+        )
+        .await;
         let error = match committed {
             Ok(Ok(())) => {
                 metrics
@@ -164,7 +171,6 @@ async fn commit_one(
     }
     metrics.committed(results.len() as u64, failures.len() as u64);
     metrics.set_store_ok(true);
-    forget_failed_generations(&failures, store, cfg).await;
     for f in &failures {
         tracing::warn!(message_id = %f.message_id, record_id = ?f.record_id, error = %f.error, "recorded invalid payload in failed_records");
     }
@@ -173,25 +179,6 @@ async fn commit_one(
         tracing::warn!(unconfirmed, "acks not confirmed; those messages may be redelivered and their idempotent commit redone");
     }
     Committed::Done
-}
-
-/// Deletes the checkpoints of the generation records among `failures`: they ended without a
-/// result and will not resume. A delete that fails leaves them to the purge
-/// (`Store::purge_checkpoints`); the commit stands.
-async fn forget_failed_generations(failures: &[FailureRow], store: &Store, cfg: &SinkConfig) {
-    if cfg.task != Task::Generate {
-        return;
-    }
-    let ids: Vec<String> = failures
-        .iter()
-        .filter_map(|f| f.record_id.clone())
-        .collect();
-    if ids.is_empty() {
-        return;
-    }
-    if let Err(e) = store.forget_checkpoints(&cfg.model, &ids).await {
-        tracing::warn!(error = %e, records = ids.len(), "cannot delete the checkpoints of failed generations; the purge will");
-    }
 }
 
 /// What to commit instead of `outcome`, which the database refused with `error`: its two
@@ -341,6 +328,7 @@ mod tests {
             model_hash: "h".into(),
             task: crate::model::Task::Embed,
             labels: Vec::new(),
+            checkpointed: false,
             commit_timeout,
             confirm_acks: false,
         }
@@ -386,8 +374,8 @@ mod tests {
     /// every kind of result: the export and `spotinfer embed` agree with the table.
     #[test]
     fn the_columns_hold_what_the_result_line_says() {
-        use crate::model::engines::decoder::{Completion, FinishReason};
         use crate::model::Entity;
+        use crate::model::{Completion, FinishReason};
         let labels = vec!["neg".to_string(), "pos".to_string()];
         let cases = [
             (
@@ -488,6 +476,7 @@ mod tests {
         let (tx, rx) = mpsc::channel(4);
         let cfg = SinkConfig {
             task: Task::Generate,
+            checkpointed: true,
             ..config(Duration::from_secs(5))
         };
         let sink = tokio::spawn(run(

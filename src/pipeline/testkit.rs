@@ -6,9 +6,9 @@
 
 use crate::external::store::Store;
 use crate::external::telemetry::Metrics;
+use crate::model::Served;
 use crate::model::{DeviceChoice, LoadOptions, ModelHandle, Output, TextModel};
 use crate::pipeline::ack::{Ack, LeaseLoop, NackHold, Settle};
-use crate::pipeline::infer::Served;
 use crate::pipeline::message::{Batch, Delivery, MessageMeta, Outcome};
 use crate::shutdown::Shutdown;
 use bytes::Bytes;
@@ -316,9 +316,15 @@ pub fn model() -> Served {
     served(spawn(text_model, None))
 }
 
-/// A text model's thread behind the seam, as the worker's factory serves it.
+/// A text model's thread beside its task, as the worker's factory serves it.
 fn served(handle: ModelHandle) -> Served {
-    std::sync::Arc::new(crate::model::Texts::new(handle))
+    let running =
+        crate::model::load::Running::without_interrupt(crate::model::load::ModelKind::Text, handle);
+    let serving = crate::model::load::Serving {
+        max_image_pixels: 0,
+        checkpoints: None,
+    };
+    crate::model::load::serve(running, serving).expect("a text model is served")
 }
 
 /// The fixture model on its thread, failing its first `faults` batches (`None`: every batch)

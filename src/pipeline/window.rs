@@ -8,25 +8,16 @@
 //! of a second in a release build) and asks Pub/Sub, through each stream's flow control, for
 //! about [`WINDOW_SECONDS`] of work. The batcher's window is the same number. Flow control
 //! is the server's limit on messages delivered and not yet settled, so it also bounds what the
-//! stream's buffers hold, which the batcher's window alone could not.
+//! stream's buffers hold, which the batcher's window alone could not. The task may cap the
+//! window or fix it in batches ([`crate::model::Infer::window`]): the rule is asked through the
+//! seam, never by which task it is.
 
-use crate::model::{ModelError, ModelHandle};
-use std::time::Instant;
+use crate::external::telemetry;
+use crate::model::{ModelError, ModelHandle, Served, WindowRule};
+use std::time::{Duration, Instant};
 
 /// Seconds of work a worker holds.
 pub const WINDOW_SECONDS: f64 = 2.0;
-/// Batches an image model's worker holds at most, whatever its measured rate: the rate is timed
-/// on pixel values, and a record's decoding and resizing, which depend on the picture's size
-/// (ten times longer for a 12-megapixel photograph than for a 1-megapixel one), come on top.
-/// Sized from the network alone the window held ten times its two seconds, and every SIGTERM
-/// handed that much back, a delivery attempt each (the CLIP load test dead-lettered healthy
-/// records). Four batches keep one computing, one decoded and two arriving: the rate a window
-/// is sized from is capped at four batches per [`WINDOW_SECONDS`].
-pub const IMAGE_WINDOW_BATCHES: usize = 4;
-/// Batches a generation model's worker holds: one decoding and one queued. Its rate is not
-/// measured (a completion's length decides it), and every message held at a SIGTERM goes back
-/// (its tokens checkpointed), a delivery attempt each.
-pub const GENERATION_WINDOW_BATCHES: usize = 2;
 /// The most messages a worker holds, however fast its model.
 pub const MAX_WINDOW: usize = 10_000;
 /// Words in each calibration text: a long sentence, a short paragraph.
@@ -92,6 +83,91 @@ impl Window {
             measured_rate: Some(rate),
         }
     }
+}
+
+/// What the worker's flags say of its window.
+#[derive(Debug, Clone, Copy)]
+pub struct WindowSettings {
+    /// `--max-outstanding`: messages per stream, set by hand (none: measured).
+    pub max_outstanding: Option<i64>,
+    /// `--streams` (none: from the measured rate).
+    pub streams: Option<usize>,
+    /// `--batch-size`.
+    pub batch_size: usize,
+}
+
+/// The window for `model`: as the flags set it, else from its rate measured here on a batch of
+/// synthetic inputs, within the rule its task gives ([`WindowRule`]).
+pub async fn size(model: &Served, s: WindowSettings) -> Result<Window, ModelError> {
+    let batch = s.batch_size.max(1);
+    let rule = model.task.window();
+    if let WindowRule::Batches(n) = rule {
+        let streams = s.streams.unwrap_or(1).max(1);
+        let per_stream = s
+            .max_outstanding
+            .unwrap_or(((n * batch) / streams).max(1) as i64);
+        return Ok(Window::fixed(per_stream, streams));
+    }
+    let rate = match (s.max_outstanding, s.streams) {
+        (Some(_), Some(_)) => None,
+        _ => Some(measure_rate(&model.handle, batch).await?),
+    };
+    let rate = match (rate, rule) {
+        (Some(r), WindowRule::MeasuredAtMost(n)) => {
+            Some(r.min((n * batch) as f64 / WINDOW_SECONDS))
+        }
+        (r, _) => r,
+    };
+    let streams = s
+        .streams
+        .unwrap_or_else(|| streams_for(rate.unwrap_or(0.0)));
+    Ok(match s.max_outstanding {
+        Some(n) => Window::fixed(n, streams),
+        // Measured above whenever no limit is given.
+        None => Window::from_rate(rate.unwrap_or(0.0), batch, streams),
+    })
+}
+
+/// What the worker's flags say of its liveness threshold.
+#[derive(Debug, Clone, Copy)]
+pub struct StallSettings {
+    /// `--batch-size`.
+    pub batch_size: usize,
+    /// `--stall-timeout`: the threshold's floor.
+    pub stall_timeout: Duration,
+    /// `--batch-wait`.
+    pub batch_wait: Duration,
+    /// `--commit-timeout`.
+    pub commit_timeout: Duration,
+    /// `--exit-when-idle`, in job mode (`--exit-when-job-complete`): warned about when shorter
+    /// than a batch may run.
+    pub job_idle: Option<Duration>,
+}
+
+/// The liveness threshold for `model` (`telemetry::stall_threshold`): the longest a batch may
+/// run without a commit, as its task bounds it ([`crate::model::Infer::longest_batch`]: a
+/// generation's time limit) or else from the rate `window` was measured at, scaled to the
+/// model's longest input. Warns when a job-mode idle limit is shorter than that.
+pub fn stall_threshold(model: &Served, window: &Window, s: StallSettings) -> Duration {
+    let measured = window.measured_rate.map(|rate| {
+        let max_tokens = model.info().max_seq_len;
+        let words = CALIBRATION_WORDS.min(max_tokens);
+        telemetry::longest_batch(s.batch_size, rate, max_tokens, words)
+    });
+    let longest_batch = model.task.longest_batch(s.batch_size).or(measured);
+    if let Some((idle, longest_batch)) = s.job_idle.zip(longest_batch).filter(|(i, b)| i < b) {
+        tracing::warn!(
+            ?idle,
+            ?longest_batch,
+            "--exit-when-idle is shorter than a batch may run without a commit: a job whose last records are all in long batches may be taken for stuck"
+        );
+    }
+    telemetry::stall_threshold(
+        s.stall_timeout,
+        s.batch_wait,
+        s.commit_timeout,
+        longest_batch,
+    )
 }
 
 /// Records/s of `model` on a batch of `batch_size` (at most 64) texts of [`CALIBRATION_WORDS`]

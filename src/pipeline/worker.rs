@@ -7,9 +7,10 @@ use crate::external::gcs::InputReader;
 use crate::external::pubsub::{PubsubConfig, QueueError};
 use crate::external::store::Store;
 use crate::external::telemetry::{Counts, Metrics};
+use crate::model::Served;
 use crate::pipeline::ack::{LeaseLoop, NackHold, NackRelease};
 use crate::pipeline::batcher::{self, BatchConfig};
-use crate::pipeline::infer::{self, Served};
+use crate::pipeline::infer;
 use crate::pipeline::message::{Delivery, HandBack};
 use crate::pipeline::sink::{self, SinkConfig};
 use crate::pipeline::source;
@@ -179,14 +180,17 @@ struct LastChance {
 }
 
 impl LastChance {
-    /// Whether `d` is on its last delivery attempt and can be finished as it is. A generation
-    /// is not: it may need far longer than the shutdown budget, and its checkpoint keeps what
-    /// it wrote (see `stop`).
+    /// Whether `d` is on its last delivery attempt and can be finished as it is: its task says
+    /// which records may be ([`crate::model::Infer::finishes_at_shutdown`]; a generation may
+    /// not: it can need far longer than the shutdown budget, and its checkpoint keeps what it
+    /// wrote, see `stop`).
     fn is_last(&self, d: &Delivery) -> bool {
         self.limit
             .is_some_and(|limit| d.meta.delivery_attempt >= limit)
             && d.ready()
-            && d.payload.as_ref().map_or(true, |r| r.generation.is_none())
+            && d.payload
+                .as_ref()
+                .map_or(true, |r| self.model.task.finishes_at_shutdown(r))
     }
 
     /// Embeds, commits and acks `deliveries` by `deadline`; what is not done by then is dropped
@@ -258,16 +262,9 @@ async fn start(
         tracing::warn!(error = %e, "cannot read the subscription's dead-letter policy; messages on their last attempt are handed back at shutdown like the rest");
         None
     });
-    if model.info().reads == crate::model::Reads::Prompts {
-        match store.purge_checkpoints().await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(
-                checkpoints = n,
-                "purged generation checkpoints no delivery can resume from"
-            ),
-            Err(e) => tracing::warn!(error = %e, "cannot purge old generation checkpoints"),
-        }
-    }
+    // The task's start (a generation model: its interrupt tied to this run's shutdown, old
+    // checkpoints purged).
+    model.task.start(shutdown).await;
     let max = cfg.batch.max_records.max(1);
     let (dtx, drx) = mpsc::channel(max * 2);
     let nack_hold = NackHold::new(shutdown.clone());
@@ -294,6 +291,7 @@ async fn start(
         model_hash: model.info().hash.clone(),
         task: model.info().task,
         labels: model.info().labels.clone(),
+        checkpointed: model.task.checkpointed(),
         commit_timeout: cfg.commit_timeout,
         confirm_acks: cfg.exactly_once,
     };
@@ -446,7 +444,11 @@ async fn stop(
             .is_some_and(|limit| d.meta.delivery_attempt >= limit);
         Some((r, last))
     });
-    last_chance.model.hand_back(back.collect(), deadline).await;
+    last_chance
+        .model
+        .task
+        .hand_back(back.collect(), deadline)
+        .await;
     // Step 5: a NACK that overtakes a stream's cancel sends its message back into that dead
     // stream, where it waits out its lease; a short grace after closing lets the cancel land
     // first. Then what was handed back is dropped (parked) and every parked NACK sent.
@@ -524,6 +526,7 @@ mod tests {
                 model_hash: "h".into(),
                 task: crate::model::Task::Embed,
                 labels: Vec::new(),
+                checkpointed: false,
                 commit_timeout: Duration::from_secs(5),
                 confirm_acks: false,
             },

@@ -4,7 +4,7 @@
 //! string, "text_pair"?: string}`, with `"uri"` (a `gs://` object: its text, or its image for
 //! an image model) or `"image_base64"` (an image inline) instead of `"text"`; for a generation
 //! model, `"prompt"` (a raw completion) or `"messages"` (a chat) with optional sampling options
-//! (`model::engines::decoder::Input`, parsed in `generation`). Anything else is
+//! (`generation::Input`). Anything else is
 //! a [`RecordError`], which the worker records in `failed_records` and acks: a bad payload never
 //! becomes a redelivery loop and is never dropped silently.
 

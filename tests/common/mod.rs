@@ -735,14 +735,14 @@ pub fn png_declaring(width: u32, height: u32) -> Vec<u8> {
     out
 }
 
-/// A model's thread behind the pipeline's seam, served as the worker serves it (no checkpoint
-/// store: generations start over).
-pub fn served(handle: spotinfer::model::ModelHandle) -> spotinfer::pipeline::infer::Served {
-    let serving = spotinfer::model::load::Serving {
+/// A text model's thread beside its task, served as the worker serves it (no checkpoint store).
+pub fn served(handle: spotinfer::model::ModelHandle) -> spotinfer::model::Served {
+    use spotinfer::model::load::{serve, ModelKind, Running, Serving};
+    let serving = Serving {
         max_image_pixels: 50_000_000,
         checkpoints: None,
     };
-    spotinfer::model::load::serve(handle, serving)
+    serve(Running::without_interrupt(ModelKind::Text, handle), serving).unwrap()
 }
 
 /// A 1-layer, 32-wide BERT with random weights in all-MiniLM-L6-v2's layout and vocabulary

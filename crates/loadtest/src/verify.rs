@@ -11,7 +11,6 @@ use crate::{Args, LoadtestError};
 use sha2::{Digest, Sha256};
 use spotinfer::external::pubsub::PubsubConfig;
 use spotinfer::external::store::StoredEmbedding;
-use spotinfer::model::engines::decoder::Interrupt;
 use spotinfer::model::Backend;
 use spotinfer::model::{cosine, load, Item, LoadOptions, ModelError};
 use spotinfer::model::{ModelInfo, Output, Predict, Task, Text};
@@ -181,7 +180,7 @@ async fn reference_model(args: &Args) -> Result<Box<dyn Predict>, LoadtestError>
     tokio::task::spawn_blocking(move || -> Result<Box<dyn Predict>, ModelError> {
         let options = LoadOptions::new(device).backend(Backend::Candle);
         let request = load::LoadRequest::new(options);
-        load::open(&model_dir, &request, &Interrupt::default())
+        load::open_uninterrupted(&model_dir, &request).map(load::Loaded::into_predict)
     })
     .await
     .map_err(|e| LoadtestError::Io(e.to_string()))?

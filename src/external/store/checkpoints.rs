@@ -38,6 +38,10 @@ impl crate::model::Checkpoints for Store {
         })
     }
 
+    fn purge(&self) -> BoxFuture<'_, Result<u64, String>> {
+        Box::pin(async move { self.purge_checkpoints().await.map_err(|e| e.to_string()) })
+    }
+
     fn forget<'a>(
         &'a self,
         model: &'a str,

@@ -273,7 +273,9 @@ fn rows_per_statement(max_binds: usize, columns: usize) -> usize {
 }
 
 impl Store {
-    /// Writes a batch's results and failures in one transaction.
+    /// Writes a batch's results and failures in one transaction; with `checkpoints`, the named
+    /// model's checkpoints of every record written (result or failure row) are deleted in it
+    /// too: their generations are over, and no delivery will resume them.
     ///
     /// Results with the same record id are reduced to the newest publish first (one statement
     /// cannot update a row twice), and rows are written in record-id order so two workers
@@ -282,12 +284,21 @@ impl Store {
         &self,
         results: &[ResultRow],
         failures: &[FailureRow],
+        checkpoints: Option<&str>,
     ) -> Result<(), StoreError> {
         let stored: Vec<_> = newest_per_record(results)
             .into_iter()
             .map(storable_row)
             .collect();
         let results: Vec<&ResultRow> = stored.iter().map(AsRef::as_ref).collect();
+        let ended: Vec<String> = match checkpoints {
+            Some(_) => results
+                .iter()
+                .map(|r| r.record_id.clone())
+                .chain(failures.iter().filter_map(|f| f.record_id.clone()))
+                .collect(),
+            None => Vec::new(),
+        };
         // The failure INSERT is shared (`failures_statement`); the results have a statement
         // per database (`pg_results_statement`, `results_statement`).
         match self {
@@ -296,12 +307,12 @@ impl Store {
                 for chunk in results.chunks(PG_ROWS_PER_UPSERT) {
                     pg_results_statement(chunk).execute(&mut *tx).await?;
                 }
-                for (model, ids) in generated(&results) {
+                if let Some(model) = checkpoints.filter(|_| !ended.is_empty()) {
                     sqlx::query(
                         "DELETE FROM generation_checkpoints WHERE model = $1 AND record_id = ANY($2)",
                     )
                     .bind(model)
-                    .bind(ids)
+                    .bind(&ended)
                     .execute(&mut *tx)
                     .await?;
                 }
@@ -317,12 +328,12 @@ impl Store {
                     let mut q = results_statement(chunk);
                     q.build().execute(&mut *tx).await?;
                 }
-                for (model, ids) in generated(&results) {
-                    for chunk in ids.chunks(SQLITE_MAX_BINDS - 1) {
+                if let Some(model) = checkpoints {
+                    for chunk in ended.chunks(SQLITE_MAX_BINDS - 1) {
                         let mut q = QueryBuilder::<Sqlite>::new(
                             "DELETE FROM generation_checkpoints WHERE model = ",
                         );
-                        q.push_bind(model.clone()).push(" AND record_id IN (");
+                        q.push_bind(model.to_string()).push(" AND record_id IN (");
                         let mut list = q.separated(", ");
                         for id in chunk {
                             list.push_bind(id.clone());
@@ -471,22 +482,6 @@ where
     });
     q.push(FAILURE_TAIL);
     q
-}
-
-/// The record ids of the generation results among `rows`, by model: their checkpoints are done
-/// with once the results commit.
-fn generated(rows: &[&ResultRow]) -> Vec<(String, Vec<String>)> {
-    let mut by_model: HashMap<&str, Vec<String>> = HashMap::new();
-    for r in rows.iter().filter(|r| r.prediction.task == "generate") {
-        by_model
-            .entry(&r.model)
-            .or_default()
-            .push(r.record_id.clone());
-    }
-    by_model
-        .into_iter()
-        .map(|(m, ids)| (m.to_string(), ids))
-        .collect()
 }
 
 /// Keeps, for each (record id, model), the row with the newest publish time; sorted by both.

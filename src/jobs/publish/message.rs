@@ -65,9 +65,9 @@ fn record_json(rec: &record::Record) -> serde_json::Value {
 /// seed written out, the one the worker would derive from the id when it gave none).
 fn generation_json(
     rec: &record::Record,
-    g: &crate::model::engines::decoder::Input,
+    g: &crate::record::generation::Input,
 ) -> serde_json::Value {
-    use crate::model::engines::decoder::Prompt;
+    use crate::record::generation::Prompt;
     let mut data = serde_json::json!({"id": rec.id, "job": rec.job, "seed": g.seed});
     match &g.prompt {
         Prompt::Raw(p) => data["prompt"] = p.as_str().into(),

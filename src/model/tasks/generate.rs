@@ -19,10 +19,9 @@ use crate::model::engines::decoder::{
     Build, DecoderPrecision, Generated, Input, Interrupt, LanguageModel, Request, Sampling,
     Scheduler,
 };
-use crate::model::seam::{unfit, Checkpoint, Checkpoints, Infer, Settled};
+use crate::model::seam::{unfit, Checkpoint, Checkpoints, Infer, Settled, WindowRule};
 use crate::model::spec::Task;
 use crate::model::Output;
-use crate::model::Reply;
 use crate::model::{
     default_model_name, weights_hash, Backend, LoadOptions, ModelError, ModelInfo, Precision,
     Predicted, Reads,
@@ -81,9 +80,19 @@ pub struct GenerateTask {
 }
 
 impl GenerateTask {
+    /// [`GenerateTask::open`] with an interrupt nobody sets: its batches always run to their
+    /// end (`bench`, `models check`).
+    pub fn open_uninterrupted(
+        path: &Path,
+        options: &LoadOptions,
+        defaults: GenerationDefaults,
+    ) -> Result<Self, ModelError> {
+        Self::open(path, options, defaults, Interrupt::new())
+    }
+
     /// Loads the generation model at `path` (a `.gguf` file, or a transformers folder) to run
     /// on the CPU decoder, in f32 unless `options` ask for bf16 ([`decoder_precision`]);
-    /// `interrupt` is the flag the worker sets at shutdown.
+    /// `interrupt` stops its batches (the seam sets it when the pipeline stops).
     pub fn open(
         path: &Path,
         options: &LoadOptions,
@@ -334,18 +343,28 @@ pub const INTERRUPT_GRACE: Duration = Duration::from_secs(5);
 pub struct Generations {
     handle: crate::model::ModelHandle,
     checkpoints: Option<std::sync::Arc<dyn Checkpoints>>,
+    /// The interrupt the task on `handle`'s thread was opened with: set when the pipeline's
+    /// run stops ([`Infer::start`]).
+    interrupt: Interrupt,
+    /// `--max-generation-seconds`: a record's time limit, which bounds a batch's.
+    max_seconds: Option<Duration>,
 }
 
 impl Generations {
-    /// Serves the generation model on `handle`'s thread, resuming from and saving to
-    /// `checkpoints` (none: every generation starts over).
+    /// Serves the generation model on `handle`'s thread (opened with `interrupt` and a time
+    /// limit of `max_seconds` a record), resuming from and saving to `checkpoints` (none: every
+    /// generation starts over).
     pub fn new(
         handle: crate::model::ModelHandle,
         checkpoints: Option<std::sync::Arc<dyn Checkpoints>>,
+        interrupt: Interrupt,
+        max_seconds: Option<Duration>,
     ) -> Self {
         Self {
             handle,
             checkpoints,
+            interrupt,
+            max_seconds,
         }
     }
 
@@ -449,9 +468,32 @@ impl Generations {
     }
 }
 
+/// Batches a generation model's worker holds: one decoding and one queued. Its rate is not
+/// measured (a completion's length decides it), and every message held at a SIGTERM goes back
+/// (its tokens checkpointed), a delivery attempt each.
+pub const GENERATION_WINDOW_BATCHES: usize = 2;
+
 impl Infer for Generations {
-    fn info(&self) -> &ModelInfo {
-        self.handle.info()
+    fn start<'a>(&'a self, shutdown: &'a Shutdown) -> BoxFuture<'a, ()> {
+        self.interrupt.clear();
+        let (interrupt, run) = (self.interrupt.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            run.cancelled().await;
+            interrupt.set();
+        });
+        Box::pin(async move {
+            let Some(store) = &self.checkpoints else {
+                return;
+            };
+            match store.purge().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(
+                    checkpoints = n,
+                    "purged generation checkpoints no delivery can resume from"
+                ),
+                Err(e) => tracing::warn!(error = %e, "cannot purge old generation checkpoints"),
+            }
+        })
     }
 
     fn ready<'a>(
@@ -474,16 +516,26 @@ impl Infer for Generations {
         })
     }
 
-    fn submit(&self, items: Vec<Item>) -> BoxFuture<'_, Result<Reply, ModelError>> {
-        Box::pin(self.handle.submit(items))
-    }
-
-    fn predict(&self, items: Vec<Item>) -> BoxFuture<'_, Result<Predicted, ModelError>> {
-        Box::pin(self.handle.predict(items))
-    }
-
     fn grace(&self) -> Duration {
         INTERRUPT_GRACE
+    }
+
+    fn checkpointed(&self) -> bool {
+        true
+    }
+
+    fn finishes_at_shutdown(&self, record: &Record) -> bool {
+        record.generation.is_none()
+    }
+
+    fn window(&self) -> WindowRule {
+        WindowRule::Batches(GENERATION_WINDOW_BATCHES)
+    }
+
+    fn longest_batch(&self, batch_size: usize) -> Option<Duration> {
+        // One after another at worst.
+        let batch = u32::try_from(batch_size).unwrap_or(u32::MAX);
+        self.max_seconds.map(|limit| limit.saturating_mul(batch))
     }
 
     fn settle(&self, record: &mut Record, output: Output) -> Settled {
@@ -641,7 +693,12 @@ mod tests {
             processor: None,
         };
         let handle = ModelHandle::spawn(Named(info)).unwrap();
-        Generations::new(handle, Some(Arc::new(store.clone())))
+        Generations::new(
+            handle,
+            Some(Arc::new(store.clone())),
+            Interrupt::new(),
+            None,
+        )
     }
 
     /// Generation record `id` holding `tokens` as its progress.

@@ -15,10 +15,9 @@
 
 use crate::model::engines::fused_images::FusedImages;
 use crate::model::engines::towers::ImageModel;
-use crate::model::seam::{text_item, unfit, Infer};
+use crate::model::seam::{text_item, unfit, Infer, WindowRule};
 use crate::model::spec::{classification_function, read_optional, ScoreFunction, Task};
 use crate::model::Output;
-use crate::model::Reply;
 use crate::model::{
     default_model_name, engines, weights_hash, Backend, LoadOptions, ModelError, ModelInfo,
     Precision, Predicted, PromptChoice, Reads,
@@ -31,15 +30,17 @@ use std::path::Path;
 use std::sync::Arc;
 use tokenizers::Tokenizer;
 
+/// Batches an image model's worker holds at most, whatever its measured rate: the rate is timed
+/// on pixel values, and a record's decoding and resizing, which depend on the picture's size
+/// (ten times longer for a 12-megapixel photograph than for a 1-megapixel one), come on top.
+/// Sized from the network alone the window held ten times its two seconds, and every SIGTERM
+/// handed that much back, a delivery attempt each (the CLIP load test dead-lettered healthy
+/// records). Four batches keep one computing, one decoded and two arriving: the rate a window
+/// is sized from is capped at four batches per window.
+pub const IMAGE_WINDOW_BATCHES: usize = 4;
+
 /// The `architectures` an image model folder may name.
 pub const ARCHITECTURES: [&str; 3] = ["CLIPModel", "SiglipModel", "ViTForImageClassification"];
-
-/// Whether `dir`'s `config.json` names an image model (so [`ImageTask::open`] loads it).
-pub fn is_image_model(dir: &Path) -> Result<bool, ModelError> {
-    let config = read_optional(&dir.join("config.json"))?;
-    let arch = config["architectures"][0].as_str().unwrap_or("");
-    Ok(ARCHITECTURES.contains(&arch))
-}
 
 /// A loaded image model and its task's head.
 pub struct ImageTask {
@@ -412,10 +413,6 @@ fn alone<T>(decode: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
 }
 
 impl Infer for Pictures {
-    fn info(&self) -> &ModelInfo {
-        self.handle.info()
-    }
-
     fn ready<'a>(
         &'a self,
         mut records: Vec<&'a mut Record>,
@@ -460,12 +457,8 @@ impl Infer for Pictures {
         })
     }
 
-    fn submit(&self, items: Vec<Item>) -> BoxFuture<'_, Result<Reply, ModelError>> {
-        Box::pin(self.handle.submit(items))
-    }
-
-    fn predict(&self, items: Vec<Item>) -> BoxFuture<'_, Result<Predicted, ModelError>> {
-        Box::pin(self.handle.predict(items))
+    fn window(&self) -> WindowRule {
+        WindowRule::MeasuredAtMost(IMAGE_WINDOW_BATCHES)
     }
 }
 

@@ -13,7 +13,9 @@
 //!   SigLIP's vectors (texts too), ViT's labels;
 //! * `generate`: a prompt or conversation and its options in, a completion out, resumed from
 //!   its checkpoint after an interruption;
-//! * `linear`: the dense layers the heads share.
+//! * `linear`: the dense layers the heads share;
+//! * `words` (tests only): a trivial task, to show that a task is its file and a line in
+//!   `load::serve`.
 //!
 //! Which task a folder is for is decided by `spec::TaskSpec`.
 
@@ -24,6 +26,8 @@ pub(in crate::model) mod linear;
 mod sequence;
 pub(super) mod texts;
 mod tokens;
+#[cfg(test)]
+pub(super) mod words;
 
 pub(super) use embed::Head;
 pub(super) use sequence::SequenceHead;

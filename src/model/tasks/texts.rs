@@ -4,7 +4,7 @@
 //! refused here with the reason ([`unfit`]).
 
 use crate::model::seam::{text_item, unfit, Infer};
-use crate::model::{Item, ModelError, ModelHandle, ModelInfo, Predicted, Reply};
+use crate::model::{Item, ModelHandle};
 use crate::record::{Record, RecordError};
 use crate::shutdown::Shutdown;
 use futures::future::BoxFuture;
@@ -22,10 +22,6 @@ impl Texts {
 }
 
 impl Infer for Texts {
-    fn info(&self) -> &ModelInfo {
-        self.handle.info()
-    }
-
     fn ready<'a>(
         &'a self,
         records: Vec<&'a mut Record>,
@@ -40,13 +36,5 @@ impl Infer for Texts {
             })
             .collect();
         Box::pin(std::future::ready(Some(items)))
-    }
-
-    fn submit(&self, items: Vec<Item>) -> BoxFuture<'_, Result<Reply, ModelError>> {
-        Box::pin(self.handle.submit(items))
-    }
-
-    fn predict(&self, items: Vec<Item>) -> BoxFuture<'_, Result<Predicted, ModelError>> {
-        Box::pin(self.handle.predict(items))
     }
 }

@@ -79,23 +79,6 @@ pub struct Loaded {
     pub format: String,
 }
 
-/// Whether `path` holds a generation model: a `.gguf` file, or a folder whose `config.json`
-/// names a causal LM architecture.
-pub fn is_generation_model(path: &Path) -> bool {
-    if path.extension().is_some_and(|e| e == "gguf") {
-        return true;
-    }
-    std::fs::read_to_string(path.join("config.json"))
-        .ok()
-        .and_then(|s| serde_json::from_str::<Json>(&s).ok())
-        .and_then(|c| {
-            c["architectures"][0]
-                .as_str()
-                .map(|a| a.ends_with("ForCausalLM"))
-        })
-        .unwrap_or(false)
-}
-
 /// Loads the model at `path` (a `.gguf` file or a transformers folder) into the network
 /// `build` names.
 pub fn load(path: &Path, build: &Build) -> Result<Loaded, ModelError> {

@@ -23,7 +23,7 @@ mod sampling;
 mod template;
 
 pub use decode::{Interrupt, Scheduler};
-pub use load::{is_generation_model, Build};
+pub use load::Build;
 pub use sampling::{argmax, Sampling};
 
 pub use crate::model::output::{Completion, FinishReason};
