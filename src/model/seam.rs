@@ -57,6 +57,14 @@ pub trait Infer: Send + Sync {
     fn finishes_at_shutdown(&self, _record: &Record) -> bool {
         true
     }
+    /// What the model is timed on at start-up ([`WindowRule::Measured`]): an input like the
+    /// task's records, made from `text` (a cross-encoder's the text paired with itself).
+    fn probe(&self, info: &ModelInfo, text: String) -> Item {
+        Item::Text(super::Text {
+            text_pair: info.task.needs_pairs().then(|| text.clone()),
+            ..super::Text::from(text)
+        })
+    }
     /// How many records the worker holds for this task: as many as the model computes in the
     /// window's seconds at its measured rate, capped or fixed in batches by the task.
     fn window(&self) -> WindowRule {

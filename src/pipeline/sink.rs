@@ -10,7 +10,7 @@
 
 use crate::external::store::{self, FailureRow, Prediction, ResultRow, Store};
 use crate::external::telemetry::Metrics;
-use crate::model::{Output, Task};
+use crate::model::Task;
 use crate::pipeline::message::{HandBack, Outcome, Rejected};
 use crate::record::RecordError;
 use crate::shutdown::Shutdown;
@@ -229,7 +229,7 @@ fn rows(outcome: &Outcome, cfg: &SinkConfig) -> (Vec<ResultRow>, Vec<FailureRow>
         .done
         .iter()
         .map(|(p, output)| {
-            let (embedding, prediction) = columns(output, cfg.task, &cfg.labels);
+            let (embedding, prediction) = Prediction::of(output, cfg.task, &cfg.labels);
             ResultRow {
                 record_id: p.record.id.clone(),
                 embedding,
@@ -237,7 +237,7 @@ fn rows(outcome: &Outcome, cfg: &SinkConfig) -> (Vec<ResultRow>, Vec<FailureRow>
                 model: cfg.model.clone(),
                 model_hash: cfg.model_hash.clone(),
                 job: p.record.job.clone(),
-                input_sha256: input_sha256(&p.record),
+                input_sha256: p.record.input_sha256(),
                 message_id: p.meta.message_id.clone(),
                 publish_time_us: p.meta.publish_time_us,
             }
@@ -264,57 +264,6 @@ fn rows(outcome: &Outcome, cfg: &SinkConfig) -> (Vec<ResultRow>, Vec<FailureRow>
         })
         .collect();
     (results, failures)
-}
-
-/// Hex SHA-256 of what the model read: the image's bytes, a generation's prompt and options
-/// (`Input::sha256`), the text, or for a pair the text, a NUL byte and the `text_pair` (so no two different pairs share a hash unless their texts hold
-/// NULs).
-pub(crate) fn input_sha256(record: &crate::record::Record) -> String {
-    if let Some(image) = &record.image {
-        return image.sha256.clone();
-    }
-    if let Some(generation) = &record.generation {
-        return generation.sha256();
-    }
-    let mut hash = Sha256::new();
-    hash.update(record.text.as_bytes());
-    if let Some(pair) = &record.text_pair {
-        hash.update([0u8]);
-        hash.update(pair.as_bytes());
-    }
-    hex::encode(hash.finalize())
-}
-
-/// A result's vector and task columns, from the typed result: `scores` and `entities` as the
-/// JSON the result line carries for them (`Output::fields`, `Output::named_scores`).
-fn columns(output: &Output, task: Task, labels: &[String]) -> (Vec<f32>, Prediction) {
-    let mut p = Prediction {
-        task: task.name().into(),
-        ..Prediction::default()
-    };
-    match output {
-        Output::Embedding(v) => return (v.clone(), Prediction::default()),
-        Output::Classes {
-            label,
-            score,
-            scores,
-        } => {
-            p.label = Some(label.clone());
-            p.score = Some(f64::from(*score));
-            p.scores = Some(Output::named_scores(scores, labels).to_string());
-        }
-        Output::Score(score) => p.score = Some(f64::from(*score)),
-        Output::Entities(e) => p.entities = serde_json::to_value(e).ok().map(|e| e.to_string()),
-        Output::Generated(c) => {
-            p.text = Some(c.text.clone());
-            p.finish_reason = Some(c.finish_reason.as_str().into());
-            p.prompt_tokens = i64::try_from(c.prompt_tokens).ok();
-            p.completion_tokens = i64::try_from(c.completion_tokens).ok();
-        }
-        // Settled before the sink: a refusal is a failure row, an interruption goes back.
-        Output::Refused(_) | Output::Interrupted(_) => {}
-    }
-    (Vec::new(), p)
 }
 
 #[cfg(test)]
@@ -368,69 +317,6 @@ mod tests {
         })
         .await
         .expect("the commit to fail");
-    }
-
-    /// The task columns hold what the result line says (`Output::fields`), key for key, for
-    /// every kind of result: the export and `spotinfer embed` agree with the table.
-    #[test]
-    fn the_columns_hold_what_the_result_line_says() {
-        use crate::model::Entity;
-        use crate::model::{Completion, FinishReason};
-        let labels = vec!["neg".to_string(), "pos".to_string()];
-        let cases = [
-            (
-                Task::Classify,
-                Output::Classes {
-                    label: "pos".into(),
-                    score: 0.9,
-                    scores: vec![0.1, 0.9, 0.0],
-                },
-            ),
-            (Task::Score, Output::Score(-3.25)),
-            (
-                Task::Tag,
-                Output::Entities(vec![Entity {
-                    entity_group: "PER".into(),
-                    score: 0.7,
-                    word: "Ada".into(),
-                    start: 0,
-                    end: 3,
-                }]),
-            ),
-            (
-                Task::Generate,
-                Output::Generated(Completion {
-                    text: "Hi\u{0}!".into(),
-                    finish_reason: FinishReason::Length,
-                    prompt_tokens: 12,
-                    completion_tokens: 4,
-                    tokens: vec![1, 2, 3, 4],
-                }),
-            ),
-        ];
-        for (task, output) in cases {
-            let (vector, p) = columns(&output, task, &labels);
-            assert!(vector.is_empty());
-            let fields = output.fields(&labels);
-            let text = |k: &str| fields.get(k).map(|v| v.to_string());
-            let string = |k: &str| fields.get(k).and_then(|v| v.as_str()).map(str::to_string);
-            assert_eq!(p.task, task.name());
-            assert_eq!(p.label, string("label"), "{task:?}");
-            assert_eq!(
-                p.score,
-                fields.get("score").and_then(|s| s.as_f64()),
-                "{task:?}"
-            );
-            assert_eq!(p.scores, text("scores"), "{task:?}");
-            assert_eq!(p.entities, text("entities"), "{task:?}");
-            assert_eq!(p.text, string("text"), "{task:?}");
-            assert_eq!(p.finish_reason, string("finish_reason"), "{task:?}");
-            let int = |k: &str| fields.get(k).and_then(|n| n.as_i64());
-            assert_eq!(p.prompt_tokens, int("prompt_tokens"), "{task:?}");
-            assert_eq!(p.completion_tokens, int("completion_tokens"), "{task:?}");
-        }
-        let (vector, p) = columns(&Output::Embedding(vec![0.5, -0.5]), Task::Embed, &labels);
-        assert_eq!((vector, p), (vec![0.5, -0.5], Prediction::default()));
     }
 
     #[tokio::test]

@@ -13,7 +13,7 @@
 //! seam, never by which task it is.
 
 use crate::external::telemetry;
-use crate::model::{ModelError, ModelHandle, Served, WindowRule};
+use crate::model::{ModelError, Served, WindowRule};
 use std::time::{Duration, Instant};
 
 /// Seconds of work a worker holds.
@@ -110,7 +110,7 @@ pub async fn size(model: &Served, s: WindowSettings) -> Result<Window, ModelErro
     }
     let rate = match (s.max_outstanding, s.streams) {
         (Some(_), Some(_)) => None,
-        _ => Some(measure_rate(&model.handle, batch).await?),
+        _ => Some(measure_rate(model, batch).await?),
     };
     let rate = match (rate, rule) {
         (Some(r), WindowRule::MeasuredAtMost(n)) => {
@@ -170,30 +170,22 @@ pub fn stall_threshold(model: &Served, window: &Window, s: StallSettings) -> Dur
     )
 }
 
-/// Records/s of `model` on a batch of `batch_size` (at most 64) texts of [`CALIBRATION_WORDS`]
-/// words, after a one-text warm-up (allocations, CUDA kernels): the best of up to three batches
-/// within about a second, as a slow first batch would under-size a fast model's window and
-/// streams.
-pub async fn measure_rate(model: &ModelHandle, batch_size: usize) -> Result<f64, ModelError> {
+/// Records/s of `model` on a batch of `batch_size` (at most 64) inputs its task makes from a
+/// text of [`CALIBRATION_WORDS`] words ([`crate::model::Infer::probe`]: an image model's are
+/// gray pictures), after a one-input warm-up (allocations, CUDA kernels): the best of up to
+/// three batches within about a second, as a slow first batch would under-size a fast model's
+/// window and streams.
+pub async fn measure_rate(model: &Served, batch_size: usize) -> Result<f64, ModelError> {
     let info = model.info();
     let words = CALIBRATION_WORDS.min(info.max_seq_len).max(1);
-    let text = calibration_text(words);
-    let input = match info.processor.as_ref().and_then(|p| p.output_len()) {
-        // An image model is timed on images (gray, of the size its processor gives).
-        Some(len) => crate::model::Item::Pixels(vec![0.0; len].into()),
-        // A cross-encoder reads pairs: the text paired with itself.
-        None => crate::model::Item::Text(crate::model::Text {
-            text_pair: info.task.needs_pairs().then(|| text.clone()),
-            ..crate::model::Text::from(text)
-        }),
-    };
-    model.predict(vec![input.clone()]).await?;
+    let input = model.task.probe(info, calibration_text(words));
+    model.handle.predict(vec![input.clone()]).await?;
     let batch = vec![input; batch_size.clamp(1, 64)];
     let began = Instant::now();
     let mut best = f64::INFINITY;
     for _ in 0..3 {
         let started = Instant::now();
-        model.predict(batch.clone()).await?;
+        model.handle.predict(batch.clone()).await?;
         best = best.min(started.elapsed().as_secs_f64());
         if began.elapsed().as_secs_f64() > 1.0 {
             break;

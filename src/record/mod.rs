@@ -52,6 +52,29 @@ pub struct Record {
     pub checkpoint: Vec<u32>,
 }
 
+impl Record {
+    /// Hex SHA-256 of what the model read (the result row's `input_sha256`): the image's
+    /// bytes, a generation's prompt and options (`Input::sha256`), the text, or for a pair the
+    /// text, a NUL byte and the `text_pair` (so no two different pairs share a hash unless their
+    /// texts hold NULs).
+    pub fn input_sha256(&self) -> String {
+        use sha2::{Digest, Sha256};
+        if let Some(image) = &self.image {
+            return image.sha256.clone();
+        }
+        if let Some(generation) = &self.generation {
+            return generation.sha256();
+        }
+        let mut hash = Sha256::new();
+        hash.update(self.text.as_bytes());
+        if let Some(pair) = &self.text_pair {
+            hash.update([0u8]);
+            hash.update(pair.as_bytes());
+        }
+        hex::encode(hash.finalize())
+    }
+}
+
 /// An image record's picture: its encoded bytes until the infer stage decodes them, then the
 /// model's pixel values; the hash of the bytes stays for the result row.
 #[derive(Debug, Clone, PartialEq)]

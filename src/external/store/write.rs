@@ -6,6 +6,7 @@
 //! data's fault ([`StoreError::is_data_error`]) so the sink can commit a batch without the culprit.
 
 use super::{Store, StoreError, PG_NOW, SQLITE_NOW};
+use crate::model::{Output, Task};
 use sqlx::postgres::Postgres;
 use sqlx::sqlite::Sqlite;
 use sqlx::{Database, Encode, QueryBuilder, Type};
@@ -74,6 +75,41 @@ pub struct Prediction {
     /// (they then hold U+FFFD in its place); none otherwise. Set by the store ([`storable_row`]),
     /// read back by the export ([`Prediction::restore_exact`]).
     pub exact: Option<String>,
+}
+
+impl Prediction {
+    /// A result's vector and task columns, from the typed result of a model of `task` (whose
+    /// labels name a classifier's scores): `scores` and `entities` as the JSON the result line
+    /// carries for them (`Output::fields`, `Output::named_scores`).
+    pub fn of(output: &Output, task: Task, labels: &[String]) -> (Vec<f32>, Prediction) {
+        let mut p = Prediction {
+            task: task.name().into(),
+            ..Prediction::default()
+        };
+        match output {
+            Output::Embedding(v) => return (v.clone(), Prediction::default()),
+            Output::Classes {
+                label,
+                score,
+                scores,
+            } => {
+                p.label = Some(label.clone());
+                p.score = Some(f64::from(*score));
+                p.scores = Some(Output::named_scores(scores, labels).to_string());
+            }
+            Output::Score(score) => p.score = Some(f64::from(*score)),
+            Output::Entities(e) => p.entities = serde_json::to_value(e).ok().map(|e| e.to_string()),
+            Output::Generated(c) => {
+                p.text = Some(c.text.clone());
+                p.finish_reason = Some(c.finish_reason.as_str().into());
+                p.prompt_tokens = i64::try_from(c.prompt_tokens).ok();
+                p.completion_tokens = i64::try_from(c.completion_tokens).ok();
+            }
+            // Settled before the sink: a refusal is a failure row, an interruption goes back.
+            Output::Refused(_) | Output::Interrupted(_) => {}
+        }
+        (Vec::new(), p)
+    }
 }
 
 impl Default for Prediction {
@@ -516,6 +552,69 @@ pub fn le_bytes_to_f32s(b: &[u8]) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The task columns hold what the result line says (`Output::fields`), key for key, for
+    /// every kind of result: the export and `spotinfer embed` agree with the table.
+    #[test]
+    fn the_columns_hold_what_the_result_line_says() {
+        use crate::model::Entity;
+        use crate::model::{Completion, FinishReason};
+        let labels = vec!["neg".to_string(), "pos".to_string()];
+        let cases = [
+            (
+                Task::Classify,
+                Output::Classes {
+                    label: "pos".into(),
+                    score: 0.9,
+                    scores: vec![0.1, 0.9, 0.0],
+                },
+            ),
+            (Task::Score, Output::Score(-3.25)),
+            (
+                Task::Tag,
+                Output::Entities(vec![Entity {
+                    entity_group: "PER".into(),
+                    score: 0.7,
+                    word: "Ada".into(),
+                    start: 0,
+                    end: 3,
+                }]),
+            ),
+            (
+                Task::Generate,
+                Output::Generated(Completion {
+                    text: "Hi\u{0}!".into(),
+                    finish_reason: FinishReason::Length,
+                    prompt_tokens: 12,
+                    completion_tokens: 4,
+                    tokens: vec![1, 2, 3, 4],
+                }),
+            ),
+        ];
+        for (task, output) in cases {
+            let (vector, p) = Prediction::of(&output, task, &labels);
+            assert!(vector.is_empty());
+            let fields = output.fields(&labels);
+            let text = |k: &str| fields.get(k).map(|v| v.to_string());
+            let string = |k: &str| fields.get(k).and_then(|v| v.as_str()).map(str::to_string);
+            assert_eq!(p.task, task.name());
+            assert_eq!(p.label, string("label"), "{task:?}");
+            assert_eq!(
+                p.score,
+                fields.get("score").and_then(|s| s.as_f64()),
+                "{task:?}"
+            );
+            assert_eq!(p.scores, text("scores"), "{task:?}");
+            assert_eq!(p.entities, text("entities"), "{task:?}");
+            assert_eq!(p.text, string("text"), "{task:?}");
+            assert_eq!(p.finish_reason, string("finish_reason"), "{task:?}");
+            let int = |k: &str| fields.get(k).and_then(|n| n.as_i64());
+            assert_eq!(p.prompt_tokens, int("prompt_tokens"), "{task:?}");
+            assert_eq!(p.completion_tokens, int("completion_tokens"), "{task:?}");
+        }
+        let (vector, p) = Prediction::of(&Output::Embedding(vec![0.5, -0.5]), Task::Embed, &labels);
+        assert_eq!((vector, p), (vec![0.5, -0.5], Prediction::default()));
+    }
 
     fn row(id: &str, t: i64) -> ResultRow {
         ResultRow {

@@ -457,6 +457,12 @@ impl Infer for Pictures {
         })
     }
 
+    fn probe(&self, _info: &ModelInfo, _text: String) -> Item {
+        // A gray picture of the size the processor gives.
+        let len = self.processor.output_len().unwrap_or(0);
+        Item::Pixels(vec![0.0; len].into())
+    }
+
     fn window(&self) -> WindowRule {
         WindowRule::MeasuredAtMost(IMAGE_WINDOW_BATCHES)
     }
