@@ -353,7 +353,7 @@ mod tests {
     }
 
     fn largest_difference(a: &Tensor, b: &Tensor) -> f32 {
-        super::super::check::largest_difference(a, b).unwrap()
+        super::super::rows::largest_difference(a, b).unwrap()
     }
 
     /// Sequences whose prompts land in scattered blocks (others' blocks taken between theirs):

@@ -4,6 +4,7 @@
 
 use super::attention::{PagedAttention, RowLayout, WriteCache};
 use super::blocks::BlockPool;
+use super::rows::{largest_difference, random_rows};
 use crate::model::engines::unpadded::check::{compare, uniform, KernelCheck};
 use candle_core::{DType, Device, Result, Tensor};
 
@@ -71,22 +72,6 @@ impl Harness {
     pub fn cache(&self) -> Result<Tensor> {
         self.kv.to_device(&Device::Cpu)
     }
-}
-
-/// The largest difference between two tensors' elements, in f32.
-pub fn largest_difference(a: &Tensor, b: &Tensor) -> Result<f32> {
-    let d = (a.to_dtype(DType::F32)? - b.to_dtype(DType::F32)?)?;
-    d.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()
-}
-
-/// Random rows `(tokens, stride)` in `dtype` on the host, the same on every machine.
-pub fn random_rows(tokens: usize, stride: usize, seed: u64, dtype: DType) -> Result<Tensor> {
-    Tensor::from_vec(
-        uniform(tokens * stride, seed)?,
-        (tokens, stride),
-        &Device::Cpu,
-    )?
-    .to_dtype(dtype)
 }
 
 /// The paged operations on `device` at the SmolLM2-135M (9 heads, 3 KV heads of 64) and

@@ -22,4 +22,5 @@ mod linear;
 #[cfg(feature = "cuda")]
 mod pinned;
 pub mod products;
+mod rows;
 pub mod sample;

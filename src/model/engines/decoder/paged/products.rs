@@ -5,8 +5,8 @@
 //! generation would not repeat an uninterrupted one. On CUDA each row also reports the pinned
 //! product's time against candle's own (cuBLAS's heuristic), the price of that invariance.
 
-use super::check::{largest_difference, random_rows};
 use super::linear::{default_linear, linear};
+use super::rows::{largest_difference, random_rows};
 use crate::model::engines::unpadded::check::KernelCheck;
 use candle_core::{DType, Device, Result, Tensor};
 use std::time::Instant;
