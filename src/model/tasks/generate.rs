@@ -339,7 +339,8 @@ pub const INTERRUPT_GRACE: Duration = Duration::from_secs(5);
 ///   with the weights and settings that wrote them (only they resume from them) and the
 ///   engine (any engine resumes them; one that did not write them says so). A record on its last
 ///   delivery attempt goes to the dead-letter topic: its checkpoint is deleted instead. A
-///   committed result or a failure row deletes its checkpoint (the sink).
+///   committed result or a failure row deletes its checkpoint in the commit's transaction
+///   (`Infer::checkpointed`).
 pub struct Generations {
     handle: crate::model::ModelHandle,
     checkpoints: Option<std::sync::Arc<dyn Checkpoints>>,
