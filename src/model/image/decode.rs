@@ -133,7 +133,8 @@ fn decode_jpeg<'m>(
             "a truncated JPEG: no end-of-image marker after its last scan".into(),
         ));
     }
-    let header = jpeg::header(bytes)?;
+    let jpeg = jpeg::open(bytes)?;
+    let header = jpeg.header;
     let (width, height) = (header.width, header.height);
     let pixels = within_limit(format, width, height, max_pixels)?;
     let orientation = jpeg::orientation(bytes);
@@ -151,7 +152,7 @@ fn decode_jpeg<'m>(
             header.channels
         ))
     })?;
-    let data = jpeg::decode_rgb(bytes, &header)?;
+    let data = jpeg.decode_rgb()?;
     Ok((upright(format, width, height, data, orientation)?, held))
 }
 

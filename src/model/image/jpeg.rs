@@ -109,9 +109,17 @@ impl Drop for Decompressor {
     }
 }
 
-/// The frame header: size, channels, scans. Refuses what Pillow refuses (samples of other than 8
-/// bits; channel counts other than 1, 3 and 4).
-pub(super) fn header(bytes: &[u8]) -> Result<Header, Undecodable> {
+/// A JPEG opened by libjpeg-turbo: its decoder, and what its header says.
+pub(super) struct Jpeg<'b> {
+    decoder: Decompressor,
+    bytes: &'b [u8],
+    /// Size, channels, scans.
+    pub header: Header,
+}
+
+/// `bytes` opened, its frame header read: size, channels, scans. Refuses what Pillow refuses
+/// (samples of other than 8 bits; channel counts other than 1, 3 and 4).
+pub(super) fn open(bytes: &[u8]) -> Result<Jpeg<'_>, Undecodable> {
     let decoder = Decompressor::new()?;
     decoder.read_header(bytes)?;
     let precision = decoder.get(tj::TJPARAM_TJPARAM_PRECISION);
@@ -131,58 +139,69 @@ pub(super) fn header(bytes: &[u8]) -> Result<Header, Undecodable> {
         }
     };
     let dimension = |param| u32::try_from(decoder.get(param)).unwrap_or(0);
-    Ok(Header {
+    let header = Header {
         width: dimension(tj::TJPARAM_TJPARAM_JPEGWIDTH),
         height: dimension(tj::TJPARAM_TJPARAM_JPEGHEIGHT),
         channels,
         scans: scans(bytes),
+    };
+    Ok(Jpeg {
+        decoder,
+        bytes,
+        header,
     })
 }
 
-/// Decodes the picture `header` describes to 8-bit RGB, Pillow's bytes: CMYK through a buffer of
-/// four bytes a pixel converted in place, the rest straight to RGB. libjpeg is held to the
-/// coefficient planes the header accounts for plus [`OWN_BYTES`].
-pub(super) fn decode_rgb(bytes: &[u8], header: &Header) -> Result<Vec<u8>, Undecodable> {
-    let decoder = Decompressor::new()?;
-    let pixels = u64::from(header.width) * u64::from(header.height);
-    decoder.set(tj::TJPARAM_TJPARAM_MAXPIXELS, pixels)?;
-    let limit = header.coefficient_bytes() + OWN_BYTES;
-    decoder.set(tj::TJPARAM_TJPARAM_MAXMEMORY, limit.div_ceil(1 << 20))?;
-    decoder.read_header(bytes)?;
-    let cmyk = header.channels == 4;
-    let (format, size) = if cmyk {
-        (tj::TJPF_TJPF_CMYK, 4)
-    } else {
-        (tj::TJPF_TJPF_RGB, 3)
-    };
-    let too_big = || Undecodable(format!("{pixels} pixels do not fit in memory"));
-    let pitch = usize::try_from(header.width).map_err(|_| too_big())? * size;
-    let total = usize::try_from(pixels)
-        .ok()
-        .and_then(|n| n.checked_mul(size))
-        .ok_or_else(too_big)?;
-    let mut data = vec![0u8; total];
-    // SAFETY: the handle is live; `data` holds `height` rows of `pitch` bytes, what tj3Decompress8
-    // writes for the header's size in this pixel format (MAXPIXELS refuses any other size).
-    let status = unsafe {
-        tj::tj3Decompress8(
-            decoder.0,
-            bytes.as_ptr(),
-            bytes.len() as _,
-            data.as_mut_ptr(),
-            libc::c_int::try_from(pitch).map_err(|_| too_big())?,
-            format,
-        )
-    };
-    if status != 0 {
-        if let Some(error) = decoder.fatal("a broken JPEG") {
-            return Err(error);
+impl Jpeg<'_> {
+    /// The picture decoded to 8-bit RGB, Pillow's bytes: CMYK through a buffer of four bytes a
+    /// pixel converted in place, the rest straight to RGB. libjpeg (which reads the header
+    /// again as it decodes) is held to the header's size and to the coefficient planes it
+    /// accounts for plus [`OWN_BYTES`].
+    pub fn decode_rgb(self) -> Result<Vec<u8>, Undecodable> {
+        let Self {
+            decoder,
+            bytes,
+            header,
+        } = self;
+        let pixels = u64::from(header.width) * u64::from(header.height);
+        decoder.set(tj::TJPARAM_TJPARAM_MAXPIXELS, pixels)?;
+        let limit = header.coefficient_bytes() + OWN_BYTES;
+        decoder.set(tj::TJPARAM_TJPARAM_MAXMEMORY, limit.div_ceil(1 << 20))?;
+        let cmyk = header.channels == 4;
+        let (format, size) = if cmyk {
+            (tj::TJPF_TJPF_CMYK, 4)
+        } else {
+            (tj::TJPF_TJPF_RGB, 3)
+        };
+        let too_big = || Undecodable(format!("{pixels} pixels do not fit in memory"));
+        let pitch = usize::try_from(header.width).map_err(|_| too_big())? * size;
+        let total = usize::try_from(pixels)
+            .ok()
+            .and_then(|n| n.checked_mul(size))
+            .ok_or_else(too_big)?;
+        let mut data = vec![0u8; total];
+        // SAFETY: the handle is live; `data` holds `height` rows of `pitch` bytes, what tj3Decompress8
+        // writes for the header's size in this pixel format (MAXPIXELS refuses any other size).
+        let status = unsafe {
+            tj::tj3Decompress8(
+                decoder.0,
+                bytes.as_ptr(),
+                bytes.len() as _,
+                data.as_mut_ptr(),
+                libc::c_int::try_from(pitch).map_err(|_| too_big())?,
+                format,
+            )
+        };
+        if status != 0 {
+            if let Some(error) = decoder.fatal("a broken JPEG") {
+                return Err(error);
+            }
         }
+        if cmyk {
+            cmyk_to_rgb_in_place(&mut data);
+        }
+        Ok(data)
     }
-    if cmyk {
-        cmyk_to_rgb_in_place(&mut data);
-    }
-    Ok(data)
 }
 
 /// Pillow's reading of libjpeg's CMYK: inverted (`CMYK;I`, Adobe's convention, assumed for every
@@ -308,6 +327,7 @@ mod tests {
     /// header tells a progressive file (ten scans as Pillow writes it) from a baseline one.
     #[test]
     fn scans_are_counted_past_a_thumbnail_and_stuffed_bytes() {
+        let header = |bytes: &[u8]| open(bytes).map(|jpeg| jpeg.header);
         assert!(header(&photo("chelsea-progressive.jpg")).unwrap().scans > 1);
         for baseline in ["astronaut.jpg", "camera-gray.jpg", "coffee-cmyk.jpg"] {
             let h = header(&photo(baseline)).unwrap();
