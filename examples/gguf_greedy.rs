@@ -8,7 +8,7 @@
 //! decoder's top logit and the one it gives llama.cpp's token (a near-tie is a small gap). It
 //! also checks that the GGUF's chat template, rendered here, gives llama.cpp's prompt ids.
 //!
-//!     cargo run --release --example gguf_greedy -- GGUF REFERENCE.json [f32|bf16]
+//!     cargo run --release --example gguf_greedy -- GGUF REFERENCE.json [f32|bf16|gguf]
 
 use spotinfer::model::engines::decoder::{DecoderPrecision, LanguageModel, Message, Prompt};
 
@@ -18,7 +18,8 @@ fn main() -> anyhow::Result<()> {
         [_, g, r] => (g, r, DecoderPrecision::F32),
         [_, g, r, p] if p == "bf16" => (g, r, DecoderPrecision::Bf16),
         [_, g, r, p] if p == "f32" => (g, r, DecoderPrecision::F32),
-        _ => anyhow::bail!("usage: gguf_greedy GGUF REFERENCE.json [f32|bf16]"),
+        [_, g, r, p] if p == "gguf" => (g, r, DecoderPrecision::Gguf),
+        _ => anyhow::bail!("usage: gguf_greedy GGUF REFERENCE.json [f32|bf16|gguf]"),
     };
     let model = LanguageModel::open_in(std::path::Path::new(gguf), precision)?;
     let refs: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(reference)?)?;

@@ -3,7 +3,7 @@
 //! per step), greedy, each stopping at its end token or after N new tokens. The counterpart of
 //! `bench/llm_speed.py` (llama.cpp) on the same prompt ids.
 //!
-//!     cargo run --release --example llm_speed -- MODEL PROMPTS.json B N [f32|bf16]
+//!     cargo run --release --example llm_speed -- MODEL PROMPTS.json B N [f32|bf16|gguf]
 //!
 //! PROMPTS.json: {"cases": [{"messages": [...]}, ...]} as `bench/llm_greedy.py` writes it. Prints
 //! one JSON line: generated tokens, seconds (prompt processing included), tokens/s.
@@ -18,7 +18,8 @@ fn main() -> anyhow::Result<()> {
         [_, m, p, b, n] => (m, p, b, n, DecoderPrecision::F32),
         [_, m, p, b, n, bf16] if bf16 == "bf16" => (m, p, b, n, DecoderPrecision::Bf16),
         [_, m, p, b, n, f32] if f32 == "f32" => (m, p, b, n, DecoderPrecision::F32),
-        _ => anyhow::bail!("usage: llm_speed MODEL PROMPTS.json B N [f32|bf16]"),
+        [_, m, p, b, n, gguf] if gguf == "gguf" => (m, p, b, n, DecoderPrecision::Gguf),
+        _ => anyhow::bail!("usage: llm_speed MODEL PROMPTS.json B N [f32|bf16|gguf]"),
     };
     let (b, n): (usize, usize) = (b.parse()?, n.parse()?);
     let model = LanguageModel::open_in(std::path::Path::new(model), precision)?;

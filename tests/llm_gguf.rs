@@ -4,27 +4,56 @@
 //! cache in f32). The GGUF's own chat template, rendered here, must give llama.cpp's ids for
 //! every prompt; the decoder's greedy choice must agree with llama.cpp's at nearly every
 //! position. Not at all of them: llama.cpp multiplies Q4_1 weights by activations rounded to
-//! 8 bits (Q8_1), spotinfer by the f32 activations, so near-ties can fall the other way
-//! (examples/gguf_greedy.rs reports each one's logit gap).
+//! 8 bits (Q8_1), spotinfer's f32 path by the f32 activations, so near-ties can fall the other
+//! way (examples/gguf_greedy.rs reports each one's logit gap). Its GGUF path (the default,
+//! `auto`) keeps the Q4_1 blocks and rounds the activations as llama.cpp does.
 
-use spotinfer::model::engines::decoder::{argmax, LanguageModel, Message, Prompt};
-use std::path::Path;
+use spotinfer::model::engines::decoder::{
+    argmax, DecoderPrecision, Generated, Interrupt, LanguageModel, Message, Prompt, Request,
+};
+use std::path::{Path, PathBuf};
+
+fn gguf() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+fn references() -> serde_json::Value {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("tests/fixtures/llm/llama_cpp_greedy.json"))
+        .expect("references");
+    serde_json::from_str(&text).expect("json")
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .expect("ids")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}
 
 #[test]
 fn the_gguf_renders_llama_cpps_prompts_and_agrees_with_its_greedy_choices() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let gguf = root.join("models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
-    let model = LanguageModel::open(&gguf).expect("fetch it with scripts/fetch-llm.sh");
-    let text = std::fs::read_to_string(root.join("tests/fixtures/llm/llama_cpp_greedy.json"))
-        .expect("references");
-    let refs: serde_json::Value = serde_json::from_str(&text).expect("json");
-    let ids = |v: &serde_json::Value| -> Vec<u32> {
-        v.as_array()
-            .expect("ids")
-            .iter()
-            .map(|x| x.as_u64().expect("id") as u32)
-            .collect()
-    };
+    let f32 = agreement(DecoderPrecision::F32);
+    let blocks = agreement(DecoderPrecision::Gguf);
+    eprintln!(
+        "top-1 agreement with llama.cpp over 12 prompts: f32 {f32:.4}, GGUF blocks {blocks:.4}"
+    );
+    assert!(f32 > 0.93, "f32: top-1 agreement with llama.cpp {f32:.4}");
+    assert!(
+        blocks > 0.93,
+        "GGUF blocks: top-1 agreement with llama.cpp {blocks:.4}"
+    );
+}
+
+/// The share of llama.cpp's greedy tokens that are the decoder's top choice, teacher forced,
+/// over the first 12 prompts; each prompt's ids checked against llama.cpp's on the way.
+fn agreement(precision: DecoderPrecision) -> f64 {
+    let model =
+        LanguageModel::open_in(&gguf(), precision).expect("fetch it with scripts/fetch-llm.sh");
+    assert_eq!(model.precision(), precision);
+    let refs = references();
     let (mut agree, mut positions) = (0, 0);
     for case in refs["cases"].as_array().expect("cases").iter().take(12) {
         let messages: Vec<Message> =
@@ -44,9 +73,64 @@ fn the_gguf_renders_llama_cpps_prompts_and_agrees_with_its_greedy_choices() {
                 usize::from(argmax(&logits[(prompt.len() - 1 + k) * vocab..][..vocab]) == next);
         }
     }
-    let share = agree as f64 / positions as f64;
+    agree as f64 / positions as f64
+}
+
+/// What resumption rests on, on the GGUF path: each answer's tokens are the same in a batch,
+/// under a cache budget that makes sequences wait and join, alone, and resumed from a cut.
+#[test]
+fn a_gguf_blocks_answer_is_the_same_alone_in_a_batch_under_a_budget_and_resumed() {
+    let model = LanguageModel::open(&gguf()).expect("model");
+    assert_eq!(model.precision(), DecoderPrecision::F32);
+    let model = LanguageModel::open_in(&gguf(), DecoderPrecision::Gguf).expect("model");
+    assert_eq!(model.precision(), DecoderPrecision::Gguf);
     assert!(
-        share > 0.93,
-        "top-1 agreement with llama.cpp {share:.4} over {positions} positions"
+        model.kernels().contains("GGUF blocks"),
+        "{}",
+        model.kernels()
     );
+    let refs = references();
+    let cases: Vec<&serde_json::Value> = refs["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .take(5)
+        .collect();
+    let request = |case: &serde_json::Value, resume: Vec<u32>| {
+        let messages: Vec<Message> =
+            serde_json::from_value(case["messages"].clone()).expect("messages");
+        Request {
+            resume,
+            ..Request::greedy(Prompt::Chat(messages), 12)
+        }
+    };
+    let tokens = |g: &Generated| match g {
+        Generated::Done(c) => c.tokens.clone(),
+        other => panic!("{other:?}"),
+    };
+    let all: Vec<Request> = cases.iter().map(|c| request(c, vec![])).collect();
+    let batch: Vec<Vec<u32>> = model
+        .generate(&all, 0, &Interrupt::new(), None)
+        .iter()
+        .map(tokens)
+        .collect();
+    let budget = 2 * (ids(&cases[0]["prompt_ids"]).len() + 12);
+    let squeezed = model.generate(&all, budget, &Interrupt::new(), None);
+    for (i, case) in cases.iter().enumerate() {
+        assert_eq!(tokens(&squeezed[i]), batch[i], "prompt {i} under a budget");
+        let alone = model.generate(&all[i..=i], 0, &Interrupt::new(), None);
+        assert_eq!(tokens(&alone[0]), batch[i], "prompt {i} alone");
+        let cut = batch[i].len() / 2;
+        let resumed = model.generate(
+            &[request(case, batch[i][..cut].to_vec())],
+            0,
+            &Interrupt::new(),
+            None,
+        );
+        assert_eq!(
+            tokens(&resumed[0]),
+            batch[i],
+            "prompt {i} resumed after {cut} tokens"
+        );
+    }
 }

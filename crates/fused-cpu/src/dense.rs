@@ -1,9 +1,12 @@
 //! One dense layer's weight matrix, PyTorch's `(out, in)`, for every network of this crate (the
 //! text encoder, the decoder, the image towers): packed for this crate's kernel of the chosen
-//! precision where this CPU has one, the f32 weights as read where not.
+//! precision where this CPU has one, the f32 weights as read where not, or (the decoder's GGUF
+//! weights) left in the file's block formats.
 
 use crate::kernels::{gemm_instructions, linear};
 use crate::packed::{self, Format, PackedWeights};
+use crate::quant::{self, BlockMatrix, Kernel};
+use std::sync::Arc;
 use std::sync::{Mutex, PoisonError};
 
 /// A weight matrix in the forms the precisions use.
@@ -14,6 +17,10 @@ pub(crate) struct Dense {
     pub f32: Vec<f32>,
     /// The weights packed for the chosen precision's kernel, if it has one on this CPU.
     pub packed: Option<PackedWeights>,
+    /// The weights in GGUF block formats, stacked (the outputs of each after the previous'),
+    /// and the kernel that multiplies them; empty for f32 and packed weights.
+    pub blocks: Vec<Arc<BlockMatrix>>,
+    kernel: Kernel,
     /// Each input's largest magnitude over what [`Dense::record`] saw (the text encoder's
     /// calibration; empty elsewhere), from which int8 smooths its inputs.
     pub ranges: Mutex<Vec<f32>>,
@@ -26,7 +33,18 @@ impl Dense {
             k,
             f32,
             packed: None,
+            blocks: Vec::new(),
+            kernel: Kernel::best(),
             ranges: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The matrix stacked from `parts`, kept in their block formats.
+    pub fn blocks(parts: Vec<Arc<BlockMatrix>>) -> Self {
+        let k = parts.first().map_or(0, |p| p.k());
+        Self {
+            blocks: parts,
+            ..Self::new(Vec::new(), k)
         }
     }
 
@@ -54,6 +72,9 @@ impl Dense {
 
     /// `out = x · wᵀ (+ b)`, blocked by rows: many rows at once.
     pub fn apply(&self, x: &[f32], b: Option<&[f32]>, out: &mut [f32]) {
+        if !self.blocks.is_empty() {
+            return quant::linear(self.kernel, x, &self.blocks, b, out);
+        }
         match &self.packed {
             Some(w) => packed::linear(x, w, b, out),
             None => linear(x, self.k, &self.f32, b, out),
@@ -62,6 +83,9 @@ impl Dense {
 
     /// As [`Dense::apply`], split by columns where there are few rows (a decode step's).
     pub fn apply_wide(&self, x: &[f32], b: Option<&[f32]>, out: &mut [f32]) {
+        if !self.blocks.is_empty() {
+            return quant::linear(self.kernel, x, &self.blocks, b, out);
+        }
         match &self.packed {
             Some(w) => packed::linear_wide(x, w, b, out),
             None => linear(x, self.k, &self.f32, b, out),
@@ -70,6 +94,9 @@ impl Dense {
 
     /// The instructions its products run on, for logs and benchmarks.
     pub fn kernels(&self) -> &'static str {
+        if !self.blocks.is_empty() {
+            return self.kernel.name();
+        }
         match &self.packed {
             Some(w) => w.format.kernels(),
             None => gemm_instructions(),

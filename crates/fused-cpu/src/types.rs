@@ -151,6 +151,10 @@ pub enum Precision {
     /// stay to f32's depends on the model (and AVX2's activations are coarser, so there the
     /// feed-forward output stays f32: see `Layer::formats`), so check them.
     Int8,
+    /// The decoder's dense layers left in the GGUF file's block formats (Q4_0, Q4_1, Q8_0,
+    /// Q4_K, Q5_K, Q6_K), multiplied by activations rounded to 8 bits per 32 as llama.cpp
+    /// multiplies them (`crate::quant`); a tensor in another form is f32. The decoder's only.
+    Gguf,
 }
 
 impl Precision {
@@ -177,6 +181,9 @@ impl Precision {
                      dotprod on Arm); this CPU has none"
                         .into()
                 }),
+            Self::Gguf => {
+                Err("GGUF block formats are the decoder's; this network reads none".into())
+            }
         }
     }
 }

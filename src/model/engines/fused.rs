@@ -64,5 +64,6 @@ pub(crate) fn precision_name(p: fused_cpu::Precision) -> &'static str {
         fused_cpu::Precision::F32 => "f32",
         fused_cpu::Precision::Bf16 => "bf16",
         fused_cpu::Precision::Int8 => "int8",
+        fused_cpu::Precision::Gguf => "gguf",
     }
 }

@@ -91,7 +91,8 @@ impl GenerateTask {
     }
 
     /// Loads the generation model at `path` (a `.gguf` file, or a transformers folder) to run
-    /// on the CPU decoder, in f32 unless `options` ask for bf16 ([`decoder_precision`]);
+    /// on the CPU decoder, a GGUF in its blocks and a folder in f32 unless `options` ask for
+    /// another precision ([`decoder_precision`]);
     /// `interrupt` stops its batches (the seam sets it when the pipeline stops).
     pub fn open(
         path: &Path,
@@ -118,9 +119,10 @@ impl GenerateTask {
         // defaults, tokenizer and template (`settings_digest`). A checkpoint is kept under the
         // hash without the engine's mark (`resume_key`): a rollout that changes the weights or
         // settings starts interrupted answers over, one that changes the engine continues them.
-        let engine = match (&build, precision) {
+        let engine = match (&build, model.precision()) {
             (Build::Paged { dtype, .. }, _) => format!("+paged-{dtype:?}").to_lowercase(),
             (_, DecoderPrecision::Bf16) => "+bf16".into(),
+            (_, DecoderPrecision::Gguf) => "+gguf".into(),
             _ => String::new(),
         };
         let weights = format!("{}{engine}", weights_hash(&files)?);
@@ -139,6 +141,7 @@ impl GenerateTask {
                     "Cpu (decoder, {} from {}, {})",
                     match model.precision() {
                         DecoderPrecision::Bf16 => "bf16",
+                        DecoderPrecision::Gguf => "GGUF blocks",
                         _ => "f32",
                     },
                     model.format,
@@ -586,13 +589,16 @@ impl Infer for Generations {
     }
 }
 
-/// The decoder's precision for `--precision`: `auto` and `f32` are f32, whose greedy tokens are
-/// the model's own library's (llama.cpp's, transformers'); `bf16` only when asked, since
-/// rounding the weights and activations can part a generation from them; `f16` and `int8` are
-/// the encoders' and refused with the reason.
+/// The decoder's precision for `--precision`: `auto` keeps a GGUF's weights in their block
+/// formats and multiplies them as llama.cpp does (a transformers folder, which has no blocks,
+/// is then f32); `f32` widens them, and its greedy tokens are the model's own library's on the
+/// widened weights (transformers'); `bf16` only when asked, since rounding the weights and
+/// activations can part a generation from them; `f16` and `int8` are the encoders' and refused
+/// with the reason.
 pub fn decoder_precision(precision: Precision) -> Result<DecoderPrecision, String> {
     match precision {
-        Precision::Auto | Precision::F32 => Ok(DecoderPrecision::F32),
+        Precision::Auto => Ok(DecoderPrecision::Gguf),
+        Precision::F32 => Ok(DecoderPrecision::F32),
         Precision::Bf16 => Ok(DecoderPrecision::Bf16),
         Precision::F16 => Err(refused("f16")),
         Precision::Int8 => Err(refused("int8")),
@@ -651,7 +657,10 @@ fn resume_key(hash: &str) -> String {
 }
 
 fn refused(asked: &str) -> String {
-    format!("a generation model computes in f32 (auto) or bf16 on the CPU, not {asked}")
+    format!(
+        "a generation model computes in a GGUF's own blocks (auto), f32 or bf16 on the CPU, \
+         not {asked}"
+    )
 }
 
 #[cfg(test)]
@@ -734,9 +743,10 @@ mod tests {
         }
     }
 
-    /// `--precision`: a generation model computes in f32 unless bf16 is asked for (its device
+    /// `--precision`: a transformers folder computes in f32 unless bf16 is asked for (its device
     /// says which, with the kernels, and bf16's hash is marked so that its checkpoints are its
-    /// own), and the encoders' f16 and int8 are refused at load.
+    /// own), and the encoders' f16 and int8 are refused at load. (A GGUF's blocks under auto:
+    /// tests/llm_gguf.rs.)
     #[test]
     fn a_generation_model_computes_in_f32_unless_bf16_is_asked() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -750,7 +760,7 @@ mod tests {
         assert!(f32.device.starts_with("Cpu (decoder, f32 from "));
         for refused in [Precision::F16, Precision::Int8] {
             let e = open(refused).err().unwrap().to_string();
-            assert!(e.contains("f32 (auto) or bf16"), "{e}");
+            assert!(e.contains("blocks (auto), f32 or bf16"), "{e}");
         }
         match open(Precision::Bf16) {
             Ok(t) => {

@@ -1,5 +1,6 @@
-//! Reading a decoder LLM: a GGUF file (llama.cpp's format, its quantised weights widened to
-//! f32) or a transformers folder (`config.json` and safetensors in f32, f16 or bf16), into the
+//! Reading a decoder LLM: a GGUF file (llama.cpp's format: its weights in the block formats the
+//! CPU decoder multiplies directly, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K, handed over as
+//! blocks; any other widened to f32 by candle) or a transformers folder (`config.json` and safetensors in f32, f16 or bf16), into the
 //! CPU decoder (`spotinfer_fused_cpu::CpuDecoder`), with its tokenizer, chat template and special
 //! tokens. What the decoder would compute differently from the model's own library (another
 //! rotary scaling, sliding-window attention, another activation) is refused here with the reason.
@@ -9,9 +10,12 @@ use super::paged::decoder::PagedDecoder;
 use super::Network;
 use crate::model::ModelError;
 use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Device;
 use serde_json::Value as Json;
-use spotinfer_fused_cpu::{CpuDecoder, DecoderDims, FusedError, Precision};
+use spotinfer_fused_cpu::{
+    BlockFormat, BlockMatrix, CpuDecoder, DecoderDims, FusedError, Precision, Weights,
+};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use tokenizers::Tokenizer;
@@ -39,7 +43,7 @@ impl Build {
         &self,
         path: &Path,
         dims: DecoderDims,
-        read: impl FnMut(&str, &[usize]) -> Result<Option<Vec<f32>>, FusedError>,
+        mut read: impl FnMut(&str, &[usize]) -> Result<Option<Weights>, FusedError>,
     ) -> Result<Network, ModelError> {
         match self {
             Self::Cpu(precision) => Ok(Network::Cpu(Box::new(
@@ -49,9 +53,11 @@ impl Build {
                 device,
                 dtype,
                 cache_tokens,
-            } => PagedDecoder::load(dims, device, *dtype, *cache_tokens, read)
-                .map(|d| Network::Paged(std::sync::Arc::new(d)))
-                .map_err(|e| unsupported(path, e.to_string())),
+            } => PagedDecoder::load(dims, device, *dtype, *cache_tokens, |name, shape| {
+                read(name, shape).map(|w| w.map(Weights::into_f32))
+            })
+            .map(|d| Network::Paged(std::sync::Arc::new(d)))
+            .map_err(|e| unsupported(path, e.to_string())),
         }
     }
 }
@@ -160,24 +166,24 @@ fn load_gguf(path: &Path, build: &Build) -> Result<Loaded, ModelError> {
             .tensor(&mut file, &gguf_name, &Device::Cpu)
             .map_err(|e| FusedError::Unsupported(format!("tensor {gguf_name}: {e}")))?;
         types.insert(format!("{:?}", t.dtype()));
-        let read = t
-            .dequantize(&Device::Cpu)
-            .and_then(|t| t.flatten_all()?.to_vec1::<f32>())
-            .map_err(|e| FusedError::Unsupported(format!("tensor {gguf_name}: {e}")))?;
         if t.shape().elem_count() != shape.iter().product::<usize>() {
             return Err(FusedError::Unsupported(format!(
                 "tensor {gguf_name}: shape {:?}, expected {shape:?}",
                 t.shape()
             )));
         }
+        let read = gguf_weights(&t, shape)
+            .map_err(|e| FusedError::Unsupported(format!("tensor {gguf_name}: {e}")))?;
         // llama.cpp stores a llama's query and key rows permuted for its interleaved rotary
         // embedding; the decoder rotates halves, as transformers does, so they are put back.
         let permuted = arch == "llama"
             && (gguf_name.ends_with("attn_q.weight") || gguf_name.ends_with("attn_k.weight"));
-        Ok(Some(if permuted {
-            unpermute(&read, shape, dims.head_dim)
-        } else {
-            read
+        Ok(Some(match read {
+            Weights::F32(w) if permuted => Weights::F32(unpermute(&w, shape, dims.head_dim)),
+            Weights::Blocks(m) if permuted => {
+                Weights::Blocks(m.permute_rows(|r| unpermuted_row(r, dims.head_dim)))
+            }
+            other => other,
         }))
     })?;
     let token = |key: &str| meta_u64(meta, key).map(|v| v as u32);
@@ -242,15 +248,44 @@ fn gguf_name(name: &str) -> Option<String> {
 /// `2i + j` holds transformers' row `j · head_dim/2 + i`.
 fn unpermute(w: &[f32], shape: &[usize], head_dim: usize) -> Vec<f32> {
     let cols = shape.get(1).copied().unwrap_or(1);
-    let half = head_dim / 2;
     let mut out = vec![0f32; w.len()];
     for (r, row) in w.chunks_exact(cols).enumerate() {
-        let (head, within) = (r / head_dim, r % head_dim);
-        let (i, j) = (within / 2, within % 2);
-        let to = head * head_dim + j * half + i;
+        let to = unpermuted_row(r, head_dim);
         out[to * cols..][..cols].copy_from_slice(row);
     }
     out
+}
+
+/// Where [`unpermute`] puts llama.cpp's row `r`.
+fn unpermuted_row(r: usize, head_dim: usize) -> usize {
+    let (head, within) = (r / head_dim, r % head_dim);
+    let (i, j) = (within / 2, within % 2);
+    head * head_dim + j * (head_dim / 2) + i
+}
+
+/// A GGUF tensor as the decoder takes it: a matrix in a block format the CPU decoder
+/// multiplies, as its bytes; anything else widened to f32 by candle.
+fn gguf_weights(t: &QTensor, shape: &[usize]) -> candle_core::Result<Weights> {
+    let format = match t.dtype() {
+        GgmlDType::Q4_0 => Some(BlockFormat::Q4_0),
+        GgmlDType::Q4_1 => Some(BlockFormat::Q4_1),
+        GgmlDType::Q8_0 => Some(BlockFormat::Q8_0),
+        GgmlDType::Q4K => Some(BlockFormat::Q4K),
+        GgmlDType::Q5K => Some(BlockFormat::Q5K),
+        GgmlDType::Q6K => Some(BlockFormat::Q6K),
+        _ => None,
+    };
+    if let (Some(format), [rows, k]) = (format, shape) {
+        let bytes = t.data()?.into_owned();
+        return BlockMatrix::new(format, *rows, *k, bytes)
+            .map(Weights::Blocks)
+            .map_err(candle_core::Error::msg);
+    }
+    let values = t
+        .dequantize(&Device::Cpu)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    Ok(Weights::F32(values))
 }
 
 fn meta_str(meta: &HashMap<String, Value>, key: &str) -> Option<String> {
@@ -441,7 +476,9 @@ impl FolderWeights {
 
 fn load_folder(dir: &Path, build: &Build) -> Result<Loaded, ModelError> {
     let (config, dims, mut weights) = FolderWeights::open(dir)?;
-    let decoder = build.network(dir, dims, |name, shape| weights.read(name, shape))?;
+    let decoder = build.network(dir, dims, |name, shape| {
+        Ok(weights.read(name, shape)?.map(Weights::F32))
+    })?;
     let (files, dtypes) = (weights.files, weights.dtypes);
     let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
         .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
@@ -497,5 +534,53 @@ fn template_of(v: &Json) -> Option<String> {
             .and_then(|t| t["template"].as_str())
             .map(str::to_owned),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Tensor;
+
+    /// The CPU decoder reads each block format's bytes itself (its f32 path widens them, its
+    /// GGUF path multiplies them): what it reads must be what llama.cpp's dequantisation gives,
+    /// which candle's reproduces. Each format, quantised by candle from the same values, widens
+    /// to candle's f32 bit for bit.
+    #[test]
+    fn each_block_format_widens_to_candles_values_bit_for_bit() {
+        let (rows, k) = (6, 512);
+        let values: Vec<f32> = (0..rows * k)
+            .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * (1.0 + (i % 37) as f32))
+            .collect();
+        let t = Tensor::from_vec(values, (rows, k), &Device::Cpu).unwrap();
+        for dtype in [
+            GgmlDType::Q4_0,
+            GgmlDType::Q4_1,
+            GgmlDType::Q8_0,
+            GgmlDType::Q4K,
+            GgmlDType::Q5K,
+            GgmlDType::Q6K,
+        ] {
+            let q = QTensor::quantize(&t, dtype).unwrap();
+            let theirs: Vec<f32> = q
+                .dequantize(&Device::Cpu)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let Weights::Blocks(m) = gguf_weights(&q, &[rows, k]).unwrap() else {
+                panic!("{dtype:?} was not kept in blocks");
+            };
+            let ours = m.dequantize();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&ours), bits(&theirs), "{dtype:?}");
+        }
+        // A format the decoder does not multiply is widened by candle.
+        let q = QTensor::quantize(&t, GgmlDType::Q5_0).unwrap();
+        assert!(matches!(
+            gguf_weights(&q, &[rows, k]).unwrap(),
+            Weights::F32(_)
+        ));
     }
 }

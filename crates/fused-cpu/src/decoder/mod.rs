@@ -17,17 +17,23 @@
 //! kernels sum the same way, and for bf16, whose kernels (AMX tiles, AVX-512 BF16) also sum each
 //! row on its own; elsewhere the `gemm` crate's f32 products are used.)
 //!
-//! The loader hands over f32 weights, whatever the file held (f16, bf16 or a GGUF quantisation,
-//! widened), named as transformers names them (`model.layers.0.self_attn.q_proj.weight`). In
-//! [`Precision::F32`] the dense layers keep them; in [`Precision::Bf16`] they are rounded to bf16
-//! and multiplied on AMX tiles (or AVX-512 BF16), with f32 sums: half the bytes a decoding step
-//! streams, many times the prompt's multiply-adds per cycle, at the cost of tokens that may
-//! part from the model's own library's (so it is only ever asked for, never chosen).
-//! Normalisation, rotary embedding, attention and the caches stay f32 in both.
+//! The loader hands over each tensor as f32 or, from a GGUF, in its block format (`Weights`),
+//! named as transformers names them (`model.layers.0.self_attn.q_proj.weight`). In
+//! [`Precision::F32`] the dense layers keep f32 (blocks widened as llama.cpp widens them); in
+//! [`Precision::Bf16`] they are rounded to bf16 and multiplied on AMX tiles (or AVX-512 BF16),
+//! with f32 sums: half the bytes a decoding step streams, many times the prompt's multiply-adds
+//! per cycle, at the cost of tokens that may part from the model's own library's (so it is only
+//! ever asked for, never chosen). In [`Precision::Gguf`] the dense layers and the token
+//! embedding stay in the file's blocks (`crate::quant`): a 4-bit file stays 4-bit in memory, a
+//! step streams a seventh of f32's bytes, and the activations are rounded to 8 bits per 32 as
+//! llama.cpp rounds them; its sums are batch-invariant as f32's are. Normalisation, rotary
+//! embedding, attention and the caches stay f32 in every precision.
+
+mod load;
 
 use crate::dense::Dense;
 use crate::kernels::{exp, softmax_row};
-use crate::packed::Format;
+use crate::quant::BlockMatrix;
 use crate::{FusedError, Precision};
 use rayon::prelude::*;
 
@@ -113,11 +119,32 @@ pub struct Step<'a> {
     pub tokens: &'a [u32],
 }
 
+/// The token embedding: f32 rows, or a GGUF matrix whose rows are widened as they are looked up
+/// (shared with the output projection when the model ties them).
+enum Embedding {
+    F32(Vec<f32>),
+    Blocks(std::sync::Arc<BlockMatrix>),
+}
+
+impl Embedding {
+    /// Appends row `t` (`h` values) to `x`.
+    fn push_row(&self, t: usize, h: usize, x: &mut Vec<f32>) {
+        match self {
+            Self::F32(rows) => x.extend_from_slice(&rows[t * h..][..h]),
+            Self::Blocks(m) => {
+                let at = x.len();
+                x.resize(at + h, 0.0);
+                m.dequantize_row(t, &mut x[at..]);
+            }
+        }
+    }
+}
+
 /// A loaded decoder.
 pub struct CpuDecoder {
     dims: DecoderDims,
     precision: Precision,
-    embed: Vec<f32>,
+    embed: Embedding,
     layers: Vec<Layer>,
     norm: Vec<f32>,
     lm_head: Dense,
@@ -126,132 +153,6 @@ pub struct CpuDecoder {
 }
 
 impl CpuDecoder {
-    /// Builds the decoder from `read(name, shape)`, which returns a tensor transformers names
-    /// `name` as f32 of exactly `shape`, or `None` when the file has no such tensor (an optional
-    /// bias). Each dense layer is packed for `precision` as it is read: f32, or bf16 where the
-    /// CPU has AMX or AVX-512 BF16 (refused with the reason elsewhere); int8 is refused.
-    pub fn load(
-        dims: DecoderDims,
-        precision: Precision,
-        mut read: impl FnMut(&str, &[usize]) -> Result<Option<Vec<f32>>, FusedError>,
-    ) -> Result<Self, FusedError> {
-        let d = dims;
-        if d.heads == 0
-            || d.kv_heads == 0
-            || !d.heads.is_multiple_of(d.kv_heads)
-            || !d.head_dim.is_multiple_of(2)
-        {
-            return Err(FusedError::Unsupported(format!(
-                "{} query heads over {} key/value heads of width {}",
-                d.heads, d.kv_heads, d.head_dim
-            )));
-        }
-        let format = match precision {
-            Precision::Int8 => {
-                return Err(FusedError::Unsupported(
-                    "the decoder computes in f32 or bf16; int8 is not offered for generation"
-                        .into(),
-                ))
-            }
-            p => p.format(false).map_err(FusedError::Unsupported)?,
-        };
-        let embed = required(&mut read, "model.embed_tokens.weight", &[d.vocab, d.hidden])?;
-        let mut layers = Vec::with_capacity(d.layers);
-        for i in 0..d.layers {
-            layers.push(Self::load_layer(&d, i, format, &mut read)?);
-        }
-        let norm = required(&mut read, "model.norm.weight", &[d.hidden])?;
-        let lm_head = match (d.tied, read("lm_head.weight", &[d.vocab, d.hidden])?) {
-            (false, Some(w)) => w,
-            (_, _) => embed.clone(),
-        };
-        Ok(Self {
-            dims,
-            precision,
-            rope: rope_table(&d),
-            lm_head: Dense::packed(lm_head, d.hidden, format),
-            embed,
-            layers,
-            norm,
-        })
-    }
-
-    fn load_layer(
-        d: &DecoderDims,
-        i: usize,
-        format: Option<Format>,
-        read: &mut impl FnMut(&str, &[usize]) -> Result<Option<Vec<f32>>, FusedError>,
-    ) -> Result<Layer, FusedError> {
-        let at = |part: &str| format!("model.layers.{i}.{part}");
-        let (h, q, kv) = (d.hidden, d.q_dim(), d.kv_dim());
-        let mut qkv = required(read, &at("self_attn.q_proj.weight"), &[q, h])?;
-        qkv.extend(required(read, &at("self_attn.k_proj.weight"), &[kv, h])?);
-        qkv.extend(required(read, &at("self_attn.v_proj.weight"), &[kv, h])?);
-        let mut gate_up = required(read, &at("mlp.gate_proj.weight"), &[d.intermediate, h])?;
-        gate_up.extend(required(
-            read,
-            &at("mlp.up_proj.weight"),
-            &[d.intermediate, h],
-        )?);
-        let layer = Layer {
-            attn_norm: required(read, &at("input_layernorm.weight"), &[h])?,
-            qkv: Dense::packed(qkv, h, format),
-            qkv_bias: None,
-            q_norm: None,
-            k_norm: None,
-            out: Dense::packed(
-                required(read, &at("self_attn.o_proj.weight"), &[h, q])?,
-                q,
-                format,
-            ),
-            out_bias: read(&at("self_attn.o_proj.bias"), &[h])?,
-            ffn_norm: required(read, &at("post_attention_layernorm.weight"), &[h])?,
-            gate_up: Dense::packed(gate_up, h, format),
-            down: Dense::packed(
-                required(read, &at("mlp.down_proj.weight"), &[h, d.intermediate])?,
-                d.intermediate,
-                format,
-            ),
-        };
-        let biases = [("q", q), ("k", kv), ("v", kv)]
-            .map(|(p, n)| read(&at(&format!("self_attn.{p}_proj.bias")), &[n]));
-        let [bq, bk, bv] = biases;
-        let qkv_bias = match (bq?, bk?, bv?) {
-            (Some(mut b), Some(k), Some(v)) => {
-                b.extend(k);
-                b.extend(v);
-                Some(b)
-            }
-            (None, None, None) => None,
-            _ => {
-                return Err(FusedError::Unsupported(format!(
-                    "layer {i}: biases on some of the query, key and value projections only"
-                )))
-            }
-        };
-        let (q_norm, k_norm) = match d.qk_norm {
-            true => (
-                Some(required(
-                    read,
-                    &at("self_attn.q_norm.weight"),
-                    &[d.head_dim],
-                )?),
-                Some(required(
-                    read,
-                    &at("self_attn.k_norm.weight"),
-                    &[d.head_dim],
-                )?),
-            ),
-            false => (None, None),
-        };
-        Ok(Layer {
-            qkv_bias,
-            q_norm,
-            k_norm,
-            ..layer
-        })
-    }
-
     /// The decoder's shape.
     pub fn dims(&self) -> &DecoderDims {
         &self.dims
@@ -306,7 +207,7 @@ impl CpuDecoder {
             .collect();
         let mut x: Vec<f32> = Vec::with_capacity(rows.len() * h);
         for &t in &tokens {
-            x.extend_from_slice(&self.embed[t as usize * h..][..h]);
+            self.embed.push_row(t as usize, h, &mut x);
         }
         for (l, layer) in self.layers.iter().enumerate() {
             self.layer(l, layer, &mut x, &rows, steps);
@@ -440,15 +341,6 @@ impl CpuDecoder {
             b[i] = y * cos[i] + x * sin[i];
         }
     }
-}
-
-/// The tensor `name`, which the decoder cannot do without.
-fn required(
-    read: &mut impl FnMut(&str, &[usize]) -> Result<Option<Vec<f32>>, FusedError>,
-    name: &str,
-    shape: &[usize],
-) -> Result<Vec<f32>, FusedError> {
-    read(name, shape)?.ok_or_else(|| FusedError::Unsupported(format!("no tensor {name}")))
 }
 
 /// Cosines and sines of every position's angles, computed in f32 as transformers computes them:

@@ -1,0 +1,477 @@
+//! Dense layers kept in a GGUF file's own block formats (llama.cpp's Q4_0, Q4_1, Q8_0, Q4_K,
+//! Q5_K and Q6_K), multiplied without widening the weights: a 4-bit file stays 4-bit in memory,
+//! and a decoding step streams a seventh of the bytes f32 weights would.
+//!
+//! **The product**, as llama.cpp computes it: each activation row is rounded to 8 bits per block
+//! of 32 (llama.cpp's Q8_0 and Q8_1 schemes: scale `max |x| / 127` kept as f16, round half to
+//! even, the scaled sum kept as f16 for the formats with a minimum), and each 32-weight
+//! sub-block's integer products are summed exactly in 32 bits before one f32 multiply-add per
+//! block. So for Q4_0, Q4_1 and Q8_0 weights each block's sum is llama.cpp's. Where llama.cpp
+//! rounds a K-format's activations per 256 (Q8_K), these stay per 32: finer, never coarser.
+//!
+//! **A row's sums never depend on its batch.** Every (row, output) sum is accumulated over the
+//! blocks in order, in eight f32 lanes summed in one fixed order at the end, by the same code
+//! whatever the number of rows or the split between threads; so a sequence computes the same
+//! logits alone, in any batch, prefilled whole or in chunks, and resumed. The portable kernel
+//! ([`unpack::dot`]) is the same algorithm lane for lane (integer sums, fused multiply-adds,
+//! the same final order), so it is the AVX2 kernel's reference and the two agree bit for bit.
+//!
+//! Why not candle's quantised products (`QMatMul`): measured on an AVX2-only EPYC, its Q4_1
+//! product was 1.5–4.2× slower than f32 (no AVX2 kernel), and its Q6_K takes another path for
+//! one row than for several, so a sequence's logits would depend on its batch.
+
+mod unpack;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use rayon::prelude::*;
+use std::sync::Arc;
+
+/// Weights per block of the activations and per sub-block of every format.
+pub(crate) const BLOCK: usize = 32;
+
+/// A GGUF block format the products read directly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BlockFormat {
+    /// 32 weights: an f16 scale and 4-bit values less 8.
+    Q4_0,
+    /// 32 weights: f16 scale and minimum, 4-bit values.
+    Q4_1,
+    /// 32 weights: an f16 scale and 8-bit values.
+    Q8_0,
+    /// 256 weights: f16 scale and minimum, 6-bit scales and minimums per 32, 4-bit values.
+    Q4K,
+    /// 256 weights: as Q4_K with a fifth bit per value.
+    Q5K,
+    /// 256 weights: an f16 scale, 8-bit scales per 16, 6-bit values less 32.
+    Q6K,
+}
+
+impl BlockFormat {
+    /// Every format, for tests and error messages.
+    pub const ALL: [Self; 6] = [
+        Self::Q4_0,
+        Self::Q4_1,
+        Self::Q8_0,
+        Self::Q4K,
+        Self::Q5K,
+        Self::Q6K,
+    ];
+
+    /// Weights per block.
+    pub fn block_weights(self) -> usize {
+        match self {
+            Self::Q4_0 | Self::Q4_1 | Self::Q8_0 => 32,
+            Self::Q4K | Self::Q5K | Self::Q6K => 256,
+        }
+    }
+
+    /// Bytes per block, as GGUF stores it.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            Self::Q4_0 => 18,
+            Self::Q4_1 => 20,
+            Self::Q8_0 => 34,
+            Self::Q4K => 144,
+            Self::Q5K => 176,
+            Self::Q6K => 210,
+        }
+    }
+
+    /// The name llama.cpp gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Q4_0 => "Q4_0",
+            Self::Q4_1 => "Q4_1",
+            Self::Q8_0 => "Q8_0",
+            Self::Q4K => "Q4_K",
+            Self::Q5K => "Q5_K",
+            Self::Q6K => "Q6_K",
+        }
+    }
+}
+
+/// A weight matrix `(rows, k)` in one block format, each row its blocks in GGUF's byte layout.
+#[derive(Debug, Clone)]
+pub struct BlockMatrix {
+    format: BlockFormat,
+    rows: usize,
+    k: usize,
+    data: Vec<u8>,
+}
+
+impl BlockMatrix {
+    /// The matrix from GGUF's bytes, or why they are not one of `rows × k` in `format`.
+    pub fn new(format: BlockFormat, rows: usize, k: usize, data: Vec<u8>) -> Result<Self, String> {
+        let per = format.block_weights();
+        if !k.is_multiple_of(per) {
+            return Err(format!(
+                "{k} inputs per row are not whole {} blocks",
+                format.name()
+            ));
+        }
+        if data.len() != rows * k / per * format.block_bytes() {
+            return Err(format!(
+                "{} bytes are not {rows} × {k} weights in {}",
+                data.len(),
+                format.name()
+            ));
+        }
+        Ok(Self {
+            format,
+            rows,
+            k,
+            data,
+        })
+    }
+
+    /// Its format.
+    pub fn format(&self) -> BlockFormat {
+        self.format
+    }
+
+    /// Rows (outputs).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Inputs per row.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.k / self.format.block_weights() * self.format.block_bytes()
+    }
+
+    fn row(&self, r: usize) -> &[u8] {
+        let n = self.row_bytes();
+        &self.data[r * n..][..n]
+    }
+
+    /// The same matrix with its rows reordered: row `to(r)` of the result is row `r` of this one.
+    pub fn permute_rows(&self, to: impl Fn(usize) -> usize) -> Self {
+        let n = self.row_bytes();
+        let mut data = vec![0u8; self.data.len()];
+        for r in 0..self.rows {
+            data[to(r) * n..][..n].copy_from_slice(self.row(r));
+        }
+        Self { data, ..*self }
+    }
+
+    /// Row `r` widened to f32 into `out` (`k` values), with the arithmetic of llama.cpp's
+    /// reference dequantisation (and candle's), so the f32 path reads the values they read.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        unpack::dequantize(self.format, self.row(r), out);
+    }
+
+    /// The whole matrix widened to f32, row-major.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.k];
+        for (r, o) in out.chunks_exact_mut(self.k.max(1)).enumerate() {
+            self.dequantize_row(r, o);
+        }
+        out
+    }
+}
+
+/// A tensor as a reader hands it to a network: f32 values, or a matrix left in its blocks.
+#[derive(Debug, Clone)]
+pub enum Weights {
+    /// f32 values, row-major.
+    F32(Vec<f32>),
+    /// A matrix in a block format.
+    Blocks(BlockMatrix),
+}
+
+impl Weights {
+    /// Values held.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::F32(v) => v.len(),
+            Self::Blocks(m) => m.rows * m.k,
+        }
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The values as f32 (blocks widened).
+    pub fn into_f32(self) -> Vec<f32> {
+        match self {
+            Self::F32(v) => v,
+            Self::Blocks(m) => m.dequantize(),
+        }
+    }
+}
+
+/// Activation rows rounded to 8 bits per block of 32: values, each block's scale, and each
+/// block's scale times its values' sum (for the formats with a minimum).
+pub(crate) struct QuantRows {
+    k: usize,
+    q: Vec<i8>,
+    scale: Vec<f32>,
+    scaled_sum: Vec<f32>,
+}
+
+impl QuantRows {
+    /// `x`, rows of `k`, rounded as llama.cpp rounds to Q8_0 (and Q8_1's sums).
+    pub(crate) fn new(x: &[f32], k: usize) -> Self {
+        let blocks = x.len() / BLOCK;
+        let mut rows = Self {
+            k,
+            q: vec![0; x.len()],
+            scale: vec![0.0; blocks],
+            scaled_sum: vec![0.0; blocks],
+        };
+        for (b, (block, q)) in x
+            .chunks_exact(BLOCK)
+            .zip(rows.q.chunks_exact_mut(BLOCK))
+            .enumerate()
+        {
+            // As llama.cpp's AVX2 `quantize_row_q8_1` (and `_q8_0`): the scale kept as f16,
+            // the values rounded half to even from `x · 127 / max`, the scaled sum as f16.
+            let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let inverse = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            let mut sum = 0i32;
+            for (q, v) in q.iter_mut().zip(block) {
+                *q = (v * inverse).round_ties_even() as i8;
+                sum += i32::from(*q);
+            }
+            rows.scale[b] = half::f16::from_f32(d).to_f32();
+            rows.scaled_sum[b] = half::f16::from_f32(d * sum as f32).to_f32();
+        }
+        rows
+    }
+
+    fn row(&self, t: usize) -> ActivationRow<'_> {
+        let blocks = self.k / BLOCK;
+        ActivationRow {
+            q: &self.q[t * self.k..][..self.k],
+            scale: &self.scale[t * blocks..][..blocks],
+            scaled_sum: &self.scaled_sum[t * blocks..][..blocks],
+        }
+    }
+}
+
+/// One row of [`QuantRows`].
+#[derive(Clone, Copy)]
+pub(crate) struct ActivationRow<'a> {
+    pub q: &'a [i8],
+    pub scale: &'a [f32],
+    pub scaled_sum: &'a [f32],
+}
+
+/// One weight row unpacked to what the kernels multiply: per 32-weight sub-block, the signed
+/// values and their magnitudes (`vpmaddubsw` multiplies unsigned by signed bytes), 16 integer
+/// scales (one per pair of values: a Q6_K sub-block has two), the float scale and the minimum's
+/// coefficient.
+#[derive(Default)]
+pub(crate) struct Unpacked {
+    pub w: Vec<i8>,
+    pub magnitude: Vec<u8>,
+    pub scales: Vec<i16>,
+    pub factor: Vec<f32>,
+    pub minimum: Vec<f32>,
+    /// Whether any sub-block has a minimum (else its term is skipped).
+    pub has_minimum: bool,
+}
+
+/// Which kernel multiplies, picked once per process from the CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kernel {
+    /// AVX2's `vpmaddubsw`/`vpmaddwd` with FMA and F16C.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    /// Portable Rust, the same algorithm (every other CPU).
+    Portable,
+}
+
+impl Kernel {
+    pub(crate) fn best() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("fma") && has!("f16c") {
+                return Self::Avx2;
+            }
+        }
+        Self::Portable
+    }
+
+    /// The instructions, for logs and benchmarks.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 => "GGUF blocks × int8 (AVX2 vpmaddubsw)",
+            Self::Portable => "GGUF blocks × int8 (portable)",
+        }
+    }
+
+    fn unpack(self, format: BlockFormat, row: &[u8], k: usize, out: &mut Unpacked) {
+        match self {
+            // SAFETY: `best` picked it only where the CPU has AVX2, FMA and F16C; the matrix
+            // checked at construction that its rows hold `k` weights.
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 => unsafe { x86::unpack(format, row, k, out) },
+            Self::Portable => unpack::unpack(format, row, k, out),
+        }
+    }
+
+    /// The sums of products of the rows `w` (at most [`ROWS`]) with `a`, into `out`.
+    fn dots(self, w: &[Unpacked], a: ActivationRow<'_>, out: &mut [f32]) {
+        match self {
+            // SAFETY: `best` picked it only where the CPU has AVX2, FMA and F16C.
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 if w.len() == ROWS => unsafe { x86::dots::<ROWS>(w, a, out) },
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 => {
+                for (w, out) in w.iter().zip(out) {
+                    // SAFETY: as above.
+                    unsafe { x86::dots::<1>(std::slice::from_ref(w), a, std::slice::from_mut(out)) }
+                }
+            }
+            Self::Portable => {
+                for (w, out) in w.iter().zip(out) {
+                    *out = unpack::dot(w, a);
+                }
+            }
+        }
+    }
+}
+
+impl Kernel {
+    /// As [`Kernel::dots`] from the rows' GGUF bytes, unpacked as they are multiplied (for one
+    /// activation row, where a buffer would be written and read for a single use).
+    fn dots_packed(
+        self,
+        format: BlockFormat,
+        rows: &[&[u8]],
+        k: usize,
+        a: ActivationRow<'_>,
+        out: &mut [f32],
+    ) {
+        match self {
+            // SAFETY: `best` picked it only where the CPU has AVX2, FMA and F16C; each row holds
+            // `k` weights (checked when the matrix was made).
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 if rows.len() == ROWS => unsafe {
+                x86::dots_packed::<ROWS>(format, rows, a, out)
+            },
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 => {
+                for (row, out) in rows.iter().zip(out) {
+                    // SAFETY: as above.
+                    unsafe {
+                        x86::dots_packed::<1>(
+                            format,
+                            std::slice::from_ref(row),
+                            a,
+                            std::slice::from_mut(out),
+                        )
+                    }
+                }
+            }
+            Self::Portable => {
+                let mut w = Unpacked::default();
+                for (row, out) in rows.iter().zip(out) {
+                    unpack::unpack(format, row, k, &mut w);
+                    *out = unpack::dot(&w, a);
+                }
+            }
+        }
+    }
+}
+
+/// Weight rows a kernel call multiplies together.
+const ROWS: usize = 4;
+
+thread_local! {
+    static UNPACKED: std::cell::RefCell<Vec<Unpacked>> = std::cell::RefCell::new(
+        (0..ROWS).map(|_| Unpacked::default()).collect()
+    );
+}
+
+/// `out = x · wᵀ (+ b)` for `x` rows of `k` and a matrix stacked from `parts` (each part's
+/// outputs after the previous part's), split by output rows between the threads. The shapes
+/// are the caller's to get right (the decoder checks them at load), as for the packed kernels.
+pub(crate) fn linear(
+    kernel: Kernel,
+    x: &[f32],
+    parts: &[Arc<BlockMatrix>],
+    b: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    let k = parts.first().map_or(0, |p| p.k);
+    let n: usize = parts.iter().map(|p| p.rows).sum();
+    assert!(
+        k > 0 && parts.iter().all(|p| p.k == k) && x.len().is_multiple_of(k),
+        "block product: inner size {k}"
+    );
+    let m = x.len() / k;
+    assert!(
+        out.len() == m * n && b.is_none_or(|b| b.len() == n),
+        "block product: output of {m} × {n}"
+    );
+    let rows = QuantRows::new(x, k);
+    // Every (part, row) in output order, computed in chunks a few per thread; each chunk
+    // returns its columns, which are then placed (no two chunks share an output).
+    let mut owners = Vec::with_capacity(n);
+    for (p, part) in parts.iter().enumerate() {
+        owners.extend((0..part.rows).map(|r| (p, r)));
+    }
+    let threads = rayon::current_num_threads().max(1);
+    let chunk = n.div_ceil(threads * 4).max(16);
+    let columns: Vec<Vec<f32>> = owners
+        .par_chunks(chunk)
+        .map(|owned| {
+            UNPACKED.with(|buffer| {
+                let mut buffer = buffer.borrow_mut();
+                let mut sums = vec![0f32; owned.len() * m];
+                let mut out = [0f32; ROWS];
+                for (g, group) in owned.chunks(ROWS).enumerate() {
+                    let at = g * ROWS;
+                    if m == 1 {
+                        let format = parts[group[0].0].format;
+                        if group.iter().all(|&(p, _)| parts[p].format == format) {
+                            let bytes: Vec<&[u8]> =
+                                group.iter().map(|&(p, r)| parts[p].row(r)).collect();
+                            kernel.dots_packed(format, &bytes, k, rows.row(0), &mut out);
+                            sums[at..][..group.len()].copy_from_slice(&out[..group.len()]);
+                            continue;
+                        }
+                    }
+                    for (&(p, r), unpacked) in group.iter().zip(buffer.iter_mut()) {
+                        let part = &parts[p];
+                        kernel.unpack(part.format, part.row(r), k, unpacked);
+                    }
+                    for t in 0..m {
+                        kernel.dots(&buffer[..group.len()], rows.row(t), &mut out);
+                        let at = t * owned.len() + at;
+                        sums[at..][..group.len()].copy_from_slice(&out[..group.len()]);
+                    }
+                }
+                sums
+            })
+        })
+        .collect();
+    for (i, sums) in columns.iter().enumerate() {
+        let first = i * chunk;
+        let width = sums.len() / m.max(1);
+        for t in 0..m {
+            let row = &mut out[t * n + first..][..width];
+            row.copy_from_slice(&sums[t * width..][..width]);
+            if let Some(b) = b {
+                for (o, b) in row.iter_mut().zip(&b[first..]) {
+                    *o += b;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

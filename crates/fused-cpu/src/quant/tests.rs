@@ -1,0 +1,133 @@
+use super::*;
+
+/// Deterministic bytes and floats.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn float(&mut self) -> f32 {
+        (self.next() % 20_001) as f32 / 10_000.0 - 1.0
+    }
+}
+
+/// Where a format's f16 scales sit in a block.
+fn f16_fields(format: BlockFormat) -> &'static [usize] {
+    match format {
+        BlockFormat::Q4_0 | BlockFormat::Q8_0 => &[0],
+        BlockFormat::Q4_1 | BlockFormat::Q4K | BlockFormat::Q5K => &[0, 2],
+        BlockFormat::Q6K => &[208],
+    }
+}
+
+/// A random matrix: random bytes, with every f16 scale a small finite value.
+fn random_matrix(format: BlockFormat, rows: usize, k: usize, rng: &mut Rng) -> BlockMatrix {
+    let blocks = rows * k / format.block_weights();
+    let mut data: Vec<u8> = (0..blocks * format.block_bytes())
+        .map(|_| rng.next() as u8)
+        .collect();
+    for block in data.chunks_exact_mut(format.block_bytes()) {
+        for &at in f16_fields(format) {
+            let v = half::f16::from_f32(0.002 + (rng.next() % 1000) as f32 * 2e-5);
+            block[at..at + 2].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    BlockMatrix::new(format, rows, k, data).expect("matrix")
+}
+
+fn product(kernel: Kernel, x: &[f32], m: &BlockMatrix) -> Vec<f32> {
+    let mut out = vec![0f32; x.len() / m.k() * m.rows()];
+    let parts = [Arc::new(m.clone())];
+    linear(kernel, x, &parts, None, &mut out);
+    out
+}
+
+#[test]
+fn each_format_multiplies_as_its_widened_weights_do_within_the_activations_rounding() {
+    let mut rng = Rng(7);
+    let (rows, k, m) = (24, 512, 3);
+    for format in BlockFormat::ALL {
+        let w = random_matrix(format, rows, k, &mut rng);
+        let wide = w.dequantize();
+        let x: Vec<f32> = (0..m * k).map(|_| rng.float()).collect();
+        let got = product(Kernel::best(), &x, &w);
+        for t in 0..m {
+            for r in 0..rows {
+                let exact: f64 = (0..k)
+                    .map(|i| f64::from(x[t * k + i]) * f64::from(wide[r * k + i]))
+                    .sum();
+                let scale: f64 = (0..k)
+                    .map(|i| (f64::from(x[t * k + i]) * f64::from(wide[r * k + i])).abs())
+                    .sum();
+                let error = (f64::from(got[t * rows + r]) - exact).abs() / scale;
+                assert!(error < 4e-3, "{format:?} row {t} output {r}: error {error}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_portable_kernel_is_the_avx2_kernels_algorithm_bit_for_bit() {
+    let mut rng = Rng(11);
+    for format in BlockFormat::ALL {
+        let w = random_matrix(format, 20, 768, &mut rng);
+        let x: Vec<f32> = (0..5 * 768).map(|_| rng.float() * 3.0).collect();
+        // Five rows (unpacked once, then multiplied) and one (unpacked as multiplied).
+        let best = product(Kernel::best(), &x, &w);
+        let portable = product(Kernel::Portable, &x, &w);
+        let one = product(Kernel::best(), &x[..768], &w);
+        assert_eq!(one, portable[..20], "{format:?}: one row");
+        assert_eq!(
+            best.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            portable.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "{format:?} on {:?}",
+            Kernel::best()
+        );
+    }
+}
+
+#[test]
+fn a_rows_sums_are_the_same_alone_and_in_any_batch_and_a_stack_is_its_parts() {
+    let mut rng = Rng(3);
+    let (k, rows) = (256, 40);
+    let q = random_matrix(BlockFormat::Q4K, rows, k, &mut rng);
+    let v = random_matrix(BlockFormat::Q6K, 8, k, &mut rng);
+    let parts = [Arc::new(q.clone()), Arc::new(v.clone())];
+    let bias: Vec<f32> = (0..rows + 8).map(|_| rng.float()).collect();
+    let x: Vec<f32> = (0..37 * k).map(|_| rng.float()).collect();
+    let mut batch = vec![0f32; 37 * (rows + 8)];
+    linear(Kernel::best(), &x, &parts, Some(&bias), &mut batch);
+    for t in [0, 5, 36] {
+        let mut alone = vec![0f32; rows + 8];
+        linear(
+            Kernel::best(),
+            &x[t * k..][..k],
+            &parts,
+            Some(&bias),
+            &mut alone,
+        );
+        assert_eq!(alone, batch[t * (rows + 8)..][..rows + 8], "row {t}");
+        let (first, second) = (product(Kernel::best(), &x[t * k..][..k], &q), {
+            product(Kernel::best(), &x[t * k..][..k], &v)
+        });
+        let stacked: Vec<f32> = first
+            .iter()
+            .chain(&second)
+            .zip(&bias)
+            .map(|(a, b)| a + b)
+            .collect();
+        assert_eq!(alone, stacked, "row {t}: the stack against its parts");
+    }
+}
+
+#[test]
+fn a_shape_that_is_not_whole_blocks_is_refused() {
+    assert!(BlockMatrix::new(BlockFormat::Q4K, 2, 128, vec![0; 144]).is_err());
+    assert!(BlockMatrix::new(BlockFormat::Q4_0, 2, 64, vec![0; 18 * 3]).is_err());
+    assert!(BlockMatrix::new(BlockFormat::Q4_0, 2, 64, vec![0; 18 * 4]).is_ok());
+}
