@@ -73,6 +73,9 @@ pub enum Precision {
     /// int8 products with i32 sums (the fused CPU encoder, on CPUs with integer dot products:
     /// AVX-512 VNNI, AVX-VNNI, AVX2 or Arm's dotprod).
     Int8,
+    /// A GGUF generation model's weights kept in the file's block formats (Q4_0, Q4_1, Q8_0,
+    /// Q4_K, Q5_K, Q6_K) and multiplied as llama.cpp multiplies them: a seventh of f32's memory.
+    Gguf,
 }
 
 impl Choice for Precision {
@@ -82,6 +85,7 @@ impl Choice for Precision {
         ("bf16", Self::Bf16),
         ("f16", Self::F16),
         ("int8", Self::Int8),
+        ("gguf", Self::Gguf),
     ];
 }
 

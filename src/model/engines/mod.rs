@@ -290,6 +290,10 @@ pub(super) fn load_fused(
     Ok(Engine::Fused(Box::new(bert)))
 }
 
+/// Why an encoder refuses `--precision gguf`.
+pub(crate) const GGUF_ONLY: &str =
+    "--precision gguf is a GGUF generation model's; an encoder computes in f32, f16, bf16 or int8";
+
 /// The candle encoder's dtype for `precision`: auto is f16 on CUDA and f32 on the CPU.
 pub(super) fn candle_dtype(precision: Precision, device: &Device) -> Result<DType, ModelError> {
     match precision {
@@ -302,6 +306,7 @@ pub(super) fn candle_dtype(precision: Precision, device: &Device) -> Result<DTyp
              or f16"
                 .into(),
         )),
+        Precision::Gguf => Err(ModelError::Precision(GGUF_ONLY.into())),
     }
 }
 

@@ -91,8 +91,8 @@ impl GenerateTask {
     }
 
     /// Loads the generation model at `path` (a `.gguf` file, or a transformers folder) to run
-    /// on the CPU decoder, a GGUF in its blocks and a folder in f32 unless `options` ask for
-    /// another precision ([`decoder_precision`]);
+    /// on the CPU decoder, in f32 unless `options` ask for a GGUF's blocks or bf16
+    /// ([`decoder_precision`]);
     /// `interrupt` stops its batches (the seam sets it when the pipeline stops).
     pub fn open(
         path: &Path,
@@ -589,16 +589,17 @@ impl Infer for Generations {
     }
 }
 
-/// The decoder's precision for `--precision`: `auto` keeps a GGUF's weights in their block
-/// formats and multiplies them as llama.cpp does (a transformers folder, which has no blocks,
-/// is then f32); `f32` widens them, and its greedy tokens are the model's own library's on the
-/// widened weights (transformers'); `bf16` only when asked, since rounding the weights and
-/// activations can part a generation from them; `f16` and `int8` are the encoders' and refused
-/// with the reason.
+/// The decoder's precision for `--precision`: `auto` and `f32` are f32 (a GGUF's blocks widened
+/// as llama.cpp widens them), whose greedy tokens are the model's own library's on those
+/// weights (transformers'); `gguf` keeps a GGUF's weights in their block formats and multiplies
+/// them as llama.cpp does (a seventh of the memory and twice f32's speed one answer at a time,
+/// but slower than f32 on batches so far, so asked for, not chosen; a folder, which has no
+/// blocks, is then f32); `bf16` only when asked, since rounding the weights and activations can
+/// part a generation from them; `f16` and `int8` are the encoders' and refused with the reason.
 pub fn decoder_precision(precision: Precision) -> Result<DecoderPrecision, String> {
     match precision {
-        Precision::Auto => Ok(DecoderPrecision::Gguf),
-        Precision::F32 => Ok(DecoderPrecision::F32),
+        Precision::Auto | Precision::F32 => Ok(DecoderPrecision::F32),
+        Precision::Gguf => Ok(DecoderPrecision::Gguf),
         Precision::Bf16 => Ok(DecoderPrecision::Bf16),
         Precision::F16 => Err(refused("f16")),
         Precision::Int8 => Err(refused("int8")),
@@ -658,8 +659,8 @@ fn resume_key(hash: &str) -> String {
 
 fn refused(asked: &str) -> String {
     format!(
-        "a generation model computes in a GGUF's own blocks (auto), f32 or bf16 on the CPU, \
-         not {asked}"
+        "a generation model computes in f32 (auto), a GGUF's own blocks (gguf) or bf16 on the \
+         CPU, not {asked}"
     )
 }
 
@@ -745,8 +746,8 @@ mod tests {
 
     /// `--precision`: a transformers folder computes in f32 unless bf16 is asked for (its device
     /// says which, with the kernels, and bf16's hash is marked so that its checkpoints are its
-    /// own), and the encoders' f16 and int8 are refused at load. (A GGUF's blocks under auto:
-    /// tests/llm_gguf.rs.)
+    /// own), and the encoders' f16 and int8 are refused at load; `gguf` on a folder (no blocks)
+    /// is f32. (A GGUF's blocks: tests/llm_gguf.rs.)
     #[test]
     fn a_generation_model_computes_in_f32_unless_bf16_is_asked() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -758,9 +759,17 @@ mod tests {
         };
         let f32 = open(Precision::Auto).unwrap().info;
         assert!(f32.device.starts_with("Cpu (decoder, f32 from "));
+        let no_blocks = open(Precision::Gguf).unwrap().info;
+        assert_eq!(
+            (no_blocks.device, no_blocks.hash),
+            (f32.device.clone(), f32.hash.clone())
+        );
         for refused in [Precision::F16, Precision::Int8] {
             let e = open(refused).err().unwrap().to_string();
-            assert!(e.contains("blocks (auto), f32 or bf16"), "{e}");
+            assert!(
+                e.contains("f32 (auto), a GGUF's own blocks (gguf) or bf16"),
+                "{e}"
+            );
         }
         match open(Precision::Bf16) {
             Ok(t) => {
@@ -771,6 +780,37 @@ mod tests {
             }
             Err(e) => assert!(!spotinfer_fused_cpu::bf16_supported(), "{e}"),
         }
+    }
+
+    /// `--precision gguf` on a quantised GGUF keeps its blocks: the device line says so, and the
+    /// hash is marked so that its results and checkpoints name the engine.
+    #[test]
+    fn a_gguf_asked_for_its_blocks_says_so_and_marks_its_hash() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+        let open = |precision| {
+            let options = LoadOptions::new(crate::model::DeviceChoice::Cpu).precision(precision);
+            let defaults = GenerationDefaults::default();
+            GenerateTask::open(&path, &options, defaults, Interrupt::new())
+                .unwrap()
+                .info
+        };
+        let (f32, blocks) = (open(Precision::Auto), open(Precision::Gguf));
+        assert!(
+            f32.device.starts_with("Cpu (decoder, f32 from GGUF"),
+            "{}",
+            f32.device
+        );
+        assert!(
+            blocks
+                .device
+                .starts_with("Cpu (decoder, GGUF blocks from GGUF")
+                && blocks.device.contains("int8"),
+            "{}",
+            blocks.device
+        );
+        let (weights, settings) = f32.hash.split_once('~').unwrap();
+        assert_eq!(blocks.hash, format!("{weights}+gguf~{settings}"));
     }
 
     /// Issue 53: what decides the tokens besides the weights is in the hash checkpoints are kept

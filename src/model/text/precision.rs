@@ -83,6 +83,11 @@ impl TextModel {
         let chosen = match asked {
             Precision::F32 | Precision::F16 => fused_cpu::Precision::F32,
             Precision::Bf16 => fused_cpu::Precision::Bf16,
+            Precision::Gguf => {
+                return Err(ModelError::Precision(
+                    crate::model::engines::GGUF_ONLY.into(),
+                ))
+            }
             Precision::Int8 => {
                 self.calibrate(&lines(CALIBRATION))?;
                 fused_cpu::Precision::Int8

@@ -386,6 +386,33 @@ impl Kernel {
     }
 }
 
+impl Kernel {
+    /// One unpacked weight row times activation rows `t…` (four where four remain, else one)
+    /// into `out`; returns how many.
+    fn dots_by_rows(
+        self,
+        w: &Unpacked,
+        rows: &QuantRows,
+        t: usize,
+        out: &mut [f32; ROWS],
+    ) -> usize {
+        let m = rows.q.len() / rows.k;
+        match self {
+            // SAFETY: `best` picked it only where the CPU has AVX2, FMA and F16C.
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 if m - t >= 4 => {
+                let a = std::array::from_fn(|i| rows.row(t + i));
+                unsafe { x86::dots_by_four(w, a, out) };
+                4
+            }
+            _ => {
+                self.dots(std::slice::from_ref(w), rows.row(t), &mut out[..1]);
+                1
+            }
+        }
+    }
+}
+
 /// Weight rows a kernel call multiplies together.
 const ROWS: usize = 4;
 
@@ -444,14 +471,18 @@ pub(crate) fn linear(
                             continue;
                         }
                     }
-                    for (&(p, r), unpacked) in group.iter().zip(buffer.iter_mut()) {
+                    for (c, &(p, r)) in group.iter().enumerate() {
                         let part = &parts[p];
+                        let unpacked = &mut buffer[0];
                         kernel.unpack(part.format, part.row(r), k, unpacked);
-                    }
-                    for t in 0..m {
-                        kernel.dots(&buffer[..group.len()], rows.row(t), &mut out);
-                        let at = t * owned.len() + at;
-                        sums[at..][..group.len()].copy_from_slice(&out[..group.len()]);
+                        let mut t = 0;
+                        while t < m {
+                            let n = kernel.dots_by_rows(unpacked, &rows, t, &mut out);
+                            for (i, v) in out[..n].iter().enumerate() {
+                                sums[(t + i) * owned.len() + at + c] = *v;
+                            }
+                            t += n;
+                        }
                     }
                 }
                 sums

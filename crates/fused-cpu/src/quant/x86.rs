@@ -242,3 +242,62 @@ unsafe fn hsum(v: __m256) -> f32 {
     let pairs = _mm_add_ps(half, _mm_movehl_ps(half, half));
     _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)))
 }
+
+/// One unpacked weight row times four activation rows, into `out`: each sum computed exactly
+/// as [`dots`] computes it alone; the four interleaved share each weight load and hide the
+/// multiply-adds' latency (written out, so the sums stay in registers).
+///
+/// # Safety
+/// As [`dots`], for the four rows of `a`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn dots_by_four(w: &Unpacked, a: [ActivationRow<'_>; 4], out: &mut [f32; 4]) {
+    let subs = a[0].scale.len();
+    assert!(
+        a.iter().all(|a| a.q.len() >= subs * BLOCK
+            && a.scale.len() >= subs
+            && a.scaled_sum.len() >= subs)
+            && w.w.len() >= subs * BLOCK
+            && w.magnitude.len() >= subs * BLOCK
+            && w.scales.len() >= subs * 16
+            && w.factor.len() >= subs
+            && w.minimum.len() >= subs,
+        "block product: sub-blocks"
+    );
+    let (mut l0, mut l1, mut l2, mut l3) = (
+        _mm256_setzero_ps(),
+        _mm256_setzero_ps(),
+        _mm256_setzero_ps(),
+        _mm256_setzero_ps(),
+    );
+    let mut minimums = [0f32; 4];
+    for s in 0..subs {
+        let values = _mm256_loadu_si256(w.w.as_ptr().add(s * BLOCK).cast());
+        let magnitude = _mm256_loadu_si256(w.magnitude.as_ptr().add(s * BLOCK).cast());
+        let scales = _mm256_loadu_si256(w.scales.as_ptr().add(s * 16).cast());
+        let factor = *w.factor.get_unchecked(s);
+        macro_rules! row {
+            ($lanes:ident, $t:literal) => {
+                let q = _mm256_loadu_si256(a[$t].q.as_ptr().add(s * BLOCK).cast());
+                let pairs = if w.has_minimum {
+                    _mm256_maddubs_epi16(magnitude, q)
+                } else {
+                    _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(q, values))
+                };
+                let sums = _mm256_madd_epi16(pairs, scales);
+                let both = _mm256_set1_ps(factor * *a[$t].scale.get_unchecked(s));
+                $lanes = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), both, $lanes);
+                if w.has_minimum {
+                    minimums[$t] +=
+                        *w.minimum.get_unchecked(s) * *a[$t].scaled_sum.get_unchecked(s);
+                }
+            };
+        }
+        row!(l0, 0);
+        row!(l1, 1);
+        row!(l2, 2);
+        row!(l3, 3);
+    }
+    for (t, lanes) in [l0, l1, l2, l3].into_iter().enumerate() {
+        out[t] = hsum(lanes) + minimums[t];
+    }
+}
