@@ -207,13 +207,17 @@ impl Weights {
     }
 }
 
-/// Activation rows rounded to 8 bits per block of 32: values, each block's scale, and each
-/// block's scale times its values' sum (for the formats with a minimum).
+/// 1.5 · 2^23: added to and taken from an f32 below 2^22 in magnitude, rounds it to an integer,
+/// half to even.
+const ROUNDER: f32 = 12_582_912.0;
+
+/// Activation rows rounded to 8 bits per block of 32: values, and per block its scale and its
+/// scale times its values' sum (for the formats with a minimum), side by side so a kernel loads
+/// both at once.
 pub(crate) struct QuantRows {
     k: usize,
     q: Vec<i8>,
-    scale: Vec<f32>,
-    scaled_sum: Vec<f32>,
+    scales: Vec<[f32; 2]>,
 }
 
 impl QuantRows {
@@ -223,8 +227,7 @@ impl QuantRows {
         let mut rows = Self {
             k,
             q: vec![0; x.len()],
-            scale: vec![0.0; blocks],
-            scaled_sum: vec![0.0; blocks],
+            scales: vec![[0.0; 2]; blocks],
         };
         for (b, (block, q)) in x
             .chunks_exact(BLOCK)
@@ -238,11 +241,15 @@ impl QuantRows {
             let inverse = if amax != 0.0 { 127.0 / amax } else { 0.0 };
             let mut sum = 0i32;
             for (q, v) in q.iter_mut().zip(block) {
-                *q = (v * inverse).round_ties_even() as i8;
+                // Half to even by adding and taking away 1.5 · 2^23 (exact for |x| ≤ 127): what
+                // `round_ties_even` computes, without its call into libm on x86-64.
+                *q = ((v * inverse + ROUNDER) - ROUNDER) as i8;
                 sum += i32::from(*q);
             }
-            rows.scale[b] = half::f16::from_f32(d).to_f32();
-            rows.scaled_sum[b] = half::f16::from_f32(d * sum as f32).to_f32();
+            rows.scales[b] = [
+                half::f16::from_f32(d).to_f32(),
+                half::f16::from_f32(d * sum as f32).to_f32(),
+            ];
         }
         rows
     }
@@ -251,8 +258,7 @@ impl QuantRows {
         let blocks = self.k / BLOCK;
         ActivationRow {
             q: &self.q[t * self.k..][..self.k],
-            scale: &self.scale[t * blocks..][..blocks],
-            scaled_sum: &self.scaled_sum[t * blocks..][..blocks],
+            scales: &self.scales[t * blocks..][..blocks],
         }
     }
 }
@@ -261,21 +267,20 @@ impl QuantRows {
 #[derive(Clone, Copy)]
 pub(crate) struct ActivationRow<'a> {
     pub q: &'a [i8],
-    pub scale: &'a [f32],
-    pub scaled_sum: &'a [f32],
+    /// Per block: the scale and the scaled sum.
+    pub scales: &'a [[f32; 2]],
 }
 
 /// One weight row unpacked to what the kernels multiply: per 32-weight sub-block, the signed
 /// values and their magnitudes (`vpmaddubsw` multiplies unsigned by signed bytes), 16 integer
-/// scales (one per pair of values: a Q6_K sub-block has two), the float scale and the minimum's
-/// coefficient.
+/// scales (one per pair of values: a Q6_K sub-block has two), and the float scale beside the
+/// minimum's coefficient (multiplied by an activation block's scale and scaled sum at once).
 #[derive(Default)]
 pub(crate) struct Unpacked {
     pub w: Vec<i8>,
     pub magnitude: Vec<u8>,
     pub scales: Vec<i16>,
-    pub factor: Vec<f32>,
-    pub minimum: Vec<f32>,
+    pub factor_minimum: Vec<[f32; 2]>,
     /// Whether any sub-block has a minimum (else its term is skipped).
     pub has_minimum: bool,
 }
@@ -321,19 +326,12 @@ impl Kernel {
         }
     }
 
-    /// The sums of products of the rows `w` (at most [`ROWS`]) with `a`, into `out`.
+    /// The sums of products of the unpacked rows `w` with `a`, into `out`.
     fn dots(self, w: &[Unpacked], a: ActivationRow<'_>, out: &mut [f32]) {
         match self {
             // SAFETY: `best` picked it only where the CPU has AVX2, FMA and F16C.
             #[cfg(target_arch = "x86_64")]
-            Self::Avx2 if w.len() == ROWS => unsafe { x86::dots::<ROWS>(w, a, out) },
-            #[cfg(target_arch = "x86_64")]
-            Self::Avx2 => {
-                for (w, out) in w.iter().zip(out) {
-                    // SAFETY: as above.
-                    unsafe { x86::dots::<1>(std::slice::from_ref(w), a, std::slice::from_mut(out)) }
-                }
-            }
+            Self::Avx2 => unsafe { x86::dots(w, a, out) },
             Self::Portable => {
                 for (w, out) in w.iter().zip(out) {
                     *out = unpack::dot(w, a);
@@ -341,9 +339,7 @@ impl Kernel {
             }
         }
     }
-}
 
-impl Kernel {
     /// As [`Kernel::dots`] from the rows' GGUF bytes, unpacked as they are multiplied (for one
     /// activation row, where a buffer would be written and read for a single use).
     fn dots_packed(
@@ -358,23 +354,7 @@ impl Kernel {
             // SAFETY: `best` picked it only where the CPU has AVX2, FMA and F16C; each row holds
             // `k` weights (checked when the matrix was made).
             #[cfg(target_arch = "x86_64")]
-            Self::Avx2 if rows.len() == ROWS => unsafe {
-                x86::dots_packed::<ROWS>(format, rows, a, out)
-            },
-            #[cfg(target_arch = "x86_64")]
-            Self::Avx2 => {
-                for (row, out) in rows.iter().zip(out) {
-                    // SAFETY: as above.
-                    unsafe {
-                        x86::dots_packed::<1>(
-                            format,
-                            std::slice::from_ref(row),
-                            a,
-                            std::slice::from_mut(out),
-                        )
-                    }
-                }
-            }
+            Self::Avx2 => unsafe { x86::dots_packed(format, rows, a, out) },
             Self::Portable => {
                 let mut w = Unpacked::default();
                 for (row, out) in rows.iter().zip(out) {
@@ -384,9 +364,7 @@ impl Kernel {
             }
         }
     }
-}
 
-impl Kernel {
     /// One unpacked weight row times activation rows `t…` (four where four remain, else one)
     /// into `out`; returns how many.
     fn dots_by_rows(
@@ -417,9 +395,7 @@ impl Kernel {
 const ROWS: usize = 4;
 
 thread_local! {
-    static UNPACKED: std::cell::RefCell<Vec<Unpacked>> = std::cell::RefCell::new(
-        (0..ROWS).map(|_| Unpacked::default()).collect()
-    );
+    static UNPACKED: std::cell::RefCell<Unpacked> = std::cell::RefCell::new(Unpacked::default());
 }
 
 /// `out = x · wᵀ (+ b)` for `x` rows of `k` and a matrix stacked from `parts` (each part's
@@ -452,55 +428,63 @@ pub(crate) fn linear(
     }
     let threads = rayon::current_num_threads().max(1);
     let chunk = n.div_ceil(threads * 4).max(16);
-    let columns: Vec<Vec<f32>> = owners
-        .par_chunks(chunk)
-        .map(|owned| {
-            UNPACKED.with(|buffer| {
-                let mut buffer = buffer.borrow_mut();
-                let mut sums = vec![0f32; owned.len() * m];
-                let mut out = [0f32; ROWS];
-                for (g, group) in owned.chunks(ROWS).enumerate() {
-                    let at = g * ROWS;
-                    if m == 1 {
-                        let format = parts[group[0].0].format;
-                        if group.iter().all(|&(p, _)| parts[p].format == format) {
-                            let bytes: Vec<&[u8]> =
-                                group.iter().map(|&(p, r)| parts[p].row(r)).collect();
-                            kernel.dots_packed(format, &bytes, k, rows.row(0), &mut out);
-                            sums[at..][..group.len()].copy_from_slice(&out[..group.len()]);
-                            continue;
-                        }
-                    }
-                    for (c, &(p, r)) in group.iter().enumerate() {
-                        let part = &parts[p];
-                        let unpacked = &mut buffer[0];
-                        kernel.unpack(part.format, part.row(r), k, unpacked);
-                        let mut t = 0;
-                        while t < m {
-                            let n = kernel.dots_by_rows(unpacked, &rows, t, &mut out);
-                            for (i, v) in out[..n].iter().enumerate() {
-                                sums[(t + i) * owned.len() + at + c] = *v;
-                            }
-                            t += n;
-                        }
-                    }
-                }
-                sums
-            })
-        })
-        .collect();
-    for (i, sums) in columns.iter().enumerate() {
+    let base = OutPtr(out.as_mut_ptr());
+    (0..n.div_ceil(chunk)).into_par_iter().for_each(|i| {
+        let owned = &owners[i * chunk..((i + 1) * chunk).min(n)];
         let first = i * chunk;
-        let width = sums.len() / m.max(1);
-        for t in 0..m {
-            let row = &mut out[t * n + first..][..width];
-            row.copy_from_slice(&sums[t * width..][..width]);
-            if let Some(b) = b {
-                for (o, b) in row.iter_mut().zip(&b[first..]) {
-                    *o += b;
+        // Each sum is written once, straight into its place (plus its bias).
+        let put = |t: usize, column: usize, v: f32| {
+            let v = b.map_or(v, |b| v + b[column]);
+            // SAFETY: `column` is one of this task's outputs, `t` below `m`, so the place is
+            // inside `out` and no other task writes it.
+            unsafe { *base.get().add(t * n + column) = v };
+        };
+        UNPACKED.with(|unpacked| {
+            let mut unpacked = unpacked.borrow_mut();
+            let mut sums = [0f32; ROWS];
+            for (g, group) in owned.chunks(ROWS).enumerate() {
+                let at = first + g * ROWS;
+                let format = parts[group[0].0].format;
+                if m == 1 && group.iter().all(|&(p, _)| parts[p].format == format) {
+                    let mut bytes: [&[u8]; ROWS] = [&[]; ROWS];
+                    for (b, &(p, r)) in bytes.iter_mut().zip(group) {
+                        *b = parts[p].row(r);
+                    }
+                    let bytes = &bytes[..group.len()];
+                    kernel.dots_packed(format, bytes, k, rows.row(0), &mut sums);
+                    for (c, &v) in sums[..group.len()].iter().enumerate() {
+                        put(0, at + c, v);
+                    }
+                    continue;
+                }
+                for (c, &(p, r)) in group.iter().enumerate() {
+                    let part = &parts[p];
+                    kernel.unpack(part.format, part.row(r), k, &mut unpacked);
+                    let mut t = 0;
+                    while t < m {
+                        let done = kernel.dots_by_rows(&unpacked, &rows, t, &mut sums);
+                        for (i, &v) in sums[..done].iter().enumerate() {
+                            put(t + i, at + c, v);
+                        }
+                        t += done;
+                    }
                 }
             }
-        }
+        })
+    });
+}
+
+/// The output of [`linear`], shared by tasks that write disjoint columns.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: see `linear`: each task writes its own columns.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The pointer (a method, so closures capture the Sync wrapper, not its field).
+    fn get(self) -> *mut f32 {
+        self.0
     }
 }
 

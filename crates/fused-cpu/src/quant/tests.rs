@@ -126,6 +126,25 @@ fn a_rows_sums_are_the_same_alone_and_in_any_batch_and_a_stack_is_its_parts() {
 }
 
 #[test]
+fn activations_round_half_to_even_as_llama_cpp_rounds_them() {
+    // 127 / 127 · (±2.5, ±1.5, 0.5, 126.5, …): ties go to the even neighbour.
+    let mut x = vec![0f32; 32];
+    x[..8].copy_from_slice(&[127.0, 2.5, -2.5, 1.5, -1.5, 0.5, 126.5, -0.49]);
+    let rows = QuantRows::new(&x, 32);
+    assert_eq!(rows.q[..8], [127, 2, -2, 2, -2, 0, 126, 0]);
+    for v in [0.3f32, 3.7, -100.5, 64.5, 33.49999] {
+        let mut x = vec![0f32; 32];
+        x[0] = 127.0;
+        x[1] = v;
+        assert_eq!(
+            f32::from(QuantRows::new(&x, 32).q[1]),
+            v.round_ties_even(),
+            "{v}"
+        );
+    }
+}
+
+#[test]
 fn a_shape_that_is_not_whole_blocks_is_refused() {
     assert!(BlockMatrix::new(BlockFormat::Q4K, 2, 128, vec![0; 144]).is_err());
     assert!(BlockMatrix::new(BlockFormat::Q4_0, 2, 64, vec![0; 18 * 3]).is_err());

@@ -128,8 +128,7 @@ pub(super) fn prepare(format: BlockFormat, k: usize, out: &mut Unpacked) {
     out.w.resize(k, 0);
     out.magnitude.resize(k, 0);
     out.scales.resize(subs * 16, 0);
-    out.factor.resize(subs, 0.0);
-    out.minimum.resize(subs, 0.0);
+    out.factor_minimum.resize(subs, [0.0; 2]);
     out.has_minimum = matches!(
         format,
         BlockFormat::Q4_1 | BlockFormat::Q4K | BlockFormat::Q5K
@@ -141,8 +140,7 @@ pub(super) fn put_meta(out: &mut Unpacked, s: usize, m: &Meta) {
     let scales = &mut out.scales[s * 16..][..16];
     scales[..8].fill(m.scales[0]);
     scales[8..].fill(m.scales[1]);
-    out.factor[s] = m.factor;
-    out.minimum[s] = m.minimum;
+    out.factor_minimum[s] = [m.factor, m.minimum];
 }
 
 /// `row` (`k` weights in `format`) into `out`, sub-block by sub-block.
@@ -173,7 +171,8 @@ pub(super) fn dot(w: &Unpacked, a: ActivationRow<'_>) -> f32 {
             .zip(w.scales.chunks_exact(16))
             .enumerate()
     {
-        let both = w.factor[s] * a.scale[s];
+        let ([factor, minimum], [scale, scaled_sum]) = (w.factor_minimum[s], a.scales[s]);
+        let (both, minimum) = (factor * scale, minimum * scaled_sum);
         for (j, lane) in lanes.iter_mut().enumerate() {
             let mut sum = 0i32;
             for pair in [2 * j, 2 * j + 1] {
@@ -185,7 +184,7 @@ pub(super) fn dot(w: &Unpacked, a: ActivationRow<'_>) -> f32 {
             *lane = (sum as f32).mul_add(both, *lane);
         }
         if w.has_minimum {
-            minimums += w.minimum[s] * a.scaled_sum[s];
+            minimums += minimum;
         }
     }
     let half: [f32; 4] = std::array::from_fn(|j| lanes[j] + lanes[j + 4]);

@@ -1,60 +1,235 @@
-//! The block product on AVX2: per 32-weight sub-block, `vpmaddubsw` multiplies the weights'
-//! magnitudes by the activations carrying the weights' signs (exact: no pair exceeds 16 bits),
-//! `vpmaddwd` applies the integer scales, and one fused multiply-add per sub-block scales the
-//! eight 32-bit sums into f32 lanes. `unpack::dot` is the same algorithm in portable Rust.
+//! The block product on AVX2: per 32-weight sub-block, `vpmaddubsw` multiplies the weights
+//! (unsigned as they are, signed ones by magnitude with their signs moved onto the activations;
+//! exact: no pair exceeds 16 bits), `vpmaddwd` applies the integer scales, and one fused
+//! multiply-add per sub-block scales the eight 32-bit sums into f32 lanes. The float scale and
+//! the minimum's coefficient are multiplied by the activation block's scale and scaled sum in one
+//! two-lane product, and the minimums' terms summed in the second lane. `unpack::dot` is the
+//! same algorithm in portable Rust.
 
 use super::{unpack, ActivationRow, BlockFormat, Unpacked, BLOCK};
 use std::arch::x86_64::*;
 
-/// `R` weight rows' sums of products with one activation row, into `out`: each row's sum
-/// computed exactly as alone (its own lanes, in block order); interleaving `R` of them hides the
-/// multiply-adds' latency and shares each activation load.
+/// `(factor · scale, minimum · scaled sum)` in the low two lanes: one product for both.
+#[inline(always)]
+unsafe fn pair_product(factor_minimum: *const [f32; 2], scales: *const [f32; 2]) -> __m128 {
+    let w = _mm_castpd_ps(_mm_load_sd(factor_minimum.cast()));
+    let a = _mm_castpd_ps(_mm_load_sd(scales.cast()));
+    _mm_mul_ps(w, a)
+}
+
+/// The sub-block's 32-bit sums: values times activations, pairs scaled by `scales`.
+#[inline(always)]
+unsafe fn integer_sums(values: __m256i, q: __m256i, scales: __m256i, unsigned: bool) -> __m256i {
+    let pairs = if unsigned {
+        _mm256_maddubs_epi16(values, q)
+    } else {
+        _mm256_maddubs_epi16(_mm256_abs_epi8(values), _mm256_sign_epi8(q, values))
+    };
+    _mm256_madd_epi16(pairs, scales)
+}
+
+/// Adds one sub-block: `lanes += sums · factor·scale`, `minimums += minimum·scaled sum` (lane 1).
+#[inline(always)]
+unsafe fn accumulate(
+    lanes: &mut __m256,
+    minimums: &mut __m128,
+    sums: __m256i,
+    pair: __m128,
+    has_minimum: bool,
+) {
+    *lanes = _mm256_fmadd_ps(
+        _mm256_cvtepi32_ps(sums),
+        _mm256_broadcastss_ps(pair),
+        *lanes,
+    );
+    if has_minimum {
+        *minimums = _mm_add_ps(*minimums, pair);
+    }
+}
+
+/// The eight lanes summed as `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`, plus the minimums' lane.
+#[inline(always)]
+unsafe fn total(lanes: __m256, minimums: __m128) -> f32 {
+    let half = _mm_add_ps(
+        _mm256_castps256_ps128(lanes),
+        _mm256_extractf128_ps(lanes, 1),
+    );
+    let pairs = _mm_add_ps(half, _mm_movehl_ps(half, half));
+    let sum = _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
+    sum + _mm_cvtss_f32(_mm_shuffle_ps(minimums, minimums, 1))
+}
+
+/// Unpacked weight rows `w` times one activation row, into `out`.
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA; every row of `w` and `a` must hold the same sub-blocks.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dots<const R: usize>(w: &[Unpacked], a: ActivationRow<'_>, out: &mut [f32]) {
-    let subs = a.scale.len();
+pub(super) unsafe fn dots(w: &[Unpacked], a: ActivationRow<'_>, out: &mut [f32]) {
+    for (w, out) in w.iter().zip(out) {
+        let subs = a.scales.len();
+        check(w, a, subs);
+        let (mut lanes, mut minimums) = (_mm256_setzero_ps(), _mm_setzero_ps());
+        for s in 0..subs {
+            let values = _mm256_loadu_si256(w.w.as_ptr().add(s * BLOCK).cast());
+            let q = _mm256_loadu_si256(a.q.as_ptr().add(s * BLOCK).cast());
+            let scales = _mm256_loadu_si256(w.scales.as_ptr().add(s * 16).cast());
+            let sums = integer_sums(values, q, scales, w.has_minimum);
+            let pair = pair_product(w.factor_minimum.as_ptr().add(s), a.scales.as_ptr().add(s));
+            accumulate(&mut lanes, &mut minimums, sums, pair, w.has_minimum);
+        }
+        *out = total(lanes, minimums);
+    }
+}
+
+/// What the kernels read past their slices' checks.
+fn check(w: &Unpacked, a: ActivationRow<'_>, subs: usize) {
     assert!(
-        w.len() >= R
-            && out.len() >= R
-            && a.q.len() >= subs * BLOCK
-            && w[..R].iter().all(|w| {
-                w.w.len() >= subs * BLOCK
-                    && w.magnitude.len() >= subs * BLOCK
-                    && w.scales.len() >= subs * 16
-                    && w.factor.len() >= subs
-                    && w.minimum.len() >= subs
-            }),
+        a.q.len() >= subs * BLOCK
+            && w.w.len() >= subs * BLOCK
+            && w.scales.len() >= subs * 16
+            && w.factor_minimum.len() >= subs,
         "block product: sub-blocks"
     );
-    let mut lanes = [_mm256_setzero_ps(); R];
-    let mut minimums = [0f32; R];
+}
+
+/// One unpacked weight row times four activation rows, into `out`: each sum computed exactly
+/// as [`dots`] computes it alone; the four interleaved share each weight load and hide the
+/// multiply-adds' latency (written out, so the sums stay in registers).
+///
+/// # Safety
+/// As [`dots`], for the four rows of `a`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn dots_by_four(w: &Unpacked, a: [ActivationRow<'_>; 4], out: &mut [f32; 4]) {
+    let subs = a[0].scales.len();
+    for a in a {
+        assert_eq!(a.scales.len(), subs, "block product: rows");
+        check(w, a, subs);
+    }
+    let zero = _mm256_setzero_ps();
+    let (mut l0, mut l1, mut l2, mut l3) = (zero, zero, zero, zero);
+    let mut m = [_mm_setzero_ps(); 4];
+    let unsigned = w.has_minimum;
     for s in 0..subs {
-        let q = _mm256_loadu_si256(a.q.as_ptr().add(s * BLOCK).cast());
-        let scale = *a.scale.get_unchecked(s);
-        let scaled_sum = *a.scaled_sum.get_unchecked(s);
-        for r in 0..R {
-            let w = w.get_unchecked(r);
-            let values = _mm256_loadu_si256(w.w.as_ptr().add(s * BLOCK).cast());
-            let magnitude = _mm256_loadu_si256(w.magnitude.as_ptr().add(s * BLOCK).cast());
-            let scales = _mm256_loadu_si256(w.scales.as_ptr().add(s * 16).cast());
-            let pairs = if w.has_minimum {
-                _mm256_maddubs_epi16(magnitude, q)
-            } else {
-                _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(q, values))
+        let values = _mm256_loadu_si256(w.w.as_ptr().add(s * BLOCK).cast());
+        let scales = _mm256_loadu_si256(w.scales.as_ptr().add(s * 16).cast());
+        let fm = w.factor_minimum.as_ptr().add(s);
+        macro_rules! row {
+            ($lanes:ident, $t:literal) => {
+                let q = _mm256_loadu_si256(a[$t].q.as_ptr().add(s * BLOCK).cast());
+                let sums = integer_sums(values, q, scales, unsigned);
+                let pair = pair_product(fm, a[$t].scales.as_ptr().add(s));
+                accumulate(&mut $lanes, &mut m[$t], sums, pair, unsigned);
             };
-            let sums = _mm256_madd_epi16(pairs, scales);
-            let both = _mm256_set1_ps(*w.factor.get_unchecked(s) * scale);
-            lanes[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), both, lanes[r]);
-            if w.has_minimum {
-                minimums[r] += *w.minimum.get_unchecked(s) * scaled_sum;
+        }
+        row!(l0, 0);
+        row!(l1, 1);
+        row!(l2, 2);
+        row!(l3, 3);
+    }
+    for (t, lanes) in [l0, l1, l2, l3].into_iter().enumerate() {
+        out[t] = total(lanes, m[t]);
+    }
+}
+
+/// Weight rows (GGUF bytes, `format`) times one activation row, unpacking each sub-block in
+/// registers: no buffer, for a decoding step's one row. Each sum is computed exactly as
+/// [`dots`] computes it from the unpacked row (the same integers, products and order).
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; every row must hold `a`'s weights in `format`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dots_packed(
+    format: BlockFormat,
+    rows: &[&[u8]],
+    a: ActivationRow<'_>,
+    out: &mut [f32],
+) {
+    match format {
+        BlockFormat::Q4_0 => fused::<0>(rows, a, out),
+        BlockFormat::Q4_1 => fused::<1>(rows, a, out),
+        BlockFormat::Q8_0 => fused::<2>(rows, a, out),
+        BlockFormat::Q4K => fused::<3>(rows, a, out),
+        BlockFormat::Q5K => fused::<4>(rows, a, out),
+        BlockFormat::Q6K => fused::<5>(rows, a, out),
+    }
+}
+
+/// The two f16 at `at`, widened, in lanes 0 and 1.
+#[inline(always)]
+unsafe fn two_f16(at: *const u8) -> __m128 {
+    _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(
+        at.cast::<i32>(),
+    )))
+}
+
+/// [`dots_packed`] for the format `BlockFormat::ALL[F]`.
+#[inline(always)]
+unsafe fn fused<const F: usize>(rows: &[&[u8]], a: ActivationRow<'_>, out: &mut [f32]) {
+    let format = BlockFormat::ALL[F];
+    let (per, bytes) = (format.block_weights() / BLOCK, format.block_bytes());
+    let subs = a.scales.len();
+    assert!(
+        a.q.len() >= subs * BLOCK && rows.iter().all(|r| r.len() >= subs / per * bytes),
+        "block product: sub-blocks"
+    );
+    for (row, out) in rows.iter().zip(out) {
+        *out = fused_row::<F>(row.as_ptr(), subs / per, a.q.as_ptr(), a.scales.as_ptr());
+    }
+}
+
+/// One row of [`fused`]: its own function, so its sums stay in registers.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fused_row<const F: usize>(
+    row: *const u8,
+    blocks: usize,
+    q: *const i8,
+    activation_scales: *const [f32; 2],
+) -> f32 {
+    let format = BlockFormat::ALL[F];
+    let (per, bytes) = (format.block_weights() / BLOCK, format.block_bytes());
+    let has_minimum = matches!(
+        format,
+        BlockFormat::Q4_1 | BlockFormat::Q4K | BlockFormat::Q5K
+    );
+    let ones = _mm256_set1_epi16(1);
+    let (mut lanes, mut minimums) = (_mm256_setzero_ps(), _mm_setzero_ps());
+    for b in 0..blocks {
+        let block = row.add(b * bytes);
+        // Lane 0 the block's scale, lane 1 its minimum (Q4_1) or the K formats' dmin.
+        let head = match format {
+            BlockFormat::Q6K => {
+                let d = std::ptr::read_unaligned(block.add(208).cast::<u16>());
+                _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d)))
             }
+            _ => two_f16(block),
+        };
+        for j in 0..per {
+            let s = b * per + j;
+            let (scales, fm) = match format {
+                BlockFormat::Q4_0 | BlockFormat::Q8_0 | BlockFormat::Q4_1 => (ones, head),
+                BlockFormat::Q4K | BlockFormat::Q5K => {
+                    let k4 = std::slice::from_raw_parts(block.add(4), 12);
+                    let (sc, m) = unpack::scale_min_k4(j, k4);
+                    let dmin = _mm_cvtss_f32(_mm_shuffle_ps(head, head, 1));
+                    let minimum = -(dmin * f32::from(m));
+                    let fm = _mm_setr_ps(_mm_cvtss_f32(head), minimum, 0.0, 0.0);
+                    (_mm256_set1_epi16(i16::from(sc)), fm)
+                }
+                BlockFormat::Q6K => {
+                    let sc = block.add(192 + 8 * (j / 4) + 2 * (j % 4));
+                    let (first, second) = (i16::from(*sc as i8), i16::from(*sc.add(1) as i8));
+                    let scales = _mm256_set_m128i(_mm_set1_epi16(second), _mm_set1_epi16(first));
+                    (scales, head)
+                }
+            };
+            let activation = _mm_castpd_ps(_mm_load_sd(activation_scales.add(s).cast()));
+            let pair = _mm_mul_ps(fm, activation);
+            let qa = _mm256_loadu_si256(q.add(s * BLOCK).cast());
+            let sums = integer_sums(values(format, block, j), qa, scales, has_minimum);
+            accumulate(&mut lanes, &mut minimums, sums, pair, has_minimum);
         }
     }
-    for r in 0..R {
-        out[r] = hsum(lanes[r]) + minimums[r];
-    }
+    total(lanes, minimums)
 }
 
 /// [`super::unpack::unpack`] with each sub-block's values taken apart in registers: the same
@@ -133,171 +308,5 @@ unsafe fn values(format: BlockFormat, at: *const u8, within: usize) -> __m256i {
             );
             _mm256_sub_epi8(v, _mm256_set1_epi8(32))
         }
-    }
-}
-
-/// The f16 at `at`, widened.
-#[inline(always)]
-unsafe fn f16_at(at: *const u8) -> f32 {
-    let h = _mm_cvtsi32_si128(i32::from(u16::from_le_bytes([*at, *at.add(1)])));
-    _mm_cvtss_f32(_mm_cvtph_ps(h))
-}
-
-/// Sub-block `j` of the block at `at`: its integer scales (as the 16 lanes of `vpmaddwd`), float
-/// scale and minimum's coefficient, as `unpack::meta` gives them.
-#[inline(always)]
-unsafe fn sub_meta(format: BlockFormat, at: *const u8, j: usize) -> (__m256i, f32, f32) {
-    match format {
-        BlockFormat::Q4_0 | BlockFormat::Q8_0 => (_mm256_set1_epi16(1), f16_at(at), 0.0),
-        BlockFormat::Q4_1 => (_mm256_set1_epi16(1), f16_at(at), f16_at(at.add(2))),
-        BlockFormat::Q4K | BlockFormat::Q5K => {
-            let (sc, mn) = unpack::scale_min_k4(j, std::slice::from_raw_parts(at.add(4), 12));
-            let minimum = -(f16_at(at.add(2)) * f32::from(mn));
-            (_mm256_set1_epi16(i16::from(sc)), f16_at(at), minimum)
-        }
-        BlockFormat::Q6K => {
-            let sc = at.add(192 + 8 * (j / 4) + 2 * (j % 4));
-            let (first, second) = (i16::from(*sc as i8), i16::from(*sc.add(1) as i8));
-            let scales = _mm256_set_m128i(_mm_set1_epi16(second), _mm_set1_epi16(first));
-            (scales, f16_at(at.add(208)), 0.0)
-        }
-    }
-}
-
-/// `R` weight rows (GGUF bytes, `format`) times one activation row, unpacking each sub-block
-/// in registers: no buffer, for a decoding step's one row. Each sum is computed exactly as
-/// [`dots`] computes it from the unpacked rows (the same integers, scales and order).
-///
-/// # Safety
-/// The CPU must have AVX2, FMA and F16C; every row must hold `a`'s weights in `format`.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dots_packed<const R: usize>(
-    format: BlockFormat,
-    rows: &[&[u8]],
-    a: ActivationRow<'_>,
-    out: &mut [f32],
-) {
-    match format {
-        BlockFormat::Q4_0 => fused::<R, 0>(rows, a, out),
-        BlockFormat::Q4_1 => fused::<R, 1>(rows, a, out),
-        BlockFormat::Q8_0 => fused::<R, 2>(rows, a, out),
-        BlockFormat::Q4K => fused::<R, 3>(rows, a, out),
-        BlockFormat::Q5K => fused::<R, 4>(rows, a, out),
-        BlockFormat::Q6K => fused::<R, 5>(rows, a, out),
-    }
-}
-
-/// [`dots_packed`] for the format `BlockFormat::ALL[F]`, so its branches fold away.
-#[inline(always)]
-unsafe fn fused<const R: usize, const F: usize>(
-    rows: &[&[u8]],
-    a: ActivationRow<'_>,
-    out: &mut [f32],
-) {
-    let format = BlockFormat::ALL[F];
-    let (per, bytes) = (format.block_weights() / BLOCK, format.block_bytes());
-    let subs = a.scale.len();
-    assert!(
-        rows.len() >= R
-            && out.len() >= R
-            && a.q.len() >= subs * BLOCK
-            && rows[..R].iter().all(|r| r.len() >= subs / per * bytes),
-        "block product: sub-blocks"
-    );
-    let has_minimum = matches!(
-        format,
-        BlockFormat::Q4_1 | BlockFormat::Q4K | BlockFormat::Q5K
-    );
-    for r in 0..R {
-        let row = rows[r].as_ptr();
-        let mut lanes = _mm256_setzero_ps();
-        let mut minimums = 0f32;
-        for s in 0..subs {
-            let (block, j) = (row.add(s / per * bytes), s % per);
-            let q = _mm256_loadu_si256(a.q.as_ptr().add(s * BLOCK).cast());
-            let (scales, factor, minimum) = sub_meta(format, block, j);
-            let v = values(format, block, j);
-            // Unsigned values (the formats with a minimum) multiply as they are; signed ones
-            // by magnitude, the sign moved onto the activations. The same products either way.
-            let pairs = if has_minimum {
-                _mm256_maddubs_epi16(v, q)
-            } else {
-                _mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(q, v))
-            };
-            let sums = _mm256_madd_epi16(pairs, scales);
-            let both = _mm256_set1_ps(factor * *a.scale.get_unchecked(s));
-            lanes = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), both, lanes);
-            if has_minimum {
-                minimums += minimum * *a.scaled_sum.get_unchecked(s);
-            }
-        }
-        out[r] = hsum(lanes) + minimums;
-    }
-}
-
-/// The eight lanes summed as `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`.
-#[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
-    let half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let pairs = _mm_add_ps(half, _mm_movehl_ps(half, half));
-    _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)))
-}
-
-/// One unpacked weight row times four activation rows, into `out`: each sum computed exactly
-/// as [`dots`] computes it alone; the four interleaved share each weight load and hide the
-/// multiply-adds' latency (written out, so the sums stay in registers).
-///
-/// # Safety
-/// As [`dots`], for the four rows of `a`.
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dots_by_four(w: &Unpacked, a: [ActivationRow<'_>; 4], out: &mut [f32; 4]) {
-    let subs = a[0].scale.len();
-    assert!(
-        a.iter().all(|a| a.q.len() >= subs * BLOCK
-            && a.scale.len() >= subs
-            && a.scaled_sum.len() >= subs)
-            && w.w.len() >= subs * BLOCK
-            && w.magnitude.len() >= subs * BLOCK
-            && w.scales.len() >= subs * 16
-            && w.factor.len() >= subs
-            && w.minimum.len() >= subs,
-        "block product: sub-blocks"
-    );
-    let (mut l0, mut l1, mut l2, mut l3) = (
-        _mm256_setzero_ps(),
-        _mm256_setzero_ps(),
-        _mm256_setzero_ps(),
-        _mm256_setzero_ps(),
-    );
-    let mut minimums = [0f32; 4];
-    for s in 0..subs {
-        let values = _mm256_loadu_si256(w.w.as_ptr().add(s * BLOCK).cast());
-        let magnitude = _mm256_loadu_si256(w.magnitude.as_ptr().add(s * BLOCK).cast());
-        let scales = _mm256_loadu_si256(w.scales.as_ptr().add(s * 16).cast());
-        let factor = *w.factor.get_unchecked(s);
-        macro_rules! row {
-            ($lanes:ident, $t:literal) => {
-                let q = _mm256_loadu_si256(a[$t].q.as_ptr().add(s * BLOCK).cast());
-                let pairs = if w.has_minimum {
-                    _mm256_maddubs_epi16(magnitude, q)
-                } else {
-                    _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(q, values))
-                };
-                let sums = _mm256_madd_epi16(pairs, scales);
-                let both = _mm256_set1_ps(factor * *a[$t].scale.get_unchecked(s));
-                $lanes = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), both, $lanes);
-                if w.has_minimum {
-                    minimums[$t] +=
-                        *w.minimum.get_unchecked(s) * *a[$t].scaled_sum.get_unchecked(s);
-                }
-            };
-        }
-        row!(l0, 0);
-        row!(l1, 1);
-        row!(l2, 2);
-        row!(l3, 3);
-    }
-    for (t, lanes) in [l0, l1, l2, l3].into_iter().enumerate() {
-        out[t] = hsum(lanes) + minimums[t];
     }
 }
