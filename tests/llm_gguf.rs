@@ -10,6 +10,7 @@
 
 use spotinfer::model::engines::decoder::{
     argmax, DecoderPrecision, Generated, Interrupt, LanguageModel, Message, Prompt, Request,
+    Scheduler,
 };
 use std::path::{Path, PathBuf};
 
@@ -104,10 +105,6 @@ fn a_gguf_blocks_answer_is_the_same_alone_in_a_batch_under_a_budget_and_resumed(
             ..Request::greedy(Prompt::Chat(messages), 12)
         }
     };
-    let tokens = |g: &Generated| match g {
-        Generated::Done(c) => c.tokens.clone(),
-        other => panic!("{other:?}"),
-    };
     let all: Vec<Request> = cases.iter().map(|c| request(c, vec![])).collect();
     let batch: Vec<Vec<u32>> = model
         .generate(&all, 0, &Interrupt::new(), None)
@@ -132,5 +129,102 @@ fn a_gguf_blocks_answer_is_the_same_alone_in_a_batch_under_a_budget_and_resumed(
             batch[i],
             "prompt {i} resumed after {cut} tokens"
         );
+    }
+}
+
+/// Issue 55: a system prompt every record shares is read once. Chat prompts with one long
+/// system message and different questions, on both CPU paths (f32 and the GGUF blocks): the
+/// same tokens with the prefix shared as with every prompt read whole, in a batch, under a
+/// budget that makes later sequences start from the kept prefix, and in a second batch; and the
+/// prefix was read once (the scheduler counts the prompt tokens it did not read again).
+#[test]
+fn a_shared_system_prompt_is_read_once_and_changes_no_token() {
+    let refs = references();
+    let texts: Vec<String> = refs["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .map(|c| {
+            c["messages"][0]["content"]
+                .as_str()
+                .expect("text")
+                .to_owned()
+        })
+        .collect();
+    let system = texts[..6].join(" ");
+    let requests: Vec<Request> = texts[6..11]
+        .iter()
+        .map(|q| {
+            let messages = vec![
+                Message {
+                    role: "system".into(),
+                    content: system.clone(),
+                },
+                Message {
+                    role: "user".into(),
+                    content: q.clone(),
+                },
+            ];
+            Request::greedy(Prompt::Chat(messages), 6)
+        })
+        .collect();
+    for precision in [DecoderPrecision::F32, DecoderPrecision::Gguf] {
+        let model = LanguageModel::open_in(&gguf(), precision).expect("model");
+        let run = |scheduler: &mut Scheduler, job: u64, requests: &[Request]| {
+            scheduler.admit(&model, job, requests.to_vec());
+            loop {
+                if let Some((_, results)) = scheduler.step(&model, &Interrupt::new()).pop() {
+                    return results.iter().map(tokens).collect::<Vec<_>>();
+                }
+            }
+        };
+        let whole = run(
+            &mut Scheduler::new(0, None).without_shared_prefixes(),
+            0,
+            &requests,
+        );
+        let mut shared = Scheduler::new(0, None);
+        assert_eq!(
+            run(&mut shared, 0, &requests),
+            whole,
+            "{precision:?}: shared"
+        );
+        let system_tokens = model
+            .prompt_ids(&Prompt::Chat(vec![Message {
+                role: "system".into(),
+                content: system.clone(),
+            }]))
+            .expect("ids")
+            .len();
+        assert!(
+            shared.shared_tokens() >= 5 * (system_tokens - 8),
+            "{precision:?}: {} prompt tokens not read again, a system prompt of {system_tokens}",
+            shared.shared_tokens()
+        );
+        // A later batch starts from the kept prefix; a small budget makes its sequences start
+        // one or two at a time.
+        let prompt_len = model.prompt_ids(&requests[0].prompt).expect("ids").len();
+        let mut squeezed = Scheduler::new(2 * (prompt_len + 6), None);
+        assert_eq!(
+            run(&mut squeezed, 0, &requests[..2]),
+            whole[..2],
+            "{precision:?}"
+        );
+        assert_eq!(
+            run(&mut squeezed, 1, &requests[2..]),
+            whole[2..],
+            "{precision:?}"
+        );
+        assert!(
+            squeezed.shared_tokens() >= 5 * (system_tokens - 8),
+            "{precision:?}"
+        );
+    }
+}
+
+fn tokens(g: &Generated) -> Vec<u32> {
+    match g {
+        Generated::Done(c) => c.tokens.clone(),
+        other => panic!("{other:?}"),
     }
 }

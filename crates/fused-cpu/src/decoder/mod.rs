@@ -109,6 +109,19 @@ impl KvCache {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// A copy of its first `len` positions (all of them if it holds fewer): the keys and values
+    /// of a prompt prefix, for another sequence that starts with the same tokens (a position's
+    /// keys and values depend only on the tokens up to it).
+    pub fn prefix(&self, len: usize) -> KvCache {
+        let len = len.min(self.len);
+        let cut = |layer: &Vec<f32>| layer[..layer.len() / self.len.max(1) * len].to_vec();
+        KvCache {
+            len,
+            keys: self.keys.iter().map(cut).collect(),
+            values: self.values.iter().map(cut).collect(),
+        }
+    }
 }
 
 /// One sequence's part of a forward pass: its cache and the tokens to append to it.

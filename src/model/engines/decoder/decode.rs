@@ -6,6 +6,9 @@
 //! the running ones (continuous batching across the batches the worker holds), and each batch
 //! is done when its last sequence is.
 //!
+//! On the CPU decoder, a prefix every prompt of a batch starts with (a long system prompt) is
+//! read once and copied into each sequence that starts with it (`super::prefixes`).
+//!
 //! A resumed request reads its prompt and its checkpointed tokens in one pass and goes on; the
 //! decoder computes every row alike whatever its neighbours (see `CpuDecoder` and
 //! `paged::decoder`), and the sampler
@@ -13,6 +16,7 @@
 
 use super::paged::blocks::{PoolError, SeqId};
 use super::paged::decoder::PagedDecoder;
+use super::prefixes::Prefixes;
 use super::{Completion, FinishReason, Generated, LanguageModel, Network, Request};
 use spotinfer_fused_cpu::{KvCache, Step};
 use std::collections::VecDeque;
@@ -145,6 +149,8 @@ pub struct Scheduler {
     waiting: VecDeque<Sequence>,
     active: Vec<Sequence>,
     reserved: usize,
+    /// Shared prompt prefixes (the CPU decoder's), when on.
+    prefixes: Option<Prefixes>,
 }
 
 impl Scheduler {
@@ -158,7 +164,22 @@ impl Scheduler {
             waiting: VecDeque::new(),
             active: Vec::new(),
             reserved: 0,
+            prefixes: Some(Prefixes::default()),
         }
+    }
+
+    /// The same loop with every prompt read whole, its shared prefixes too: to measure what
+    /// sharing them saves, and to check that it changes no token.
+    pub fn without_shared_prefixes(self) -> Self {
+        Self {
+            prefixes: None,
+            ..self
+        }
+    }
+
+    /// Prompt tokens not read again so far because a shared prefix held them.
+    pub fn shared_tokens(&self) -> usize {
+        self.prefixes.as_ref().map_or(0, |p| p.shared_tokens)
     }
 
     /// Whether no admitted batch is left to finish.
@@ -208,6 +229,10 @@ impl Scheduler {
                 Err(reason) => self.record(job, index, Generated::Refused(reason)),
             }
         }
+        if let Some(prefixes) = &mut self.prefixes {
+            let batch = self.waiting.iter().filter(|s| s.job == job);
+            prefixes.note(batch.map(|s| s.prompt.as_slice()));
+        }
     }
 
     /// One step: every running sequence advances (or, once `interrupt` is set, every sequence
@@ -229,7 +254,7 @@ impl Scheduler {
                 self.record(seq.job, seq.index, Generated::Interrupted(seq.generated));
             }
         } else {
-            self.start_waiting();
+            self.start_waiting(model);
             if !self.active.is_empty() {
                 match step(model, &mut self.active) {
                     Ok(()) => self.retire_finished(model),
@@ -256,7 +281,7 @@ impl Scheduler {
 
     /// Moves waiting sequences into the running ones while the budget has room (always one when
     /// none runs, however large).
-    fn start_waiting(&mut self) {
+    fn start_waiting(&mut self, model: &LanguageModel) {
         while let Some(next) = self.waiting.front() {
             let full = self.budget > 0 && self.reserved + next.need > self.budget;
             if !self.active.is_empty() && full {
@@ -281,6 +306,13 @@ impl Scheduler {
             }
             self.reserved += seq.need;
             seq.started = Some(Instant::now());
+            if let (Some(prefixes), Network::Cpu(decoder), SeqCache::Cpu(cache)) =
+                (&mut self.prefixes, model.network(), &mut seq.cache)
+            {
+                if cache.is_empty() {
+                    *cache = prefixes.cache_for(decoder, &seq.prompt).unwrap_or_default();
+                }
+            }
             self.active.push(seq);
         }
     }

@@ -19,6 +19,7 @@ mod decode;
 pub mod gguf_tokenizer;
 mod load;
 pub mod paged;
+mod prefixes;
 mod sampling;
 mod template;
 
