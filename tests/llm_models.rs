@@ -424,3 +424,62 @@ fn a_checkpoint_the_model_cannot_continue_from_restarts_its_record_alone() {
         assert_eq!(&tokens(got), want, "prompt {i}");
     }
 }
+
+/// A GGUF whose dense layers come in several block formats beside f32 tensors (the fixtures'
+/// 48-wide rows are no whole blocks, so only the feed-forward output, 96 wide, is requantised:
+/// Q5_1 in one layer, Q4_0 in the other), computed in its blocks (`--precision gguf`): each
+/// sequence's tokens are the same in a batch, alone, under a budget and resumed.
+#[test]
+fn a_gguf_of_mixed_block_formats_is_the_same_alone_in_a_batch_and_resumed() {
+    use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+    let source = fixtures().join("gguf/qwen2.gguf");
+    let mut file = std::fs::File::open(&source).expect("fixture");
+    let content = gguf_file::Content::read(&mut file).expect("gguf");
+    let mut tensors = Vec::new();
+    for name in content.tensor_infos.keys() {
+        let t = content
+            .tensor(&mut file, name, &candle_core::Device::Cpu)
+            .expect("tensor");
+        let requantised = match name.as_str() {
+            "blk.0.ffn_down.weight" => Some(GgmlDType::Q5_1),
+            "blk.1.ffn_down.weight" => Some(GgmlDType::Q4_0),
+            _ => None,
+        };
+        let t = match requantised {
+            Some(dtype) => QTensor::quantize(
+                &t.dequantize(&candle_core::Device::Cpu).expect("f32"),
+                dtype,
+            )
+            .expect("quantise"),
+            None => t,
+        };
+        tensors.push((name.clone(), t));
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("qwen2-mixed.gguf");
+    let mut out = std::fs::File::create(&path).expect("create");
+    let metadata: Vec<(&str, &gguf_file::Value)> = content
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.as_str(), v))
+        .collect();
+    let named: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    gguf_file::write(&mut out, &metadata, &named).expect("write");
+    drop(out);
+    let model = LanguageModel::open_in(&path, DecoderPrecision::Gguf).expect("load");
+    assert_eq!(model.precision(), DecoderPrecision::Gguf);
+    assert!(
+        model.format.contains("Q5_1") && model.format.contains("Q4_0"),
+        "{}",
+        model.format
+    );
+    let refs = reference();
+    let cases = refs["models"]["qwen2"].as_array().expect("cases");
+    let all: Vec<Request> = cases.iter().map(|c| greedy(messages(c), vec![])).collect();
+    let want: Vec<Vec<u32>> = model
+        .generate(&all, 0, &Interrupt::new(), None)
+        .iter()
+        .map(tokens)
+        .collect();
+    same_alone_in_a_batch_under_a_budget_and_resumed(&model, cases, &want);
+}

@@ -1,12 +1,12 @@
-//! Dense layers kept in a GGUF file's own block formats (llama.cpp's Q4_0, Q4_1, Q8_0, Q4_K,
-//! Q5_K and Q6_K), multiplied without widening the weights: a 4-bit file stays 4-bit in memory,
+//! Dense layers kept in a GGUF file's own block formats (llama.cpp's Q4_0, Q4_1, Q5_0, Q5_1,
+//! Q8_0, Q4_K, Q5_K and Q6_K), multiplied without widening the weights: a 4-bit file stays 4-bit in memory,
 //! and a decoding step streams a seventh of the bytes f32 weights would.
 //!
 //! **The product**, as llama.cpp computes it: each activation row is rounded to 8 bits per block
 //! of 32 (llama.cpp's Q8_0 and Q8_1 schemes: scale `max |x| / 127` kept as f16, round half to
 //! even, the scaled sum kept as f16 for the formats with a minimum), and each 32-weight
 //! sub-block's integer products are summed exactly in 32 bits before one f32 multiply-add per
-//! block. So for Q4_0, Q4_1 and Q8_0 weights each block's sum is llama.cpp's. Where llama.cpp
+//! block. So for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights each block's sum is llama.cpp's. Where llama.cpp
 //! rounds a K-format's activations per 256 (Q8_K), these stay per 32: finer, never coarser.
 //!
 //! **A row's sums never depend on its batch.** Every (row, output) sum is accumulated over the
@@ -37,6 +37,10 @@ pub enum BlockFormat {
     Q4_0,
     /// 32 weights: f16 scale and minimum, 4-bit values.
     Q4_1,
+    /// 32 weights: an f16 scale and 5-bit values less 16 (the fifth bits in a 32-bit word).
+    Q5_0,
+    /// 32 weights: f16 scale and minimum, 5-bit values.
+    Q5_1,
     /// 32 weights: an f16 scale and 8-bit values.
     Q8_0,
     /// 256 weights: f16 scale and minimum, 6-bit scales and minimums per 32, 4-bit values.
@@ -49,9 +53,11 @@ pub enum BlockFormat {
 
 impl BlockFormat {
     /// Every format, for tests and error messages.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 8] = [
         Self::Q4_0,
         Self::Q4_1,
+        Self::Q5_0,
+        Self::Q5_1,
         Self::Q8_0,
         Self::Q4K,
         Self::Q5K,
@@ -61,9 +67,15 @@ impl BlockFormat {
     /// Weights per block.
     pub fn block_weights(self) -> usize {
         match self {
-            Self::Q4_0 | Self::Q4_1 | Self::Q8_0 => 32,
+            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 => 32,
             Self::Q4K | Self::Q5K | Self::Q6K => 256,
         }
+    }
+
+    /// Whether its weights are an unsigned value times a scale plus a minimum (so its products
+    /// carry the activations' sums).
+    pub fn has_minimum(self) -> bool {
+        matches!(self, Self::Q4_1 | Self::Q5_1 | Self::Q4K | Self::Q5K)
     }
 
     /// Bytes per block, as GGUF stores it.
@@ -71,6 +83,8 @@ impl BlockFormat {
         match self {
             Self::Q4_0 => 18,
             Self::Q4_1 => 20,
+            Self::Q5_0 => 22,
+            Self::Q5_1 => 24,
             Self::Q8_0 => 34,
             Self::Q4K => 144,
             Self::Q5K => 176,
@@ -83,6 +97,8 @@ impl BlockFormat {
         match self {
             Self::Q4_0 => "Q4_0",
             Self::Q4_1 => "Q4_1",
+            Self::Q5_0 => "Q5_0",
+            Self::Q5_1 => "Q5_1",
             Self::Q8_0 => "Q8_0",
             Self::Q4K => "Q4_K",
             Self::Q5K => "Q5_K",

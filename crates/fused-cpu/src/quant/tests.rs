@@ -19,8 +19,8 @@ impl Rng {
 /// Where a format's f16 scales sit in a block.
 fn f16_fields(format: BlockFormat) -> &'static [usize] {
     match format {
-        BlockFormat::Q4_0 | BlockFormat::Q8_0 => &[0],
-        BlockFormat::Q4_1 | BlockFormat::Q4K | BlockFormat::Q5K => &[0, 2],
+        BlockFormat::Q4_0 | BlockFormat::Q5_0 | BlockFormat::Q8_0 => &[0],
+        BlockFormat::Q4_1 | BlockFormat::Q5_1 | BlockFormat::Q4K | BlockFormat::Q5K => &[0, 2],
         BlockFormat::Q6K => &[208],
     }
 }

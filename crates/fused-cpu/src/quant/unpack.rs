@@ -43,7 +43,12 @@ pub(super) fn meta(format: BlockFormat, block: &[u8], s: usize) -> Meta {
             factor: f16_at(block, 0),
             minimum: 0.0,
         },
-        BlockFormat::Q4_1 => Meta {
+        BlockFormat::Q5_0 => Meta {
+            scales: [1, 1],
+            factor: f16_at(block, 0),
+            minimum: 0.0,
+        },
+        BlockFormat::Q4_1 | BlockFormat::Q5_1 => Meta {
             scales: [1, 1],
             factor: f16_at(block, 0),
             minimum: f16_at(block, 2),
@@ -83,6 +88,20 @@ fn values(format: BlockFormat, block: &[u8], s: usize) -> [i8; BLOCK] {
             for j in 0..16 {
                 w[j] = (qs[j] & 0xF) as i8 - zero;
                 w[j + 16] = (qs[j] >> 4) as i8 - zero;
+            }
+        }
+        BlockFormat::Q5_0 | BlockFormat::Q5_1 => {
+            // d (and m), the fifth bits (bit e for weight e), then the nibbles as in Q4.
+            let (at, zero) = match format {
+                BlockFormat::Q5_0 => (2, 16),
+                _ => (4, 0),
+            };
+            let high = u32::from_le_bytes([block[at], block[at + 1], block[at + 2], block[at + 3]]);
+            let qs = &block[at + 4..at + 20];
+            for j in 0..16 {
+                let (h0, h1) = ((high >> j) & 1, (high >> (j + 16)) & 1);
+                w[j] = ((qs[j] & 0xF) | (h0 as u8) << 4) as i8 - zero;
+                w[j + 16] = ((qs[j] >> 4) | (h1 as u8) << 4) as i8 - zero;
             }
         }
         BlockFormat::Q8_0 => {
@@ -129,10 +148,7 @@ pub(super) fn prepare(format: BlockFormat, k: usize, out: &mut Unpacked) {
     out.magnitude.resize(k, 0);
     out.scales.resize(subs * 16, 0);
     out.factor_minimum.resize(subs, [0.0; 2]);
-    out.has_minimum = matches!(
-        format,
-        BlockFormat::Q4_1 | BlockFormat::Q4K | BlockFormat::Q5K
-    );
+    out.has_minimum = format.has_minimum();
 }
 
 /// Sub-block `s`'s scales into `out`.
@@ -200,8 +216,8 @@ pub(super) fn dequantize(format: BlockFormat, row: &[u8], out: &mut [f32]) {
         for (l, (y, &w)) in y.iter_mut().zip(&w).enumerate() {
             let w = f32::from(w);
             *y = match format {
-                BlockFormat::Q4_0 | BlockFormat::Q8_0 => w * m.factor,
-                BlockFormat::Q4_1 => w * m.factor + m.minimum,
+                BlockFormat::Q4_0 | BlockFormat::Q5_0 | BlockFormat::Q8_0 => w * m.factor,
+                BlockFormat::Q4_1 | BlockFormat::Q5_1 => w * m.factor + m.minimum,
                 // d · scale, then the minimum (dmin · m) subtracted, as llama.cpp groups them.
                 BlockFormat::Q4K | BlockFormat::Q5K => {
                     m.factor * f32::from(m.scales[0]) * w + m.minimum

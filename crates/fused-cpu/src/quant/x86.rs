@@ -147,10 +147,12 @@ pub(super) unsafe fn dots_packed(
     match format {
         BlockFormat::Q4_0 => fused::<0>(rows, a, out),
         BlockFormat::Q4_1 => fused::<1>(rows, a, out),
-        BlockFormat::Q8_0 => fused::<2>(rows, a, out),
-        BlockFormat::Q4K => fused::<3>(rows, a, out),
-        BlockFormat::Q5K => fused::<4>(rows, a, out),
-        BlockFormat::Q6K => fused::<5>(rows, a, out),
+        BlockFormat::Q5_0 => fused::<2>(rows, a, out),
+        BlockFormat::Q5_1 => fused::<3>(rows, a, out),
+        BlockFormat::Q8_0 => fused::<4>(rows, a, out),
+        BlockFormat::Q4K => fused::<5>(rows, a, out),
+        BlockFormat::Q5K => fused::<6>(rows, a, out),
+        BlockFormat::Q6K => fused::<7>(rows, a, out),
     }
 }
 
@@ -187,10 +189,7 @@ unsafe fn fused_row<const F: usize>(
 ) -> f32 {
     let format = BlockFormat::ALL[F];
     let (per, bytes) = (format.block_weights() / BLOCK, format.block_bytes());
-    let has_minimum = matches!(
-        format,
-        BlockFormat::Q4_1 | BlockFormat::Q4K | BlockFormat::Q5K
-    );
+    let has_minimum = format.has_minimum();
     let ones = _mm256_set1_epi16(1);
     let (mut lanes, mut minimums) = (_mm256_setzero_ps(), _mm_setzero_ps());
     for b in 0..blocks {
@@ -206,7 +205,11 @@ unsafe fn fused_row<const F: usize>(
         for j in 0..per {
             let s = b * per + j;
             let (scales, fm) = match format {
-                BlockFormat::Q4_0 | BlockFormat::Q8_0 | BlockFormat::Q4_1 => (ones, head),
+                BlockFormat::Q4_0
+                | BlockFormat::Q4_1
+                | BlockFormat::Q5_0
+                | BlockFormat::Q5_1
+                | BlockFormat::Q8_0 => (ones, head),
                 BlockFormat::Q4K | BlockFormat::Q5K => {
                     let k4 = std::slice::from_raw_parts(block.add(4), 12);
                     let (sc, m) = unpack::scale_min_k4(j, k4);
@@ -264,6 +267,31 @@ unsafe fn values(format: BlockFormat, at: *const u8, within: usize) -> __m256i {
             let v = _mm256_and_si256(both, low);
             if format == BlockFormat::Q4_0 {
                 _mm256_sub_epi8(v, _mm256_set1_epi8(8))
+            } else {
+                v
+            }
+        }
+        BlockFormat::Q5_0 | BlockFormat::Q5_1 => {
+            let bits_at = if format == BlockFormat::Q5_0 { 2 } else { 4 };
+            let qs = _mm_loadu_si128(at.add(bits_at + 4).cast());
+            let v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), low);
+            // Bit e of the 32-bit word to byte e: each byte picks its word's byte, then tests
+            // its own bit (llama.cpp's `bytes_from_bits_32`).
+            let word = std::ptr::read_unaligned(at.add(bits_at).cast::<i32>());
+            let spread = _mm256_shuffle_epi8(
+                _mm256_set1_epi32(word),
+                _mm256_set_epi64x(
+                    0x0303030303030303,
+                    0x0202020202020202,
+                    0x0101010101010101,
+                    0,
+                ),
+            );
+            let others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+            let set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi8(-1));
+            let v = _mm256_or_si256(v, _mm256_and_si256(set, _mm256_set1_epi8(16)));
+            if format == BlockFormat::Q5_0 {
+                _mm256_sub_epi8(v, _mm256_set1_epi8(16))
             } else {
                 v
             }

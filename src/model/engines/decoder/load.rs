@@ -1,5 +1,5 @@
 //! Reading a decoder LLM: a GGUF file (llama.cpp's format: its weights in the block formats the
-//! CPU decoder multiplies directly, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K, handed over as
+//! CPU decoder multiplies directly, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K, handed over as
 //! blocks; any other widened to f32 by candle) or a transformers folder (`config.json` and safetensors in f32, f16 or bf16), into the
 //! CPU decoder (`spotinfer_fused_cpu::CpuDecoder`), with its tokenizer, chat template and special
 //! tokens. What the decoder would compute differently from the model's own library (another
@@ -269,6 +269,8 @@ fn gguf_weights(t: &QTensor, shape: &[usize]) -> candle_core::Result<Weights> {
     let format = match t.dtype() {
         GgmlDType::Q4_0 => Some(BlockFormat::Q4_0),
         GgmlDType::Q4_1 => Some(BlockFormat::Q4_1),
+        GgmlDType::Q5_0 => Some(BlockFormat::Q5_0),
+        GgmlDType::Q5_1 => Some(BlockFormat::Q5_1),
         GgmlDType::Q8_0 => Some(BlockFormat::Q8_0),
         GgmlDType::Q4K => Some(BlockFormat::Q4K),
         GgmlDType::Q5K => Some(BlockFormat::Q5K),
@@ -556,6 +558,8 @@ mod tests {
         for dtype in [
             GgmlDType::Q4_0,
             GgmlDType::Q4_1,
+            GgmlDType::Q5_0,
+            GgmlDType::Q5_1,
             GgmlDType::Q8_0,
             GgmlDType::Q4K,
             GgmlDType::Q5K,
@@ -577,7 +581,7 @@ mod tests {
             assert_eq!(bits(&ours), bits(&theirs), "{dtype:?}");
         }
         // A format the decoder does not multiply is widened by candle.
-        let q = QTensor::quantize(&t, GgmlDType::Q5_0).unwrap();
+        let q = QTensor::quantize(&t, GgmlDType::Q3K).unwrap();
         assert!(matches!(
             gguf_weights(&q, &[rows, k]).unwrap(),
             Weights::F32(_)
