@@ -189,6 +189,16 @@ impl CpuDecoder {
         steps: &mut [Step<'_>],
         every_position: bool,
     ) -> Result<Vec<Vec<f32>>, FusedError> {
+        // On one of the pool's threads: between its ~120 parallel products a step, the other
+        // threads are then still looking for work, not asleep, and the caller's thread works too.
+        rayon::join(|| self.forward_in_pool(steps, every_position), || ()).0
+    }
+
+    fn forward_in_pool(
+        &self,
+        steps: &mut [Step<'_>],
+        every_position: bool,
+    ) -> Result<Vec<Vec<f32>>, FusedError> {
         let d = self.dims;
         // Each row's (step, position), in step order.
         let mut rows = Vec::new();
