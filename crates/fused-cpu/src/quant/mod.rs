@@ -288,13 +288,11 @@ pub(crate) struct ActivationRow<'a> {
 }
 
 /// One weight row unpacked to what the kernels multiply: per 32-weight sub-block, the signed
-/// values and their magnitudes (`vpmaddubsw` multiplies unsigned by signed bytes), 16 integer
-/// scales (one per pair of values: a Q6_K sub-block has two), and the float scale beside the
+/// values, 16 integer scales (one per pair of values: a Q6_K sub-block has two), and the float scale beside the
 /// minimum's coefficient (multiplied by an activation block's scale and scaled sum at once).
 #[derive(Default)]
 pub(crate) struct Unpacked {
     pub w: Vec<i8>,
-    pub magnitude: Vec<u8>,
     pub scales: Vec<i16>,
     pub factor_minimum: Vec<[f32; 2]>,
     /// Whether any sub-block has a minimum (else its term is skipped).

@@ -145,7 +145,6 @@ fn values(format: BlockFormat, block: &[u8], s: usize) -> [i8; BLOCK] {
 pub(super) fn prepare(format: BlockFormat, k: usize, out: &mut Unpacked) {
     let subs = k / BLOCK;
     out.w.resize(k, 0);
-    out.magnitude.resize(k, 0);
     out.scales.resize(subs * 16, 0);
     out.factor_minimum.resize(subs, [0.0; 2]);
     out.has_minimum = format.has_minimum();
@@ -166,9 +165,6 @@ pub(super) fn unpack(format: BlockFormat, row: &[u8], k: usize, out: &mut Unpack
         let (block, within) = block_of(format, row, s);
         let w = values(format, block, within);
         out.w[s * BLOCK..][..BLOCK].copy_from_slice(&w);
-        for (m, w) in out.magnitude[s * BLOCK..][..BLOCK].iter_mut().zip(w) {
-            *m = w.unsigned_abs();
-        }
         put_meta(out, s, &meta(format, block, within));
     }
 }

@@ -247,8 +247,6 @@ pub(super) unsafe fn unpack(format: BlockFormat, row: &[u8], k: usize, out: &mut
         let (block, within) = unpack::block_of(format, row, s);
         let values = values(format, block.as_ptr(), within);
         _mm256_storeu_si256(out.w.as_mut_ptr().add(s * BLOCK).cast(), values);
-        let magnitude = _mm256_abs_epi8(values);
-        _mm256_storeu_si256(out.magnitude.as_mut_ptr().add(s * BLOCK).cast(), magnitude);
         unpack::put_meta(out, s, &unpack::meta(format, block, within));
     }
 }
