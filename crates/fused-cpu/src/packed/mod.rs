@@ -283,16 +283,17 @@ pub(crate) fn linear_wide(x: &[f32], w: &PackedWeights, b: Option<&[f32]>, out: 
     });
 }
 
-/// The output of [`linear_wide`], shared by tasks that write disjoint columns.
+/// The output of [`linear_wide`] (and of `quant::linear`), shared by tasks that write disjoint
+/// columns.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(crate) struct OutPtr(pub(crate) *mut f32);
 // SAFETY: see `linear_wide`: each task writes its own columns.
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
 impl OutPtr {
     /// The pointer (a method, so closures capture the Sync wrapper, not its field).
-    fn get(self) -> *mut f32 {
+    pub(crate) fn get(self) -> *mut f32 {
         self.0
     }
 }

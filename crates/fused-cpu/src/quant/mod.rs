@@ -24,6 +24,7 @@ mod unpack;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+use crate::packed::OutPtr;
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -486,20 +487,6 @@ pub(crate) fn linear(
             }
         })
     });
-}
-
-/// The output of [`linear`], shared by tasks that write disjoint columns.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: see `linear`: each task writes its own columns.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// The pointer (a method, so closures capture the Sync wrapper, not its field).
-    fn get(self) -> *mut f32 {
-        self.0
-    }
 }
 
 #[cfg(test)]
