@@ -1,13 +1,14 @@
 //! Dense layers kept in a GGUF file's own block formats (llama.cpp's Q4_0, Q4_1, Q5_0, Q5_1,
-//! Q8_0, Q4_K, Q5_K and Q6_K), multiplied without widening the weights: a 4-bit file stays 4-bit in memory,
-//! and a decoding step streams a seventh of the bytes f32 weights would.
+//! Q8_0, Q4_K, Q5_K and Q6_K), multiplied without widening the weights: a 4-bit file stays
+//! 4-bit in memory, and a decoding step streams a seventh of the bytes f32 weights would.
 //!
 //! **The product**, as llama.cpp computes it: each activation row is rounded to 8 bits per block
 //! of 32 (llama.cpp's Q8_0 and Q8_1 schemes: scale `max |x| / 127` kept as f16, round half to
 //! even, the scaled sum kept as f16 for the formats with a minimum), and each 32-weight
 //! sub-block's integer products are summed exactly in 32 bits before one f32 multiply-add per
-//! block. So for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights each block's sum is llama.cpp's. Where llama.cpp
-//! rounds a K-format's activations per 256 (Q8_K), these stay per 32: finer, never coarser.
+//! block. So for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights each block's sum is llama.cpp's.
+//! Where llama.cpp rounds a K-format's activations per 256 (Q8_K), these stay per 32: finer,
+//! never coarser.
 //!
 //! **A row's sums never depend on its batch.** Every (row, output) sum is accumulated over the
 //! blocks in order, in eight f32 lanes summed in one fixed order at the end, by the same code
@@ -289,8 +290,9 @@ pub(crate) struct ActivationRow<'a> {
 }
 
 /// One weight row unpacked to what the kernels multiply: per 32-weight sub-block, the signed
-/// values, 16 integer scales (one per pair of values: a Q6_K sub-block has two), and the float scale beside the
-/// minimum's coefficient (multiplied by an activation block's scale and scaled sum at once).
+/// values, 16 integer scales (one per pair of values: a Q6_K sub-block has two), and the float
+/// scale beside the minimum's coefficient (multiplied by an activation block's scale and scaled
+/// sum at once).
 #[derive(Default)]
 pub(crate) struct Unpacked {
     pub w: Vec<i8>,
@@ -341,41 +343,35 @@ impl Kernel {
         }
     }
 
-    /// The sums of products of the unpacked rows `w` with `a`, into `out`.
-    fn dots(self, w: &[Unpacked], a: ActivationRow<'_>, out: &mut [f32]) {
+    /// The sum of products of the unpacked row `w` with `a`.
+    fn dot(self, w: &Unpacked, a: ActivationRow<'_>) -> f32 {
         match self {
             // SAFETY: `best` picked it only where the CPU has AVX2, FMA and F16C.
             #[cfg(target_arch = "x86_64")]
-            Self::Avx2 => unsafe { x86::dots(w, a, out) },
-            Self::Portable => {
-                for (w, out) in w.iter().zip(out) {
-                    *out = unpack::dot(w, a);
-                }
-            }
+            Self::Avx2 => unsafe { x86::dot(w, a) },
+            Self::Portable => unpack::dot(w, a),
         }
     }
 
-    /// As [`Kernel::dots`] from the rows' GGUF bytes, unpacked as they are multiplied (for one
-    /// activation row, where a buffer would be written and read for a single use).
-    fn dots_packed(
+    /// As [`Kernel::dot`] from the row's GGUF bytes (`k` weights of `format`), for one
+    /// activation row: AVX2 unpacks each sub-block in registers, where a buffer would be
+    /// written and read for a single use; the portable kernel unpacks into `buffer`.
+    fn dot_packed(
         self,
         format: BlockFormat,
-        rows: &[&[u8]],
+        row: &[u8],
         k: usize,
         a: ActivationRow<'_>,
-        out: &mut [f32],
-    ) {
+        buffer: &mut Unpacked,
+    ) -> f32 {
         match self {
-            // SAFETY: `best` picked it only where the CPU has AVX2, FMA and F16C; each row holds
+            // SAFETY: `best` picked it only where the CPU has AVX2, FMA and F16C; the row holds
             // `k` weights (checked when the matrix was made).
             #[cfg(target_arch = "x86_64")]
-            Self::Avx2 => unsafe { x86::dots_packed(format, rows, a, out) },
+            Self::Avx2 => unsafe { x86::dot_packed(format, row, a) },
             Self::Portable => {
-                let mut w = Unpacked::default();
-                for (row, out) in rows.iter().zip(out) {
-                    unpack::unpack(format, row, k, &mut w);
-                    *out = unpack::dot(&w, a);
-                }
+                unpack::unpack(format, row, k, buffer);
+                unpack::dot(buffer, a)
             }
         }
     }
@@ -393,20 +389,20 @@ impl Kernel {
         match self {
             // SAFETY: `best` picked it only where the CPU has AVX2, FMA and F16C.
             #[cfg(target_arch = "x86_64")]
-            Self::Avx2 if m - t >= 4 => {
+            Self::Avx2 if m - t >= ROWS => {
                 let a = std::array::from_fn(|i| rows.row(t + i));
                 unsafe { x86::dots_by_four(w, a, out) };
-                4
+                ROWS
             }
             _ => {
-                self.dots(std::slice::from_ref(w), rows.row(t), &mut out[..1]);
+                out[0] = self.dot(w, rows.row(t));
                 1
             }
         }
     }
 }
 
-/// Weight rows a kernel call multiplies together.
+/// Activation rows the AVX2 kernel multiplies by one unpacked weight row together.
 const ROWS: usize = 4;
 
 thread_local! {
@@ -435,18 +431,20 @@ pub(crate) fn linear(
         "block product: output of {m} × {n}"
     );
     let rows = QuantRows::new(x, k);
-    // Every (part, row) in output order, computed in chunks a few per thread; each chunk
-    // returns its columns, which are then placed (no two chunks share an output).
-    let mut owners = Vec::with_capacity(n);
-    for (p, part) in parts.iter().enumerate() {
-        owners.extend((0..part.rows).map(|r| (p, r)));
-    }
+    // Where each part's outputs start: output `column` is row `column - starts[p]` of part `p`.
+    let starts: Vec<usize> = parts
+        .iter()
+        .scan(0, |at, p| {
+            let start = *at;
+            *at += p.rows;
+            Some(start)
+        })
+        .collect();
+    // The outputs in chunks, a few per thread; each task writes its own outputs in place.
     let threads = rayon::current_num_threads().max(1);
     let chunk = n.div_ceil(threads * 4).max(16);
     let base = OutPtr(out.as_mut_ptr());
     (0..n.div_ceil(chunk)).into_par_iter().for_each(|i| {
-        let owned = &owners[i * chunk..((i + 1) * chunk).min(n)];
-        let first = i * chunk;
         // Each sum is written once, straight into its place (plus its bias).
         let put = |t: usize, column: usize, v: f32| {
             let v = b.map_or(v, |b| v + b[column]);
@@ -457,32 +455,26 @@ pub(crate) fn linear(
         UNPACKED.with(|unpacked| {
             let mut unpacked = unpacked.borrow_mut();
             let mut sums = [0f32; ROWS];
-            for (g, group) in owned.chunks(ROWS).enumerate() {
-                let at = first + g * ROWS;
-                let format = parts[group[0].0].format;
-                if m == 1 && group.iter().all(|&(p, _)| parts[p].format == format) {
-                    let mut bytes: [&[u8]; ROWS] = [&[]; ROWS];
-                    for (b, &(p, r)) in bytes.iter_mut().zip(group) {
-                        *b = parts[p].row(r);
-                    }
-                    let bytes = &bytes[..group.len()];
-                    kernel.dots_packed(format, bytes, k, rows.row(0), &mut sums);
-                    for (c, &v) in sums[..group.len()].iter().enumerate() {
-                        put(0, at + c, v);
-                    }
+            for column in i * chunk..((i + 1) * chunk).min(n) {
+                let p = starts.partition_point(|&s| s <= column) - 1;
+                let (part, r) = (&parts[p], column - starts[p]);
+                if m == 1 {
+                    let a = rows.row(0);
+                    put(
+                        0,
+                        column,
+                        kernel.dot_packed(part.format, part.row(r), k, a, &mut unpacked),
+                    );
                     continue;
                 }
-                for (c, &(p, r)) in group.iter().enumerate() {
-                    let part = &parts[p];
-                    kernel.unpack(part.format, part.row(r), k, &mut unpacked);
-                    let mut t = 0;
-                    while t < m {
-                        let done = kernel.dots_by_rows(&unpacked, &rows, t, &mut sums);
-                        for (i, &v) in sums[..done].iter().enumerate() {
-                            put(t + i, at + c, v);
-                        }
-                        t += done;
+                kernel.unpack(part.format, part.row(r), k, &mut unpacked);
+                let mut t = 0;
+                while t < m {
+                    let done = kernel.dots_by_rows(&unpacked, &rows, t, &mut sums);
+                    for (j, &v) in sums[..done].iter().enumerate() {
+                        put(t + j, column, v);
                     }
+                    t += done;
                 }
             }
         })

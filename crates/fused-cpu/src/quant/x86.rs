@@ -59,26 +59,24 @@ unsafe fn total(lanes: __m256, minimums: __m128) -> f32 {
     sum + _mm_cvtss_f32(_mm_shuffle_ps(minimums, minimums, 1))
 }
 
-/// Unpacked weight rows `w` times one activation row, into `out`.
+/// The unpacked weight row `w` times one activation row.
 ///
 /// # Safety
-/// The CPU must have AVX2 and FMA; every row of `w` and `a` must hold the same sub-blocks.
+/// The CPU must have AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dots(w: &[Unpacked], a: ActivationRow<'_>, out: &mut [f32]) {
-    for (w, out) in w.iter().zip(out) {
-        let subs = a.scales.len();
-        check(w, a, subs);
-        let (mut lanes, mut minimums) = (_mm256_setzero_ps(), _mm_setzero_ps());
-        for s in 0..subs {
-            let values = _mm256_loadu_si256(w.w.as_ptr().add(s * BLOCK).cast());
-            let q = _mm256_loadu_si256(a.q.as_ptr().add(s * BLOCK).cast());
-            let scales = _mm256_loadu_si256(w.scales.as_ptr().add(s * 16).cast());
-            let sums = integer_sums(values, q, scales, w.has_minimum);
-            let pair = pair_product(w.factor_minimum.as_ptr().add(s), a.scales.as_ptr().add(s));
-            accumulate(&mut lanes, &mut minimums, sums, pair, w.has_minimum);
-        }
-        *out = total(lanes, minimums);
+pub(super) unsafe fn dot(w: &Unpacked, a: ActivationRow<'_>) -> f32 {
+    let subs = a.scales.len();
+    check(w, a, subs);
+    let (mut lanes, mut minimums) = (_mm256_setzero_ps(), _mm_setzero_ps());
+    for s in 0..subs {
+        let values = _mm256_loadu_si256(w.w.as_ptr().add(s * BLOCK).cast());
+        let q = _mm256_loadu_si256(a.q.as_ptr().add(s * BLOCK).cast());
+        let scales = _mm256_loadu_si256(w.scales.as_ptr().add(s * 16).cast());
+        let sums = integer_sums(values, q, scales, w.has_minimum);
+        let pair = pair_product(w.factor_minimum.as_ptr().add(s), a.scales.as_ptr().add(s));
+        accumulate(&mut lanes, &mut minimums, sums, pair, w.has_minimum);
     }
+    total(lanes, minimums)
 }
 
 /// What the kernels read past their slices' checks.
@@ -93,11 +91,11 @@ fn check(w: &Unpacked, a: ActivationRow<'_>, subs: usize) {
 }
 
 /// One unpacked weight row times four activation rows, into `out`: each sum computed exactly
-/// as [`dots`] computes it alone; the four interleaved share each weight load and hide the
+/// as [`dot`] computes it alone; the four interleaved share each weight load and hide the
 /// multiply-adds' latency (written out, so the sums stay in registers).
 ///
 /// # Safety
-/// As [`dots`], for the four rows of `a`.
+/// As [`dot`], for the four rows of `a`.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn dots_by_four(w: &Unpacked, a: [ActivationRow<'_>; 4], out: &mut [f32; 4]) {
     let subs = a[0].scales.len();
@@ -131,28 +129,23 @@ pub(super) unsafe fn dots_by_four(w: &Unpacked, a: [ActivationRow<'_>; 4], out: 
     }
 }
 
-/// Weight rows (GGUF bytes, `format`) times one activation row, unpacking each sub-block in
-/// registers: no buffer, for a decoding step's one row. Each sum is computed exactly as
-/// [`dots`] computes it from the unpacked row (the same integers, products and order).
+/// A weight row (GGUF bytes, `format`) times one activation row, unpacking each sub-block in
+/// registers: no buffer, for a decoding step's one row. The sum is computed exactly as [`dot`]
+/// computes it from the unpacked row (the same integers, products and order).
 ///
 /// # Safety
-/// The CPU must have AVX2, FMA and F16C; every row must hold `a`'s weights in `format`.
+/// The CPU must have AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dots_packed(
-    format: BlockFormat,
-    rows: &[&[u8]],
-    a: ActivationRow<'_>,
-    out: &mut [f32],
-) {
+pub(super) unsafe fn dot_packed(format: BlockFormat, row: &[u8], a: ActivationRow<'_>) -> f32 {
     match format {
-        BlockFormat::Q4_0 => fused::<0>(rows, a, out),
-        BlockFormat::Q4_1 => fused::<1>(rows, a, out),
-        BlockFormat::Q5_0 => fused::<2>(rows, a, out),
-        BlockFormat::Q5_1 => fused::<3>(rows, a, out),
-        BlockFormat::Q8_0 => fused::<4>(rows, a, out),
-        BlockFormat::Q4K => fused::<5>(rows, a, out),
-        BlockFormat::Q5K => fused::<6>(rows, a, out),
-        BlockFormat::Q6K => fused::<7>(rows, a, out),
+        BlockFormat::Q4_0 => fused::<0>(row, a),
+        BlockFormat::Q4_1 => fused::<1>(row, a),
+        BlockFormat::Q5_0 => fused::<2>(row, a),
+        BlockFormat::Q5_1 => fused::<3>(row, a),
+        BlockFormat::Q8_0 => fused::<4>(row, a),
+        BlockFormat::Q4K => fused::<5>(row, a),
+        BlockFormat::Q5K => fused::<6>(row, a),
+        BlockFormat::Q6K => fused::<7>(row, a),
     }
 }
 
@@ -164,31 +157,18 @@ unsafe fn two_f16(at: *const u8) -> __m128 {
     )))
 }
 
-/// [`dots_packed`] for the format `BlockFormat::ALL[F]`.
-#[inline(always)]
-unsafe fn fused<const F: usize>(rows: &[&[u8]], a: ActivationRow<'_>, out: &mut [f32]) {
+/// [`dot_packed`] for the format `BlockFormat::ALL[F]`, so its branches fold away.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fused<const F: usize>(row: &[u8], a: ActivationRow<'_>) -> f32 {
     let format = BlockFormat::ALL[F];
     let (per, bytes) = (format.block_weights() / BLOCK, format.block_bytes());
     let subs = a.scales.len();
     assert!(
-        a.q.len() >= subs * BLOCK && rows.iter().all(|r| r.len() >= subs / per * bytes),
+        a.q.len() >= subs * BLOCK && row.len() >= subs / per * bytes,
         "block product: sub-blocks"
     );
-    for (row, out) in rows.iter().zip(out) {
-        *out = fused_row::<F>(row.as_ptr(), subs / per, a.q.as_ptr(), a.scales.as_ptr());
-    }
-}
-
-/// One row of [`fused`]: its own function, so its sums stay in registers.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn fused_row<const F: usize>(
-    row: *const u8,
-    blocks: usize,
-    q: *const i8,
-    activation_scales: *const [f32; 2],
-) -> f32 {
-    let format = BlockFormat::ALL[F];
-    let (per, bytes) = (format.block_weights() / BLOCK, format.block_bytes());
+    let (blocks, q, activation_scales) = (subs / per, a.q.as_ptr(), a.scales.as_ptr());
+    let row = row.as_ptr();
     let has_minimum = format.has_minimum();
     let ones = _mm256_set1_epi16(1);
     let (mut lanes, mut minimums) = (_mm256_setzero_ps(), _mm_setzero_ps());
