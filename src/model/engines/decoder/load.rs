@@ -1,8 +1,8 @@
 //! Reading a decoder LLM: a GGUF file (llama.cpp's format: its weights in the block formats the
-//! CPU decoder multiplies directly, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K, handed over as
-//! blocks; any other widened to f32 by candle) or a transformers folder (`config.json` and safetensors in f32, f16 or bf16), into the
-//! CPU decoder (`spotinfer_fused_cpu::CpuDecoder`), with its tokenizer, chat template and special
-//! tokens. What the decoder would compute differently from the model's own library (another
+//! CPU decoder multiplies directly, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K, handed
+//! over as blocks; any other widened to f32 by candle) or a transformers folder (`config.json`
+//! and safetensors in f32, f16 or bf16), into the CPU decoder (`spotinfer_fused_cpu::CpuDecoder`),
+//! with its tokenizer, chat template and special tokens. What the decoder would compute differently from the model's own library (another
 //! rotary scaling, sliding-window attention, another activation) is refused here with the reason.
 
 use super::gguf_tokenizer;

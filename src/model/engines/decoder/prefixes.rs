@@ -74,9 +74,11 @@ impl Prefixes {
         let noted = (0..self.noted.len())
             .map(|i| (usable(&self.noted[i]), i))
             .filter(|&(n, _)| n >= MIN_SHARED && n > best_kept)
-            .max();
-        if let Some((n, i)) = noted {
-            let _ = n;
+            .max()
+            .map(|(_, i)| i);
+        // The noted prefix is read whole, though this prompt may share only part of it: the
+        // batch that noted it shares all of it.
+        if let Some(i) = noted {
             let tokens = self.noted.remove(i)?;
             let mut cache = KvCache::default();
             for part in tokens.chunks(STEP_TOKENS) {
