@@ -752,11 +752,7 @@ mod tests {
     fn a_generation_model_computes_in_f32_unless_bf16_is_asked() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/llm/models/qwen3");
-        let open = |precision| {
-            let options = LoadOptions::new(crate::model::DeviceChoice::Cpu).precision(precision);
-            let defaults = GenerationDefaults::default();
-            GenerateTask::open(&path, &options, defaults, Interrupt::new())
-        };
+        let open = |precision| open_in(&path, precision);
         let f32 = open(Precision::Auto).unwrap().info;
         assert!(f32.device.starts_with("Cpu (decoder, f32 from "));
         let no_blocks = open(Precision::Gguf).unwrap().info;
@@ -782,19 +778,24 @@ mod tests {
         }
     }
 
+    /// The generation model at `path` on the CPU in `precision`, with the default settings.
+    fn open_in(path: &std::path::Path, precision: Precision) -> Result<GenerateTask, ModelError> {
+        let options = LoadOptions::new(crate::model::DeviceChoice::Cpu).precision(precision);
+        GenerateTask::open(
+            path,
+            &options,
+            GenerationDefaults::default(),
+            Interrupt::new(),
+        )
+    }
+
     /// `--precision gguf` on a quantised GGUF keeps its blocks: the device line says so, and the
     /// hash is marked so that its results and checkpoints name the engine.
     #[test]
     fn a_gguf_asked_for_its_blocks_says_so_and_marks_its_hash() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
-        let open = |precision| {
-            let options = LoadOptions::new(crate::model::DeviceChoice::Cpu).precision(precision);
-            let defaults = GenerationDefaults::default();
-            GenerateTask::open(&path, &options, defaults, Interrupt::new())
-                .unwrap()
-                .info
-        };
+        let open = |precision| open_in(&path, precision).unwrap().info;
         let (f32, blocks) = (open(Precision::Auto), open(Precision::Gguf));
         assert!(
             f32.device.starts_with("Cpu (decoder, f32 from GGUF"),
