@@ -28,7 +28,7 @@ want=$(sha256sum "$requirements" | cut -d' ' -f1)
 if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
     rm -rf "$toolchain"
     mkdir -p "$toolchain"
-    python3 -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes \
+    python3 -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes --no-cache-dir \
         --target "$toolchain/site" -r "$requirements"
     echo "$want" >"$stamp"
 fi
