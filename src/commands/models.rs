@@ -195,6 +195,7 @@ async fn check_generation_model(path: std::path::PathBuf) -> anyhow::Result<()> 
             top_k: None,
             seed: 0,
             stop: Vec::new(),
+            constraint: None,
         };
         let mut out = task
             .predict_items(&[Item::Generate(input.into(), Vec::new())])?

@@ -1,8 +1,10 @@
 //! A generation record: `{"id", "prompt"}` (a raw completion) or `{"id", "messages": [{"role",
 //! "content"}, …]}` (a chat), with optional `max_new_tokens`, `temperature` (0: greedy),
-//! `top_p`, `top_k`, `seed` and `stop` (a string or a list of up to four). Their types and ranges
-//! are checked here, so a bad one is a failure row with its reason before any model work; what
-//! depends on the model (the prompt's length against its context) is checked when it runs.
+//! `top_p`, `top_k`, `seed`, `stop` (a string or a list of up to four) and one constraint on what
+//! may be written ([`Constraint`]: `response_format` as OpenAI's chat API takes it, or `regex`, or
+//! `grammar`). Their types and ranges are checked here, so a bad one is a failure row with its
+//! reason before any model work; what depends on the model (the prompt's length against its
+//! context, whether the constraint compiles) is checked when it runs.
 //! Without a `seed`, the record's id gives one, so a redelivery samples the same text.
 
 use super::RecordError;
@@ -37,6 +39,43 @@ pub enum Prompt {
     Chat(Vec<Message>),
 }
 
+/// What the completion must match, checked token by token as it is written (the decoder's
+/// `constrain` compiles it). A record gives at most one.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Constraint {
+    /// `response_format: {"type": "json_schema", "json_schema": {"schema": …}}`: JSON valid
+    /// against the schema.
+    JsonSchema(Value),
+    /// `response_format: {"type": "json_object"}`: any JSON object.
+    JsonObject,
+    /// `regex`: text the whole of which matches the expression.
+    Regex(String),
+    /// `grammar`: text in the language of a Lark grammar (llguidance's dialect, whose `%json`
+    /// and regular-expression terminals GBNF users also get).
+    Lark(String),
+}
+
+impl Constraint {
+    /// It as one JSON value: in the record's hash, and the key one compiled form is shared under.
+    pub fn key(&self) -> Value {
+        match self {
+            Self::JsonSchema(s) => serde_json::json!({ "json_schema": s }),
+            Self::JsonObject => serde_json::json!({ "json_object": true }),
+            Self::Regex(r) => serde_json::json!({ "regex": r }),
+            Self::Lark(g) => serde_json::json!({ "grammar": g }),
+        }
+    }
+
+    /// Whether the completion is JSON (stored parsed beside its text).
+    pub fn is_json(&self) -> bool {
+        matches!(self, Self::JsonSchema(_) | Self::JsonObject)
+    }
+}
+
+/// Longest `regex` or `grammar`, and largest schema (as JSON text), in bytes: larger ones are
+/// refused before the decoder tries to compile them.
+pub const MAX_CONSTRAINT_BYTES: usize = 256 * 1024;
+
 /// What a generation record asks for; the options it leaves out take the worker's defaults.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Input {
@@ -54,6 +93,8 @@ pub struct Input {
     pub seed: u64,
     /// Strings that end the completion.
     pub stop: Vec<String>,
+    /// What the completion must match, if anything.
+    pub constraint: Option<Constraint>,
 }
 
 impl Input {
@@ -73,7 +114,8 @@ impl Input {
             self.top_p,
             self.top_k,
             self.seed,
-            self.stop
+            self.stop,
+            self.constraint.as_ref().map(Constraint::key)
         ]);
         hex::encode(sha2::Sha256::digest(canonical.to_string().as_bytes()))
     }
@@ -124,7 +166,81 @@ pub(super) fn parse(
             })?,
         },
         stop: stops(map.get("stop"))?,
+        constraint: constraint(map)?,
     })
+}
+
+/// The record's constraint: `response_format` (OpenAI's `json_schema` or `json_object`; `text`
+/// is none), `regex` or `grammar`, at most one of them.
+fn constraint(map: &Map<String, Value>) -> Result<Option<Constraint>, RecordError> {
+    let given = |k: &str| map.get(k).filter(|v| !v.is_null());
+    let named: Vec<&str> = ["response_format", "regex", "grammar"]
+        .into_iter()
+        .filter(|k| given(k).is_some())
+        .collect();
+    if named.len() > 1 {
+        return Err(bad(format!(
+            "fields {} each constrain the completion: give one",
+            named.join(" and ")
+        )));
+    }
+    let text = |k: &str| {
+        match given(k) {
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_CONSTRAINT_BYTES => {
+            Ok(s.clone())
+        }
+        Some(other) => Err(bad(format!(
+            "field \"{k}\" must be a non-empty string of at most {MAX_CONSTRAINT_BYTES} bytes, got {}",
+            shorten(other)
+        ))),
+        None => Ok(String::new()),
+    }
+    };
+    Ok(match named.first().copied() {
+        None => None,
+        Some("regex") => Some(Constraint::Regex(text("regex")?)),
+        Some("grammar") => Some(Constraint::Lark(text("grammar")?)),
+        Some(_) => response_format(given("response_format").unwrap_or(&Value::Null))?,
+    })
+}
+
+/// OpenAI's `response_format`: `{"type": "text"}`, `{"type": "json_object"}` or `{"type":
+/// "json_schema", "json_schema": {"name", "schema", "strict", "description"}}`.
+pub fn response_format(v: &Value) -> Result<Option<Constraint>, RecordError> {
+    let kind = v.get("type").and_then(Value::as_str);
+    match kind {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(Constraint::JsonObject)),
+        Some("json_schema") => {
+            let schema = v
+                .get("json_schema")
+                .and_then(|j| j.get("schema"))
+                .filter(|s| s.is_object() || s.is_boolean())
+                .ok_or_else(|| {
+                    bad("response_format of type \"json_schema\" needs \"json_schema\": {\"name\", \"schema\": {…}}".into())
+                })?;
+            let bytes = schema.to_string().len();
+            if bytes > MAX_CONSTRAINT_BYTES {
+                return Err(bad(format!(
+                    "the response_format's schema is {bytes} bytes of JSON, the limit is {MAX_CONSTRAINT_BYTES}"
+                )));
+            }
+            Ok(Some(Constraint::JsonSchema(schema.clone())))
+        }
+        _ => Err(bad(format!(
+            "field \"response_format\" must be {{\"type\": \"text\" | \"json_object\" | \"json_schema\", …}}, got {}",
+            shorten(v)
+        ))),
+    }
+}
+
+/// A value as an error message shows it: its first 80 characters of JSON.
+fn shorten(v: &Value) -> String {
+    let s = v.to_string();
+    match s.char_indices().nth(80) {
+        Some((at, _)) => format!("{}…", &s[..at]),
+        None => s,
+    }
 }
 
 /// A seed from the record id: the first eight bytes of its SHA-256.

@@ -229,6 +229,7 @@ impl GenerationDefaults {
             stop: input.stop.clone(),
             resume: resume.to_vec(),
             truncate_prompt: self.truncate_prompt,
+            constraint: input.constraint.clone(),
         }
     }
 }

@@ -14,6 +14,7 @@
 //! `paged::decoder`), and the sampler
 //! draws by position, so the continuation is the one the uninterrupted run would have written.
 
+use super::constrain::{self, Constrained};
 use super::paged::blocks::{PoolError, SeqId};
 use super::paged::decoder::PagedDecoder;
 use super::prefixes::Prefixes;
@@ -62,6 +63,10 @@ struct Sequence {
     prompt: Vec<u32>,
     generated: Vec<u32>,
     cache: SeqCache,
+    /// Its constraint's state, when the request has one.
+    constrained: Option<Constrained>,
+    /// Why it cannot go on (its constraint failed), once it cannot.
+    failed: Option<String>,
     /// Cache tokens it may grow to: its share of the budget.
     need: usize,
     started: Option<Instant>,
@@ -326,6 +331,7 @@ impl Scheduler {
                 .max_seconds
                 .filter(|&m| seq.started.is_some_and(|s| s.elapsed() > m));
             let result = match (finished(model, seq), overdue) {
+                _ if seq.failed.is_some() => seq.failed.clone().map(Generated::Refused),
                 (Some(done), _) => Some(Generated::Done(done)),
                 (None, Some(m)) => Some(Generated::Refused(format!(
                     "the generation ran past --max-generation-seconds ({} s) after {} tokens",
@@ -400,7 +406,18 @@ fn prepare(
         }
         prompt.drain(..prompt.len() + max_new - context);
     }
-    let generated = resumable(model, &request);
+    let mut generated = resumable(model, &request);
+    let constrained = match &request.constraint {
+        None => None,
+        Some(_) if matches!(model.network(), Network::Paged(_)) => {
+            return Err(
+                "constrained generation runs on the CPU decoder only: the paged decoder \
+                        chooses tokens on the device, without a mask"
+                    .into(),
+            )
+        }
+        Some(c) => Some(constrained(model, c, &mut generated)?),
+    };
     Ok(Sequence {
         job,
         index,
@@ -408,9 +425,33 @@ fn prepare(
         prompt,
         generated,
         cache: SeqCache::new(model),
+        constrained,
+        failed: None,
         request,
         started: None,
     })
+}
+
+/// `constraint`'s state after the checkpointed tokens `generated` (their end token aside, which
+/// ends the text): the state the uninterrupted run had there. Tokens the constraint refuses
+/// cannot be its continuation: they are dropped and the record starts over.
+fn constrained(
+    model: &LanguageModel,
+    constraint: &constrain::Constraint,
+    generated: &mut Vec<u32>,
+) -> Result<Constrained, String> {
+    let mut state = model.constrained(constraint)?;
+    let text = match generated.split_last() {
+        Some((last, before)) if model.stop_ids.contains(last) => before,
+        _ => generated.as_slice(),
+    };
+    if let Err(e) = state.advance(text) {
+        tracing::warn!(tokens = generated.len(), error = %e,
+            "a checkpoint its constraint refuses; the record starts over");
+        generated.clear();
+        state = model.constrained(constraint)?;
+    }
+    Ok(state)
 }
 
 /// The checkpointed tokens `request` resumes from, or none (it starts over) when they cannot be
@@ -461,23 +502,43 @@ fn step(model: &LanguageModel, active: &mut [Sequence]) -> Result<(), String> {
         Network::Cpu(decoder) => {
             let mut feeding = feeds.iter().peekable();
             let mut steps: Vec<Step<'_>> = Vec::with_capacity(feeds.len());
+            let mut constrained: Vec<(usize, &mut Constrained)> = Vec::new();
             for (i, s) in active.iter_mut().enumerate() {
-                if let (Some((_, tokens, _)), SeqCache::Cpu(cache)) =
+                if let (Some((_, tokens, whole)), SeqCache::Cpu(cache)) =
                     (feeding.next_if(|f| f.0 == i), &mut s.cache)
                 {
                     steps.push(Step { cache, tokens });
+                    if let (true, Some(c)) = (whole, &mut s.constrained) {
+                        constrained.push((i, c));
+                    }
                 }
             }
-            let logits = decoder
-                .forward(&mut steps, false)
-                .map_err(|e| e.to_string())?;
+            // The constrained sequences' masks are computed while the forward pass runs: they
+            // depend only on the tokens already chosen.
+            let (logits, masks) = rayon::join(
+                || decoder.forward(&mut steps, false),
+                || {
+                    let masks = constrained.into_iter().map(|(i, c)| (i, c.mask()));
+                    masks.collect::<Vec<_>>()
+                },
+            );
+            let logits = logits.map_err(|e| e.to_string())?;
+            let mut masks = masks.into_iter().peekable();
             // Only a sequence whose input is all read draws: a prompt still being read would
             // pay a sampler's pass over the vocabulary for a choice that is not used.
             feeds
                 .iter()
                 .zip(logits)
-                .map(|((i, _, whole), l)| {
-                    let seq = &active[*i];
+                .map(|((i, _, whole), mut l)| {
+                    let seq = &mut active[*i];
+                    match masks.next_if(|m| m.0 == *i).map(|m| m.1) {
+                        Some(Ok(mask)) => constrain::apply(&mask, &mut l),
+                        Some(Err(why)) => {
+                            seq.failed = Some(why);
+                            return None;
+                        }
+                        None => {}
+                    }
                     whole.then(|| seq.request.sampling.choose(&l, seq.generated.len()))
                 })
                 .collect()
@@ -489,8 +550,15 @@ fn step(model: &LanguageModel, active: &mut [Sequence]) -> Result<(), String> {
             .collect(),
     };
     for ((i, _, _), token) in feeds.iter().zip(chosen) {
-        if let Some(token) = token {
-            active[*i].generated.push(token);
+        let Some(token) = token else { continue };
+        let seq = &mut active[*i];
+        seq.generated.push(token);
+        // An end token ends the text: the mask allowed it only where the text is complete.
+        let ends = model.stop_ids.contains(&token);
+        if let (Some(c), false) = (&mut seq.constrained, ends) {
+            if let Err(why) = c.advance(&[token]) {
+                seq.failed = Some(why);
+            }
         }
     }
     Ok(())

@@ -4,6 +4,8 @@
 //!   (`spotinfer_fused_cpu::CpuDecoder`), with its tokenizer ([`gguf_tokenizer`] rebuilds a GGUF's
 //!   from its metadata), chat template and stop tokens; anything computed differently refused;
 //! * `template`: the chat template rendered as transformers renders it;
+//! * `constrain`: a record's JSON schema, regular expression or grammar as the tokens allowed at
+//!   each step (llguidance), masked before the sampler;
 //! * `sampling`: the next token, greedy or from a seeded stream that depends on the position
 //!   only, so a redelivery or a resumed generation draws the same;
 //! * `paged`: the GPU decoder (issue 52, opt-in as `--backend paged`): a Llama-family network on
@@ -15,6 +17,7 @@
 //! [`LanguageModel`] puts them together: requests in, completions out. What a record asks for
 //! and what its result row holds is the task's (`tasks::generate`).
 
+pub mod constrain;
 mod decode;
 pub mod gguf_tokenizer;
 mod load;
@@ -29,7 +32,7 @@ pub use sampling::{argmax, Sampling};
 
 pub use crate::model::output::{Completion, FinishReason};
 use crate::model::ModelError;
-pub use crate::record::generation::{Input, Message, Prompt};
+pub use crate::record::generation::{Constraint, Input, Message, Prompt};
 use paged::decoder::PagedDecoder;
 /// The precision the decoder's dense layers compute in (the fused CPU crate's).
 pub use spotinfer_fused_cpu::Precision as DecoderPrecision;
@@ -54,6 +57,8 @@ pub struct Request {
     pub resume: Vec<u32>,
     /// Cut the prompt's oldest tokens to fit the context instead of refusing it.
     pub truncate_prompt: bool,
+    /// What the completion must match, if anything.
+    pub constraint: Option<Constraint>,
 }
 
 impl Request {
@@ -71,6 +76,7 @@ impl Request {
             stop: Vec::new(),
             resume: Vec::new(),
             truncate_prompt: false,
+            constraint: None,
         }
     }
 }
@@ -111,6 +117,8 @@ pub struct LanguageModel {
     template: Option<ChatTemplate>,
     add_bos: Option<u32>,
     stop_ids: Vec<u32>,
+    /// Its vocabulary as the constraints' compiler sees it, made when a record first asks.
+    grammars: std::sync::OnceLock<Result<constrain::Grammars, String>>,
     /// The files the weights came from.
     pub weight_files: Vec<std::path::PathBuf>,
     /// The weights' format in words (`GGUF Q4_1`).
@@ -153,6 +161,7 @@ impl LanguageModel {
             template,
             add_bos: l.add_bos,
             stop_ids: l.stop_ids,
+            grammars: std::sync::OnceLock::new(),
             weight_files: l.weight_files,
             format: l.format,
         })
@@ -217,6 +226,16 @@ impl LanguageModel {
             }
         }
         Ok(ids)
+    }
+
+    /// A matcher at the start of `constraint` (compiled once per model and constraint), or why
+    /// it cannot be had.
+    pub fn constrained(&self, constraint: &Constraint) -> Result<constrain::Constrained, String> {
+        let grammars = self
+            .grammars
+            .get_or_init(|| constrain::Grammars::new(&self.tokenizer, &self.stop_ids));
+        let grammars = grammars.as_ref().map_err(Clone::clone)?;
+        grammars.start(constraint).map(constrain::Constrained::new)
     }
 
     /// The text of generated tokens, special tokens left out.
