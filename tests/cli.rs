@@ -84,6 +84,7 @@ async fn publish_holds_at_most_its_byte_bound_whatever_the_lines_sizes() {
         gcs: None,
         columns: None,
         job: None,
+        response_format: None,
         target: None,
         republish: false,
         max_held_bytes: BOUND,

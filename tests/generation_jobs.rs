@@ -6,6 +6,8 @@
 //! or not, equals the one the same model computes uninterrupted in this process; the
 //! interrupted workers left checkpoints that the job consumed; status is complete, the export
 //! and the `predictions` view hold the completions, and every poison record has its reason.
+//! Every sixth record is constrained (a JSON schema, a regular expression or a Lark grammar):
+//! its resumed answer too must be the uninterrupted one, and a JSON answer is stored parsed.
 
 mod common;
 
@@ -39,7 +41,7 @@ fn texts() -> Vec<String> {
 }
 
 /// The job's good records: chat turns (every fourth sampled with a seed, every seventh with a
-/// system turn of its own) and raw prompts that stop at a newline.
+/// system turn of its own) and raw prompts that stop at a newline; every sixth constrained.
 fn good_records() -> Vec<Value> {
     let texts = texts();
     // Evenly over the texts, so every language and source is among the prompts.
@@ -60,6 +62,15 @@ fn good_records() -> Vec<Value> {
                 _ => json!({"id": id, "messages": [{"role": "user", "content": text}]}),
             };
             r["max_new_tokens"] = json!(NEW_TOKENS);
+            match i % 18 {
+                3 => {
+                    r["response_format"] = json!({"type": "json_schema", "json_schema": {
+                    "name": "verdict", "schema": verdict_schema()}})
+                }
+                9 => r["regex"] = json!("(Yes|No)[.!] [A-Z][a-z ]{0,60}"),
+                15 => r["grammar"] = json!("start: \"Topic: \" WORD\nWORD: /[a-z]{1,12}/"),
+                _ => {}
+            }
             if i % 4 == 1 {
                 r["temperature"] = json!(0.8);
                 r["top_p"] = json!(0.9);
@@ -68,6 +79,14 @@ fn good_records() -> Vec<Value> {
             r
         })
         .collect()
+}
+
+/// The schema of the JSON-constrained records: short enough to close within their tokens.
+fn verdict_schema() -> Value {
+    json!({"type": "object", "properties": {
+        "funny": {"type": "boolean"},
+        "topic": {"enum": ["life", "work", "computers", "other"]}},
+        "required": ["funny", "topic"], "additionalProperties": false})
 }
 
 /// Poison the worker refuses (published, then failed with its reason), and poison `publish`
@@ -88,6 +107,15 @@ fn poison() -> (Poison, Poison) {
         (
             json!({"id": "bad-text", "text": "an embedding text"}),
             "generates: send \"prompt\"",
+        ),
+        (
+            json!({"id": "bad-regex", "prompt": "x", "regex": "(unclosed"}),
+            "the constraint does not compile",
+        ),
+        (
+            json!({"id": "bad-schema", "prompt": "x", "response_format": {"type": "json_schema",
+                "json_schema": {"name": "n", "schema": {"type": "integer", "minimum": 5, "maximum": 1}}}}),
+            "the constraint does not compile",
         ),
     ];
     let at_publish = vec![
@@ -110,6 +138,10 @@ fn poison() -> (Poison, Poison) {
         (
             json!({"id": "bad-stop", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}),
             "the limit is 4",
+        ),
+        (
+            json!({"id": "bad-format", "prompt": "x", "response_format": {"type": "yaml"}}),
+            "\"response_format\" must be",
         ),
     ];
     (at_worker, at_publish)
@@ -234,7 +266,23 @@ async fn a_generation_job_survives_sigterms_mid_answer_and_every_resumed_answer_
         assert_eq!(row["finish_reason"].as_str().unwrap(), finish, "{id}");
         assert_eq!(int(row, "completion_tokens") as usize, *tokens, "{id}");
         assert!(int(row, "prompt_tokens") > 0, "{row}");
+        let i: usize = id[2..].parse().unwrap();
+        if i % 18 == 3 && finish == "stop" {
+            let parsed: Value = serde_json::from_str(text).expect("a JSON answer");
+            assert_eq!(row["json"], parsed, "{id}: stored parsed");
+            assert!(parsed["funny"].is_boolean(), "{id}: {parsed}");
+        } else {
+            assert!(
+                row.get("json").is_none(),
+                "{id}: only a JSON answer has one: {row}"
+            );
+        }
     }
+    let json_answers = rows.iter().filter(|r| r.get("json").is_some()).count();
+    assert!(
+        json_answers > 0,
+        "some JSON answers closed within {NEW_TOKENS} tokens"
+    );
     let stopped = rows.iter().filter(|r| r["finish_reason"] == "stop").count();
     eprintln!(
         "{} completions equal the uninterrupted ones ({stopped} ended by a stop token or string)",
@@ -460,5 +508,123 @@ async fn answers_begun_on_the_cpu_decoder_are_finished_by_the_paged_decoder() {
     eprintln!(
         "{} checkpoints of the CPU decoder finished by the paged decoder; {paged} answers by it, {cpu} by the CPU decoder, all equal to the uninterrupted ones",
         engines[0].1
+    );
+}
+
+/// Issue 56: an OpenAI batch file written with the official `openai` client's types (each body
+/// validated as `CompletionCreateParamsNonStreaming`), some lines asking for JSON by
+/// `response_format`, two asking for what spotinfer does not do, is published as it is, worked
+/// and exported as OpenAI batch output and error files, which the same client's types read back
+/// (`ChatCompletion`, `ErrorObject`): every answer is the one the model writes for the record the
+/// line asked for, keyed by its `custom_id`; the refused lines are in the error file by theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_openai_batch_file_round_trips_through_publish_work_and_export() {
+    let dir = tempfile::tempdir().unwrap();
+    let batch = dir.path().join("batch.jsonl");
+    let texts: Vec<String> = texts().into_iter().step_by(9).take(12).collect();
+    std::fs::write(dir.path().join("texts.json"), json!(texts).to_string()).unwrap();
+    let write = r#"
+import json, sys, os, pydantic
+from openai.types.chat import completion_create_params
+body_type = pydantic.TypeAdapter(completion_create_params.CompletionCreateParamsNonStreaming)
+texts = json.load(open(os.path.join(os.path.dirname(sys.argv[1]), "texts.json")))
+schema = {"type": "object", "properties": {"mood": {"enum": ["happy", "sad", "neutral"]}},
+          "required": ["mood"], "additionalProperties": False}
+lines = []
+for i, text in enumerate(texts):
+    body = {"model": "SmolLM2-135M-Instruct", "max_completion_tokens": 16,
+            "messages": [{"role": "developer", "content": "Answer briefly."},
+                         {"role": "user", "content": [{"type": "text", "text": text}]}]}
+    if i % 3 == 0:
+        body["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": "mood", "schema": schema, "strict": True}}
+    if i % 4 == 1:
+        body.update(temperature=0.7, top_p=0.9, seed=i)
+    if i == 5:
+        body["logprobs"] = True
+    if i == 7:
+        body["n"] = 2
+    body_type.validate_json(json.dumps(body))
+    lines.append({"custom_id": f"task-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body})
+with open(sys.argv[1], "w") as f:
+    f.writelines(json.dumps(l) + "\n" for l in lines)
+print(json.dumps(len(lines)))
+"#;
+    assert_eq!(pyarrow_json(write, &batch), json!(12));
+    let lines: Vec<Value> = read_jsonl(&batch);
+    let (good, bad): (Vec<&Value>, Vec<&Value>) = lines
+        .iter()
+        .partition(|l| !["task-5", "task-7"].contains(&l["custom_id"].as_str().unwrap()));
+    let records: Vec<Value> = good
+        .iter()
+        .map(|l| {
+            let map = l.as_object().unwrap();
+            Value::Object(spotinfer::jobs::publish::openai_batch::record(map).unwrap())
+        })
+        .collect();
+    let want: HashMap<String, String> = records
+        .iter()
+        .zip(uninterrupted_completions(&gguf(), &records))
+        .map(|(r, c)| (r["id"].as_str().unwrap().to_string(), c.text))
+        .collect();
+
+    let (env, name, out_dir) = published_job("generate-openai", gguf(), &lines).await;
+    let s = env.status(&name);
+    assert_eq!(int(&s, "published"), good.len() as i64, "{s}");
+    let flags = ["--exit-when-job-complete", &name, "--job-poll", "1s"];
+    let (status, _) = env.worker(&flags).wait(Duration::from_secs(300));
+    assert!(status.success(), "the job completes: {status}");
+
+    let output = out_dir.path().join("output.jsonl");
+    let errors = out_dir.path().join("errors.jsonl");
+    let (output_s, errors_s) = (output.display().to_string(), errors.display().to_string());
+    let format = ["--format", "openai-batch"];
+    env.ok(
+        "export",
+        &[&["--job", &name, "--output", &output_s][..], &format].concat(),
+    );
+    env.ok(
+        "export",
+        &[
+            &["--job", &name, "--failed", "--output", &errors_s][..],
+            &format,
+        ]
+        .concat(),
+    );
+    let read = r#"
+import json, sys
+from openai.types.chat import ChatCompletion
+from openai.types.shared import ErrorObject
+answers, refused = {}, {}
+for line in open(sys.argv[1]):
+    line = json.loads(line)
+    assert line["error"] is None and line["response"]["status_code"] == 200, line
+    completion = ChatCompletion.model_validate(line["response"]["body"])
+    assert completion.object == "chat.completion" and completion.usage.total_tokens > 0
+    answers[line["custom_id"]] = completion.choices[0].message.content
+for line in open(sys.argv[1].replace("output.jsonl", "errors.jsonl")):
+    line = json.loads(line)
+    assert line["response"]["status_code"] == 400, line
+    refused[line["custom_id"]] = ErrorObject.model_validate(line["response"]["body"]["error"]).message
+print(json.dumps({"answers": answers, "refused": refused}))
+"#;
+    let back = pyarrow_json(read, &output);
+    let answers: HashMap<String, String> = serde_json::from_value(back["answers"].clone()).unwrap();
+    assert_eq!(answers, want, "every answer, by custom_id");
+    for (id, text) in &answers {
+        let i: usize = id["task-".len()..].parse().unwrap();
+        if i % 3 == 0 && text.ends_with('}') {
+            let v: Value = serde_json::from_str(text).expect("the JSON asked for");
+            assert!(v["mood"].is_string(), "{id}: {v}");
+        }
+    }
+    let refused = back["refused"].as_object().unwrap();
+    assert_eq!(refused.len(), bad.len(), "{refused:?}");
+    assert!(refused["task-5"].as_str().unwrap().contains("\"logprobs\""));
+    assert!(refused["task-7"].as_str().unwrap().contains("\"n\""));
+    eprintln!(
+        "{} answers and {} refusals read back by openai's types",
+        answers.len(),
+        refused.len()
     );
 }

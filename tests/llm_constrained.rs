@@ -18,31 +18,13 @@ fn gguf() -> PathBuf {
         .join("models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 
-/// Enum, integer range, required keys, bounded strings and an array of objects.
+/// The extraction schema (enum, integer range, required keys, bounded strings, an array of
+/// objects), as `examples/constrained.rs` also uses it.
 fn schema() -> Value {
-    json!({
-        "type": "object",
-        "properties": {
-            "category": {"enum": ["joke", "quote", "definition", "technical", "other"]},
-            "urgency": {"type": "integer", "minimum": 1, "maximum": 5},
-            "summary": {"type": "string", "maxLength": 80},
-            "keywords": {
-                "type": "array",
-                "maxItems": 3,
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "word": {"type": "string", "maxLength": 20},
-                        "weight": {"type": "integer", "minimum": 0, "maximum": 10}
-                    },
-                    "required": ["word", "weight"],
-                    "additionalProperties": false
-                }
-            }
-        },
-        "required": ["category", "urgency", "summary", "keywords"],
-        "additionalProperties": false
-    })
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("tests/fixtures/llm/extraction_schema.json"))
+        .expect("schema");
+    serde_json::from_str(&text).expect("json")
 }
 
 /// The first `n` real texts as extraction requests.

@@ -290,6 +290,7 @@ async fn values_holding_nul_are_stored_and_exported_exact(url: &str) {
                 finish_reason: Some("length".into()),
                 prompt_tokens: Some(3),
                 completion_tokens: Some(20),
+                json: Some(serde_json::json!({"word": "Jo\0hn", "n": [1, 2]}).to_string()),
                 ..prediction("generate")
             },
         ),
@@ -313,6 +314,7 @@ async fn values_holding_nul_are_stored_and_exported_exact(url: &str) {
             "plain",
             Prediction {
                 text: Some("no NUL here, a backslash-u0000 spelled out: \\u0000".into()),
+                json: Some(r#"{"z": 1, "a": [true, null]}"#.into()),
                 ..prediction("generate")
             },
         ),
@@ -353,13 +355,15 @@ async fn values_holding_nul_are_stored_and_exported_exact(url: &str) {
                 &got.text,
                 &got.label,
                 json(&got.scores),
-                json(&got.entities)
+                json(&got.entities),
+                json(&got.json)
             ),
             (
                 &want.text,
                 &want.label,
                 json(&want.scores),
-                json(&want.entities)
+                json(&want.entities),
+                json(&want.json)
             ),
             "{}",
             e.id

@@ -30,7 +30,7 @@ pub async fn run(a: ExportArgs) -> anyhow::Result<()> {
     let job = a.job.as_str();
     // SIGINT/SIGTERM drop the export before it commits: nothing appears under the final name.
     let result = tokio::select! {
-        r = export::export(&store, job, what, &a.output, emulator, &progress) => r,
+        r = export::export(&store, job, what, (&a.output, a.format), emulator, &progress) => r,
         _ = interrupted() => anyhow::bail!("export interrupted; nothing written to {}", a.output),
     };
     let summary = result?;

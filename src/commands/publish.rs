@@ -9,6 +9,7 @@ use spotinfer::external::gcs::{check_bucket, Gcs};
 use spotinfer::external::store::Store;
 use spotinfer::jobs::input::{self, Format, Input};
 use spotinfer::jobs::publish::{JobTarget, Publish, PublishSummary};
+use spotinfer::record::generation::Constraint;
 
 /// Publishes every valid record; fails when any publish failed.
 pub async fn run(a: PublishArgs) -> anyhow::Result<()> {
@@ -51,7 +52,13 @@ pub async fn run(a: PublishArgs) -> anyhow::Result<()> {
             model: &model,
             skip_done: a.skip_done,
         });
+    let response_format = a
+        .response_format
+        .as_deref()
+        .map(response_format)
+        .transpose()?;
     let publish = Publish {
+        response_format: response_format.as_ref(),
         publisher: &publisher,
         gcs: gcs.as_ref(),
         columns: columns.as_ref(),
@@ -140,4 +147,28 @@ async fn register(a: &PublishArgs, job: &str, model: &str) -> anyhow::Result<Sto
     store.migrate().await?;
     store.register_job(job, model).await?;
     Ok(store)
+}
+
+/// The constraint `--response-format` names: the file's OpenAI `response_format`, or its JSON
+/// Schema (anything whose `type` is not one of response_format's).
+fn response_format(path: &std::path::Path) -> anyhow::Result<Constraint> {
+    use anyhow::Context;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--response-format {}", path.display()))?;
+    let value: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("--response-format {}: not JSON", path.display()))?;
+    let kind = value.get("type").and_then(serde_json::Value::as_str);
+    let constraint = match kind {
+        Some("json_schema" | "json_object" | "text") => {
+            spotinfer::record::generation::response_format(&value)
+                .with_context(|| format!("--response-format {}", path.display()))?
+        }
+        _ => Some(Constraint::JsonSchema(value)),
+    };
+    constraint.with_context(|| {
+        format!(
+            "--response-format {}: {{\"type\": \"text\"}} constrains nothing",
+            path.display()
+        )
+    })
 }

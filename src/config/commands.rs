@@ -166,6 +166,11 @@ pub struct PublishArgs {
     /// the database (DATABASE_URL) before the messages go out, so `status --job` knows the total.
     #[arg(long, env = "SPOTINFER_JOB")]
     pub job: Option<String>,
+    /// A JSON file holding the constraint of every generation record that gives none: an OpenAI
+    /// `response_format` (`{"type": "json_schema", "json_schema": {"name", "schema"}}` or
+    /// `{"type": "json_object"}`), or a JSON Schema itself.
+    #[arg(long, value_name = "FILE")]
+    pub response_format: Option<PathBuf>,
     /// Publish only records with no result yet from the job's model (resume a half-done job).
     #[arg(long, requires = "job")]
     pub skip_done: bool,
@@ -434,6 +439,10 @@ pub struct ExportArgs {
     /// Write the job's failure rows (records with no result) and their reasons instead.
     #[arg(long)]
     pub failed: bool,
+    /// The file's format, when not the one its name ends in: `openai-batch` writes a generation
+    /// job's results as an OpenAI batch output file (with --failed, its error file).
+    #[arg(long, value_enum)]
+    pub format: Option<crate::jobs::export::encode::Format>,
 }
 
 /// Arguments handed unchanged to another program.

@@ -50,7 +50,7 @@ impl Output {
     /// The result's keys as a record's result line carries them (`spotinfer embed`'s output,
     /// an export's JSON lines): `embedding`; `label`, `score` and `scores` (every label's
     /// `{label, score}` in label-id order, named by `labels`); `score`; `entities`; `text`,
-    /// `finish_reason`, `prompt_tokens` and `completion_tokens`.
+    /// `finish_reason`, `prompt_tokens`, `completion_tokens` and `json` (when asked for).
     pub fn fields(&self, labels: &[String]) -> serde_json::Map<String, serde_json::Value> {
         use serde_json::json;
         let mut m = serde_json::Map::new();
@@ -78,6 +78,9 @@ impl Output {
                 m.insert("finish_reason".into(), json!(c.finish_reason.as_str()));
                 m.insert("prompt_tokens".into(), json!(c.prompt_tokens));
                 m.insert("completion_tokens".into(), json!(c.completion_tokens));
+                if let Some(parsed) = &c.json {
+                    m.insert("json".into(), parsed.clone());
+                }
             }
             Self::Refused(why) => {
                 m.insert("error".into(), json!(why));
@@ -191,6 +194,9 @@ pub struct Completion {
     pub completion_tokens: usize,
     /// The generated token ids (the end token included; past a stop string too).
     pub tokens: Vec<u32>,
+    /// The text parsed, when its request was constrained to JSON and it parses (one cut short
+    /// by the length limit does not).
+    pub json: Option<serde_json::Value>,
 }
 
 /// Cosine similarity of two vectors (1.0 for identical directions).

@@ -66,6 +66,23 @@ impl Constraint {
         }
     }
 
+    /// The record field that asks for it, as a record gives it (a `json_schema` is named
+    /// `schema`: the name changes nothing the model writes).
+    pub fn field(&self) -> (&'static str, Value) {
+        match self {
+            Self::JsonSchema(s) => (
+                "response_format",
+                serde_json::json!({"type": "json_schema", "json_schema": {"name": "schema", "schema": s}}),
+            ),
+            Self::JsonObject => (
+                "response_format",
+                serde_json::json!({"type": "json_object"}),
+            ),
+            Self::Regex(r) => ("regex", Value::String(r.clone())),
+            Self::Lark(g) => ("grammar", Value::String(g.clone())),
+        }
+    }
+
     /// Whether the completion is JSON (stored parsed beside its text).
     pub fn is_json(&self) -> bool {
         matches!(self, Self::JsonSchema(_) | Self::JsonObject)
@@ -409,6 +426,41 @@ mod tests {
     }
 
     #[test]
+    fn a_response_format_a_regex_or_a_grammar_is_the_records_constraint_and_in_its_hash() {
+        let constraint = |fields: &str| {
+            let data = format!(r#"{{"id":"g","prompt":"x"{fields}}}"#);
+            parse(data.as_bytes(), MAX).unwrap().generation.unwrap()
+        };
+        let schema = r#"{"type":"object","properties":{"a":{"type":"integer"}}}"#;
+        let g = constraint(&format!(
+            r#","response_format":{{"type":"json_schema","json_schema":{{"name":"n","schema":{schema},"strict":true}}}}"#
+        ));
+        let want: Value = serde_json::from_str(schema).unwrap();
+        assert_eq!(g.constraint, Some(Constraint::JsonSchema(want)));
+        let object = constraint(r#","response_format":{"type":"json_object"}"#);
+        assert_eq!(object.constraint, Some(Constraint::JsonObject));
+        let text = constraint(r#","response_format":{"type":"text"}"#);
+        assert_eq!(text.constraint, None);
+        let regex = constraint(r#","regex":"(yes|no)""#);
+        assert_eq!(regex.constraint, Some(Constraint::Regex("(yes|no)".into())));
+        let lark = constraint(r#","grammar":"start: \"a\"""#);
+        assert_eq!(
+            lark.constraint,
+            Some(Constraint::Lark("start: \"a\"".into()))
+        );
+        let hashes: std::collections::HashSet<String> = [&g, &object, &text, &regex, &lark]
+            .iter()
+            .map(|g| g.sha256())
+            .collect();
+        assert_eq!(hashes.len(), 5, "each constraint changes the record's hash");
+        assert_eq!(
+            text.sha256(),
+            constraint("").sha256(),
+            "text is no constraint"
+        );
+    }
+
+    #[test]
     fn malformed_messages_and_options_out_of_range_are_refused_with_the_reason() {
         let cases: &[(&str, &str)] = &[
             (r#""messages":"hi""#, "must be a list"),
@@ -450,6 +502,23 @@ mod tests {
             ),
             (r#""prompt":"x","stop":[""]"#, "\"stop\""),
             (r#""prompt":"x","text":"y""#, "not several"),
+            (
+                r#""prompt":"x","regex":"a+","grammar":"start: \"a\"""#,
+                "fields regex and grammar each constrain the completion",
+            ),
+            (
+                r#""prompt":"x","regex":"""#,
+                "\"regex\" must be a non-empty string",
+            ),
+            (r#""prompt":"x","grammar":7"#, "\"grammar\" must be"),
+            (
+                r#""prompt":"x","response_format":{"type":"xml"}"#,
+                "\"response_format\" must be {\"type\"",
+            ),
+            (
+                r#""prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"n"}}"#,
+                "needs \"json_schema\": {\"name\", \"schema\"",
+            ),
         ];
         for (fields, want) in cases {
             let data = format!(r#"{{"id":"g",{fields}}}"#);

@@ -46,13 +46,13 @@ pub(super) const RESULTS_PG: &str =
      e.model_hash, r.job, e.input_sha256, e.message_id, e.publish_time_us, \
      e.task, e.label, e.score, e.scores::text AS scores, e.entities::text AS entities, \
      e.text, e.finish_reason, e.prompt_tokens::BIGINT AS prompt_tokens, \
-     e.completion_tokens::BIGINT AS completion_tokens, e.exact, r.columns, \
+     e.completion_tokens::BIGINT AS completion_tokens, e.exact, e.json::text AS json, r.columns, \
      (EXTRACT(EPOCH FROM e.processed_at) * 1000000)::BIGINT AS processed_at_us \
      FROM job_records r JOIN embeddings e ON e.record_id = r.record_id AND e.model = $2 \
      WHERE r.job = $1 ORDER BY r.record_id";
 const RESULTS_SQLITE: &str = "SELECT e.record_id, e.embedding, e.model, e.model_hash, r.job, \
      e.input_sha256, e.message_id, e.publish_time_us, e.task, e.label, e.score, e.scores, \
-     e.entities, e.text, e.finish_reason, e.prompt_tokens, e.completion_tokens, e.exact, r.columns, \
+     e.entities, e.text, e.finish_reason, e.prompt_tokens, e.completion_tokens, e.exact, e.json, r.columns, \
      CAST(ROUND((julianday(e.processed_at) - 2440587.5) * 86400000000.0) AS INTEGER) AS processed_at_us \
      FROM job_records r JOIN embeddings e ON e.record_id = r.record_id AND e.model = $2 \
      WHERE r.job = $1 ORDER BY r.record_id";
@@ -179,6 +179,7 @@ where
         finish_reason: row.try_get("finish_reason")?,
         prompt_tokens: row.try_get("prompt_tokens")?,
         completion_tokens: row.try_get("completion_tokens")?,
+        json: row.try_get("json")?,
         exact: row.try_get("exact")?,
     };
     prediction

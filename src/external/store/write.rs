@@ -71,6 +71,9 @@ pub struct Prediction {
     pub prompt_tokens: Option<i64>,
     /// Tokens it generated.
     pub completion_tokens: Option<i64>,
+    /// The completion parsed as JSON, when its record asked for JSON (JSONB on PostgreSQL, whose
+    /// objects keep their keys in its own order).
+    pub json: Option<String>,
     /// The values above exactly as computed, as a JSON object, when one of them holds U+0000
     /// (they then hold U+FFFD in its place); none otherwise. Set by the store ([`storable_row`]),
     /// read back by the export ([`Prediction::restore_exact`]).
@@ -104,6 +107,7 @@ impl Prediction {
                 p.finish_reason = Some(c.finish_reason.as_str().into());
                 p.prompt_tokens = i64::try_from(c.prompt_tokens).ok();
                 p.completion_tokens = i64::try_from(c.completion_tokens).ok();
+                p.json = c.json.as_ref().map(|v| v.to_string());
             }
             // Settled before the sink: a refusal is a failure row, an interruption goes back.
             Output::Refused(_) | Output::Interrupted(_) => {}
@@ -124,6 +128,7 @@ impl Default for Prediction {
             finish_reason: None,
             prompt_tokens: None,
             completion_tokens: None,
+            json: None,
             exact: None,
         }
     }
@@ -143,7 +148,10 @@ pub fn storable_row(row: &ResultRow) -> std::borrow::Cow<'_, ResultRow> {
     let nul = |s: &Option<String>| s.as_deref().is_some_and(|s| s.contains('\0'));
     // JSON columns hold a NUL as the escape `\u0000`, which jsonb refuses.
     let escaped = |s: &Option<String>| s.as_deref().is_some_and(|s| s.contains("\\u0000"));
-    if !(nul(&p.label) || nul(&p.text) || escaped(&p.scores) || escaped(&p.entities)) {
+    if !(nul(&p.label)
+        || nul(&p.text)
+        || [&p.scores, &p.entities, &p.json].into_iter().any(escaped))
+    {
         return std::borrow::Cow::Borrowed(row);
     }
     let mut exact = serde_json::Map::new();
@@ -157,6 +165,7 @@ pub fn storable_row(row: &ResultRow) -> std::borrow::Cow<'_, ResultRow> {
     for (key, value) in [
         ("scores", &mut stored.scores),
         ("entities", &mut stored.entities),
+        ("json", &mut stored.json),
     ] {
         let Some(json) = value.as_mut() else { continue };
         let Ok(original) = serde_json::from_str::<serde_json::Value>(json) else {
@@ -218,6 +227,7 @@ impl Prediction {
                 "text" => self.text = as_text(value),
                 "scores" => self.scores = Some(value.to_string()),
                 "entities" => self.entities = Some(value.to_string()),
+                "json" => self.json = Some(value.to_string()),
                 _ => {}
             }
         }
@@ -271,7 +281,7 @@ pub struct FailureRow {
 }
 
 /// The head of SQLite's multi-row result UPSERT ([`results_statement`]).
-const UPSERT_COLUMNS: &str = "INSERT INTO embeddings (record_id, embedding, model, model_hash, dim, job, input_sha256, message_id, publish_time_us, task, label, score, scores, entities, text, finish_reason, prompt_tokens, completion_tokens, exact) ";
+const UPSERT_COLUMNS: &str = "INSERT INTO embeddings (record_id, embedding, model, model_hash, dim, job, input_sha256, message_id, publish_time_us, task, label, score, scores, entities, text, finish_reason, prompt_tokens, completion_tokens, exact, json) ";
 
 fn upsert_tail(now: &str) -> String {
     format!(
@@ -281,7 +291,7 @@ fn upsert_tail(now: &str) -> String {
          task = excluded.task, label = excluded.label, score = excluded.score, scores = excluded.scores, \
          entities = excluded.entities, text = excluded.text, finish_reason = excluded.finish_reason, \
          prompt_tokens = excluded.prompt_tokens, completion_tokens = excluded.completion_tokens, \
-         exact = excluded.exact \
+         exact = excluded.exact, json = excluded.json \
          WHERE embeddings.publish_time_us <= excluded.publish_time_us"
     )
 }
@@ -292,7 +302,7 @@ const FAILURE_COLUMNS: &str =
 const FAILURE_TAIL: &str = " ON CONFLICT (message_id) DO NOTHING";
 
 /// Bind parameters per row of the result UPSERT and of the failure INSERT.
-const RESULT_COLUMNS: usize = 19;
+const RESULT_COLUMNS: usize = 20;
 const FAILURE_COLUMNS_N: usize = 8;
 /// Bind parameters one statement may carry: PostgreSQL's protocol limit, and SQLite's
 /// `SQLITE_MAX_VARIABLE_NUMBER` as sqlx's bundled SQLite is built (32,766). A batch with more
@@ -397,17 +407,19 @@ impl Store {
 /// row count, and the sink's group commits come in every size.
 const PG_UPSERT_UNNEST: &str = "INSERT INTO embeddings (record_id, embedding, model, model_hash, \
      dim, job, input_sha256, message_id, publish_time_us, task, label, score, scores, entities, \
-     text, finish_reason, prompt_tokens, completion_tokens, exact) \
+     text, finish_reason, prompt_tokens, completion_tokens, exact, json) \
      SELECT r.record_id, \
      CASE WHEN r.dim = 0 THEN NULL ELSE ($2::real[])[r.first : r.first + r.dim - 1] END, \
      r.model, r.model_hash, r.dim, r.job, r.input_sha256, r.message_id, r.publish_time_us, \
      r.task, r.label, r.score, r.scores::jsonb, r.entities::jsonb, \
-     r.text, r.finish_reason, r.prompt_tokens, r.completion_tokens, r.exact \
+     r.text, r.finish_reason, r.prompt_tokens, r.completion_tokens, r.exact, r.json::jsonb \
      FROM UNNEST($1::text[], $3::int[], $4::int[], $5::text[], $6::text[], $7::text[], \
      $8::text[], $9::text[], $10::bigint[], $11::text[], $12::text[], $13::float8[], \
-     $14::text[], $15::text[], $16::text[], $17::text[], $18::int[], $19::int[], $20::text[]) \
+     $14::text[], $15::text[], $16::text[], $17::text[], $18::int[], $19::int[], $20::text[], \
+     $21::text[]) \
      AS r(record_id, first, dim, model, model_hash, job, input_sha256, message_id, publish_time_us, \
-     task, label, score, scores, entities, text, finish_reason, prompt_tokens, completion_tokens, exact)";
+     task, label, score, scores, entities, text, finish_reason, prompt_tokens, completion_tokens, exact, \
+     json)";
 
 fn pg_results_statement<'q>(
     rows: &[&ResultRow],
@@ -460,6 +472,7 @@ fn pg_results_statement<'q>(
         .bind(tokens(|r| r.prediction.prompt_tokens))
         .bind(tokens(|r| r.prediction.completion_tokens))
         .bind(opt(|r| r.prediction.exact.clone()))
+        .bind(opt(|r| r.prediction.json.clone()))
 }
 
 /// [`PG_UPSERT_UNNEST`] with the UPSERT's conflict clause.
@@ -489,7 +502,8 @@ fn results_statement<'a>(results: &'a [&ResultRow]) -> QueryBuilder<'a, Sqlite> 
             .push_bind(r.prediction.finish_reason.clone())
             .push_bind(r.prediction.prompt_tokens)
             .push_bind(r.prediction.completion_tokens)
-            .push_bind(r.prediction.exact.clone());
+            .push_bind(r.prediction.exact.clone())
+            .push_bind(r.prediction.json.clone());
     });
     q.push(upsert_tail(SQLITE_NOW));
     q
@@ -588,6 +602,18 @@ mod tests {
                     prompt_tokens: 12,
                     completion_tokens: 4,
                     tokens: vec![1, 2, 3, 4],
+                    json: None,
+                }),
+            ),
+            (
+                Task::Generate,
+                Output::Generated(Completion {
+                    text: r#"{"a": [1, "x"]}"#.into(),
+                    finish_reason: FinishReason::Stop,
+                    prompt_tokens: 12,
+                    completion_tokens: 9,
+                    tokens: vec![5; 9],
+                    json: Some(serde_json::json!({"a": [1, "x"]})),
                 }),
             ),
         ];
@@ -611,6 +637,7 @@ mod tests {
             let int = |k: &str| fields.get(k).and_then(|n| n.as_i64());
             assert_eq!(p.prompt_tokens, int("prompt_tokens"), "{task:?}");
             assert_eq!(p.completion_tokens, int("completion_tokens"), "{task:?}");
+            assert_eq!(p.json, text("json"), "{task:?}");
         }
         let (vector, p) = Prediction::of(&Output::Embedding(vec![0.5, -0.5]), Task::Embed, &labels);
         assert_eq!((vector, p), (vec![0.5, -0.5], Prediction::default()));

@@ -1,5 +1,5 @@
-//! Rows in, file bytes out: JSON lines or Parquet, handed over in pieces so the whole file is
-//! never in memory.
+//! Rows in, file bytes out: JSON lines, OpenAI batch lines or Parquet, handed over in pieces so
+//! the whole file is never in memory.
 
 use super::kept::KeptColumns;
 use super::table::Table;
@@ -15,13 +15,16 @@ pub const ROWS_PER_GROUP: usize = 10_000;
 /// Bytes a JSON-lines encoder gathers before handing them on.
 const JSONL_CHUNK: usize = 1 << 20;
 
-/// The file formats, chosen by the output's extension.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The file formats, chosen by the output's extension or named (`export --format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
     /// Apache Parquet (`.parquet`): columns, one row group per [`ROWS_PER_GROUP`] rows.
     Parquet,
     /// JSON lines (`.jsonl`): one object per line, as `spotinfer embed` writes.
     Jsonl,
+    /// OpenAI batch output lines (a generation job's results; with `--failed`, its error file):
+    /// only when named, as its files end in `.jsonl` too.
+    OpenaiBatch,
 }
 
 impl Format {
@@ -49,6 +52,8 @@ pub struct Encoder<T: Table> {
 enum Sink<T: Table> {
     /// JSON lines.
     Jsonl(Vec<u8>),
+    /// OpenAI batch lines (the job's kept columns have no place in them).
+    OpenaiBatch(Vec<u8>),
     /// Parquet: the writer (over a buffer drained after each row group) and the rows of the
     /// group being gathered.
     Parquet(Box<ArrowWriter<Vec<u8>>>, Vec<T>),
@@ -59,6 +64,7 @@ impl<T: Table> Encoder<T> {
     pub fn new(format: Format, kept: KeptColumns) -> Result<Self, ExportError> {
         let sink = match format {
             Format::Jsonl => Sink::Jsonl(Vec::with_capacity(JSONL_CHUNK + 4096)),
+            Format::OpenaiBatch => Sink::OpenaiBatch(Vec::with_capacity(JSONL_CHUNK + 4096)),
             Format::Parquet => {
                 let props = WriterProperties::builder()
                     .set_compression(Compression::SNAPPY)
@@ -75,6 +81,7 @@ impl<T: Table> Encoder<T> {
     pub fn format(&self) -> Format {
         match self.sink {
             Sink::Jsonl(_) => Format::Jsonl,
+            Sink::OpenaiBatch(_) => Format::OpenaiBatch,
             Sink::Parquet(..) => Format::Parquet,
         }
     }
@@ -84,6 +91,17 @@ impl<T: Table> Encoder<T> {
         match &mut self.sink {
             Sink::Jsonl(buf) => {
                 serde_json::to_writer(&mut *buf, &self.kept.json(&row))
+                    .map_err(|e| ExportError::Encode(e.to_string()))?;
+                buf.push(b'\n');
+                Ok((buf.len() >= JSONL_CHUNK).then(|| std::mem::take(buf)))
+            }
+            Sink::OpenaiBatch(buf) => {
+                let line = row.openai_batch().ok_or_else(|| {
+                    ExportError::Encode(
+                        "a result that is no completion has no OpenAI batch line".into(),
+                    )
+                })?;
+                serde_json::to_writer(&mut *buf, &line)
                     .map_err(|e| ExportError::Encode(e.to_string()))?;
                 buf.push(b'\n');
                 Ok((buf.len() >= JSONL_CHUNK).then(|| std::mem::take(buf)))
@@ -102,7 +120,7 @@ impl<T: Table> Encoder<T> {
     /// The rest of the file (for Parquet: the last row group and the footer).
     pub fn finish(self) -> Result<Vec<u8>, ExportError> {
         match self.sink {
-            Sink::Jsonl(buf) => Ok(buf),
+            Sink::Jsonl(buf) | Sink::OpenaiBatch(buf) => Ok(buf),
             Sink::Parquet(mut writer, mut rows) => {
                 write_group(&mut writer, &mut rows, &self.kept)?;
                 writer.finish()?;

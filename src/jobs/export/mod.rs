@@ -10,6 +10,7 @@
 pub mod destination;
 pub mod encode;
 pub mod kept;
+pub mod openai_batch;
 pub mod table;
 pub mod task_table;
 
@@ -29,6 +30,9 @@ pub enum ExportError {
     /// The output's extension names no format.
     #[error("cannot tell the format of {0}: the output must end in .parquet or .jsonl")]
     UnknownFormat(String),
+    /// The format asked for cannot hold this job's results.
+    #[error("{0}")]
+    Unsupported(String),
     /// The output path has no file name.
     #[error("{0} names no file")]
     BadPath(String),
@@ -85,17 +89,25 @@ pub struct ExportSummary {
     pub format: Format,
 }
 
-/// Exports `job`'s rows to `output`.
+/// Exports `job`'s rows to `output`, in `format` (`None`: the one its extension names).
 pub async fn export(
     store: &Store,
     job: &str,
     what: What,
-    output: &str,
+    (output, format): (&str, Option<Format>),
     emulator_host: Option<&str>,
     progress: &indicatif::ProgressBar,
 ) -> Result<ExportSummary, ExportError> {
-    let format = Format::of(output)?;
+    let format = format.map_or_else(|| Format::of(output), Ok)?;
     let model = store.job_model(job).await?;
+    if format == Format::OpenaiBatch && what == What::Results {
+        let task = store.job_task(job, &model).await?;
+        if task != "generate" {
+            return Err(ExportError::Unsupported(format!(
+                "job {job} ran a {task} model: OpenAI batch files hold completions"
+            )));
+        }
+    }
     let destination = Destination::open(output, emulator_host).await?;
     store.refresh_stale_statistics().await;
     let columns = store.job_columns(job).await?;

@@ -27,6 +27,11 @@ pub trait Table: Send + 'static {
     fn kept(&self) -> Option<&str> {
         None
     }
+    /// The row as an OpenAI batch output or error line ([`super::openai_batch`]); `None` for a
+    /// row that has none (anything but a completion).
+    fn openai_batch(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 
 pub(super) fn utc_micros() -> DataType {
@@ -185,6 +190,15 @@ struct FailedColumns<'a> {
 }
 
 impl FailedRow {
+    /// Its OpenAI batch error line (see [`Table::openai_batch`]).
+    fn error_line(&self) -> serde_json::Value {
+        let c = self.columns();
+        let custom_id = c
+            .record_id
+            .or_else(|| super::openai_batch::custom_id(c.payload));
+        super::openai_batch::error_line(c.message_id, custom_id.as_deref(), c.error)
+    }
+
     fn columns(&self) -> FailedColumns<'_> {
         match self {
             Self::Message(m) => {
@@ -300,5 +314,9 @@ impl Table for FailedRow {
             Err(_) => v["payload_base64"] = STANDARD.encode(c.payload).into(),
         }
         v
+    }
+
+    fn openai_batch(&self) -> Option<serde_json::Value> {
+        Some(self.error_line())
     }
 }

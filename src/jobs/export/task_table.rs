@@ -1,9 +1,12 @@
 //! The results of a task model (classify, score, tag, generate) as an export writes them: the
 //! task's own columns in place of the vector (a generation's `text`, `finish_reason`,
-//! `prompt_tokens` and `completion_tokens`). A classifier's `scores` and a tagger's `entities` are lists
+//! `prompt_tokens`, `completion_tokens` and `json`). A classifier's `scores` and a tagger's `entities` are lists
 //! of structs in Parquet (`list<struct<label, score>>`, `list<struct<entity_group, score, word,
 //! start, end>>`) and arrays of objects in JSON lines; columns another task fills are null in
-//! Parquet and absent from JSON lines.
+//! Parquet and absent from JSON lines. A constrained completion's `json` is the parsed value in JSON
+//! lines and JSON text in Parquet (records of one job may each give their own schema, so no one
+//! struct type fits the column), marked as Arrow's canonical `arrow.json` extension type so that
+//! readers that know it (pyarrow, DuckDB) take it as JSON.
 
 use super::table::{provenance_columns, provenance_fields, provenance_json, strings, Table};
 use crate::external::store::ExportedResult;
@@ -127,6 +130,8 @@ impl Table for TaskResult {
             Field::new("finish_reason", DataType::Utf8, true),
             Field::new("prompt_tokens", DataType::Int64, true),
             Field::new("completion_tokens", DataType::Int64, true),
+            Field::new("json", DataType::Utf8, true)
+                .with_metadata([("ARROW:extension:name", "arrow.json")]),
         ];
         fields.extend(provenance_fields());
         Arc::new(Schema::new(fields))
@@ -160,6 +165,7 @@ impl Table for TaskResult {
             strings(r().map(|x| x.prediction.finish_reason.as_deref())),
             Arc::new(prompt_tokens.finish()),
             Arc::new(completion_tokens.finish()),
+            strings(r().map(|x| x.prediction.json.as_deref())),
         ];
         columns.extend(provenance_columns(r()));
         RecordBatch::try_new(Self::schema(), columns)
@@ -199,7 +205,16 @@ impl Table for TaskResult {
                 row.insert(key.into(), n.into());
             }
         }
+        if let Some(json) = p.json.as_deref() {
+            // Stored by this worker from a parsed value: it parses (text kept if it ever did not).
+            let parsed = serde_json::from_str(json).unwrap_or_else(|_| json.into());
+            row.insert("json".into(), parsed);
+        }
         provenance_json(r, &mut row);
         Value::Object(row)
+    }
+
+    fn openai_batch(&self) -> Option<Value> {
+        super::openai_batch::result_line(&self.0)
     }
 }

@@ -3,14 +3,22 @@
 
 use crate::jobs::input::MAX_LINE_BYTES;
 use crate::record;
+use crate::record::generation::Constraint;
 
 /// The record id and message data for a line (a JSON line, or the record a table row made),
-/// `None` for a blank line, or why the line is refused. With a `job`, a record that names another job is refused: a job's count must hold
-/// exactly what was published to it.
-pub fn message_data(line: &[u8], job: Option<&str>) -> Result<Option<(String, String)>, String> {
+/// `None` for a blank line, or why the line is refused. With a `job`, a record that names
+/// another job is refused: a job's count must hold exactly what was published to it. With a
+/// `constraint`, a generation record that gives none takes it, and any other record is refused.
+pub fn message_data(
+    line: &[u8],
+    job: Option<&str>,
+    constraint: Option<&Constraint>,
+) -> Result<Option<(String, String)>, String> {
     if line.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
+    let converted = openai_batch_record(line)?;
+    let line = converted.as_deref().unwrap_or(line);
     // Lines are bytes: an invalid UTF-8 line is refused like any other bad line.
     let mut rec = record::parse(line, usize::MAX).map_err(|e| e.to_string())?;
     match (&rec.job, job) {
@@ -19,6 +27,16 @@ pub fn message_data(line: &[u8], job: Option<&str>) -> Result<Option<(String, St
         }
         (None, _) => rec.job = job.map(str::to_string),
         _ => {}
+    }
+    match (&mut rec.generation, constraint) {
+        (_, None) => {}
+        (Some(g), Some(c)) if g.constraint.is_none() => {
+            std::sync::Arc::make_mut(g).constraint = Some(c.clone());
+        }
+        (Some(_), Some(_)) => {}
+        (None, Some(_)) => {
+            return Err("--response-format is for generation records (messages or a prompt)".into())
+        }
     }
     let data = record_json(&rec).to_string();
     // The message is the record re-written (with the job added): it can outgrow the line.
@@ -29,6 +47,29 @@ pub fn message_data(line: &[u8], job: Option<&str>) -> Result<Option<(String, St
         ));
     }
     Ok(Some((rec.id, data)))
+}
+
+/// The record an OpenAI batch request line asks for, as a JSON line (`None`: the line is no such
+/// request, and is read as a record).
+fn openai_batch_record(line: &[u8]) -> Result<Option<Vec<u8>>, String> {
+    // Only a line that starts as an object can be one; others skip the extra parse.
+    if !line.trim_ascii_start().starts_with(b"{") || !contains(line, b"\"custom_id\"") {
+        return Ok(None);
+    }
+    let Ok(serde_json::Value::Object(map)) = serde_json::from_slice(line) else {
+        return Ok(None);
+    };
+    if !super::openai_batch::is_batch_line(&map) {
+        return Ok(None);
+    }
+    let record = super::openai_batch::record(&map)?;
+    Ok(Some(
+        serde_json::Value::Object(record).to_string().into_bytes(),
+    ))
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// The message data for a parsed record: what the worker's contract reads, nothing else.
@@ -90,6 +131,10 @@ fn generation_json(
     if !g.stop.is_empty() {
         data["stop"] = serde_json::json!(g.stop);
     }
+    if let Some(c) = &g.constraint {
+        let (key, value) = c.field();
+        data[key] = value;
+    }
     data
 }
 
@@ -100,7 +145,7 @@ mod tests {
     #[test]
     fn a_published_record_keeps_its_prompt_name_and_pair_and_gains_the_job() {
         let line = br#"{"id":"q1","text":"how far","prompt_name":"query","text_pair":"a mile"}"#;
-        let (id, data) = message_data(line, Some("j"))
+        let (id, data) = message_data(line, Some("j"), None)
             .expect("a valid line")
             .expect("not blank");
         assert_eq!(id, "q1");
@@ -112,14 +157,49 @@ mod tests {
     }
 
     #[test]
+    fn a_generation_record_keeps_its_options_and_its_constraint() {
+        let schema = r#"{"type":"object","properties":{"a":{"enum":[1,2]}},"required":["a"]}"#;
+        let lines = [
+            format!(
+                r#"{{"id":"g","messages":[{{"role":"user","content":"hi"}}],"max_new_tokens":9,"stop":"x","response_format":{{"type":"json_schema","json_schema":{{"name":"n","schema":{schema}}}}}}}"#
+            ),
+            r#"{"id":"g","prompt":"p","response_format":{"type":"json_object"}}"#.into(),
+            r#"{"id":"g","prompt":"p","regex":"[0-9]+"}"#.into(),
+            r#"{"id":"g","prompt":"p","grammar":"start: \"a\""}"#.into(),
+        ];
+        for line in lines {
+            let (_, data) = message_data(line.as_bytes(), None, None).unwrap().unwrap();
+            let sent = record::parse(line.as_bytes(), usize::MAX)
+                .unwrap()
+                .generation;
+            let back = record::parse(data.as_bytes(), usize::MAX)
+                .unwrap()
+                .generation;
+            assert!(
+                sent.as_ref().is_some_and(|g| g.constraint.is_some()),
+                "{line}"
+            );
+            assert_eq!(back, sent, "{line}");
+            assert_eq!(
+                back.map(|g| g.sha256()),
+                sent.map(|g| g.sha256()),
+                "the worker keys the record's checkpoint by it"
+            );
+        }
+    }
+
+    #[test]
     fn a_record_naming_another_job_is_not_counted_in_this_one() {
         let line = br#"{"id":"a","text":"t","job":"other"}"#;
-        let refused = message_data(line, Some("j")).expect_err("another job's record");
+        let refused = message_data(line, Some("j"), None).expect_err("another job's record");
         assert!(refused.contains("names job \"other\""), "{refused}");
-        assert!(matches!(message_data(line, None), Ok(Some(_))));
-        assert!(matches!(message_data(line, Some("other")), Ok(Some(_))));
+        assert!(matches!(message_data(line, None, None), Ok(Some(_))));
+        assert!(matches!(
+            message_data(line, Some("other"), None),
+            Ok(Some(_))
+        ));
         assert_eq!(
-            message_data(b"  \t", Some("j")),
+            message_data(b"  \t", Some("j"), None),
             Ok(None),
             "blank: not refused"
         );

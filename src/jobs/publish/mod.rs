@@ -1,7 +1,8 @@
 //! `spotinfer publish`: an input in, one Pub/Sub message per valid record out.
 //!
 //! The input's shards ([`crate::jobs::input`]) are read one after another, each on a blocking
-//! thread, and their rows made into messages ([`message`]). A bad row is reported on stderr
+//! thread, and their rows made into messages ([`message`]; an OpenAI batch request line becomes the
+//! record it asks for, [`openai_batch`]). A bad row is reported on stderr
 //! with its shard and row (or line) number and skipped, never silently; with a job it is also
 //! recorded in the job (row number, reason, its bytes), so a batch user accounts for every row
 //! of the input. Publishes are pipelined ([`outbox`]: many in flight, batched by the client,
@@ -10,6 +11,7 @@
 //! part-way) and finished once its publishes are confirmed: a re-run skips the finished ones.
 
 pub mod message;
+pub mod openai_batch;
 pub mod outbox;
 
 pub use message::message_data;
@@ -20,6 +22,7 @@ use crate::external::store::{RefusedLine, Store, StoreError};
 use crate::jobs::input::columns::{Columns, Kept};
 use crate::jobs::input::read::{self, Batch, Row, RowKind};
 use crate::jobs::input::{Format, Input, InputError, Shard, MAX_LINE_BYTES};
+use crate::record::generation::Constraint;
 use google_cloud_pubsub::client::Publisher;
 use outbox::{Outbox, Queued};
 
@@ -96,6 +99,8 @@ pub struct Publish<'a> {
     pub columns: Option<&'a Columns>,
     /// The job stamped on records that carry none.
     pub job: Option<&'a str>,
+    /// The constraint stamped on generation records that carry none (`--response-format`).
+    pub response_format: Option<&'a Constraint>,
     /// The job's bookkeeping.
     pub target: Option<JobTarget<'a>>,
     /// Publish every shard from its first row, even those an earlier run to the job finished
@@ -253,7 +258,7 @@ impl Publish<'_> {
             RowKind::Line(line) => (line, None),
             RowKind::Mapped { record, kept } => (record.into_bytes(), kept),
         };
-        match message_data(&line, self.job) {
+        match message_data(&line, self.job, self.response_format) {
             Ok(Some((id, data))) => {
                 let queued = Queued {
                     id,

@@ -19,6 +19,7 @@ use super::paged::blocks::{PoolError, SeqId};
 use super::paged::decoder::PagedDecoder;
 use super::prefixes::Prefixes;
 use super::{Completion, FinishReason, Generated, LanguageModel, Network, Request};
+use rayon::prelude::*;
 use spotinfer_fused_cpu::{KvCache, Step};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -526,20 +527,26 @@ fn step(model: &LanguageModel, active: &mut [Sequence]) -> Result<(), String> {
             let mut masks = masks.into_iter().peekable();
             // Only a sequence whose input is all read draws: a prompt still being read would
             // pay a sampler's pass over the vocabulary for a choice that is not used.
-            feeds
-                .iter()
-                .zip(logits)
-                .map(|((i, _, whole), mut l)| {
-                    let seq = &mut active[*i];
-                    match masks.next_if(|m| m.0 == *i).map(|m| m.1) {
-                        Some(Ok(mask)) => constrain::apply(&mask, &mut l),
-                        Some(Err(why)) => {
-                            seq.failed = Some(why);
-                            return None;
-                        }
-                        None => {}
+            let mut rows = Vec::with_capacity(feeds.len());
+            for ((i, _, whole), mut l) in feeds.iter().zip(logits) {
+                match masks.next_if(|m| m.0 == *i).map(|m| m.1) {
+                    Some(Ok(mask)) => constrain::apply(&mask, &mut l),
+                    Some(Err(why)) => {
+                        active[*i].failed = Some(why);
+                        rows.push(None);
+                        continue;
                     }
-                    whole.then(|| seq.request.sampling.choose(&l, seq.generated.len()))
+                    None => {}
+                }
+                rows.push(whole.then_some((*i, l)));
+            }
+            // Each row's draw is its own (a pass over the vocabulary): in parallel.
+            let active = &*active;
+            rows.into_par_iter()
+                .map(|row| {
+                    let (i, l) = row?;
+                    let seq = &active[i];
+                    Some(seq.request.sampling.choose(&l, seq.generated.len()))
                 })
                 .collect()
         }
@@ -589,7 +596,9 @@ fn paged_step(
 
 /// The completion, if the sequence's last token ended it.
 fn finished(model: &LanguageModel, seq: &Sequence) -> Option<Completion> {
+    let json = seq.request.constraint.as_ref().is_some_and(|c| c.is_json());
     let done = |text: String, finish_reason| Completion {
+        json: json.then(|| serde_json::from_str(&text).ok()).flatten(),
         text,
         finish_reason,
         prompt_tokens: seq.prompt.len(),
