@@ -613,7 +613,7 @@ print(json.dumps({"answers": answers, "refused": refused}))
     assert_eq!(answers, want, "every answer, by custom_id");
     for (id, text) in &answers {
         let i: usize = id["task-".len()..].parse().unwrap();
-        if i % 3 == 0 && text.ends_with('}') {
+        if i.is_multiple_of(3) && text.ends_with('}') {
             let v: Value = serde_json::from_str(text).expect("the JSON asked for");
             assert!(v["mood"].is_string(), "{id}: {v}");
         }
