@@ -50,8 +50,9 @@ pub enum Constraint {
     JsonObject,
     /// `regex`: text the whole of which matches the expression.
     Regex(String),
-    /// `grammar`: text in the language of a Lark grammar (llguidance's dialect, whose `%json`
-    /// and regular-expression terminals GBNF users also get).
+    /// `grammar`: text in the language of a Lark grammar (llguidance's dialect). llama.cpp's
+    /// GBNF is not read as such: its rules are written in Lark with little change (`::=`
+    /// becomes `:`, character classes become `/[…]/` terminals).
     Lark(String),
 }
 
