@@ -149,26 +149,13 @@ async fn register(a: &PublishArgs, job: &str, model: &str) -> anyhow::Result<Sto
     Ok(store)
 }
 
-/// The constraint `--response-format` names: the file's OpenAI `response_format`, or its JSON
-/// Schema (anything whose `type` is not one of response_format's).
+/// The constraint in the file `--response-format` names.
 fn response_format(path: &std::path::Path) -> anyhow::Result<Constraint> {
     use anyhow::Context;
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("--response-format {}", path.display()))?;
     let value: serde_json::Value = serde_json::from_str(&text)
         .with_context(|| format!("--response-format {}: not JSON", path.display()))?;
-    let kind = value.get("type").and_then(serde_json::Value::as_str);
-    let constraint = match kind {
-        Some("json_schema" | "json_object" | "text") => {
-            spotinfer::record::generation::response_format(&value)
-                .with_context(|| format!("--response-format {}", path.display()))?
-        }
-        _ => Some(Constraint::JsonSchema(value)),
-    };
-    constraint.with_context(|| {
-        format!(
-            "--response-format {}: {{\"type\": \"text\"}} constrains nothing",
-            path.display()
-        )
-    })
+    Constraint::for_every_record(value)
+        .map_err(|e| anyhow::anyhow!("--response-format {}: {e}", path.display()))
 }

@@ -84,6 +84,21 @@ impl Constraint {
         }
     }
 
+    /// The constraint a job gives every record that has none (`publish --response-format`):
+    /// `value` is an OpenAI `response_format`, or else a JSON Schema itself (any value whose
+    /// `type` is not one of response_format's, `"object"` say).
+    pub fn for_every_record(value: Value) -> Result<Self, RecordError> {
+        match value.get("type").and_then(Value::as_str) {
+            Some("json_schema" | "json_object" | "text") => response_format(&value)?
+                .ok_or_else(|| bad("{\"type\": \"text\"} constrains nothing".into())),
+            _ if value.is_object() || value.is_boolean() => Ok(Self::JsonSchema(value)),
+            _ => Err(bad(format!(
+                "neither a response_format nor a JSON Schema: {}",
+                shorten(&value)
+            ))),
+        }
+    }
+
     /// Whether the completion is JSON (stored parsed beside its text).
     pub fn is_json(&self) -> bool {
         matches!(self, Self::JsonSchema(_) | Self::JsonObject)
@@ -459,6 +474,29 @@ mod tests {
             constraint("").sha256(),
             "text is no constraint"
         );
+    }
+
+    #[test]
+    fn a_jobs_constraint_is_a_response_format_or_a_json_schema() {
+        let schema = serde_json::json!({"type": "object", "required": ["a"]});
+        let wrapped = serde_json::json!({"type": "json_schema",
+            "json_schema": {"name": "n", "schema": schema.clone()}});
+        assert_eq!(
+            Constraint::for_every_record(wrapped).unwrap(),
+            Constraint::JsonSchema(schema.clone())
+        );
+        assert_eq!(
+            Constraint::for_every_record(schema.clone()).unwrap(),
+            Constraint::JsonSchema(schema)
+        );
+        let object = serde_json::json!({"type": "json_object"});
+        assert_eq!(
+            Constraint::for_every_record(object).unwrap(),
+            Constraint::JsonObject
+        );
+        for bad in [serde_json::json!({"type": "text"}), serde_json::json!([1])] {
+            assert!(Constraint::for_every_record(bad).is_err());
+        }
     }
 
     #[test]

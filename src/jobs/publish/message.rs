@@ -189,6 +189,26 @@ mod tests {
     }
 
     #[test]
+    fn a_jobs_constraint_goes_to_generation_records_without_one_and_refuses_others() {
+        let job = Constraint::Regex("[a-z]+".into());
+        let constraint = |line: &str| {
+            let (_, data) = message_data(line.as_bytes(), None, Some(&job))
+                .unwrap()
+                .unwrap();
+            let rec = record::parse(data.as_bytes(), usize::MAX).unwrap();
+            rec.generation.unwrap().constraint.clone()
+        };
+        assert_eq!(constraint(r#"{"id":"a","prompt":"p"}"#), Some(job.clone()));
+        assert_eq!(
+            constraint(r#"{"id":"b","prompt":"p","regex":"[0-9]+"}"#),
+            Some(Constraint::Regex("[0-9]+".into())),
+            "a record's own constraint stays"
+        );
+        let text = message_data(br#"{"id":"c","text":"t"}"#, None, Some(&job));
+        assert!(text.unwrap_err().contains("for generation records"));
+    }
+
+    #[test]
     fn a_record_naming_another_job_is_not_counted_in_this_one() {
         let line = br#"{"id":"a","text":"t","job":"other"}"#;
         let refused = message_data(line, Some("j"), None).expect_err("another job's record");

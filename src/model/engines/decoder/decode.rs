@@ -514,12 +514,12 @@ fn step(model: &LanguageModel, active: &mut [Sequence]) -> Result<(), String> {
                     }
                 }
             }
-            // The constrained sequences' masks are computed while the forward pass runs: they
-            // depend only on the tokens already chosen.
+            // The constrained sequences' masks are computed while the forward pass runs (each on
+            // whichever pool thread is free): they depend only on the tokens already chosen.
             let (logits, masks) = rayon::join(
                 || decoder.forward(&mut steps, false),
                 || {
-                    let masks = constrained.into_iter().map(|(i, c)| (i, c.mask()));
+                    let masks = constrained.into_par_iter().map(|(i, c)| (i, c.mask()));
                     masks.collect::<Vec<_>>()
                 },
             );
