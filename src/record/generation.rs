@@ -140,16 +140,20 @@ impl Input {
             Prompt::Raw(p) => serde_json::json!({ "prompt": p }),
             Prompt::Chat(m) => serde_json::json!({ "messages": m }),
         };
-        let canonical = serde_json::json!([
+        let mut canonical = serde_json::json!([
             prompt,
             self.max_new_tokens,
             self.temperature,
             self.top_p,
             self.top_k,
             self.seed,
-            self.stop,
-            self.constraint.as_ref().map(Constraint::key)
+            self.stop
         ]);
+        // Only when given, so that an unconstrained record keeps the hash (and the checkpoints)
+        // it had before constraints existed.
+        if let (Some(c), Value::Array(fields)) = (&self.constraint, &mut canonical) {
+            fields.push(c.key());
+        }
         hex::encode(sha2::Sha256::digest(canonical.to_string().as_bytes()))
     }
 }
@@ -473,6 +477,13 @@ mod tests {
             text.sha256(),
             constraint("").sha256(),
             "text is no constraint"
+        );
+        use sha2::Digest;
+        let before = serde_json::json!([{"prompt": "x"}, null, null, null, null, text.seed, []]);
+        assert_eq!(
+            text.sha256(),
+            hex::encode(sha2::Sha256::digest(before.to_string().as_bytes())),
+            "an unconstrained record's hash is the one it had before constraints existed"
         );
     }
 
