@@ -570,6 +570,33 @@ fn models_check_prints_what_it_understood_or_why_it_refuses() {
     );
 }
 
+/// `models check` on a GGUF generation model says which engine ran it: f32 by default, the
+/// file's own blocks with `--precision gguf` (issue 55).
+#[test]
+fn models_check_says_which_engine_a_gguf_answered_on() {
+    let gguf = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    for (precision, engine) in [
+        ("auto", "loaded on:      Cpu (decoder, f32 from GGUF"),
+        (
+            "gguf",
+            "loaded on:      Cpu (decoder, GGUF blocks from GGUF",
+        ),
+    ] {
+        let out = spotinfer()
+            .args(["models", "check", "--precision", precision])
+            .arg(&gguf)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains(engine) && stdout.contains("computed:"),
+            "{precision}: {stdout} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// `bench` on a generation model runs prompt records through the worker's decode loop at each
 /// batch size asked: every record's prompt and generated tokens counted (a record's
 /// `max_new_tokens` honoured), a first-token time, and the same totals at every batch size.

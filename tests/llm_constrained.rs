@@ -164,7 +164,7 @@ fn regular_expressions_grammars_and_json_objects_constrain_and_bad_ones_refuse_a
         None,
     ];
     let base = requests(1, None).remove(0);
-    let batch: Vec<Request> = asks
+    let mut batch: Vec<Request> = asks
         .iter()
         .map(|c| Request {
             constraint: c.clone(),
@@ -172,6 +172,11 @@ fn regular_expressions_grammars_and_json_objects_constrain_and_bad_ones_refuse_a
             ..base.clone()
         })
         .collect();
+    // Any JSON object: asked for a short one, so that it closes within its tokens.
+    batch[2].prompt = Prompt::Chat(vec![Message {
+        role: "user".into(),
+        content: "Is water wet? Reply with a JSON object with one key, \"answer\".".into(),
+    }]);
     let out = model.generate(&batch, 0, &Interrupt::new(), None);
     let text = |g: &Generated| match g {
         Generated::Done(c) => c.text.clone(),
@@ -191,8 +196,12 @@ fn regular_expressions_grammars_and_json_objects_constrain_and_bad_ones_refuse_a
         !number.is_empty() && number.len() <= 3 && number.chars().all(|c| c.is_ascii_digit()),
         "{answer:?}"
     );
-    let object: Value = serde_json::from_str(&text(&out[2])).expect("a JSON object");
-    assert!(object.is_object(), "{object}");
+    let Generated::Done(object) = &out[2] else {
+        panic!("the JSON object: {:?}", out[2]);
+    };
+    let parsed: Value = serde_json::from_str(&object.text).expect("a JSON object");
+    assert!(parsed.is_object(), "{parsed}");
+    assert_eq!(object.json.as_ref(), Some(&parsed), "stored parsed");
     for (i, what) in [(3, "regex"), (4, "grammar"), (5, "schema")] {
         match &out[i] {
             Generated::Refused(why) => {

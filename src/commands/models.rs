@@ -16,13 +16,14 @@ pub async fn run(a: ModelsArgs) -> anyhow::Result<()> {
             let dir = super::fetch_model(&c.dir, &c.storage).await?;
             match ModelKind::detect(&dir)? {
                 ModelKind::Image => return check_image_model(dir, c.backend).await,
-                ModelKind::Generation => return check_generation_model(dir).await,
+                ModelKind::Generation => return check_generation_model(dir, c.precision).await,
                 ModelKind::Text => {}
             }
             let spec = ModelSpec::read(&dir)?;
             print!("{spec}");
             let options = LoadOptions {
                 backend: c.backend,
+                precision: c.precision,
                 ..LoadOptions::new(DeviceChoice::Cpu)
             };
             let (model, output) =
@@ -174,11 +175,14 @@ async fn check_image_model(dir: std::path::PathBuf, backend: Backend) -> anyhow:
 
 /// The check for a generation model: loaded, then asked for eight greedy tokens of a chat
 /// answer (a raw prompt where it has no chat template).
-async fn check_generation_model(path: std::path::PathBuf) -> anyhow::Result<()> {
+async fn check_generation_model(
+    path: std::path::PathBuf,
+    precision: spotinfer::model::Precision,
+) -> anyhow::Result<()> {
     use spotinfer::model::{GenerateTask, GenerationDefaults};
     use spotinfer::record::generation::{Input, Message, Prompt};
     let (task, output) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-        let options = LoadOptions::new(DeviceChoice::Cpu);
+        let options = LoadOptions::new(DeviceChoice::Cpu).precision(precision);
         let defaults = GenerationDefaults {
             max_new_tokens: 8,
             ..GenerationDefaults::default()

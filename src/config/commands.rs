@@ -95,6 +95,10 @@ pub struct ModelCheckArgs {
     /// Also load it with this encoder.
     #[arg(long, env = "SPOTINFER_BACKEND", value_parser = choice::<Backend>(), default_value = "auto")]
     pub backend: Backend,
+    /// Load it in this precision, as `work --precision` would (for a GGUF generation model,
+    /// `gguf` keeps its blocks): the check says which engine that gives, or why it is refused.
+    #[arg(long, env = "SPOTINFER_PRECISION", value_parser = choice::<Precision>(), default_value = "auto")]
+    pub precision: Precision,
 }
 
 /// `spotinfer setup`.
