@@ -57,14 +57,11 @@ pub enum Constraint {
 }
 
 impl Constraint {
-    /// It as one JSON value: in the record's hash, and the key one compiled form is shared under.
+    /// It as the record field that asks for it, in one JSON object: in the record's hash, and the
+    /// key one compiled form is shared under.
     pub fn key(&self) -> Value {
-        match self {
-            Self::JsonSchema(s) => serde_json::json!({ "json_schema": s }),
-            Self::JsonObject => serde_json::json!({ "json_object": true }),
-            Self::Regex(r) => serde_json::json!({ "regex": r }),
-            Self::Lark(g) => serde_json::json!({ "grammar": g }),
-        }
+        let (field, value) = self.field();
+        serde_json::json!({ field: value })
     }
 
     /// The record field that asks for it, as a record gives it (a `json_schema` is named

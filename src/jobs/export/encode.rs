@@ -89,22 +89,14 @@ impl<T: Table> Encoder<T> {
     /// Adds a row; returns bytes when a piece of the file is ready.
     pub fn push(&mut self, row: T) -> Result<Option<Vec<u8>>, ExportError> {
         match &mut self.sink {
-            Sink::Jsonl(buf) => {
-                serde_json::to_writer(&mut *buf, &self.kept.json(&row))
-                    .map_err(|e| ExportError::Encode(e.to_string()))?;
-                buf.push(b'\n');
-                Ok((buf.len() >= JSONL_CHUNK).then(|| std::mem::take(buf)))
-            }
+            Sink::Jsonl(buf) => push_line(buf, &self.kept.json(&row)),
             Sink::OpenaiBatch(buf) => {
                 let line = row.openai_batch().ok_or_else(|| {
                     ExportError::Encode(
                         "a result that is no completion has no OpenAI batch line".into(),
                     )
                 })?;
-                serde_json::to_writer(&mut *buf, &line)
-                    .map_err(|e| ExportError::Encode(e.to_string()))?;
-                buf.push(b'\n');
-                Ok((buf.len() >= JSONL_CHUNK).then(|| std::mem::take(buf)))
+                push_line(buf, &line)
             }
             Sink::Parquet(writer, rows) => {
                 rows.push(row);
@@ -128,6 +120,14 @@ impl<T: Table> Encoder<T> {
             }
         }
     }
+}
+
+/// Appends `value` as one JSON line; hands the gathered lines on once they pass
+/// [`JSONL_CHUNK`].
+fn push_line(buf: &mut Vec<u8>, value: &serde_json::Value) -> Result<Option<Vec<u8>>, ExportError> {
+    serde_json::to_writer(&mut *buf, value).map_err(|e| ExportError::Encode(e.to_string()))?;
+    buf.push(b'\n');
+    Ok((buf.len() >= JSONL_CHUNK).then(|| std::mem::take(buf)))
 }
 
 /// Writes `rows` as one row group and empties them.

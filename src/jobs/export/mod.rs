@@ -100,8 +100,11 @@ pub async fn export(
 ) -> Result<ExportSummary, ExportError> {
     let format = format.map_or_else(|| Format::of(output), Ok)?;
     let model = store.job_model(job).await?;
-    if format == Format::OpenaiBatch && what == What::Results {
-        let task = store.job_task(job, &model).await?;
+    let task = match what {
+        What::Results => Some(store.job_task(job, &model).await?),
+        What::Failures => None,
+    };
+    if let (Format::OpenaiBatch, Some(task)) = (format, task.as_deref()) {
         if task != "generate" {
             return Err(ExportError::Unsupported(format!(
                 "job {job} ran a {task} model: OpenAI batch files hold completions"
@@ -112,7 +115,7 @@ pub async fn export(
     store.refresh_stale_statistics().await;
     let columns = store.job_columns(job).await?;
     match what {
-        What::Results if store.job_task(job, &model).await? == "embed" => {
+        What::Results if task.as_deref() == Some("embed") => {
             let rows = store.job_results(job, &model);
             let kept = KeptColumns::new::<ExportedResult>(columns.as_deref());
             write_all(rows, Encoder::new(format, kept)?, destination, progress).await
