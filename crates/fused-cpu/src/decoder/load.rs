@@ -5,7 +5,7 @@
 use super::{rope_table, CpuDecoder, DecoderDims, Embedding, Layer};
 use crate::dense::Dense;
 use crate::packed::Format;
-use crate::quant::Weights;
+use crate::quant::{Kernel, Weights};
 use crate::{FusedError, Precision};
 use std::sync::Arc;
 
@@ -22,7 +22,7 @@ impl Plan {
     fn dense(self, parts: Vec<Weights>, k: usize) -> Dense {
         if self.keep_blocks && parts.iter().all(|p| matches!(p, Weights::Blocks(_))) {
             let blocks = parts.into_iter().filter_map(|p| match p {
-                Weights::Blocks(m) => Some(Arc::new(m)),
+                Weights::Blocks(m) => Some(Arc::new(m.laid_out_for(Kernel::best()))),
                 Weights::F32(_) => None,
             });
             return Dense::blocks(blocks.collect());
@@ -78,7 +78,9 @@ impl CpuDecoder {
             };
         let embed = required(&mut read, "model.embed_tokens.weight", &[d.vocab, d.hidden])?;
         let embed = match embed {
-            Weights::Blocks(m) if plan.keep_blocks => Embedding::Blocks(Arc::new(m)),
+            Weights::Blocks(m) if plan.keep_blocks => {
+                Embedding::Blocks(Arc::new(m.laid_out_for(Kernel::best())))
+            }
             other => Embedding::F32(other.into_f32()),
         };
         let mut layers = Vec::with_capacity(d.layers);

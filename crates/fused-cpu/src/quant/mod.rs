@@ -10,17 +10,28 @@
 //! Where llama.cpp rounds a K-format's activations per 256 (Q8_K), these stay per 32: finer,
 //! never coarser.
 //!
+//! **Two layouts.** Q4_0, Q4_1 and Q8_0 matrices are rearranged at load eight outputs side by
+//! side ([`columns`]) where an x86 kernel multiplies them so (AVX-512 VNNI or AVX2): each
+//! block's integer sum is kept per output and scaled once per eight outputs. The K formats and
+//! Q5 stay in GGUF's row layout, multiplied output by output ([`unpack`], [`x86`]); so does
+//! every format on CPUs without those kernels. A matrix's layout is fixed at load, so its
+//! products never change algorithm with the number of rows.
+//!
 //! **A row's sums never depend on its batch.** Every (row, output) sum is accumulated over the
-//! blocks in order, in eight f32 lanes summed in one fixed order at the end, by the same code
-//! whatever the number of rows or the split between threads; so a sequence computes the same
-//! logits alone, in any batch, prefilled whole or in chunks, and resumed. The portable kernel
-//! ([`unpack::dot`]) is the same algorithm lane for lane (integer sums, fused multiply-adds,
-//! the same final order), so it is the AVX2 kernel's reference and the two agree bit for bit.
+//! blocks in order, by the same code whatever the number of rows or the split between threads
+//! (in the row layout, in eight f32 lanes summed in one fixed order at the end; in columns, one
+//! f32 sum per output); so a sequence computes the same logits alone, in any batch, prefilled
+//! whole or in chunks, and resumed. Each layout's portable kernel ([`unpack::dot`],
+//! [`columns::group`]) is its x86 kernels' algorithm lane for lane (integer sums, fused
+//! multiply-adds, the same order), so it is their reference and they agree bit for bit.
 //!
 //! Why not candle's quantised products (`QMatMul`): measured on an AVX2-only EPYC, its Q4_1
 //! product was 1.5–4.2× slower than f32 (no AVX2 kernel), and its Q6_K takes another path for
 //! one row than for several, so a sequence's logits would depend on its batch.
 
+mod columns;
+#[cfg(target_arch = "x86_64")]
+mod columns_x86;
 mod unpack;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -109,13 +120,17 @@ impl BlockFormat {
     }
 }
 
-/// A weight matrix `(rows, k)` in one block format, each row its blocks in GGUF's byte layout.
+/// A weight matrix `(rows, k)` in one block format: each row its blocks in GGUF's byte layout,
+/// or (Q4_0, Q4_1, Q8_0 where a kernel multiplies them so) the same bytes rearranged eight rows
+/// side by side ([`columns`]).
 #[derive(Debug, Clone)]
 pub struct BlockMatrix {
     format: BlockFormat,
     rows: usize,
     k: usize,
     data: Vec<u8>,
+    /// Whether `data` is in the column layout.
+    columns: bool,
 }
 
 impl BlockMatrix {
@@ -140,7 +155,32 @@ impl BlockMatrix {
             rows,
             k,
             data,
+            columns: false,
         })
+    }
+
+    /// The matrix laid out for `kernel`'s products: in columns where it has a column kernel for
+    /// this format (done once, at load; the same bytes, so the same memory), else as it is.
+    pub(crate) fn laid_out_for(self, kernel: Kernel) -> Self {
+        if kernel.has_columns() {
+            self.in_columns()
+        } else {
+            self
+        }
+    }
+
+    /// The matrix in the column layout where its format has one (any kernel multiplies it:
+    /// the portable one by the layout's definition).
+    fn in_columns(self) -> Self {
+        if self.columns || !columns::interleaves(self.format) {
+            return self;
+        }
+        let data = columns::interleave(self.format, self.rows, self.k, &self.data);
+        Self {
+            data,
+            columns: true,
+            ..self
+        }
     }
 
     /// Its format.
@@ -162,25 +202,42 @@ impl BlockMatrix {
         self.k / self.format.block_weights() * self.format.block_bytes()
     }
 
+    /// Row `r`'s GGUF bytes (row layout only).
     fn row(&self, r: usize) -> &[u8] {
         let n = self.row_bytes();
         &self.data[r * n..][..n]
     }
 
-    /// The same matrix with its rows reordered: row `to(r)` of the result is row `r` of this one.
+    /// Row `r`'s GGUF bytes in either layout (copied into `buffer` from columns).
+    fn gguf_row<'a>(&'a self, r: usize, buffer: &'a mut Vec<u8>) -> &'a [u8] {
+        if !self.columns {
+            return self.row(r);
+        }
+        columns::gguf_row(self.format, self.k, &self.data, r, buffer);
+        buffer
+    }
+
+    /// The same matrix with its rows reordered: row `to(r)` of the result is row `r` of this
+    /// one (in the row layout).
     pub fn permute_rows(&self, to: impl Fn(usize) -> usize) -> Self {
         let n = self.row_bytes();
-        let mut data = vec![0u8; self.data.len()];
+        let mut data = vec![0u8; self.rows * n];
+        let mut buffer = Vec::new();
         for r in 0..self.rows {
-            data[to(r) * n..][..n].copy_from_slice(self.row(r));
+            data[to(r) * n..][..n].copy_from_slice(self.gguf_row(r, &mut buffer));
         }
-        Self { data, ..*self }
+        Self {
+            data,
+            columns: false,
+            ..*self
+        }
     }
 
     /// Row `r` widened to f32 into `out` (`k` values), with the arithmetic of llama.cpp's
     /// reference dequantisation (and candle's), so the f32 path reads the values they read.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        unpack::dequantize(self.format, self.row(r), out);
+        let mut buffer = Vec::new();
+        unpack::dequantize(self.format, self.gguf_row(r, &mut buffer), out);
     }
 
     /// The whole matrix widened to f32, row-major.
@@ -236,6 +293,8 @@ pub(crate) struct QuantRows {
     k: usize,
     q: Vec<i8>,
     scales: Vec<[f32; 2]>,
+    /// Per block, its values' integer sum (what an offset in the weights' values multiplies).
+    sums: Vec<i32>,
 }
 
 impl QuantRows {
@@ -246,6 +305,7 @@ impl QuantRows {
             k,
             q: vec![0; x.len()],
             scales: vec![[0.0; 2]; blocks],
+            sums: vec![0; blocks],
         };
         for (b, (block, q)) in x
             .chunks_exact(BLOCK)
@@ -264,6 +324,7 @@ impl QuantRows {
                 *q = ((v * inverse + ROUNDER) - ROUNDER) as i8;
                 sum += i32::from(*q);
             }
+            rows.sums[b] = sum;
             rows.scales[b] = [
                 half::f16::from_f32(d).to_f32(),
                 half::f16::from_f32(d * sum as f32).to_f32(),
@@ -305,31 +366,99 @@ pub(crate) struct Unpacked {
 /// Which kernel multiplies, picked once per process from the CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kernel {
+    /// AVX-512 VNNI's `vpdpbusd` (256-bit) for the column layout's formats, AVX2 for the rest.
+    #[cfg(target_arch = "x86_64")]
+    Avx512Vnni,
     /// AVX2's `vpmaddubsw`/`vpmaddwd` with FMA and F16C.
     #[cfg(target_arch = "x86_64")]
     Avx2,
-    /// Portable Rust, the same algorithm (every other CPU).
+    /// Portable Rust, the same algorithm (every other CPU). Matrices stay in the row layout
+    /// (the portable column product is the x86 kernels' reference, not built for speed).
     Portable,
 }
 
 impl Kernel {
+    /// Every kernel, whether this CPU runs it or not.
+    #[cfg(test)]
+    pub(crate) const ALL: &'static [Self] = &[
+        #[cfg(target_arch = "x86_64")]
+        Self::Avx512Vnni,
+        #[cfg(target_arch = "x86_64")]
+        Self::Avx2,
+        Self::Portable,
+    ];
+
+    /// The fastest kernel this CPU runs.
     pub(crate) fn best() -> Self {
         #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("fma") && has!("f16c") {
-                return Self::Avx2;
+        for kernel in [Self::Avx512Vnni, Self::Avx2] {
+            if kernel.supported() {
+                return kernel;
             }
         }
         Self::Portable
+    }
+
+    /// Whether this CPU has its instructions, checked at run time.
+    pub(crate) fn supported(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+            match self {
+                Self::Avx512Vnni => {
+                    avx2 && has!("avx512f") && has!("avx512vl") && has!("avx512vnni")
+                }
+                Self::Avx2 => avx2,
+                Self::Portable => true,
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = self;
+            true
+        }
+    }
+
+    /// Whether Q4_0, Q4_1 and Q8_0 matrices are laid out in columns for it.
+    pub(crate) fn has_columns(self) -> bool {
+        self != Self::Portable
     }
 
     /// The instructions, for logs and benchmarks.
     pub(crate) fn name(self) -> &'static str {
         match self {
             #[cfg(target_arch = "x86_64")]
+            Self::Avx512Vnni => {
+                "GGUF blocks × int8 (AVX-512 VNNI vpdpbusd for Q4_0/Q4_1/Q8_0, AVX2 vpmaddubsw \
+                 for the rest)"
+            }
+            #[cfg(target_arch = "x86_64")]
             Self::Avx2 => "GGUF blocks × int8 (AVX2 vpmaddubsw)",
             Self::Portable => "GGUF blocks × int8 (portable)",
+        }
+    }
+
+    /// One column-layout group times the tile's `rows` rows.
+    ///
+    /// # Safety
+    /// As [`columns::group`], and the CPU supports this kernel.
+    unsafe fn group(self, format: BlockFormat, t: &columns::GroupTile, rows: usize) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx512Vnni => columns_x86::group(format, t, rows, true),
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 => columns_x86::group(format, t, rows, false),
+            Self::Portable => columns::group(format, t, rows),
+        }
+    }
+
+    /// Rows one column kernel call takes.
+    fn group_rows(self) -> usize {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx512Vnni | Self::Avx2 => columns_x86::TILE_ROWS,
+            Self::Portable => 4,
         }
     }
 
@@ -338,7 +467,7 @@ impl Kernel {
             // SAFETY: `best` picked it only where the CPU has AVX2, FMA and F16C; the matrix
             // checked at construction that its rows hold `k` weights.
             #[cfg(target_arch = "x86_64")]
-            Self::Avx2 => unsafe { x86::unpack(format, row, k, out) },
+            Self::Avx512Vnni | Self::Avx2 => unsafe { x86::unpack(format, row, k, out) },
             Self::Portable => unpack::unpack(format, row, k, out),
         }
     }
@@ -348,7 +477,7 @@ impl Kernel {
         match self {
             // SAFETY: `best` picked it only where the CPU has AVX2, FMA and F16C.
             #[cfg(target_arch = "x86_64")]
-            Self::Avx2 => unsafe { x86::dot(w, a) },
+            Self::Avx512Vnni | Self::Avx2 => unsafe { x86::dot(w, a) },
             Self::Portable => unpack::dot(w, a),
         }
     }
@@ -368,7 +497,7 @@ impl Kernel {
             // SAFETY: `best` picked it only where the CPU has AVX2, FMA and F16C; the row holds
             // `k` weights (checked when the matrix was made).
             #[cfg(target_arch = "x86_64")]
-            Self::Avx2 => unsafe { x86::dot_packed(format, row, a) },
+            Self::Avx512Vnni | Self::Avx2 => unsafe { x86::dot_packed(format, row, a) },
             Self::Portable => {
                 unpack::unpack(format, row, k, buffer);
                 unpack::dot(buffer, a)
@@ -389,7 +518,7 @@ impl Kernel {
         match self {
             // SAFETY: `best` picked it only where the CPU has AVX2, FMA and F16C.
             #[cfg(target_arch = "x86_64")]
-            Self::Avx2 if m - t >= ROWS => {
+            Self::Avx512Vnni | Self::Avx2 if m - t >= ROWS => {
                 let a = std::array::from_fn(|i| rows.row(t + i));
                 unsafe { x86::dots_by_four(w, a, out) };
                 ROWS
@@ -410,8 +539,8 @@ thread_local! {
 }
 
 /// `out = x · wᵀ (+ b)` for `x` rows of `k` and a matrix stacked from `parts` (each part's
-/// outputs after the previous part's), split by output rows between the threads. The shapes
-/// are the caller's to get right (the decoder checks them at load), as for the packed kernels.
+/// outputs after the previous part's), split by outputs between the threads. The shapes are
+/// the caller's to get right (the decoder checks them at load), as for the packed kernels.
 pub(crate) fn linear(
     kernel: Kernel,
     x: &[f32],
@@ -430,55 +559,133 @@ pub(crate) fn linear(
         out.len() == m * n && b.is_none_or(|b| b.len() == n),
         "block product: output of {m} × {n}"
     );
+    assert!(
+        kernel.supported(),
+        "block product: no {kernel:?} on this CPU"
+    );
     let rows = QuantRows::new(x, k);
-    // Where each part's outputs start: output `column` is row `column - starts[p]` of part `p`.
-    let starts: Vec<usize> = parts
-        .iter()
-        .scan(0, |at, p| {
-            let start = *at;
-            *at += p.rows;
-            Some(start)
-        })
-        .collect();
-    // The outputs in chunks, a few per thread; each task writes its own outputs in place.
+    // The outputs in chunks of whole column groups, a few per thread, none across two parts;
+    // each task writes its own outputs in place.
     let threads = rayon::current_num_threads().max(1);
-    let chunk = n.div_ceil(threads * 4).max(16);
+    let chunk = n
+        .div_ceil(threads * 4)
+        .max(16)
+        .next_multiple_of(columns::COLUMNS);
+    let mut tasks = Vec::new();
+    let mut first = 0;
+    for (p, part) in parts.iter().enumerate() {
+        tasks.extend((0..part.rows).step_by(chunk).map(|lo| Task {
+            part: p,
+            first,
+            outputs: lo..(lo + chunk).min(part.rows),
+        }));
+        first += part.rows;
+    }
     let base = OutPtr(out.as_mut_ptr());
-    (0..n.div_ceil(chunk)).into_par_iter().for_each(|i| {
-        // Each sum is written once, straight into its place (plus its bias).
-        let put = |t: usize, column: usize, v: f32| {
-            let v = b.map_or(v, |b| v + b[column]);
-            // SAFETY: `column` is one of this task's outputs, `t` below `m`, so the place is
-            // inside `out` and no other task writes it.
-            unsafe { *base.get().add(t * n + column) = v };
-        };
-        UNPACKED.with(|unpacked| {
-            let mut unpacked = unpacked.borrow_mut();
-            let mut sums = [0f32; ROWS];
-            for column in i * chunk..((i + 1) * chunk).min(n) {
-                let p = starts.partition_point(|&s| s <= column) - 1;
-                let (part, r) = (&parts[p], column - starts[p]);
-                if m == 1 {
-                    let a = rows.row(0);
-                    put(
-                        0,
-                        column,
-                        kernel.dot_packed(part.format, part.row(r), k, a, &mut unpacked),
-                    );
-                    continue;
-                }
-                kernel.unpack(part.format, part.row(r), k, &mut unpacked);
-                let mut t = 0;
-                while t < m {
-                    let done = kernel.dots_by_rows(&unpacked, &rows, t, &mut sums);
-                    for (j, &v) in sums[..done].iter().enumerate() {
-                        put(t + j, column, v);
-                    }
-                    t += done;
-                }
+    tasks.into_par_iter().for_each(|task| {
+        let part = &parts[task.part];
+        let bias = b.map(|b| &b[task.first..][..part.rows]);
+        // SAFETY: the task's outputs are its own (no other task writes them), below `n`, in
+        // rows below `m`; the CPU runs the kernel (checked above).
+        unsafe {
+            let out = base.get().add(task.first);
+            if part.columns {
+                by_columns(kernel, part, &rows, task.outputs, bias, out, n);
+            } else {
+                by_rows(kernel, part, &rows, task.outputs, bias, out, n);
             }
-        })
+        }
     });
+}
+
+/// One thread's share of [`linear`]: outputs `outputs` of one part.
+struct Task {
+    part: usize,
+    /// The part's first output in the stack.
+    first: usize,
+    outputs: std::ops::Range<usize>,
+}
+
+/// Activation rows multiplied together while a part's groups pass over them, so their bytes
+/// stay in the core's first-level cache.
+const ROW_BLOCK: usize = 64;
+
+/// `outputs` (whole groups) of a column-layout part times every row, written from `out` (the
+/// part's first output; rows `n` apart).
+///
+/// # Safety
+/// `out` points at `rows`' rows of `n` outputs from the part's first; the kernel runs here.
+unsafe fn by_columns(
+    kernel: Kernel,
+    part: &BlockMatrix,
+    rows: &QuantRows,
+    outputs: std::ops::Range<usize>,
+    bias: Option<&[f32]>,
+    out: *mut f32,
+    n: usize,
+) {
+    let m = rows.q.len() / rows.k;
+    let group_bytes = part.k / BLOCK * columns::group_block_bytes(part.format);
+    let tall = kernel.group_rows();
+    for lo in (0..m).step_by(ROW_BLOCK) {
+        for c in outputs.clone().step_by(columns::COLUMNS) {
+            let weights = part.data[c / columns::COLUMNS * group_bytes..].as_ptr();
+            let mut t = lo;
+            while t < (lo + ROW_BLOCK).min(m) {
+                let height = tall.min(m - t).min(lo + ROW_BLOCK - t);
+                let mut tile = columns::GroupTile::new(rows, t, weights, out.add(t * n + c));
+                tile.n = n;
+                tile.cols = columns::COLUMNS.min(part.rows - c);
+                tile.bias = bias.map(|b| b[c..].as_ptr());
+                kernel.group(part.format, &tile, height);
+                t += height;
+            }
+        }
+    }
+}
+
+/// `outputs` of a row-layout part times every row, one output at a time.
+///
+/// # Safety
+/// As [`by_columns`].
+unsafe fn by_rows(
+    kernel: Kernel,
+    part: &BlockMatrix,
+    rows: &QuantRows,
+    outputs: std::ops::Range<usize>,
+    bias: Option<&[f32]>,
+    out: *mut f32,
+    n: usize,
+) {
+    let (m, k) = (rows.q.len() / rows.k, rows.k);
+    // Each sum is written once, straight into its place (plus its bias).
+    let put = |t: usize, r: usize, v: f32| {
+        *out.add(t * n + r) = bias.map_or(v, |b| v + b[r]);
+    };
+    UNPACKED.with(|unpacked| {
+        let mut unpacked = unpacked.borrow_mut();
+        let mut sums = [0f32; ROWS];
+        for r in outputs {
+            if m == 1 {
+                let a = rows.row(0);
+                put(
+                    0,
+                    r,
+                    kernel.dot_packed(part.format, part.row(r), k, a, &mut unpacked),
+                );
+                continue;
+            }
+            kernel.unpack(part.format, part.row(r), k, &mut unpacked);
+            let mut t = 0;
+            while t < m {
+                let done = kernel.dots_by_rows(&unpacked, rows, t, &mut sums);
+                for (j, &v) in sums[..done].iter().enumerate() {
+                    put(t + j, r, v);
+                }
+                t += done;
+            }
+        }
+    })
 }
 
 #[cfg(test)]

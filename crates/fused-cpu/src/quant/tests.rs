@@ -40,9 +40,11 @@ fn random_matrix(format: BlockFormat, rows: usize, k: usize, rng: &mut Rng) -> B
     BlockMatrix::new(format, rows, k, data).expect("matrix")
 }
 
+/// `x · mᵀ` by `kernel`, `m` in the column layout where its format has one (as the decoder lays
+/// it out on x86-64; elsewhere the portable kernel computes it so here).
 fn product(kernel: Kernel, x: &[f32], m: &BlockMatrix) -> Vec<f32> {
     let mut out = vec![0f32; x.len() / m.k() * m.rows()];
-    let parts = [Arc::new(m.clone())];
+    let parts = [Arc::new(m.clone().in_columns())];
     linear(kernel, x, &parts, None, &mut out);
     out
 }
@@ -72,21 +74,61 @@ fn each_format_multiplies_as_its_widened_weights_do_within_the_activations_round
 }
 
 #[test]
-fn the_portable_kernel_is_the_avx2_kernels_algorithm_bit_for_bit() {
+fn the_portable_kernel_is_every_x86_kernels_algorithm_bit_for_bit() {
     let mut rng = Rng(11);
+    let bits = |v: Vec<f32>| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     for format in BlockFormat::ALL {
-        let w = random_matrix(format, 20, 768, &mut rng);
+        // 21 outputs: two whole column groups and a partial one.
+        let w = random_matrix(format, 21, 768, &mut rng);
         let x: Vec<f32> = (0..5 * 768).map(|_| rng.float() * 3.0).collect();
-        // Five rows (unpacked once, then multiplied) and one (unpacked as multiplied).
-        let best = product(Kernel::best(), &x, &w);
         let portable = product(Kernel::Portable, &x, &w);
-        let one = product(Kernel::best(), &x[..768], &w);
-        assert_eq!(one, portable[..20], "{format:?}: one row");
+        for &kernel in Kernel::ALL.iter().filter(|k| k.supported()) {
+            // Five rows (a tile of four and one) and one alone.
+            let got = product(kernel, &x, &w);
+            let one = product(kernel, &x[..768], &w);
+            assert_eq!(
+                bits(one),
+                bits(portable[..21].to_vec()),
+                "{format:?} on {kernel:?}: one row"
+            );
+            assert_eq!(
+                bits(got),
+                bits(portable.clone()),
+                "{format:?} on {kernel:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_column_layout_holds_the_files_bytes() {
+    let mut rng = Rng(5);
+    for format in [BlockFormat::Q4_0, BlockFormat::Q4_1, BlockFormat::Q8_0] {
+        let w = random_matrix(format, 13, 96, &mut rng);
         assert_eq!(
-            best.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            portable.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            "{format:?} on {:?}",
-            Kernel::best()
+            w.clone().laid_out_for(Kernel::best()).columns,
+            Kernel::best().has_columns()
+        );
+        let columns = w.clone().in_columns();
+        assert!(columns.columns, "{format:?}");
+        assert_eq!(
+            columns.data.len(),
+            16 * 3 * format.block_bytes(),
+            "{format:?}: padded to 16 rows"
+        );
+        let mut buffer = Vec::new();
+        for r in 0..13 {
+            assert_eq!(
+                columns.gguf_row(r, &mut buffer),
+                w.row(r),
+                "{format:?} row {r}"
+            );
+        }
+        assert_eq!(columns.dequantize(), w.dequantize(), "{format:?}");
+        let reversed = |r: usize| 12 - r;
+        assert_eq!(
+            columns.permute_rows(reversed).data,
+            w.permute_rows(reversed).data
         );
     }
 }
@@ -97,13 +139,19 @@ fn a_rows_sums_are_the_same_alone_and_in_any_batch_and_a_stack_is_its_parts() {
     let (k, rows) = (256, 40);
     let q = random_matrix(BlockFormat::Q4K, rows, k, &mut rng);
     let v = random_matrix(BlockFormat::Q6K, 8, k, &mut rng);
-    let parts = [Arc::new(q.clone()), Arc::new(v.clone())];
-    let bias: Vec<f32> = (0..rows + 8).map(|_| rng.float()).collect();
-    let x: Vec<f32> = (0..37 * k).map(|_| rng.float()).collect();
-    let mut batch = vec![0f32; 37 * (rows + 8)];
+    let o = random_matrix(BlockFormat::Q4_1, 12, k, &mut rng);
+    let p = random_matrix(BlockFormat::Q8_0, 9, k, &mut rng);
+    let parts: Vec<_> = [&q, &v, &o, &p]
+        .map(|m| Arc::new(m.clone().in_columns()))
+        .into();
+    let n = rows + 8 + 12 + 9;
+    let bias: Vec<f32> = (0..n).map(|_| rng.float()).collect();
+    // 70 rows: past one block of 64 rows multiplied together.
+    let x: Vec<f32> = (0..70 * k).map(|_| rng.float()).collect();
+    let mut batch = vec![0f32; 70 * n];
     linear(Kernel::best(), &x, &parts, Some(&bias), &mut batch);
-    for t in [0, 5, 36] {
-        let mut alone = vec![0f32; rows + 8];
+    for t in [0, 5, 36, 63, 64, 69] {
+        let mut alone = vec![0f32; n];
         linear(
             Kernel::best(),
             &x[t * k..][..k],
@@ -111,13 +159,11 @@ fn a_rows_sums_are_the_same_alone_and_in_any_batch_and_a_stack_is_its_parts() {
             Some(&bias),
             &mut alone,
         );
-        assert_eq!(alone, batch[t * (rows + 8)..][..rows + 8], "row {t}");
-        let (first, second) = (product(Kernel::best(), &x[t * k..][..k], &q), {
-            product(Kernel::best(), &x[t * k..][..k], &v)
-        });
-        let stacked: Vec<f32> = first
+        assert_eq!(alone, batch[t * n..][..n], "row {t}");
+        let each = [&q, &v, &o, &p].map(|m| product(Kernel::best(), &x[t * k..][..k], m));
+        let stacked: Vec<f32> = each
             .iter()
-            .chain(&second)
+            .flatten()
             .zip(&bias)
             .map(|(a, b)| a + b)
             .collect();
