@@ -8,10 +8,19 @@ use super::columns::{group_block_bytes, values_bytes, GroupTile, COLUMNS};
 use super::{BlockFormat, BLOCK};
 use std::arch::x86_64::*;
 
-/// Rows one call multiplies: each row keeps an i32 and an f32 register per call.
-pub(super) const TILE_ROWS: usize = 4;
+/// Rows one call multiplies: each row keeps an i32 and an f32 register, so AVX2's sixteen
+/// registers hold four rows and AVX-512's thirty-two hold eight (each block's weights are then
+/// loaded and unpacked once per eight rows: on a Zen 4, a batch-32 run took ~4% less CPU time
+/// than with four).
+pub(super) const fn tile_rows(vnni: bool) -> usize {
+    if vnni {
+        8
+    } else {
+        4
+    }
+}
 
-/// Runs the kernel for `format` on the tile's `rows` rows (1..=[`TILE_ROWS`]).
+/// Runs the kernel for `format` on the tile's `rows` rows (1..=[`tile_rows`]).
 ///
 /// # Safety
 /// As [`super::columns::group`]; with `vnni`, the CPU has AVX-512 VNNI and VL, else AVX2; both
@@ -20,6 +29,10 @@ pub(super) unsafe fn group(format: BlockFormat, t: &GroupTile, rows: usize, vnni
     macro_rules! rows {
         ($f:literal) => {
             match (rows, vnni) {
+                (8, true) => group_vnni::<$f, 8>(t),
+                (7, true) => group_vnni::<$f, 7>(t),
+                (6, true) => group_vnni::<$f, 6>(t),
+                (5, true) => group_vnni::<$f, 5>(t),
                 (4, true) => group_vnni::<$f, 4>(t),
                 (3, true) => group_vnni::<$f, 3>(t),
                 (2, true) => group_vnni::<$f, 2>(t),

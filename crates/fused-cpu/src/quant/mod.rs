@@ -457,7 +457,9 @@ impl Kernel {
     fn group_rows(self) -> usize {
         match self {
             #[cfg(target_arch = "x86_64")]
-            Self::Avx512Vnni | Self::Avx2 => columns_x86::TILE_ROWS,
+            Self::Avx512Vnni => columns_x86::tile_rows(true),
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 => columns_x86::tile_rows(false),
             Self::Portable => 4,
         }
     }

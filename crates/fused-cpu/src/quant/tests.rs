@@ -80,10 +80,10 @@ fn the_portable_kernel_is_every_x86_kernels_algorithm_bit_for_bit() {
     for format in BlockFormat::ALL {
         // 21 outputs: two whole column groups and a partial one.
         let w = random_matrix(format, 21, 768, &mut rng);
-        let x: Vec<f32> = (0..5 * 768).map(|_| rng.float() * 3.0).collect();
+        let x: Vec<f32> = (0..11 * 768).map(|_| rng.float() * 3.0).collect();
         let portable = product(Kernel::Portable, &x, &w);
         for &kernel in Kernel::ALL.iter().filter(|k| k.supported()) {
-            // Five rows (a tile of four and one) and one alone.
+            // Eleven rows (tiles of eight and three, or four, four and three) and one alone.
             let got = product(kernel, &x, &w);
             let one = product(kernel, &x[..768], &w);
             assert_eq!(
