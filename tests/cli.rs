@@ -570,18 +570,17 @@ fn models_check_prints_what_it_understood_or_why_it_refuses() {
     );
 }
 
-/// `models check` on a GGUF generation model says which engine ran it: f32 by default, the
-/// file's own blocks with `--precision gguf` (issue 55).
+/// `models check` on a GGUF generation model says which engine ran it: the file's own blocks by
+/// default (and with `--precision gguf`), widened to f32 with `--precision f32` (issue 55).
 #[test]
 fn models_check_says_which_engine_a_gguf_answered_on() {
     let gguf = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let blocks = "loaded on:      Cpu (decoder, GGUF blocks from GGUF";
     for (precision, engine) in [
-        ("auto", "loaded on:      Cpu (decoder, f32 from GGUF"),
-        (
-            "gguf",
-            "loaded on:      Cpu (decoder, GGUF blocks from GGUF",
-        ),
+        ("auto", blocks),
+        ("gguf", blocks),
+        ("f32", "loaded on:      Cpu (decoder, f32 from GGUF"),
     ] {
         let out = spotinfer()
             .args(["models", "check", "--precision", precision])

@@ -614,7 +614,9 @@ pub fn uninterrupted_completions(
     records: &[serde_json::Value],
 ) -> Vec<spotinfer::model::engines::decoder::Completion> {
     use spotinfer::model::engines::decoder::{Generated, Interrupt, LanguageModel};
-    let generator = LanguageModel::open(model).expect("the generation model loads");
+    // In the precision a worker's `--precision auto` computes in (a GGUF's blocks).
+    let auto = spotinfer::model::decoder_precision(spotinfer::model::Precision::Auto).unwrap();
+    let generator = LanguageModel::open_in(model, auto).expect("the generation model loads");
     let requests: Vec<_> = records
         .iter()
         .map(|r| {

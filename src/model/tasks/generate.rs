@@ -590,17 +590,18 @@ impl Infer for Generations {
     }
 }
 
-/// The decoder's precision for `--precision`: `auto` and `f32` are f32 (a GGUF's blocks widened
-/// as llama.cpp widens them), whose greedy tokens are the model's own library's on those
-/// weights (transformers'); `gguf` keeps a GGUF's weights in their block formats and multiplies
-/// them as llama.cpp does (a seventh of the memory and twice f32's speed one answer at a time,
-/// but slower than f32 on batches so far, so asked for, not chosen; a folder, which has no
-/// blocks, is then f32); `bf16` only when asked, since rounding the weights and activations can
-/// part a generation from them; `f16` and `int8` are the encoders' and refused with the reason.
+/// The decoder's precision for `--precision`: `auto` and `gguf` keep a GGUF's weights in their
+/// block formats and multiply them as llama.cpp does (a seventh of f32's memory, and faster
+/// than f32 one answer at a time and in batches: docs/generate.md; its top-1 agreement with
+/// llama.cpp is f32's); a folder, which has no blocks, is f32 either way. `f32` widens a GGUF's
+/// blocks as llama.cpp widens them, whose greedy tokens are the model's own library's on those
+/// weights (transformers'); `bf16` only when asked, since rounding the weights and activations
+/// can part a generation from them; `f16` and `int8` are the encoders' and refused with the
+/// reason.
 pub fn decoder_precision(precision: Precision) -> Result<DecoderPrecision, String> {
     match precision {
-        Precision::Auto | Precision::F32 => Ok(DecoderPrecision::F32),
-        Precision::Gguf => Ok(DecoderPrecision::Gguf),
+        Precision::F32 => Ok(DecoderPrecision::F32),
+        Precision::Auto | Precision::Gguf => Ok(DecoderPrecision::Gguf),
         Precision::Bf16 => Ok(DecoderPrecision::Bf16),
         Precision::F16 => Err(refused("f16")),
         Precision::Int8 => Err(refused("int8")),
@@ -660,7 +661,7 @@ fn resume_key(hash: &str) -> String {
 
 fn refused(asked: &str) -> String {
     format!(
-        "a generation model computes in f32 (auto), a GGUF's own blocks (gguf) or bf16 on the \
+        "a generation model computes in a GGUF's own blocks (auto, gguf), f32 or bf16 on the \
          CPU, not {asked}"
     )
 }
@@ -747,24 +748,26 @@ mod tests {
 
     /// `--precision`: a transformers folder computes in f32 unless bf16 is asked for (its device
     /// says which, with the kernels, and bf16's hash is marked so that its checkpoints are its
-    /// own), and the encoders' f16 and int8 are refused at load; `gguf` on a folder (no blocks)
-    /// is f32. (A GGUF's blocks: tests/llm_gguf.rs.)
+    /// own), and the encoders' f16 and int8 are refused at load; `auto` and `gguf` on a folder
+    /// (no blocks) are f32. (A GGUF's blocks: tests/llm_gguf.rs.)
     #[test]
     fn a_generation_model_computes_in_f32_unless_bf16_is_asked() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/llm/models/qwen3");
         let open = |precision| open_in(&path, precision);
-        let f32 = open(Precision::Auto).unwrap().info;
+        let f32 = open(Precision::F32).unwrap().info;
         assert!(f32.device.starts_with("Cpu (decoder, f32 from "));
-        let no_blocks = open(Precision::Gguf).unwrap().info;
-        assert_eq!(
-            (no_blocks.device, no_blocks.hash),
-            (f32.device.clone(), f32.hash.clone())
-        );
+        for no_blocks in [Precision::Auto, Precision::Gguf] {
+            let no_blocks = open(no_blocks).unwrap().info;
+            assert_eq!(
+                (no_blocks.device, no_blocks.hash),
+                (f32.device.clone(), f32.hash.clone())
+            );
+        }
         for refused in [Precision::F16, Precision::Int8] {
             let e = open(refused).err().unwrap().to_string();
             assert!(
-                e.contains("f32 (auto), a GGUF's own blocks (gguf) or bf16"),
+                e.contains("a GGUF's own blocks (auto, gguf), f32 or bf16"),
                 "{e}"
             );
         }
@@ -790,14 +793,19 @@ mod tests {
         )
     }
 
-    /// `--precision gguf` on a quantised GGUF keeps its blocks: the device line says so, and the
-    /// hash is marked so that its results and checkpoints name the engine.
+    /// `--precision auto` (and `gguf`) on a quantised GGUF keeps its blocks: the device line says
+    /// so, and the hash is marked so that its results and checkpoints name the engine; `f32`
+    /// widens them.
     #[test]
-    fn a_gguf_asked_for_its_blocks_says_so_and_marks_its_hash() {
+    fn a_gguf_keeps_its_blocks_unless_f32_is_asked_and_says_so() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
         let open = |precision| open_in(&path, precision).unwrap().info;
-        let (f32, blocks) = (open(Precision::Auto), open(Precision::Gguf));
+        let (f32, blocks) = (open(Precision::F32), open(Precision::Auto));
+        assert_eq!(
+            (&blocks.device, &blocks.hash),
+            (&open(Precision::Gguf).device, &open(Precision::Gguf).hash)
+        );
         assert!(
             f32.device.starts_with("Cpu (decoder, f32 from GGUF"),
             "{}",
