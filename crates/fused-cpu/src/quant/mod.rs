@@ -590,11 +590,18 @@ pub(crate) fn linear(
         // SAFETY: the task's outputs are its own (no other task writes them), below `n`, in
         // rows below `m`; the CPU runs the kernel (checked above).
         unsafe {
-            let out = base.get().add(task.first);
+            let share = Share {
+                part,
+                rows: &rows,
+                outputs: task.outputs,
+                bias,
+                out: base.get().add(task.first),
+                n,
+            };
             if part.columns {
-                by_columns(kernel, part, &rows, task.outputs, bias, out, n);
+                by_columns(kernel, &share);
             } else {
-                by_rows(kernel, part, &rows, task.outputs, bias, out, n);
+                by_rows(kernel, &share);
             }
         }
     });
@@ -612,25 +619,29 @@ struct Task {
 /// stay in the core's first-level cache.
 const ROW_BLOCK: usize = 64;
 
-/// `outputs` (whole groups) of a column-layout part times every row, written from `out` (the
-/// part's first output; rows `n` apart).
-///
-/// # Safety
-/// `out` points at `rows`' rows of `n` outputs from the part's first; the kernel runs here.
-unsafe fn by_columns(
-    kernel: Kernel,
-    part: &BlockMatrix,
-    rows: &QuantRows,
+/// What one task multiplies: outputs `outputs` of `part` (its bias, if any, from the part's
+/// first output) times every row of `rows`, written from `out` (the part's first output; rows
+/// `n` apart).
+struct Share<'a> {
+    part: &'a BlockMatrix,
+    rows: &'a QuantRows,
     outputs: std::ops::Range<usize>,
-    bias: Option<&[f32]>,
+    bias: Option<&'a [f32]>,
     out: *mut f32,
     n: usize,
-) {
+}
+
+/// A column-layout part's share (its outputs whole groups).
+///
+/// # Safety
+/// `out` points at the rows' `n` outputs from the part's first; the kernel runs here.
+unsafe fn by_columns(kernel: Kernel, share: &Share<'_>) {
+    let (part, rows, bias, out, n) = (share.part, share.rows, share.bias, share.out, share.n);
     let m = rows.q.len() / rows.k;
     let group_bytes = part.k / BLOCK * columns::group_block_bytes(part.format);
     let tall = kernel.group_rows();
     for lo in (0..m).step_by(ROW_BLOCK) {
-        for c in outputs.clone().step_by(columns::COLUMNS) {
+        for c in share.outputs.clone().step_by(columns::COLUMNS) {
             let weights = part.data[c / columns::COLUMNS * group_bytes..].as_ptr();
             let mut t = lo;
             while t < (lo + ROW_BLOCK).min(m) {
@@ -646,19 +657,12 @@ unsafe fn by_columns(
     }
 }
 
-/// `outputs` of a row-layout part times every row, one output at a time.
+/// A row-layout part's share, one output at a time.
 ///
 /// # Safety
 /// As [`by_columns`].
-unsafe fn by_rows(
-    kernel: Kernel,
-    part: &BlockMatrix,
-    rows: &QuantRows,
-    outputs: std::ops::Range<usize>,
-    bias: Option<&[f32]>,
-    out: *mut f32,
-    n: usize,
-) {
+unsafe fn by_rows(kernel: Kernel, share: &Share<'_>) {
+    let (part, rows, bias, out, n) = (share.part, share.rows, share.bias, share.out, share.n);
     let (m, k) = (rows.q.len() / rows.k, rows.k);
     // Each sum is written once, straight into its place (plus its bias).
     let put = |t: usize, r: usize, v: f32| {
@@ -667,7 +671,7 @@ unsafe fn by_rows(
     UNPACKED.with(|unpacked| {
         let mut unpacked = unpacked.borrow_mut();
         let mut sums = [0f32; ROWS];
-        for r in outputs {
+        for r in share.outputs.clone() {
             if m == 1 {
                 let a = rows.row(0);
                 put(
