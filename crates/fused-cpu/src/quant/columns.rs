@@ -82,27 +82,32 @@ fn value_at(format: BlockFormat, c: usize, i: usize) -> (usize, bool) {
     }
 }
 
-/// GGUF rows (`rows × k` weights of `format`) in the column layout.
-pub(super) fn interleave(format: BlockFormat, rows: usize, k: usize, data: &[u8]) -> Vec<u8> {
+/// GGUF rows (`rows × k` weights of `format`) rearranged into the column layout in place: a
+/// group's bytes take the place of its eight rows' (the same count), through a scratch copy of
+/// one group, so the matrix is never held twice (rows past the last are zero).
+pub(super) fn interleave(format: BlockFormat, rows: usize, k: usize, mut data: Vec<u8>) -> Vec<u8> {
     let (bytes, blocks) = (format.block_bytes(), k / BLOCK);
     let (values, group) = (values_bytes(format), group_block_bytes(format));
-    let mut out = vec![0u8; rows.div_ceil(COLUMNS) * blocks * group];
-    for r in 0..rows {
-        let (g, c) = (r / COLUMNS, r % COLUMNS);
-        for b in 0..blocks {
-            let block = &data[(r * blocks + b) * bytes..][..bytes];
-            let dst = &mut out[(g * blocks + b) * group..][..group];
-            for (i, v) in stored_values(format, block).into_iter().enumerate() {
-                let (at, high) = value_at(format, c, i);
-                dst[at] |= if high { v << 4 } else { v };
-            }
-            dst[values + 2 * c..][..2].copy_from_slice(&block[..2]);
-            if format == BlockFormat::Q4_1 {
-                dst[values + 16 + 2 * c..][..2].copy_from_slice(&block[2..4]);
+    let span = COLUMNS * blocks * bytes;
+    data.resize(rows.div_ceil(COLUMNS) * span, 0);
+    let mut scratch = vec![0u8; span];
+    for dst in data.chunks_exact_mut(span) {
+        scratch.copy_from_slice(dst);
+        dst.fill(0);
+        for (c, row) in scratch.chunks_exact(blocks * bytes).enumerate() {
+            for (block, dst) in row.chunks_exact(bytes).zip(dst.chunks_exact_mut(group)) {
+                for (i, v) in stored_values(format, block).into_iter().enumerate() {
+                    let (at, high) = value_at(format, c, i);
+                    dst[at] |= if high { v << 4 } else { v };
+                }
+                dst[values + 2 * c..][..2].copy_from_slice(&block[..2]);
+                if format == BlockFormat::Q4_1 {
+                    dst[values + 16 + 2 * c..][..2].copy_from_slice(&block[2..4]);
+                }
             }
         }
     }
-    out
+    data
 }
 
 /// Row `r`'s GGUF bytes, read back from the column layout into `out`.

@@ -175,9 +175,11 @@ impl BlockMatrix {
         if self.columns || !columns::interleaves(self.format) {
             return self;
         }
-        let data = columns::interleave(self.format, self.rows, self.k, &self.data);
+        let Self {
+            format, rows, k, ..
+        } = self;
         Self {
-            data,
+            data: columns::interleave(format, rows, k, self.data),
             columns: true,
             ..self
         }
