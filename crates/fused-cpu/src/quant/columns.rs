@@ -4,11 +4,11 @@
 //!
 //! Why: the row layout ([`super::unpack`]) costs per (row, output, block) an unpacking, two
 //! integer products and a scaling of eight partial sums; on a prompt or a batch that scaling
-//! work, not the products, was most of the time (1.8 ns per row and block on a Zen 4 core,
+//! work, not the products, was most of the time (1.8 ns per row and block on an AVX2 EPYC core,
 //! which left a batch of 32 slower than f32 weights). Here one group's block is read once per
-//! four activation rows, each row's four activations are broadcast against the eight outputs'
-//! lanes, the block's integer sums are kept per output, and the block is scaled once per eight
-//! outputs.
+//! four or eight activation rows, each row's four activations are broadcast against the eight
+//! outputs' lanes, the block's integer sums are kept per output, and the block is scaled once
+//! per eight outputs.
 //!
 //! **The layout** (the same bytes as GGUF's, rearranged when the model is loaded): the outputs
 //! in groups of [`COLUMNS`] (the last padded with zero rows); a group's blocks in order, each
