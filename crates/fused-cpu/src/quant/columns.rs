@@ -82,6 +82,27 @@ fn value_at(format: BlockFormat, c: usize, i: usize) -> (usize, bool) {
     }
 }
 
+/// The stored value of output `c`'s input `i` in a group's block `src` (as [`stored_values`]
+/// gives it).
+fn stored_value(format: BlockFormat, src: &[u8], c: usize, i: usize) -> u8 {
+    let (at, high) = value_at(format, c, i);
+    match (format, high) {
+        (BlockFormat::Q8_0, _) => src[at],
+        (_, true) => src[at] >> 4,
+        (_, false) => src[at] & 0xF,
+    }
+}
+
+/// What a block's stored values are offset by (Q4_0's `q - 8`; Q8_0's signed values plus 128):
+/// a block's integer sum loses the offset times the activations' sum.
+pub(super) fn offset(format: BlockFormat) -> i32 {
+    match format {
+        BlockFormat::Q4_0 => 8,
+        BlockFormat::Q8_0 => 128,
+        _ => 0,
+    }
+}
+
 /// GGUF rows (`rows × k` weights of `format`) rearranged into the column layout in place: a
 /// group's bytes take the place of its eight rows' (the same count), through a scratch copy of
 /// one group, so the matrix is never held twice (rows past the last are zero).
@@ -117,19 +138,10 @@ pub(super) fn gguf_row(format: BlockFormat, k: usize, data: &[u8], r: usize, out
     out.clear();
     for b in 0..blocks {
         let src = &data[(g * blocks + b) * group..][..group];
-        let value = |i: usize| {
-            let (at, high) = value_at(format, c, i);
-            if high {
-                src[at] >> 4
-            } else {
-                src[at] & 0xF
-            }
-        };
+        let value = |i: usize| stored_value(format, src, c, i);
         out.extend_from_slice(&src[values + 2 * c..][..2]);
         match format {
-            BlockFormat::Q8_0 => {
-                out.extend((0..BLOCK).map(|i| src[value_at(format, c, i).0] ^ 0x80))
-            }
+            BlockFormat::Q8_0 => out.extend((0..BLOCK).map(|i| value(i) ^ 0x80)),
             _ => {
                 if format == BlockFormat::Q4_1 {
                     out.extend_from_slice(&src[values + 16 + 2 * c..][..2]);
@@ -198,21 +210,9 @@ pub(super) unsafe fn group(format: BlockFormat, t: &GroupTile, rows: usize) {
                 let a = &q[b * BLOCK..][..BLOCK];
                 let mut sum = 0i32;
                 for (i, &a) in a.iter().enumerate() {
-                    let (at, high) = value_at(format, c, i);
-                    let v = if high { src[at] >> 4 } else { src[at] & 0xF };
-                    let v = if format == BlockFormat::Q8_0 {
-                        src[at]
-                    } else {
-                        v
-                    };
-                    sum += i32::from(v) * i32::from(a);
+                    sum += i32::from(stored_value(format, src, c, i)) * i32::from(a);
                 }
-                sum -= sums[b]
-                    * match format {
-                        BlockFormat::Q4_0 => 8,
-                        BlockFormat::Q8_0 => 128,
-                        _ => 0,
-                    };
+                sum -= sums[b] * offset(format);
                 let f16 = |at: usize| half::f16::from_le_bytes([src[at], src[at + 1]]).to_f32();
                 let [scale, scaled_sum] = scales[b];
                 acc = (sum as f32).mul_add(f16(values + 2 * c) * scale, acc);

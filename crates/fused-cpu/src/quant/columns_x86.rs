@@ -4,7 +4,7 @@
 //! compute each block's integer sums exactly and then the portable definition's f32 operations
 //! in its order.
 
-use super::columns::{group_block_bytes, values_bytes, GroupTile, COLUMNS};
+use super::columns::{group_block_bytes, offset, values_bytes, GroupTile, COLUMNS};
 use super::{BlockFormat, BLOCK};
 use std::arch::x86_64::*;
 
@@ -69,11 +69,10 @@ unsafe fn body<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTile) 
     let format = BlockFormat::ALL[F];
     let (values, group) = (values_bytes(format), group_block_bytes(format));
     let minimum = format == BlockFormat::Q4_1;
-    // What a block's unsigned values are offset by: its integer sums lose offset × the row's.
+    // AVX2 multiplies Q8_0's values signed (`sums_q8`), so only VNNI's sums carry its offset.
     let offset = match format {
-        BlockFormat::Q4_0 => 8,
-        BlockFormat::Q8_0 if VNNI => 128,
-        _ => 0,
+        BlockFormat::Q8_0 if !VNNI => 0,
+        _ => offset(format),
     };
     let stride = t.blocks * BLOCK;
     let mut acc = [_mm256_setzero_ps(); R];

@@ -575,32 +575,25 @@ pub(crate) fn linear(
         .div_ceil(threads * 4)
         .max(16)
         .next_multiple_of(columns::COLUMNS);
-    let mut tasks = Vec::new();
+    let base = out.as_mut_ptr();
+    let mut shares = Vec::new();
     let mut first = 0;
-    for (p, part) in parts.iter().enumerate() {
-        tasks.extend((0..part.rows).step_by(chunk).map(|lo| Task {
-            part: p,
-            first,
+    for part in parts {
+        shares.extend((0..part.rows).step_by(chunk).map(|lo| Share {
+            part,
+            rows: &rows,
             outputs: lo..(lo + chunk).min(part.rows),
+            bias: b.map(|b| &b[first..][..part.rows]),
+            out: OutPtr(base.wrapping_add(first)),
+            n,
         }));
         first += part.rows;
     }
-    let base = OutPtr(out.as_mut_ptr());
-    tasks.into_par_iter().for_each(|task| {
-        let part = &parts[task.part];
-        let bias = b.map(|b| &b[task.first..][..part.rows]);
-        // SAFETY: the task's outputs are its own (no other task writes them), below `n`, in
+    shares.into_par_iter().for_each(|share| {
+        // SAFETY: the share's outputs are its own (no other task writes them), below `n`, in
         // rows below `m`; the CPU runs the kernel (checked above).
         unsafe {
-            let share = Share {
-                part,
-                rows: &rows,
-                outputs: task.outputs,
-                bias,
-                out: base.get().add(task.first),
-                n,
-            };
-            if part.columns {
+            if share.part.columns {
                 by_columns(kernel, &share);
             } else {
                 by_rows(kernel, &share);
@@ -609,27 +602,19 @@ pub(crate) fn linear(
     });
 }
 
-/// One thread's share of [`linear`]: outputs `outputs` of one part.
-struct Task {
-    part: usize,
-    /// The part's first output in the stack.
-    first: usize,
-    outputs: std::ops::Range<usize>,
-}
-
 /// Activation rows multiplied together while a part's groups pass over them, so their bytes
 /// stay in the core's first-level cache.
 const ROW_BLOCK: usize = 64;
 
-/// What one task multiplies: outputs `outputs` of `part` (its bias, if any, from the part's
-/// first output) times every row of `rows`, written from `out` (the part's first output; rows
-/// `n` apart).
+/// One thread's share of [`linear`]: outputs `outputs` of `part` (its bias, if any, from the
+/// part's first output) times every row of `rows`, written from `out` (the part's first output
+/// in the stack; rows `n` apart).
 struct Share<'a> {
     part: &'a BlockMatrix,
     rows: &'a QuantRows,
     outputs: std::ops::Range<usize>,
     bias: Option<&'a [f32]>,
-    out: *mut f32,
+    out: OutPtr,
     n: usize,
 }
 
@@ -638,7 +623,7 @@ struct Share<'a> {
 /// # Safety
 /// `out` points at the rows' `n` outputs from the part's first; the kernel runs here.
 unsafe fn by_columns(kernel: Kernel, share: &Share<'_>) {
-    let (part, rows, bias, out, n) = (share.part, share.rows, share.bias, share.out, share.n);
+    let (part, rows, bias, out, n) = (share.part, share.rows, share.bias, share.out.get(), share.n);
     let m = rows.q.len() / rows.k;
     let group_bytes = part.k / BLOCK * columns::group_block_bytes(part.format);
     let tall = kernel.group_rows();
@@ -664,7 +649,7 @@ unsafe fn by_columns(kernel: Kernel, share: &Share<'_>) {
 /// # Safety
 /// As [`by_columns`].
 unsafe fn by_rows(kernel: Kernel, share: &Share<'_>) {
-    let (part, rows, bias, out, n) = (share.part, share.rows, share.bias, share.out, share.n);
+    let (part, rows, bias, out, n) = (share.part, share.rows, share.bias, share.out.get(), share.n);
     let (m, k) = (rows.q.len() / rows.k, rows.k);
     // Each sum is written once, straight into its place (plus its bias).
     let put = |t: usize, r: usize, v: f32| {
