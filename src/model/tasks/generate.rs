@@ -801,11 +801,12 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("models/SmolLM2-135M-Instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
         let open = |precision| open_in(&path, precision).unwrap().info;
-        let (f32, blocks) = (open(Precision::F32), open(Precision::Auto));
-        assert_eq!(
-            (&blocks.device, &blocks.hash),
-            (&open(Precision::Gguf).device, &open(Precision::Gguf).hash)
+        let (f32, blocks, gguf) = (
+            open(Precision::F32),
+            open(Precision::Auto),
+            open(Precision::Gguf),
         );
+        assert_eq!((&blocks.device, &blocks.hash), (&gguf.device, &gguf.hash));
         assert!(
             f32.device.starts_with("Cpu (decoder, f32 from GGUF"),
             "{}",

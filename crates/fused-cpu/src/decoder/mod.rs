@@ -449,7 +449,7 @@ struct KvHead<'a> {
 /// [`attend`] on AVX2 where the CPU has it, else as the crate is built (SSE2 on x86-64): the
 /// same operations in the same order either way (Rust never fuses a multiply and an add, and
 /// the lane sums are fixed), so the same bits; on a Zen 4, 256-bit registers and one pass over
-/// a head's keys for its query heads took attention from ~31% of a batch-32 step to ~16%.
+/// a head's keys for its query heads took attention from ~31% of a batch-32 step to ~24%.
 fn attend_best(queries: &[f32], hd: usize, kv: KvHead<'_>, scale: f32, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
