@@ -212,24 +212,39 @@ async fn a_generation_job_survives_sigterms_mid_answer_and_every_resumed_answer_
     );
     let mut saved = Vec::new();
     for fraction in [5, 2] {
-        let mut a = env.worker(&flags);
-        let target = good.len() as i64 / fraction;
-        wait_until(Duration::from_secs(600), "part of the job done", || async {
-            int(&env.status(&name), "done") >= target
-        })
-        .await;
-        a.signal(libc::SIGTERM);
-        let (status, took) = a.wait(Duration::from_secs(15));
-        assert!(status.success(), "SIGTERM exits 0: {status}");
-        let (rows, tokens) = checkpoints(&db).await;
-        eprintln!(
-            "worker A exited {took:?} after its SIGTERM; {rows} checkpoints hold {tokens} tokens"
-        );
+        // A SIGTERM that lands while a worker reads its prompts or waits between batches leaves
+        // no tokens to keep (1 run in 3 here once prompts were read in GGUF blocks): the first
+        // phase SIGTERMs a fresh worker A, after one more result, until one leaves checkpoints
+        // (at most four), so that resumption is what the rest of the test checks.
+        let attempts = if fraction == 5 { 4 } else { 1 };
+        let mut tokens = 0;
+        for attempt in 0..attempts {
+            let mut a = env.worker(&flags);
+            let target = match attempt {
+                0 => good.len() as i64 / fraction,
+                _ => int(&env.status(&name), "done") + 1,
+            };
+            wait_until(Duration::from_secs(600), "part of the job done", || async {
+                int(&env.status(&name), "done") >= target
+            })
+            .await;
+            a.signal(libc::SIGTERM);
+            let (status, took) = a.wait(Duration::from_secs(15));
+            assert!(status.success(), "SIGTERM exits 0: {status}");
+            let (rows, held) = checkpoints(&db).await;
+            eprintln!(
+                "worker A exited {took:?} after its SIGTERM; {rows} checkpoints hold {held} tokens"
+            );
+            tokens = held;
+            if tokens > 0 {
+                break;
+            }
+        }
         saved.push(tokens);
     }
     assert!(
         saved[0] > 0,
-        "the first SIGTERM came mid-answer and left checkpoints: {saved:?}"
+        "a first-phase SIGTERM came mid-answer and left checkpoints: {saved:?}"
     );
     let mut a = env.worker(&flags);
     let (b_status, _) = b.wait(Duration::from_secs(900));
