@@ -1,154 +1,220 @@
-//! Q4_0, Q4_1 and Q8_0 weights laid out eight outputs side by side, so one instruction
-//! multiplies eight outputs' weights by four activations at once and each activation row is
-//! multiplied by a block of eight outputs' weights loaded once.
+//! Every block format laid out eight outputs side by side, so one instruction multiplies eight
+//! outputs' weights by four activations at once and each activation row is multiplied by a
+//! block of eight outputs' weights loaded once.
 //!
 //! Why: the row layout ([`super::unpack`]) costs per (row, output, block) an unpacking, two
 //! integer products and a scaling of eight partial sums; on a prompt or a batch that scaling
 //! work, not the products, was most of the time (1.8 ns per row and block on an AVX2 EPYC core,
 //! which left a batch of 32 slower than f32 weights). Here one group's block is read once per
 //! four or eight activation rows, each row's four activations are broadcast against the eight
-//! outputs' lanes, the block's integer sums are kept per output, and the block is scaled once
-//! per eight outputs.
+//! outputs' lanes, each 32-weight sub-block's integer sums are kept per output, and they are
+//! scaled once per eight outputs.
 //!
-//! **The layout** (the same bytes as GGUF's, rearranged when the model is loaded): the outputs
-//! in groups of [`COLUMNS`] (the last padded with zero rows); a group's blocks in order, each
-//! its values, then the eight outputs' f16 scales, then (Q4_1) their f16 minimums. The values
-//! in 32-byte runs, one per four inputs: byte `4c + j` of run `h` holds output `c`'s input
-//! `4h + j`. Q4's runs hold two such runs a byte (inputs `4h…` in the low nibble, `16 + 4h…` in
-//! the high: GGUF's own pairing within a block); Q8_0's values are kept offset by 128
-//! (unsigned), which `vpdpbusd` takes as they are.
+//! **The layout** (GGUF's bytes rearranged when the model is loaded): the outputs in groups of
+//! [`COLUMNS`] (the last padded with zero rows); a group's blocks in order, each its sub-blocks'
+//! values, then its header (the eight outputs' f16 scales, f16 minimums or minimums' scales, and
+//! the K formats' per-sub-block scales, a byte each). A sub-block's values are unsigned (each
+//! format's offset added: Q4_0 8, Q5_0 16, Q6_K 32, Q8_0 128) and sit in 32-byte runs, one per
+//! four inputs: byte `4c + j` of run `h` holds output `c`'s input `4h + j`. Q8_0 has eight runs
+//! of bytes. The others keep four runs of two nibbles (inputs `4h…` low, `16 + 4h…` high:
+//! GGUF's own pairing), then the bits above the nibble in planes: Q5's fifth bits as eight 32-bit
+//! words (run `h`'s low side, then its high side; bit `p` for byte `p`), Q6_K's two bits as two
+//! 32-byte runs (low side, high side; bits `2h…` for run `h`). The same bytes as GGUF's but for
+//! Q4_K and Q5_K, whose packed 6-bit scales take a byte each here (2.8% and 2.3% more).
 //!
-//! **The product**, exact in integers: per (row, output, block) the sum of the weights' integer
-//! values (Q4_0 less 8, Q8_0 signed) times the row's 8-bit activations; then, per output, in
-//! block order, `sum · (d · row scale)` added by one fused multiply-add and, for Q4_1, `m ·
-//! row scaled sum` by another. Each block's integer sum is llama.cpp's; the f32 sums are one
-//! per output, whatever the number of rows or threads, so a row's result never depends on its
-//! batch. [`group`] is that definition in portable Rust; the AVX2 (`vpmaddubsw`) and AVX-512
-//! VNNI (`vpdpbusd`) kernels compute the same integers and the same f32 operations in the same
-//! order, so all three agree bit for bit.
+//! **The product**, exact in integers: per (row, output, sub-block) the sum of the stored values
+//! times the row's 8-bit activations, less the offset times the activations' sum (Q6_K: per 16
+//! inputs, each half then times its 8-bit scale); then, per output, in block order, one fused
+//! multiply-add of that sum by `scale · row scale` (Q4_K, Q5_K: `(d · sub-block scale) · row
+//! scale`) and, for the formats with a minimum, one of the minimum by the row's scaled sum. The
+//! integer sums are llama.cpp's; the f32 sums are one per output, whatever the number of rows or
+//! threads, so a row's result never depends on its batch. [`group`] is that definition in
+//! portable Rust; the AVX2 (`vpmaddubsw`) and AVX-512 VNNI (`vpdpbusd`) kernels compute the same
+//! integers and the same f32 operations in the same order, so all three agree bit for bit.
 
+use super::unpack::{self, Header};
 use super::{BlockFormat, QuantRows, BLOCK};
 
 /// Outputs side by side: one 256-bit register of f32 or i32 sums.
 pub(super) const COLUMNS: usize = 8;
 
-/// Whether `format` is laid out in columns for its products.
-pub(super) fn interleaves(format: BlockFormat) -> bool {
-    matches!(
-        format,
-        BlockFormat::Q4_0 | BlockFormat::Q4_1 | BlockFormat::Q8_0
-    )
+/// Bits each value keeps above its nibble (Q8_0: none; its values are whole bytes).
+pub(super) fn high_bits(format: BlockFormat) -> u32 {
+    match format {
+        BlockFormat::Q5_0 | BlockFormat::Q5_1 | BlockFormat::Q5K => 1,
+        BlockFormat::Q6K => 2,
+        _ => 0,
+    }
 }
 
-/// Bytes of a group's values in one block.
-pub(super) fn values_bytes(format: BlockFormat) -> usize {
+/// Bytes of a group's values in one 32-weight sub-block.
+pub(super) fn sub_bytes(format: BlockFormat) -> usize {
     match format {
         BlockFormat::Q8_0 => 256,
-        _ => 128,
+        _ => 128 + 32 * high_bits(format) as usize,
     }
 }
 
-/// Bytes of a group's block: its values, scales and minimums (eight GGUF blocks' worth).
+/// 32-weight sub-blocks per block.
+pub(super) fn subs(format: BlockFormat) -> usize {
+    format.block_weights() / BLOCK
+}
+
+/// Bytes of a group's values in one block: where its header starts.
+pub(super) fn values_bytes(format: BlockFormat) -> usize {
+    subs(format) * sub_bytes(format)
+}
+
+/// Where a header's parts start: the minimums (or minimums' scales), and the per-sub-block
+/// bytes (Q4_K/Q5_K: scales, then minimums at +64; Q6_K: each sub-block's two scales' rows).
+pub(super) const MINIMUMS: usize = 16;
+pub(super) const K_SCALES: usize = 32;
+pub(super) const Q6K_SCALES: usize = 16;
+
+/// Bytes of a group's header in one block.
+fn header_bytes(format: BlockFormat) -> usize {
+    match format {
+        BlockFormat::Q4K | BlockFormat::Q5K => K_SCALES + 2 * 8 * COLUMNS,
+        BlockFormat::Q6K => Q6K_SCALES + 16 * COLUMNS,
+        f if f.has_minimum() => 2 * MINIMUMS,
+        _ => MINIMUMS,
+    }
+}
+
+/// Bytes of a group's block: its values and header.
 pub(super) fn group_block_bytes(format: BlockFormat) -> usize {
-    format.block_bytes() * COLUMNS
+    values_bytes(format) + header_bytes(format)
 }
 
-/// A GGUF block's unsigned values as the layout stores them (Q4: 0–15; Q8_0: offset by 128).
-fn stored_values(format: BlockFormat, block: &[u8]) -> [u8; BLOCK] {
-    let mut v = [0u8; BLOCK];
-    match format {
-        BlockFormat::Q8_0 => {
-            for (v, q) in v.iter_mut().zip(&block[2..34]) {
-                *v = q ^ 0x80;
-            }
-        }
-        _ => {
-            let qs = &block[block.len() - 16..];
-            for j in 0..16 {
-                v[j] = qs[j] & 0xF;
-                v[j + 16] = qs[j] >> 4;
-            }
-        }
-    }
-    v
-}
-
-/// Where input `i`'s value of output `c` sits in a group's block: byte, and whether it is the
-/// high nibble (Q4).
-fn value_at(format: BlockFormat, c: usize, i: usize) -> (usize, bool) {
-    match format {
-        BlockFormat::Q8_0 => ((i / 4) * 32 + 4 * c + i % 4, false),
-        _ => (((i % 16) / 4) * 32 + 4 * c + i % 4, i >= 16),
-    }
-}
-
-/// The stored value of output `c`'s input `i` in a group's block `src` (as [`stored_values`]
-/// gives it).
-fn stored_value(format: BlockFormat, src: &[u8], c: usize, i: usize) -> u8 {
-    let (at, high) = value_at(format, c, i);
-    match (format, high) {
-        (BlockFormat::Q8_0, _) => src[at],
-        (_, true) => src[at] >> 4,
-        (_, false) => src[at] & 0xF,
-    }
-}
-
-/// What a block's stored values are offset by (Q4_0's `q - 8`; Q8_0's signed values plus 128):
-/// a block's integer sum loses the offset times the activations' sum.
+/// What a format's stored values are offset by: a sub-block's integer sum loses the offset
+/// times the activations' sum.
 pub(super) fn offset(format: BlockFormat) -> i32 {
     match format {
         BlockFormat::Q4_0 => 8,
+        BlockFormat::Q5_0 => 16,
+        BlockFormat::Q6K => 32,
         BlockFormat::Q8_0 => 128,
         _ => 0,
     }
 }
 
+/// Output `c`'s input `i` (0..32) of a group's sub-block: where its stored value goes.
+fn place(format: BlockFormat, sub: &mut [u8], c: usize, i: usize, v: u8) {
+    if format == BlockFormat::Q8_0 {
+        sub[(i / 4) * 32 + 4 * c + i % 4] = v;
+        return;
+    }
+    let (side, h, p) = (i / 16, (i % 16) / 4, 4 * c + i % 4);
+    sub[32 * h + p] |= (v & 0xF) << (4 * side);
+    match high_bits(format) {
+        1 => sub[128 + 4 * (2 * h + side) + p / 8] |= (v >> 4 & 1) << (p % 8),
+        2 => sub[128 + 32 * side + p] |= (v >> 4 & 3) << (2 * h),
+        _ => {}
+    }
+}
+
+/// Output `c`'s stored value of input `i` in a group's sub-block (the inverse of [`place`]).
+fn fetch(format: BlockFormat, sub: &[u8], c: usize, i: usize) -> u8 {
+    if format == BlockFormat::Q8_0 {
+        return sub[(i / 4) * 32 + 4 * c + i % 4];
+    }
+    let (side, h, p) = (i / 16, (i % 16) / 4, 4 * c + i % 4);
+    let v = sub[32 * h + p] >> (4 * side) & 0xF;
+    match high_bits(format) {
+        1 => v | (sub[128 + 4 * (2 * h + side) + p / 8] >> (p % 8) & 1) << 4,
+        2 => v | (sub[128 + 32 * side + p] >> (2 * h) & 3) << 4,
+        _ => v,
+    }
+}
+
+/// Output `c`'s header written into a group's block header.
+fn place_header(format: BlockFormat, head: &mut [u8], c: usize, h: &Header) {
+    head[2 * c..][..2].copy_from_slice(&h.d);
+    if format.has_minimum() {
+        head[MINIMUMS + 2 * c..][..2].copy_from_slice(&h.m);
+    }
+    for (s, sub) in h.sub.iter().enumerate() {
+        match format {
+            BlockFormat::Q4K | BlockFormat::Q5K => {
+                head[K_SCALES + 8 * s + c] = sub[0];
+                head[K_SCALES + 64 + 8 * s + c] = sub[1];
+            }
+            BlockFormat::Q6K => {
+                head[Q6K_SCALES + 16 * s + c] = sub[0];
+                head[Q6K_SCALES + 16 * s + 8 + c] = sub[1];
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Output `c`'s header read from a group's block header (the inverse of [`place_header`]).
+fn fetch_header(format: BlockFormat, head: &[u8], c: usize) -> Header {
+    let mut h = Header::default();
+    h.d.copy_from_slice(&head[2 * c..][..2]);
+    if format.has_minimum() {
+        h.m.copy_from_slice(&head[MINIMUMS + 2 * c..][..2]);
+    }
+    for (s, sub) in h.sub.iter_mut().enumerate() {
+        *sub = match format {
+            BlockFormat::Q4K | BlockFormat::Q5K => {
+                [head[K_SCALES + 8 * s + c], head[K_SCALES + 64 + 8 * s + c]]
+            }
+            BlockFormat::Q6K => [
+                head[Q6K_SCALES + 16 * s + c],
+                head[Q6K_SCALES + 16 * s + 8 + c],
+            ],
+            _ => [0; 2],
+        };
+    }
+    h
+}
+
 /// GGUF rows (`rows × k` weights of `format`) rearranged into the column layout in place: a
-/// group's bytes take the place of its eight rows' (the same count), through a scratch copy of
-/// one group, so the matrix is never held twice (rows past the last are zero).
+/// group's bytes take the place of its eight rows' (through a scratch copy of one group, last
+/// group first, since Q4_K's and Q5_K's groups are larger than their rows), so the matrix is
+/// never held twice (rows past the last are zero).
 pub(super) fn interleave(format: BlockFormat, rows: usize, k: usize, mut data: Vec<u8>) -> Vec<u8> {
-    let (bytes, blocks) = (format.block_bytes(), k / BLOCK);
-    let (values, group) = (values_bytes(format), group_block_bytes(format));
-    let span = COLUMNS * blocks * bytes;
-    data.resize(rows.div_ceil(COLUMNS) * span, 0);
-    let mut scratch = vec![0u8; span];
-    for dst in data.chunks_exact_mut(span) {
-        scratch.copy_from_slice(dst);
+    let (bytes, blocks) = (format.block_bytes(), k / format.block_weights());
+    let (group, values) = (group_block_bytes(format), values_bytes(format));
+    let (from, to) = (COLUMNS * blocks * bytes, blocks * group);
+    let groups = rows.div_ceil(COLUMNS);
+    data.resize(groups * to.max(from), 0);
+    let mut scratch = vec![0u8; from];
+    for g in (0..groups).rev() {
+        scratch.copy_from_slice(&data[g * from..][..from]);
+        let dst = &mut data[g * to..][..to];
         dst.fill(0);
         for (c, row) in scratch.chunks_exact(blocks * bytes).enumerate() {
             for (block, dst) in row.chunks_exact(bytes).zip(dst.chunks_exact_mut(group)) {
-                for (i, v) in stored_values(format, block).into_iter().enumerate() {
-                    let (at, high) = value_at(format, c, i);
-                    dst[at] |= if high { v << 4 } else { v };
+                let (dst, head) = dst.split_at_mut(values);
+                for (s, sub) in dst.chunks_exact_mut(sub_bytes(format)).enumerate() {
+                    for (i, w) in unpack::values(format, block, s).into_iter().enumerate() {
+                        place(format, sub, c, i, (i32::from(w) + offset(format)) as u8);
+                    }
                 }
-                dst[values + 2 * c..][..2].copy_from_slice(&block[..2]);
-                if format == BlockFormat::Q4_1 {
-                    dst[values + 16 + 2 * c..][..2].copy_from_slice(&block[2..4]);
-                }
+                place_header(format, head, c, &unpack::header(format, block));
             }
         }
     }
+    data.truncate(groups * to);
     data
 }
 
 /// Row `r`'s GGUF bytes, read back from the column layout into `out`.
 pub(super) fn gguf_row(format: BlockFormat, k: usize, data: &[u8], r: usize, out: &mut Vec<u8>) {
-    let (blocks, group) = (k / BLOCK, group_block_bytes(format));
-    let (values, (g, c)) = (values_bytes(format), (r / COLUMNS, r % COLUMNS));
+    let (blocks, group) = (k / format.block_weights(), group_block_bytes(format));
+    let (g, c) = (r / COLUMNS, r % COLUMNS);
     out.clear();
+    let mut v = Vec::with_capacity(format.block_weights());
     for b in 0..blocks {
-        let src = &data[(g * blocks + b) * group..][..group];
-        let value = |i: usize| stored_value(format, src, c, i);
-        out.extend_from_slice(&src[values + 2 * c..][..2]);
-        match format {
-            BlockFormat::Q8_0 => out.extend((0..BLOCK).map(|i| value(i) ^ 0x80)),
-            _ => {
-                if format == BlockFormat::Q4_1 {
-                    out.extend_from_slice(&src[values + 16 + 2 * c..][..2]);
-                }
-                out.extend((0..16).map(|j| value(j) | value(j + 16) << 4));
-            }
+        let (values, head) =
+            data[(g * blocks + b) * group..][..group].split_at(values_bytes(format));
+        v.clear();
+        for sub in values.chunks_exact(sub_bytes(format)) {
+            v.extend((0..BLOCK).map(|i| fetch(format, sub, c, i)));
         }
+        unpack::pack(format, &v, &fetch_header(format, head, c), out);
     }
 }
 
@@ -156,14 +222,16 @@ pub(super) fn gguf_row(format: BlockFormat, k: usize, data: &[u8], r: usize, out
 pub(super) struct GroupTile {
     /// The group's first block.
     pub weights: *const u8,
-    /// Blocks per row.
+    /// Activation blocks (32 inputs) per row.
     pub blocks: usize,
     /// The first row's 8-bit activations; rows `blocks * BLOCK` apart.
     pub q: *const i8,
     /// The first row's per-block scale and scaled sum; rows `blocks` apart.
     pub scales: *const [f32; 2],
-    /// The first row's per-block integer sums; rows `blocks` apart.
+    /// The first row's per-block integer sums, and those of each block's first 16; rows
+    /// `blocks` apart.
     pub sums: *const i32,
+    pub halves: *const i32,
     /// The first row's first output of the group; rows `n` apart.
     pub out: *mut f32,
     pub n: usize,
@@ -183,10 +251,56 @@ impl GroupTile {
             q: rows.q[first * rows.k..].as_ptr(),
             scales: rows.scales[first * blocks..].as_ptr(),
             sums: rows.sums[first * blocks..].as_ptr(),
+            halves: rows.halves[first * blocks..].as_ptr(),
             out,
             n: 0,
             cols: COLUMNS,
             bias: None,
+        }
+    }
+}
+
+/// One activation block's part of a row: its scale, scaled sum, integer sum and first half's.
+#[derive(Clone, Copy)]
+pub(super) struct RowBlock {
+    pub scale: f32,
+    pub scaled_sum: f32,
+    pub sum: i32,
+    pub first: i32,
+}
+
+/// `acc` plus one sub-block of one output: its integer sums over the low and high 16 inputs of
+/// the stored values, and its header, as the module defines the product.
+pub(super) fn add_sub_block(
+    format: BlockFormat,
+    acc: f32,
+    sums: [i32; 2],
+    h: &Header,
+    s: usize,
+    a: RowBlock,
+) -> f32 {
+    let f16 = |b: [u8; 2]| half::f16::from_le_bytes(b).to_f32();
+    let (d, m) = (f16(h.d), f16(h.m));
+    match format {
+        BlockFormat::Q4K | BlockFormat::Q5K => {
+            let [scale, minimum] = h.sub[s].map(f32::from);
+            let acc = ((sums[0] + sums[1]) as f32).mul_add(d * scale * a.scale, acc);
+            (-(m * minimum)).mul_add(a.scaled_sum, acc)
+        }
+        BlockFormat::Q6K => {
+            let [low, high] = h.sub[s].map(|v| i32::from(v as i8));
+            let second = a.sum - a.first;
+            let sum = (sums[0] - 32 * a.first) * low + (sums[1] - 32 * second) * high;
+            (sum as f32).mul_add(d * a.scale, acc)
+        }
+        _ => {
+            let sum = sums[0] + sums[1] - offset(format) * a.sum;
+            let acc = (sum as f32).mul_add(d * a.scale, acc);
+            if format.has_minimum() {
+                m.mul_add(a.scaled_sum, acc)
+            } else {
+                acc
+            }
         }
     }
 }
@@ -197,27 +311,33 @@ impl GroupTile {
 /// The tile's pointers cover `rows` rows of `blocks` blocks and the group's block data, and the
 /// outputs `cols` of each row.
 pub(super) unsafe fn group(format: BlockFormat, t: &GroupTile, rows: usize) {
-    let (values, group) = (values_bytes(format), group_block_bytes(format));
-    let data = std::slice::from_raw_parts(t.weights, t.blocks * group);
+    let (subs, group) = (subs(format), group_block_bytes(format));
+    let data = std::slice::from_raw_parts(t.weights, t.blocks / subs * group);
     for r in 0..rows {
-        let q = std::slice::from_raw_parts(t.q.add(r * t.blocks * BLOCK), t.blocks * BLOCK);
-        let scales = std::slice::from_raw_parts(t.scales.add(r * t.blocks), t.blocks);
-        let sums = std::slice::from_raw_parts(t.sums.add(r * t.blocks), t.blocks);
+        let at = r * t.blocks;
+        let q = std::slice::from_raw_parts(t.q.add(at * BLOCK), t.blocks * BLOCK);
         for c in 0..t.cols {
             let mut acc = 0f32;
-            for b in 0..t.blocks {
-                let src = &data[b * group..][..group];
-                let a = &q[b * BLOCK..][..BLOCK];
-                let mut sum = 0i32;
-                for (i, &a) in a.iter().enumerate() {
-                    sum += i32::from(stored_value(format, src, c, i)) * i32::from(a);
-                }
-                sum -= sums[b] * offset(format);
-                let f16 = |at: usize| half::f16::from_le_bytes([src[at], src[at + 1]]).to_f32();
-                let [scale, scaled_sum] = scales[b];
-                acc = (sum as f32).mul_add(f16(values + 2 * c) * scale, acc);
-                if format == BlockFormat::Q4_1 {
-                    acc = f16(values + 16 + 2 * c).mul_add(scaled_sum, acc);
+            for (b, block) in data.chunks_exact(group).enumerate() {
+                let (values, head) = block.split_at(values_bytes(format));
+                let h = fetch_header(format, head, c);
+                for (s, sub) in values.chunks_exact(sub_bytes(format)).enumerate() {
+                    let ab = b * subs + s;
+                    let half = |side: usize| -> i32 {
+                        (16 * side..16 * side + 16)
+                            .map(|i| {
+                                i32::from(fetch(format, sub, c, i)) * i32::from(q[ab * BLOCK + i])
+                            })
+                            .sum()
+                    };
+                    let [scale, scaled_sum] = *t.scales.add(at + ab);
+                    let a = RowBlock {
+                        scale,
+                        scaled_sum,
+                        sum: *t.sums.add(at + ab),
+                        first: *t.halves.add(at + ab),
+                    };
+                    acc = add_sub_block(format, acc, [half(0), half(1)], &h, s, a);
                 }
             }
             *t.out.add(r * t.n + c) = t.bias.map_or(acc, |b| acc + *b.add(c));

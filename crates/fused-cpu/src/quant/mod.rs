@@ -6,24 +6,25 @@
 //! of 32 (llama.cpp's Q8_0 and Q8_1 schemes: scale `max |x| / 127` kept as f16, round half to
 //! even, the scaled sum kept as f16 for the formats with a minimum), and each 32-weight
 //! sub-block's integer products are summed exactly in 32 bits before one f32 multiply-add per
-//! block. So for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights each block's sum is llama.cpp's.
+//! sub-block. So for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights each block's sum is llama.cpp's.
 //! Where llama.cpp rounds a K-format's activations per 256 (Q8_K), these stay per 32: finer,
 //! never coarser.
 //!
-//! **Two layouts.** Q4_0, Q4_1 and Q8_0 matrices are rearranged at load eight outputs side by
-//! side ([`columns`]) where an x86 kernel multiplies them so (AVX-512 VNNI or AVX2): each
-//! block's integer sum is kept per output and scaled once per eight outputs. The K formats and
-//! Q5 stay in GGUF's row layout, multiplied output by output ([`unpack`], [`x86`]); so does
-//! every format on CPUs without those kernels. A matrix's layout is fixed at load, so its
-//! products never change algorithm with the number of rows.
+//! **Two layouts.** On x86-64 with AVX2 every matrix is rearranged at load eight outputs side
+//! by side ([`columns`]) and multiplied so (AVX-512 VNNI or AVX2): each sub-block's integer sum
+//! is kept per output and scaled once per eight outputs. Elsewhere (Arm) matrices stay in GGUF's
+//! row layout, multiplied output by output by a portable kernel ([`unpack`]), since the
+//! portable column product is the x86 kernels' reference, not built for speed. A matrix's
+//! layout is fixed at load, so its products never change algorithm with the number of rows.
 //!
 //! **A row's sums never depend on its batch.** Every (row, output) sum is accumulated over the
 //! blocks in order, by the same code whatever the number of rows or the split between threads
 //! (in the row layout, in eight f32 lanes summed in one fixed order at the end; in columns, one
 //! f32 sum per output); so a sequence computes the same logits alone, in any batch, prefilled
-//! whole or in chunks, and resumed. Each layout's portable kernel ([`unpack::dot`],
-//! [`columns::group`]) is its x86 kernels' algorithm lane for lane (integer sums, fused
-//! multiply-adds, the same order), so it is their reference and they agree bit for bit.
+//! whole or in chunks, and resumed. The column layout's portable kernel ([`columns::group`]) is
+//! its x86 kernels' algorithm lane for lane (integer sums, fused multiply-adds, the same order),
+//! so it is their reference and they agree bit for bit. The two layouts' sums differ in their
+//! last bits, as x86 and Arm already did.
 //!
 //! Why not candle's quantised products (`QMatMul`): measured on an AVX2-only EPYC, its Q4_1
 //! product was 1.5–4.2× slower than f32 (no AVX2 kernel), and its Q6_K takes another path for
@@ -33,8 +34,6 @@ mod columns;
 #[cfg(target_arch = "x86_64")]
 mod columns_x86;
 mod unpack;
-#[cfg(target_arch = "x86_64")]
-mod x86;
 
 use crate::packed::OutPtr;
 use rayon::prelude::*;
@@ -121,8 +120,7 @@ impl BlockFormat {
 }
 
 /// A weight matrix `(rows, k)` in one block format: each row its blocks in GGUF's byte layout,
-/// or (Q4_0, Q4_1, Q8_0 where a kernel multiplies them so) the same bytes rearranged eight rows
-/// side by side ([`columns`]).
+/// or (where a kernel multiplies them so) rearranged eight rows side by side ([`columns`]).
 #[derive(Debug, Clone)]
 pub struct BlockMatrix {
     format: BlockFormat,
@@ -159,8 +157,9 @@ impl BlockMatrix {
         })
     }
 
-    /// The matrix laid out for `kernel`'s products: in columns where it has a column kernel for
-    /// this format (done once, at load; the same bytes, so the same memory), else as it is.
+    /// The matrix laid out for `kernel`'s products: in columns where it has a column kernel
+    /// (done once, at load, in place: the same bytes but for Q4_K's and Q5_K's scales), else as
+    /// it is.
     pub(crate) fn laid_out_for(self, kernel: Kernel) -> Self {
         if kernel.has_columns() {
             self.in_columns()
@@ -169,10 +168,10 @@ impl BlockMatrix {
         }
     }
 
-    /// The matrix in the column layout where its format has one (any kernel multiplies it:
-    /// the portable one by the layout's definition).
+    /// The matrix in the column layout (any kernel multiplies it: the portable one by the
+    /// layout's definition).
     fn in_columns(self) -> Self {
-        if self.columns || !columns::interleaves(self.format) {
+        if self.columns {
             return self;
         }
         let Self {
@@ -295,8 +294,10 @@ pub(crate) struct QuantRows {
     k: usize,
     q: Vec<i8>,
     scales: Vec<[f32; 2]>,
-    /// Per block, its values' integer sum (what an offset in the weights' values multiplies).
+    /// Per block, its values' integer sum (what an offset in the weights' values multiplies),
+    /// and its first 16 values' (Q6_K's offset applies per 16).
     sums: Vec<i32>,
+    halves: Vec<i32>,
 }
 
 impl QuantRows {
@@ -308,6 +309,7 @@ impl QuantRows {
             q: vec![0; x.len()],
             scales: vec![[0.0; 2]; blocks],
             sums: vec![0; blocks],
+            halves: vec![0; blocks],
         };
         for (b, (block, q)) in x
             .chunks_exact(BLOCK)
@@ -319,14 +321,14 @@ impl QuantRows {
             let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
             let inverse = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-            let mut sum = 0i32;
             for (q, v) in q.iter_mut().zip(block) {
                 // Half to even by adding and taking away 1.5 · 2^23 (exact for |x| ≤ 127): what
                 // `round_ties_even` computes, without its call into libm on x86-64.
                 *q = ((v * inverse + ROUNDER) - ROUNDER) as i8;
-                sum += i32::from(*q);
             }
-            rows.sums[b] = sum;
+            let first: i32 = q[..16].iter().map(|&q| i32::from(q)).sum();
+            let sum = first + q[16..].iter().map(|&q| i32::from(q)).sum::<i32>();
+            (rows.sums[b], rows.halves[b]) = (sum, first);
             rows.scales[b] = [
                 half::f16::from_f32(d).to_f32(),
                 half::f16::from_f32(d * sum as f32).to_f32(),
@@ -368,14 +370,13 @@ pub(crate) struct Unpacked {
 /// Which kernel multiplies, picked once per process from the CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kernel {
-    /// AVX-512 VNNI's `vpdpbusd` (256-bit) for the column layout's formats, AVX2 for the rest.
+    /// AVX-512 VNNI's `vpdpbusd` (256-bit; BW's byte masks for Q5's fifth bits) in columns.
     #[cfg(target_arch = "x86_64")]
     Avx512Vnni,
-    /// AVX2's `vpmaddubsw`/`vpmaddwd` with FMA and F16C.
+    /// AVX2's `vpmaddubsw`/`vpmaddwd` with FMA and F16C, in columns.
     #[cfg(target_arch = "x86_64")]
     Avx2,
-    /// Portable Rust, the same algorithm (every other CPU). Matrices stay in the row layout
-    /// (the portable column product is the x86 kernels' reference, not built for speed).
+    /// Portable Rust (every other CPU), in the row layout.
     Portable,
 }
 
@@ -409,7 +410,10 @@ impl Kernel {
             let avx2 = has!("avx2") && has!("fma") && has!("f16c");
             match self {
                 Self::Avx512Vnni => {
-                    avx2 && has!("avx512f") && has!("avx512vl") && has!("avx512vnni")
+                    avx2 && has!("avx512f")
+                        && has!("avx512bw")
+                        && has!("avx512vl")
+                        && has!("avx512vnni")
                 }
                 Self::Avx2 => avx2,
                 Self::Portable => true,
@@ -422,7 +426,7 @@ impl Kernel {
         }
     }
 
-    /// Whether Q4_0, Q4_1 and Q8_0 matrices are laid out in columns for it.
+    /// Whether matrices are laid out in columns for it.
     pub(crate) fn has_columns(self) -> bool {
         self != Self::Portable
     }
@@ -431,13 +435,10 @@ impl Kernel {
     pub(crate) fn name(self) -> &'static str {
         match self {
             #[cfg(target_arch = "x86_64")]
-            Self::Avx512Vnni => {
-                "GGUF blocks × int8 (AVX-512 VNNI vpdpbusd for Q4_0/Q4_1/Q8_0, AVX2 vpmaddubsw \
-                 for the rest)"
-            }
+            Self::Avx512Vnni => "GGUF blocks in columns × int8 (AVX-512 VNNI vpdpbusd)",
             #[cfg(target_arch = "x86_64")]
-            Self::Avx2 => "GGUF blocks × int8 (AVX2 vpmaddubsw)",
-            Self::Portable => "GGUF blocks × int8 (portable)",
+            Self::Avx2 => "GGUF blocks in columns × int8 (AVX2 vpmaddubsw)",
+            Self::Portable => "GGUF blocks by rows × int8 (portable)",
         }
     }
 
@@ -465,78 +466,7 @@ impl Kernel {
             Self::Portable => 4,
         }
     }
-
-    fn unpack(self, format: BlockFormat, row: &[u8], k: usize, out: &mut Unpacked) {
-        match self {
-            // SAFETY: `best` picked it only where the CPU has AVX2, FMA and F16C; the matrix
-            // checked at construction that its rows hold `k` weights.
-            #[cfg(target_arch = "x86_64")]
-            Self::Avx512Vnni | Self::Avx2 => unsafe { x86::unpack(format, row, k, out) },
-            Self::Portable => unpack::unpack(format, row, k, out),
-        }
-    }
-
-    /// The sum of products of the unpacked row `w` with `a`.
-    fn dot(self, w: &Unpacked, a: ActivationRow<'_>) -> f32 {
-        match self {
-            // SAFETY: `best` picked it only where the CPU has AVX2, FMA and F16C.
-            #[cfg(target_arch = "x86_64")]
-            Self::Avx512Vnni | Self::Avx2 => unsafe { x86::dot(w, a) },
-            Self::Portable => unpack::dot(w, a),
-        }
-    }
-
-    /// As [`Kernel::dot`] from the row's GGUF bytes (`k` weights of `format`), for one
-    /// activation row: AVX2 unpacks each sub-block in registers, where a buffer would be
-    /// written and read for a single use; the portable kernel unpacks into `buffer`.
-    fn dot_packed(
-        self,
-        format: BlockFormat,
-        row: &[u8],
-        k: usize,
-        a: ActivationRow<'_>,
-        buffer: &mut Unpacked,
-    ) -> f32 {
-        match self {
-            // SAFETY: `best` picked it only where the CPU has AVX2, FMA and F16C; the row holds
-            // `k` weights (checked when the matrix was made).
-            #[cfg(target_arch = "x86_64")]
-            Self::Avx512Vnni | Self::Avx2 => unsafe { x86::dot_packed(format, row, a) },
-            Self::Portable => {
-                unpack::unpack(format, row, k, buffer);
-                unpack::dot(buffer, a)
-            }
-        }
-    }
-
-    /// One unpacked weight row times activation rows `t…` (four where four remain, else one)
-    /// into `out`; returns how many.
-    fn dots_by_rows(
-        self,
-        w: &Unpacked,
-        rows: &QuantRows,
-        t: usize,
-        out: &mut [f32; ROWS],
-    ) -> usize {
-        let m = rows.q.len() / rows.k;
-        match self {
-            // SAFETY: `best` picked it only where the CPU has AVX2, FMA and F16C.
-            #[cfg(target_arch = "x86_64")]
-            Self::Avx512Vnni | Self::Avx2 if m - t >= ROWS => {
-                let a = std::array::from_fn(|i| rows.row(t + i));
-                unsafe { x86::dots_by_four(w, a, out) };
-                ROWS
-            }
-            _ => {
-                out[0] = self.dot(w, rows.row(t));
-                1
-            }
-        }
-    }
 }
-
-/// Activation rows the AVX2 kernel multiplies by one unpacked weight row together.
-const ROWS: usize = 4;
 
 thread_local! {
     static UNPACKED: std::cell::RefCell<Unpacked> = std::cell::RefCell::new(Unpacked::default());
@@ -596,7 +526,7 @@ pub(crate) fn linear(
             if share.part.columns {
                 by_columns(kernel, &share);
             } else {
-                by_rows(kernel, &share);
+                by_rows(&share);
             }
         }
     });
@@ -625,7 +555,8 @@ struct Share<'a> {
 unsafe fn by_columns(kernel: Kernel, share: &Share<'_>) {
     let (part, rows, bias, out, n) = (share.part, share.rows, share.bias, share.out.get(), share.n);
     let m = rows.q.len() / rows.k;
-    let group_bytes = part.k / BLOCK * columns::group_block_bytes(part.format);
+    let group_bytes =
+        part.k / part.format.block_weights() * columns::group_block_bytes(part.format);
     let tall = kernel.group_rows();
     for lo in (0..m).step_by(ROW_BLOCK) {
         for c in share.outputs.clone().step_by(columns::COLUMNS) {
@@ -644,38 +575,22 @@ unsafe fn by_columns(kernel: Kernel, share: &Share<'_>) {
     }
 }
 
-/// A row-layout part's share, one output at a time.
+/// A row-layout part's share, one output at a time, by the portable kernel: the row layout is
+/// kept only where no column kernel runs.
 ///
 /// # Safety
 /// As [`by_columns`].
-unsafe fn by_rows(kernel: Kernel, share: &Share<'_>) {
+unsafe fn by_rows(share: &Share<'_>) {
     let (part, rows, bias, out, n) = (share.part, share.rows, share.bias, share.out.get(), share.n);
     let (m, k) = (rows.q.len() / rows.k, rows.k);
-    // Each sum is written once, straight into its place (plus its bias).
-    let put = |t: usize, r: usize, v: f32| {
-        *out.add(t * n + r) = bias.map_or(v, |b| v + b[r]);
-    };
     UNPACKED.with(|unpacked| {
         let mut unpacked = unpacked.borrow_mut();
-        let mut sums = [0f32; ROWS];
         for r in share.outputs.clone() {
-            if m == 1 {
-                let a = rows.row(0);
-                put(
-                    0,
-                    r,
-                    kernel.dot_packed(part.format, part.row(r), k, a, &mut unpacked),
-                );
-                continue;
-            }
-            kernel.unpack(part.format, part.row(r), k, &mut unpacked);
-            let mut t = 0;
-            while t < m {
-                let done = kernel.dots_by_rows(&unpacked, rows, t, &mut sums);
-                for (j, &v) in sums[..done].iter().enumerate() {
-                    put(t + j, r, v);
-                }
-                t += done;
+            unpack::unpack(part.format, part.row(r), k, &mut unpacked);
+            for t in 0..m {
+                // Each sum is written once, straight into its place (plus its bias).
+                let v = unpack::dot(&unpacked, rows.row(t));
+                *out.add(t * n + r) = bias.map_or(v, |b| v + b[r]);
             }
         }
     })

@@ -40,12 +40,16 @@ fn random_matrix(format: BlockFormat, rows: usize, k: usize, rng: &mut Rng) -> B
     BlockMatrix::new(format, rows, k, data).expect("matrix")
 }
 
-/// `x · mᵀ` by `kernel`, `m` in the column layout where its format has one (as the decoder lays
-/// it out on x86-64; elsewhere the portable kernel computes it so here).
+/// `x · mᵀ` by `kernel`, `m` in the column layout (as the decoder lays it out on x86-64;
+/// elsewhere the portable kernel computes it so here).
 fn product(kernel: Kernel, x: &[f32], m: &BlockMatrix) -> Vec<f32> {
+    product_in(kernel, x, m.clone().in_columns())
+}
+
+/// `x · mᵀ` by `kernel` with `m` as it is laid out.
+fn product_in(kernel: Kernel, x: &[f32], m: BlockMatrix) -> Vec<f32> {
     let mut out = vec![0f32; x.len() / m.k() * m.rows()];
-    let parts = [Arc::new(m.clone().in_columns())];
-    linear(kernel, x, &parts, None, &mut out);
+    linear(kernel, x, &[Arc::new(m)], None, &mut out);
     out
 }
 
@@ -57,8 +61,10 @@ fn each_format_multiplies_as_its_widened_weights_do_within_the_activations_round
         let w = random_matrix(format, rows, k, &mut rng);
         let wide = w.dequantize();
         let x: Vec<f32> = (0..m * k).map(|_| rng.float()).collect();
-        let got = product(Kernel::best(), &x, &w);
-        for t in 0..m {
+        // The column layout (x86-64) and the row layout (every other CPU).
+        let columns = product(Kernel::best(), &x, &w);
+        let rows_layout = product_in(Kernel::Portable, &x, w.clone());
+        for (t, got) in (0..m).flat_map(|t| [(t, &columns), (t, &rows_layout)]) {
             for r in 0..rows {
                 let exact: f64 = (0..k)
                     .map(|i| f64::from(x[t * k + i]) * f64::from(wide[r * k + i]))
@@ -103,18 +109,24 @@ fn the_portable_kernel_is_every_x86_kernels_algorithm_bit_for_bit() {
 #[test]
 fn the_column_layout_holds_the_files_bytes() {
     let mut rng = Rng(5);
-    for format in [BlockFormat::Q4_0, BlockFormat::Q4_1, BlockFormat::Q8_0] {
-        let w = random_matrix(format, 13, 96, &mut rng);
+    for format in BlockFormat::ALL {
+        let w = random_matrix(format, 13, 512, &mut rng);
         assert_eq!(
             w.clone().laid_out_for(Kernel::best()).columns,
             Kernel::best().has_columns()
         );
         let columns = w.clone().in_columns();
         assert!(columns.columns, "{format:?}");
+        // Padded to 16 rows; Q4_K's and Q5_K's scales take a byte each (32 more per group).
+        let blocks = 512 / format.block_weights();
+        let more = match format {
+            BlockFormat::Q4K | BlockFormat::Q5K => 32,
+            _ => 0,
+        };
         assert_eq!(
             columns.data.len(),
-            16 * 3 * format.block_bytes(),
-            "{format:?}: padded to 16 rows"
+            2 * blocks * (8 * format.block_bytes() + more),
+            "{format:?}"
         );
         let mut buffer = Vec::new();
         for r in 0..13 {
@@ -195,4 +207,44 @@ fn a_shape_that_is_not_whole_blocks_is_refused() {
     assert!(BlockMatrix::new(BlockFormat::Q4K, 2, 128, vec![0; 144]).is_err());
     assert!(BlockMatrix::new(BlockFormat::Q4_0, 2, 64, vec![0; 18 * 3]).is_err());
     assert!(BlockMatrix::new(BlockFormat::Q4_0, 2, 64, vec![0; 18 * 4]).is_ok());
+}
+
+#[test]
+fn the_largest_values_sum_without_overflow_in_every_kernel() {
+    // Every value byte 0xFF (each format's largest stored value) or 0x80 (Q8_0's -128), every
+    // activation at ±127: the integer sums' extremes, where a 16-bit partial sum would wrap.
+    let bits = |v: Vec<f32>| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for format in BlockFormat::ALL {
+        for byte in [0xFF, 0x80] {
+            let mut w = random_matrix(format, 9, 512, &mut Rng(1));
+            for block in w.data.chunks_exact_mut(format.block_bytes()) {
+                let fields = f16_fields(format);
+                for (i, b) in block.iter_mut().enumerate() {
+                    if !fields.iter().any(|&at| i == at || i == at + 1) {
+                        *b = byte;
+                    }
+                }
+            }
+            for sign in [1.0f32, -1.0] {
+                let x = vec![sign; 2 * 512];
+                let portable = product(Kernel::Portable, &x, &w);
+                let wide = w.dequantize();
+                for (r, got) in portable.iter().take(9).enumerate() {
+                    let exact: f32 = wide[r * 512..][..512].iter().map(|v| v * sign).sum();
+                    assert!(
+                        (got - exact).abs() <= 1e-3 * exact.abs().max(1.0),
+                        "{format:?} {byte:#x} {sign}: output {r} {got} against {exact}"
+                    );
+                }
+                for &kernel in Kernel::ALL.iter().filter(|k| k.supported()) {
+                    let got = product(kernel, &x, &w);
+                    assert_eq!(
+                        bits(got),
+                        bits(portable.clone()),
+                        "{format:?} on {kernel:?}"
+                    );
+                }
+            }
+        }
+    }
 }

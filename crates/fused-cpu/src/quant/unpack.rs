@@ -1,6 +1,7 @@
 //! Reading GGUF's block layouts (as llama.cpp's `ggml-quants.c` defines them): each format's
-//! 32-weight sub-blocks unpacked to signed bytes and scales for the kernels, widened to f32 for
-//! the f32 path, and the portable kernel, which is the AVX2 kernel's algorithm lane for lane.
+//! 32-weight sub-blocks unpacked to signed bytes and scales for the row layout's kernel, widened
+//! to f32 for the f32 path, and split into values and scales (and written back) for the column
+//! layout; and the row layout's portable kernel.
 
 use super::{ActivationRow, BlockFormat, Unpacked, BLOCK};
 
@@ -77,7 +78,7 @@ pub(super) fn meta(format: BlockFormat, block: &[u8], s: usize) -> Meta {
 }
 
 /// Sub-block `s` (within its block) of `block`: its signed integer values.
-fn values(format: BlockFormat, block: &[u8], s: usize) -> [i8; BLOCK] {
+pub(super) fn values(format: BlockFormat, block: &[u8], s: usize) -> [i8; BLOCK] {
     let mut w = [0i8; BLOCK];
     match format {
         BlockFormat::Q4_0 | BlockFormat::Q4_1 => {
@@ -142,7 +143,7 @@ fn values(format: BlockFormat, block: &[u8], s: usize) -> [i8; BLOCK] {
 }
 
 /// Sizes `out` for `k` weights of `format`.
-pub(super) fn prepare(format: BlockFormat, k: usize, out: &mut Unpacked) {
+fn prepare(format: BlockFormat, k: usize, out: &mut Unpacked) {
     let subs = k / BLOCK;
     out.w.resize(k, 0);
     out.scales.resize(subs * 16, 0);
@@ -151,7 +152,7 @@ pub(super) fn prepare(format: BlockFormat, k: usize, out: &mut Unpacked) {
 }
 
 /// Sub-block `s`'s scales into `out`.
-pub(super) fn put_meta(out: &mut Unpacked, s: usize, m: &Meta) {
+fn put_meta(out: &mut Unpacked, s: usize, m: &Meta) {
     let scales = &mut out.scales[s * 16..][..16];
     scales[..8].fill(m.scales[0]);
     scales[8..].fill(m.scales[1]);
@@ -169,7 +170,7 @@ pub(super) fn unpack(format: BlockFormat, row: &[u8], k: usize, out: &mut Unpack
     }
 }
 
-/// One row's sum of products, the AVX2 kernel's algorithm in portable Rust: per sub-block,
+/// One row's sum of products (the row layout's kernel): per sub-block,
 /// eight 32-bit lanes of four products each (lane `j` holds weights `4j…4j+3`, scaled by their
 /// half's integer scale), added into eight f32 lanes by fused multiply-adds with the block's
 /// two scales' product; the lanes summed as `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`; then the
@@ -220,6 +221,118 @@ pub(super) fn dequantize(format: BlockFormat, row: &[u8], out: &mut [f32]) {
                 }
                 BlockFormat::Q6K => m.factor * f32::from(m.scales[l / 16]) * w,
             };
+        }
+    }
+}
+
+/// One output's scales in one GGUF block, as the column layout keeps them apart from the
+/// values: the f16 scale, the f16 minimum (Q4_1, Q5_1) or minimums' scale (Q4_K, Q5_K), and per
+/// 32-weight sub-block two bytes: Q4_K's and Q5_K's 6-bit scale and minimum, or Q6_K's two 8-bit
+/// scales (one per 16 weights).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Header {
+    pub d: [u8; 2],
+    pub m: [u8; 2],
+    pub sub: [[u8; 2]; 8],
+}
+
+/// `block`'s [`Header`].
+pub(super) fn header(format: BlockFormat, block: &[u8]) -> Header {
+    let mut h = Header::default();
+    let at = if format == BlockFormat::Q6K { 208 } else { 0 };
+    h.d.copy_from_slice(&block[at..at + 2]);
+    if format.has_minimum() {
+        h.m.copy_from_slice(&block[2..4]);
+    }
+    match format {
+        BlockFormat::Q4K | BlockFormat::Q5K => {
+            for (s, sub) in h.sub.iter_mut().enumerate() {
+                let (scale, minimum) = scale_min_k4(s, &block[4..16]);
+                *sub = [scale, minimum];
+            }
+        }
+        BlockFormat::Q6K => {
+            for (s, sub) in h.sub.iter_mut().enumerate() {
+                sub.copy_from_slice(&block[192 + 2 * s..][..2]);
+            }
+        }
+        _ => {}
+    }
+    h
+}
+
+/// A GGUF block written back from its values as the column layout stores them (unsigned: each
+/// of [`values`] plus its format's offset) and its header, appended to `out`: the inverse of
+/// [`values`] and [`header`].
+pub(super) fn pack(format: BlockFormat, v: &[u8], h: &Header, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.resize(start + format.block_bytes(), 0);
+    let block = &mut out[start..];
+    let nibbles = |v: &[u8], qs: &mut [u8]| {
+        for j in 0..16 {
+            qs[j] = (v[j] & 0xF) | (v[j + 16] & 0xF) << 4;
+        }
+    };
+    let fifth = |v: &[u8]| (0..32).fold(0u32, |w, e| w | u32::from(v[e] >> 4 & 1) << e);
+    match format {
+        BlockFormat::Q6K => block[208..].copy_from_slice(&h.d),
+        _ => block[..2].copy_from_slice(&h.d),
+    }
+    match format {
+        BlockFormat::Q4_0 => nibbles(v, &mut block[2..]),
+        BlockFormat::Q4_1 => {
+            block[2..4].copy_from_slice(&h.m);
+            nibbles(v, &mut block[4..]);
+        }
+        BlockFormat::Q5_0 => {
+            block[2..6].copy_from_slice(&fifth(v).to_le_bytes());
+            nibbles(v, &mut block[6..]);
+        }
+        BlockFormat::Q5_1 => {
+            block[2..4].copy_from_slice(&h.m);
+            block[4..8].copy_from_slice(&fifth(v).to_le_bytes());
+            nibbles(v, &mut block[8..]);
+        }
+        BlockFormat::Q8_0 => {
+            for (q, v) in block[2..].iter_mut().zip(v) {
+                *q = v ^ 0x80;
+            }
+        }
+        BlockFormat::Q4K | BlockFormat::Q5K => pack_k(format, v, h, block),
+        BlockFormat::Q6K => {
+            for s in 0..8 {
+                let (half, run) = (s / 4, s % 4);
+                for l in 0..32 {
+                    let v = v[32 * s + l];
+                    let low = &mut block[64 * half + l + 32 * (run % 2)];
+                    *low |= (v & 0xF) << (4 * (run / 2));
+                    block[128 + 32 * half + l] |= (v >> 4) << (2 * run);
+                }
+                block[192 + 2 * s..][..2].copy_from_slice(&h.sub[s]);
+            }
+        }
+    }
+}
+
+/// Q4_K's and Q5_K's body: the minimums' scale, the 6-bit scales and minimums packed as
+/// [`scale_min_k4`] reads them, the fifth bits (Q5_K) and the nibbles.
+fn pack_k(format: BlockFormat, v: &[u8], h: &Header, block: &mut [u8]) {
+    block[2..4].copy_from_slice(&h.m);
+    let q = &mut block[4..16];
+    for j in 0..4 {
+        let ([scale, minimum], [scale_high, minimum_high]) = (h.sub[j], h.sub[j + 4]);
+        q[j] = scale | (scale_high >> 4) << 6;
+        q[j + 4] = minimum | (minimum_high >> 4) << 6;
+        q[j + 8] = (scale_high & 0xF) | (minimum_high & 0xF) << 4;
+    }
+    let qs_at = if format == BlockFormat::Q4K { 16 } else { 48 };
+    for s in 0..8 {
+        for l in 0..32 {
+            let v = v[32 * s + l];
+            block[qs_at + 32 * (s / 2) + l] |= (v & 0xF) << (4 * (s % 2));
+            if format == BlockFormat::Q5K {
+                block[16 + l] |= (v >> 4 & 1) << s;
+            }
         }
     }
 }
