@@ -2,7 +2,9 @@
 """llama.cpp's greedy continuations of chat prompts on the SmolLM2 GGUF, for
 examples/gguf_greedy.rs to compare candle's quantised model against, token by token.
 
-    .cache/llm-venv/bin/python bench/llm_greedy.py N OUT.json   # N prompts from bench/real_corpus.py
+    .cache/llm-venv/bin/python bench/llm_greedy.py N OUT.json [GGUF]   # N prompts from bench/real_corpus.py
+
+GGUF: another file of SmolLM2's vocabulary and chat format (default the Q4_1 file).
 
 Each prompt is a real text (Debian's fortunes in eight languages, WordNet, man pages) as the user
 turn of SmolLM2's chat format, with the system turn its template adds when none is given;
@@ -25,7 +27,8 @@ KV_F32 = 0
 def main():
     import llama_cpp
     n, out = int(sys.argv[1]), sys.argv[2]
-    llm = llama_cpp.Llama(model_path=str(GGUF), n_ctx=2048, n_threads=2, verbose=False,
+    gguf = sys.argv[3] if len(sys.argv) > 3 else str(GGUF)
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=2048, n_threads=2, verbose=False,
                           type_k=KV_F32, type_v=KV_F32)
     lines = subprocess.run([sys.executable, str(ROOT / "bench" / "real_corpus.py"), str(n), "31"],
                            check=True, capture_output=True, text=True).stdout.splitlines()

@@ -16,6 +16,10 @@ sides. The f16 file is then quantised by llama.cpp itself (`llama_model_quantize
 llama-cpp-python of bench/setup-llm.sh), which picks each tensor's type as for a real Qwen2.5
 file (Q4_K_M: Q5_0 and Q8_0 where 896 inputs are not whole 256-blocks, Q4_K/Q6_K elsewhere).
 The text means nothing; the work per token is a real model's of that shape.
+
+With `--requantize GGUF` it makes no shape: llama.cpp requantises that file to the type asked
+(for an agreement figure on real weights in a K format, e.g. SmolLM2's Q4_1 file as Q4_K_M;
+what is lost in requantising is the file's own, and both sides read the same file).
 """
 import argparse
 import os
@@ -95,21 +99,30 @@ def write_f16(out, tok, s, seed):
     w.close()
 
 
+def quantize(source, out, kind):
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = TYPES[kind]
+    params.nthread = os.cpu_count() or 1
+    params.allow_requantize = True
+    if llama_cpp.llama_model_quantize(source.encode(), out.encode(), params) != 0:
+        raise SystemExit(f"llama.cpp could not quantise {source} to {kind}")
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--tokenizer")
+    ap.add_argument("--requantize")
     ap.add_argument("--out", required=True)
     ap.add_argument("--type", default="Q4_K_M", choices=sorted(TYPES))
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
-    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(a.out))) as tmp:
-        f16 = os.path.join(tmp, "f16.gguf")
-        write_f16(f16, tokenizer_fields(a.tokenizer), SHAPE, a.seed)
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = TYPES[a.type]
-        params.nthread = os.cpu_count() or 1
-        if llama_cpp.llama_model_quantize(f16.encode(), a.out.encode(), params) != 0:
-            raise SystemExit(f"llama.cpp could not quantise {f16} to {a.type}")
+    if a.requantize:
+        quantize(a.requantize, a.out, a.type)
+    else:
+        with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(a.out))) as tmp:
+            f16 = os.path.join(tmp, "f16.gguf")
+            write_f16(f16, tokenizer_fields(a.tokenizer), SHAPE, a.seed)
+            quantize(f16, a.out, a.type)
     print(f"{a.out}: {os.path.getsize(a.out)} bytes")
 
 
