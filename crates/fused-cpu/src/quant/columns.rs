@@ -23,12 +23,15 @@
 //! Q4_K and Q5_K, whose packed 6-bit scales take a byte each here (2.8% and 2.3% more).
 //!
 //! **The product**, exact in integers: per (row, output, sub-block) the sum of the stored values
-//! times the row's 8-bit activations, less the offset times the activations' sum (Q6_K: per 16
-//! inputs, each half then times its 8-bit scale); then, per output, in block order, one fused
-//! multiply-add of that sum by `scale · row scale` (Q4_K, Q5_K: `(d · sub-block scale) · row
-//! scale`) and, for the formats with a minimum, one of the minimum by the row's scaled sum. The
-//! integer sums are llama.cpp's; the f32 sums are one per output, whatever the number of rows or
-//! threads, so a row's result never depends on its batch. [`group`] is that definition in
+//! times the row's 8-bit activations, less the offset times the activations' sum. The 32-weight
+//! formats then add, per output and in block order, that sum times `scale · row scale` by one
+//! fused multiply-add and, where they have a minimum, the minimum times the row's scaled sum
+//! ([`add_block`]). The K formats, whose activations are rounded per 256 (llama.cpp's Q8_K), sum
+//! each sub-block's integer sum times its integer scale (Q6_K: per 16 inputs, each half after
+//! its offset) and each minimum times its sub-block's activation sum over the whole block, in
+//! i32, and scale the two totals once per 256 ([`add_k_block`]), as llama.cpp's K products do.
+//! The integer sums are llama.cpp's; the f32 sums are one per output, whatever the number of
+//! rows or threads, so a row's result never depends on its batch. [`group`] is that definition in
 //! portable Rust; the AVX2 (`vpmaddubsw`) and AVX-512 VNNI (`vpdpbusd`) kernels compute the same
 //! integers and the same f32 operations in the same order, so all three agree bit for bit.
 
@@ -269,39 +272,55 @@ pub(super) struct RowBlock {
     pub first: i32,
 }
 
-/// `acc` plus one sub-block of one output: its integer sums over the low and high 16 inputs of
-/// the stored values, and its header, as the module defines the product.
-pub(super) fn add_sub_block(
+/// `acc` plus one 32-weight block of one output (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): its integer
+/// sums over the low and high 16 inputs of the stored values, less the offset times the
+/// activations' sum, times `d · row scale`; then the minimum times the row's scaled sum.
+pub(super) fn add_block(
     format: BlockFormat,
     acc: f32,
     sums: [i32; 2],
     h: &Header,
-    s: usize,
     a: RowBlock,
 ) -> f32 {
     let f16 = |b: [u8; 2]| half::f16::from_le_bytes(b).to_f32();
-    let (d, m) = (f16(h.d), f16(h.m));
-    match format {
-        BlockFormat::Q4K | BlockFormat::Q5K => {
-            let [scale, minimum] = h.sub[s].map(f32::from);
-            let acc = ((sums[0] + sums[1]) as f32).mul_add(d * scale * a.scale, acc);
-            (-(m * minimum)).mul_add(a.scaled_sum, acc)
+    let sum = sums[0] + sums[1] - offset(format) * a.sum;
+    let acc = (sum as f32).mul_add(f16(h.d) * a.scale, acc);
+    if format.has_minimum() {
+        f16(h.m).mul_add(a.scaled_sum, acc)
+    } else {
+        acc
+    }
+}
+
+/// `acc` plus one K-format block (256 inputs) of one output, with the activations rounded per
+/// 256: each sub-block's integer sum times its integer scale (Q6_K: each half's, after its
+/// offset), and each minimum times its sub-block's activation sum, summed exactly as llama.cpp
+/// sums them; then `T · (row scale · d)` and, for Q4_K/Q5_K, `M · −(row scale · dmin)`.
+pub(super) fn add_k_block(
+    format: BlockFormat,
+    acc: f32,
+    sums: &[[i32; 2]; 8],
+    h: &Header,
+    a: &[RowBlock; 8],
+) -> f32 {
+    let f16 = |b: [u8; 2]| half::f16::from_le_bytes(b).to_f32();
+    let (mut total, mut minimums) = (0i32, 0i32);
+    for ((sums, a), sub) in sums.iter().zip(a).zip(h.sub) {
+        if format == BlockFormat::Q6K {
+            let [low, high] = sub.map(|v| i32::from(v as i8));
+            total += (sums[0] - 32 * a.first) * low + (sums[1] - 32 * (a.sum - a.first)) * high;
+        } else {
+            let [scale, minimum] = sub.map(i32::from);
+            total += (sums[0] + sums[1]) * scale;
+            minimums += minimum * a.sum;
         }
-        BlockFormat::Q6K => {
-            let [low, high] = h.sub[s].map(|v| i32::from(v as i8));
-            let second = a.sum - a.first;
-            let sum = (sums[0] - 32 * a.first) * low + (sums[1] - 32 * second) * high;
-            (sum as f32).mul_add(d * a.scale, acc)
-        }
-        _ => {
-            let sum = sums[0] + sums[1] - offset(format) * a.sum;
-            let acc = (sum as f32).mul_add(d * a.scale, acc);
-            if format.has_minimum() {
-                m.mul_add(a.scaled_sum, acc)
-            } else {
-                acc
-            }
-        }
+    }
+    let scale = a[0].scale;
+    let acc = (total as f32).mul_add(scale * f16(h.d), acc);
+    if format == BlockFormat::Q6K {
+        acc
+    } else {
+        (minimums as f32).mul_add(-(scale * f16(h.m)), acc)
     }
 }
 
@@ -316,29 +335,34 @@ pub(super) unsafe fn group(format: BlockFormat, t: &GroupTile, rows: usize) {
     for r in 0..rows {
         let at = r * t.blocks;
         let q = std::slice::from_raw_parts(t.q.add(at * BLOCK), t.blocks * BLOCK);
+        let row_block = |ab: usize| {
+            let [scale, scaled_sum] = *t.scales.add(at + ab);
+            RowBlock {
+                scale,
+                scaled_sum,
+                sum: *t.sums.add(at + ab),
+                first: *t.halves.add(at + ab),
+            }
+        };
         for c in 0..t.cols {
             let mut acc = 0f32;
             for (b, block) in data.chunks_exact(group).enumerate() {
                 let (values, head) = block.split_at(values_bytes(format));
                 let h = fetch_header(format, head, c);
-                for (s, sub) in values.chunks_exact(sub_bytes(format)).enumerate() {
-                    let ab = b * subs + s;
-                    let half = |side: usize| -> i32 {
-                        (16 * side..16 * side + 16)
-                            .map(|i| {
-                                i32::from(fetch(format, sub, c, i)) * i32::from(q[ab * BLOCK + i])
-                            })
-                            .sum()
-                    };
-                    let [scale, scaled_sum] = *t.scales.add(at + ab);
-                    let a = RowBlock {
-                        scale,
-                        scaled_sum,
-                        sum: *t.sums.add(at + ab),
-                        first: *t.halves.add(at + ab),
-                    };
-                    acc = add_sub_block(format, acc, [half(0), half(1)], &h, s, a);
-                }
+                // Output `c`'s products over sub-block `s`'s low or high 16 inputs.
+                let half = |s: usize, side: usize| -> i32 {
+                    let (sub, ab) = (&values[s * sub_bytes(format)..], b * subs + s);
+                    (16 * side..16 * side + 16)
+                        .map(|i| i32::from(fetch(format, sub, c, i)) * i32::from(q[ab * BLOCK + i]))
+                        .sum()
+                };
+                acc = if format.is_k() {
+                    let sums = std::array::from_fn(|s| [half(s, 0), half(s, 1)]);
+                    let a = std::array::from_fn(|s| row_block(b * subs + s));
+                    add_k_block(format, acc, &sums, &h, &a)
+                } else {
+                    add_block(format, acc, [half(0, 0), half(0, 1)], &h, row_block(b))
+                };
             }
             *t.out.add(r * t.n + c) = t.bias.map_or(acc, |b| acc + *b.add(c));
         }

@@ -5,8 +5,8 @@
 //! operations in its order.
 
 use super::columns::{
-    group_block_bytes, high_bits, offset, sub_bytes, subs, values_bytes, GroupTile, COLUMNS,
-    K_SCALES, MINIMUMS, Q6K_SCALES,
+    group_block_bytes, high_bits, offset, sub_bytes, values_bytes, GroupTile, COLUMNS, K_SCALES,
+    MINIMUMS, Q6K_SCALES,
 };
 use super::{BlockFormat, BLOCK};
 use std::arch::x86_64::*;
@@ -76,12 +76,7 @@ unsafe fn f16s(at: *const u8) -> __m256 {
     _mm256_cvtph_ps(_mm_loadu_si128(at.cast()))
 }
 
-/// Eight bytes at `at` as f32 (unsigned) or i32 (signed).
-#[inline(always)]
-unsafe fn bytes_f32(at: *const u8) -> __m256 {
-    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(at.cast())))
-}
-
+/// Eight signed bytes at `at` as i32.
 #[inline(always)]
 unsafe fn bytes_i32(at: *const u8) -> __m256i {
     _mm256_cvtepi8_epi32(_mm_loadl_epi64(at.cast()))
@@ -91,86 +86,138 @@ unsafe fn bytes_i32(at: *const u8) -> __m256i {
 /// wrapper.
 #[inline(always)]
 unsafe fn body<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTile) {
+    if BlockFormat::ALL[F].is_k() {
+        body_k::<F, R, VNNI>(t)
+    } else {
+        body_32::<F, R, VNNI>(t)
+    }
+}
+
+/// Four activations of row `r` from input `i` of activation block `ab`, in every 32-bit lane.
+#[inline(always)]
+unsafe fn activations(t: &GroupTile, ab: usize) -> impl Fn(usize, usize) -> __m256i + '_ {
+    let stride = t.blocks * BLOCK;
+    move |r, i| {
+        _mm256_set1_epi32(std::ptr::read_unaligned(
+            t.q.add(r * stride + ab * BLOCK + i).cast::<i32>(),
+        ))
+    }
+}
+
+/// The 32-weight formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): [`super::columns::add_block`].
+#[inline(always)]
+unsafe fn body_32<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTile) {
     let format = BlockFormat::ALL[F];
-    let (subs, group, values) = (
-        subs(format),
-        group_block_bytes(format),
-        values_bytes(format),
-    );
-    let k_format = matches!(format, BlockFormat::Q4K | BlockFormat::Q5K);
+    let (group, values) = (group_block_bytes(format), values_bytes(format));
     // AVX2 multiplies Q8_0's values signed (`sums_q8`), so only VNNI's sums carry its offset.
     let offset = match format {
         BlockFormat::Q8_0 if !VNNI => 0,
-        BlockFormat::Q6K => 0,
         _ => offset(format),
     };
-    let stride = t.blocks * BLOCK;
     let mut acc = [_mm256_setzero_ps(); R];
-    for b in 0..t.blocks / subs {
-        let w = t.weights.add(b * group);
-        let head = w.add(values);
-        let d = f16s(head);
-        let m = if format.has_minimum() {
-            f16s(head.add(MINIMUMS))
-        } else {
-            _mm256_setzero_ps()
+    for b in 0..t.blocks {
+        let (w, a) = (t.weights.add(b * group), activations(t, b));
+        let sums = match format {
+            BlockFormat::Q8_0 => sums_q8::<R, VNNI>(w, a),
+            _ if high_bits(format) == 1 => sums_nibbles::<R, VNNI, 1>(w, a),
+            _ => sums_nibbles::<R, VNNI, 0>(w, a),
         };
-        for s in 0..subs {
-            let ab = b * subs + s;
-            // Four activations of row `r` from input `i`, in every 32-bit lane.
-            let a = |r: usize, i: usize| {
-                _mm256_set1_epi32(std::ptr::read_unaligned(
-                    t.q.add(r * stride + ab * BLOCK + i).cast::<i32>(),
-                ))
+        let d = f16s(w.add(values));
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let at = r * t.blocks + b;
+            let [scale, scaled_sum] = *t.scales.add(at);
+            let sum = match offset {
+                0 => sums[r],
+                _ => _mm256_sub_epi32(sums[r], _mm256_set1_epi32(offset * *t.sums.add(at))),
             };
-            let v = w.add(s * sub_bytes(format));
-            let sums = match format {
-                BlockFormat::Q8_0 => [sums_q8::<R, VNNI>(v, a), [_mm256_setzero_si256(); R]],
-                BlockFormat::Q6K => sums_nibbles::<R, VNNI, 2>(v, a),
-                _ if high_bits(format) == 1 => sums_nibbles::<R, VNNI, 1>(v, a),
-                _ => sums_nibbles::<R, VNNI, 0>(v, a),
-            };
-            // Per sub-block and output: Q4_K/Q5_K's `d · scale` and `dmin · minimum`; Q6_K's
-            // two scales.
-            let (factor, minimum) = if k_format {
-                let scales = head.add(K_SCALES + 8 * s);
-                (
-                    _mm256_mul_ps(d, bytes_f32(scales)),
-                    _mm256_mul_ps(m, bytes_f32(scales.add(64))),
-                )
-            } else {
-                (d, m)
-            };
-            let q6k_scales = head.add(Q6K_SCALES + 16 * s);
-            for r in 0..R {
-                let at = r * t.blocks + ab;
-                let [scale, scaled_sum] = *t.scales.add(at);
-                let sum = if format == BlockFormat::Q6K {
-                    let (total, first) = (*t.sums.add(at), *t.halves.add(at));
-                    let low = _mm256_sub_epi32(sums[0][r], _mm256_set1_epi32(32 * first));
-                    let high =
-                        _mm256_sub_epi32(sums[1][r], _mm256_set1_epi32(32 * (total - first)));
-                    _mm256_add_epi32(
-                        _mm256_mullo_epi32(low, bytes_i32(q6k_scales)),
-                        _mm256_mullo_epi32(high, bytes_i32(q6k_scales.add(8))),
-                    )
-                } else if offset != 0 {
-                    let row_sum = *t.sums.add(at);
-                    _mm256_sub_epi32(sums[0][r], _mm256_set1_epi32(offset * row_sum))
-                } else {
-                    sums[0][r]
-                };
-                let both = _mm256_mul_ps(factor, _mm256_set1_ps(scale));
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), both, acc[r]);
-                if k_format {
-                    acc[r] = _mm256_fnmadd_ps(minimum, _mm256_set1_ps(scaled_sum), acc[r]);
-                } else if format.has_minimum() {
-                    acc[r] = _mm256_fmadd_ps(minimum, _mm256_set1_ps(scaled_sum), acc[r]);
-                }
+            let both = _mm256_mul_ps(d, _mm256_set1_ps(scale));
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), both, *acc);
+            if format.has_minimum() {
+                let m = f16s(w.add(values + MINIMUMS));
+                *acc = _mm256_fmadd_ps(m, _mm256_set1_ps(scaled_sum), *acc);
             }
         }
     }
     store::<R>(t, &acc);
+}
+
+/// The K formats (Q4_K, Q5_K, Q6_K), activations rounded per 256:
+/// [`super::columns::add_k_block`]. Each row's integer total over a block is kept in one i32
+/// register and scaled once per 256 inputs.
+#[inline(always)]
+unsafe fn body_k<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTile) {
+    let format = BlockFormat::ALL[F];
+    let (group, values) = (group_block_bytes(format), values_bytes(format));
+    let q6k = format == BlockFormat::Q6K;
+    let mut acc = [_mm256_setzero_ps(); R];
+    for b in 0..t.blocks / 8 {
+        let w = t.weights.add(b * group);
+        let head = w.add(values);
+        let mut total = [_mm256_setzero_si256(); R];
+        for s in 0..8 {
+            let (ab, v) = (b * 8 + s, w.add(s * sub_bytes(format)));
+            if q6k {
+                for side in 0..2 {
+                    let sums = sums_q6k_side::<R, VNNI>(v, activations(t, ab), side);
+                    let scales = bytes_i32(head.add(Q6K_SCALES + 16 * s + 8 * side));
+                    for (r, total) in total.iter_mut().enumerate() {
+                        let at = r * t.blocks + ab;
+                        let first = *t.halves.add(at);
+                        let count = if side == 0 {
+                            first
+                        } else {
+                            *t.sums.add(at) - first
+                        };
+                        let sum = _mm256_sub_epi32(sums[r], _mm256_set1_epi32(32 * count));
+                        *total = _mm256_add_epi32(*total, _mm256_mullo_epi32(sum, scales));
+                    }
+                }
+            } else {
+                let sums = if high_bits(format) == 1 {
+                    sums_nibbles::<R, VNNI, 1>(v, activations(t, ab))
+                } else {
+                    sums_nibbles::<R, VNNI, 0>(v, activations(t, ab))
+                };
+                let scales =
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(head.add(K_SCALES + 8 * s).cast()));
+                for (total, &sum) in total.iter_mut().zip(&sums) {
+                    *total = _mm256_add_epi32(*total, _mm256_mullo_epi32(sum, scales));
+                }
+            }
+        }
+        let d = f16s(head);
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let at = r * t.blocks + b * 8;
+            let scale = _mm256_set1_ps((*t.scales.add(at))[0]);
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[r]), _mm256_mul_ps(scale, d), *acc);
+            if !q6k {
+                let minimums = minimum_sums(head, t.sums.add(at));
+                let dmin = _mm256_mul_ps(scale, f16s(head.add(MINIMUMS)));
+                *acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(minimums), dmin, *acc);
+            }
+        }
+    }
+    store::<R>(t, &acc);
+}
+
+/// Q4_K's and Q5_K's `Σ minimum · activation sum` over a block's eight sub-blocks, per output:
+/// pairs of sub-blocks' minimums (16-bit) by pairs of activation sums (each at most 32 · 127 in
+/// magnitude), one `vpmaddwd` a pair.
+#[inline(always)]
+unsafe fn minimum_sums(head: *const u8, sums: *const i32) -> __m256i {
+    let mut total = _mm256_setzero_si256();
+    for p in 0..4 {
+        let rows = head.add(K_SCALES + 64 + 16 * p);
+        let pairs = _mm_unpacklo_epi8(
+            _mm_loadl_epi64(rows.cast()),
+            _mm_loadl_epi64(rows.add(8).cast()),
+        );
+        let (low, high) = (*sums.add(2 * p), *sums.add(2 * p + 1));
+        let both = (low as u16 as u32 | (high as u16 as u32) << 16) as i32;
+        let products = _mm256_madd_epi16(_mm256_cvtepu8_epi16(pairs), _mm256_set1_epi32(both));
+        total = _mm256_add_epi32(total, products);
+    }
+    total
 }
 
 /// Byte `p` of the result is 16 where bit `p` of `word` is set, else 0 (Q5's fifth bits).
@@ -195,74 +242,89 @@ unsafe fn fifth_bits<const VNNI: bool>(word: u32) -> __m256i {
     _mm256_and_si256(set, sixteen)
 }
 
-/// A nibble format's sub-block integer sums: four 32-byte runs, each two runs of nibbles (with
-/// `HIGH` bits more from their planes). Q6_K's (HIGH 2) are kept per side (inputs 0–15 and
-/// 16–31, each with its own scale); the others' sides are summed together.
+/// A Q4 or Q5 sub-block's integer sums (both sides together): four 32-byte runs, each two runs
+/// of nibbles, with Q5's fifth bits (`HIGH` 1) from their plane.
 #[inline(always)]
 unsafe fn sums_nibbles<const R: usize, const VNNI: bool, const HIGH: u32>(
     v: *const u8,
     a: impl Fn(usize, usize) -> __m256i,
-) -> [[__m256i; R]; 2] {
+) -> [__m256i; R] {
     let (low, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
-    let split = HIGH == 2;
-    let mut sums = [[_mm256_setzero_si256(); R]; 2];
-    // AVX2: 16-bit pair sums of at most 2 · 127 · (2^(4 + HIGH) - 1) each, widened before
-    // they can pass 32,767: Q4 after eight (30,480), Q5 after four (31,496), Q6 at once.
+    let mut sums = [_mm256_setzero_si256(); R];
+    // AVX2: 16-bit pair sums of at most 2 · 127 · (2^(4 + HIGH) - 1) each, widened before they
+    // can pass 32,767: Q4 after eight (30,480), Q5 after four (31,496).
     let mut pairs = [_mm256_setzero_si256(); R];
-    let planes = if HIGH == 2 {
-        [
-            _mm256_loadu_si256(v.add(128).cast()),
-            _mm256_loadu_si256(v.add(160).cast()),
-        ]
-    } else {
-        [_mm256_setzero_si256(); 2]
-    };
     for h in 0..4 {
         let bytes = _mm256_loadu_si256(v.add(32 * h).cast());
         let mut side = [
             _mm256_and_si256(bytes, low),
             _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low),
         ];
-        for (s, side) in side.iter_mut().enumerate() {
-            let more = match HIGH {
-                1 => fifth_bits::<VNNI>(std::ptr::read_unaligned(
-                    v.add(128 + 4 * (2 * h + s)).cast::<u32>(),
-                )),
-                2 => {
-                    // Bits 2h… of each byte moved to bits 4–5.
-                    let p = planes[s];
-                    let moved = match h {
-                        0 => _mm256_slli_epi16(p, 4),
-                        1 => _mm256_slli_epi16(p, 2),
-                        2 => p,
-                        _ => _mm256_srli_epi16(p, 2),
-                    };
-                    _mm256_and_si256(moved, _mm256_set1_epi8(0x30))
-                }
-                _ => continue,
-            };
-            *side = _mm256_or_si256(*side, more);
+        if HIGH == 1 {
+            for (s, side) in side.iter_mut().enumerate() {
+                let word = std::ptr::read_unaligned(v.add(128 + 4 * (2 * h + s)).cast::<u32>());
+                *side = _mm256_or_si256(*side, fifth_bits::<VNNI>(word));
+            }
         }
         for r in 0..R {
             for (s, &side) in side.iter().enumerate() {
-                let into = if split { s } else { 0 };
                 let act = a(r, 16 * s + 4 * h);
                 if VNNI {
-                    sums[into][r] = _mm256_dpbusd_epi32(sums[into][r], side, act);
-                } else if split {
-                    let products = _mm256_madd_epi16(_mm256_maddubs_epi16(side, act), ones);
-                    sums[into][r] = _mm256_add_epi32(sums[into][r], products);
+                    sums[r] = _mm256_dpbusd_epi32(sums[r], side, act);
                 } else {
                     pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(side, act));
                 }
             }
         }
         let widen = if HIGH == 1 { h % 2 == 1 } else { h == 3 };
-        if !VNNI && !split && widen {
+        if !VNNI && widen {
             for r in 0..R {
-                sums[0][r] = _mm256_add_epi32(sums[0][r], _mm256_madd_epi16(pairs[r], ones));
+                sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(pairs[r], ones));
                 pairs[r] = _mm256_setzero_si256();
             }
+        }
+    }
+    sums
+}
+
+/// One side (inputs 0–15 or 16–31) of a Q6_K sub-block: the nibbles of four runs with their
+/// top two bits from the side's plane (bits `2h…` for run `h`), values 0–63. AVX2 widens each
+/// run's pair sums (at most 2 · 63 · 127) at once.
+#[inline(always)]
+unsafe fn sums_q6k_side<const R: usize, const VNNI: bool>(
+    v: *const u8,
+    a: impl Fn(usize, usize) -> __m256i,
+    side: usize,
+) -> [__m256i; R] {
+    let (low, top, ones) = (
+        _mm256_set1_epi8(0x0F),
+        _mm256_set1_epi8(0x30),
+        _mm256_set1_epi16(1),
+    );
+    let plane = _mm256_loadu_si256(v.add(128 + 32 * side).cast());
+    let mut sums = [_mm256_setzero_si256(); R];
+    for h in 0..4 {
+        let bytes = _mm256_loadu_si256(v.add(32 * h).cast());
+        let nibbles = match side {
+            0 => _mm256_and_si256(bytes, low),
+            _ => _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low),
+        };
+        // Bits 2h… of each plane byte moved to bits 4–5.
+        let moved = match h {
+            0 => _mm256_slli_epi16(plane, 4),
+            1 => _mm256_slli_epi16(plane, 2),
+            2 => plane,
+            _ => _mm256_srli_epi16(plane, 2),
+        };
+        let values = _mm256_or_si256(nibbles, _mm256_and_si256(moved, top));
+        for (r, sum) in sums.iter_mut().enumerate() {
+            let act = a(r, 16 * side + 4 * h);
+            *sum = if VNNI {
+                _mm256_dpbusd_epi32(*sum, values, act)
+            } else {
+                let products = _mm256_madd_epi16(_mm256_maddubs_epi16(values, act), ones);
+                _mm256_add_epi32(*sum, products)
+            };
         }
     }
     sums

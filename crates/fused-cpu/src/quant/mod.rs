@@ -7,8 +7,10 @@
 //! even, the scaled sum kept as f16 for the formats with a minimum), and each 32-weight
 //! sub-block's integer products are summed exactly in 32 bits before one f32 multiply-add per
 //! sub-block. So for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights each block's sum is llama.cpp's.
-//! Where llama.cpp rounds a K-format's activations per 256 (Q8_K), these stay per 32: finer,
-//! never coarser.
+//! For the K formats in the column layout the activations are rounded per 256 as llama.cpp
+//! rounds them for those (Q8_K: an f32 scale, no f16), so their integer sums are llama.cpp's
+//! too; the row layout (Arm) keeps them per 32 (finer; on SmolLM2 requantised to Q4_K_M either
+//! rounding agreed with llama.cpp's greedy tokens at 1,223 of 1,280 positions).
 //!
 //! **Two layouts.** On x86-64 with AVX2 every matrix is rearranged at load eight outputs side
 //! by side ([`columns`]) and multiplied so (AVX-512 VNNI or AVX2): each sub-block's integer sum
@@ -82,6 +84,12 @@ impl BlockFormat {
             Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 => 32,
             Self::Q4K | Self::Q5K | Self::Q6K => 256,
         }
+    }
+
+    /// Whether it is one of the 256-weight K formats, whose activations llama.cpp rounds per
+    /// 256 (Q8_K).
+    pub fn is_k(self) -> bool {
+        self.block_weights() == 256
     }
 
     /// Whether its weights are an unsigned value times a scale plus a minimum (so its products
@@ -287,9 +295,9 @@ impl Weights {
 /// half to even.
 const ROUNDER: f32 = 12_582_912.0;
 
-/// Activation rows rounded to 8 bits per block of 32: values, and per block its scale and its
-/// scale times its values' sum (for the formats with a minimum), side by side so a kernel loads
-/// both at once.
+/// Activation rows rounded to 8 bits per block of 32 (or, for the K formats in columns, per 256):
+/// values, and per block of 32 its scale and its scale times its values' sum (for the formats
+/// with a minimum), side by side so a kernel loads both at once, and its integer sums.
 pub(crate) struct QuantRows {
     k: usize,
     q: Vec<i8>,
@@ -333,6 +341,50 @@ impl QuantRows {
                 half::f16::from_f32(d).to_f32(),
                 half::f16::from_f32(d * sum as f32).to_f32(),
             ];
+        }
+        rows
+    }
+
+    /// `x`, rows of `k` (whole 256s), rounded as llama.cpp rounds them for its K formats
+    /// (`quantize_row_q8_K_ref`): per 256, the value of largest magnitude `max` gives `iscale =
+    /// -127 / max`, each value is `iscale · x` rounded half to even (at most 127), and the scale
+    /// is `1 / iscale` in f32. Each block of 32 keeps that scale (and no scaled sum) beside its
+    /// integer sums, so the K formats' integer sums are llama.cpp's.
+    pub(crate) fn per_256(x: &[f32], k: usize) -> Self {
+        let blocks = x.len() / BLOCK;
+        let mut rows = Self {
+            k,
+            q: vec![0; x.len()],
+            scales: vec![[0.0; 2]; blocks],
+            sums: vec![0; blocks],
+            halves: vec![0; blocks],
+        };
+        for (b, (block, q)) in x
+            .chunks_exact(256)
+            .zip(rows.q.chunks_exact_mut(256))
+            .enumerate()
+        {
+            // The first value of the largest magnitude, its sign kept (found in two passes: the
+            // magnitude's fold vectorises, a fold keeping the signed value did not).
+            let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let max = block
+                .iter()
+                .copied()
+                .find(|v| v.abs() == amax)
+                .unwrap_or(0.0);
+            let (iscale, d) = match max {
+                0.0 => (0.0, 0.0),
+                max => (-127.0 / max, 1.0 / (-127.0 / max)),
+            };
+            for (q, v) in q.iter_mut().zip(block) {
+                *q = ((v * iscale + ROUNDER) - ROUNDER).min(127.0) as i8;
+            }
+            for (s, q) in q.chunks_exact(BLOCK).enumerate() {
+                let first: i32 = q[..16].iter().map(|&q| i32::from(q)).sum();
+                let sum = first + q[16..].iter().map(|&q| i32::from(q)).sum::<i32>();
+                let at = 8 * b + s;
+                (rows.sums[at], rows.halves[at], rows.scales[at]) = (sum, first, [d, 0.0]);
+            }
         }
         rows
     }
@@ -497,7 +549,11 @@ pub(crate) fn linear(
         kernel.supported(),
         "block product: no {kernel:?} on this CPU"
     );
-    let rows = QuantRows::new(x, k);
+    // The activations as each part's kernel reads them: per 32, and per 256 for K formats in
+    // columns (rounded once each, and only where some part needs them).
+    let per_256 = |p: &BlockMatrix| p.columns && p.format.is_k();
+    let by_32 = std::cell::LazyCell::new(|| QuantRows::new(x, k));
+    let by_256 = std::cell::LazyCell::new(|| QuantRows::per_256(x, k));
     // The outputs in chunks of whole column groups, a few per thread, none across two parts;
     // each task writes its own outputs in place.
     let threads = rayon::current_num_threads().max(1);
@@ -509,9 +565,10 @@ pub(crate) fn linear(
     let mut shares = Vec::new();
     let mut first = 0;
     for part in parts {
+        let rows: &QuantRows = if per_256(part) { &by_256 } else { &by_32 };
         shares.extend((0..part.rows).step_by(chunk).map(|lo| Share {
             part,
-            rows: &rows,
+            rows,
             outputs: lo..(lo + chunk).min(part.rows),
             bias: b.map(|b| &b[first..][..part.rows]),
             out: OutPtr(base.wrapping_add(first)),

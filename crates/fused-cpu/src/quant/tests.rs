@@ -203,6 +203,34 @@ fn activations_round_half_to_even_as_llama_cpp_rounds_them() {
 }
 
 #[test]
+fn k_format_activations_round_per_256_as_llama_cpp_rounds_them() {
+    // llama.cpp's Q8_K: `iscale = -127 / max` for the value of largest magnitude (its sign
+    // kept, so a positive maximum flips every sign), values `iscale · x` half to even, scale
+    // `1 / iscale`.
+    for max in [3.0f32, -3.0] {
+        let mut x: Vec<f32> = (0..512)
+            .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+            .collect();
+        x[5] = max;
+        x[300] = 2.5;
+        let rows = QuantRows::per_256(&x, 512);
+        let iscale = -127.0 / max;
+        assert_eq!(rows.q[5], -127);
+        assert_eq!(rows.scales[0], [1.0 / iscale, 0.0]);
+        assert_eq!(rows.scales[7], rows.scales[0], "one scale for the 256");
+        for (i, (&q, &v)) in rows.q[..256].iter().zip(&x).enumerate() {
+            assert_eq!(f32::from(q), (v * iscale).round_ties_even(), "{max}: {i}");
+        }
+        // The second 256 has its own maximum, 2.5: -127 / 2.5 = -50.8.
+        assert_eq!(rows.q[300], -127);
+        assert_eq!(rows.scales[8][0], 1.0 / (-127.0 / 2.5));
+        let sum: i32 = rows.q[32..64].iter().map(|&q| i32::from(q)).sum();
+        let first: i32 = rows.q[32..48].iter().map(|&q| i32::from(q)).sum();
+        assert_eq!((rows.sums[1], rows.halves[1]), (sum, first));
+    }
+}
+
+#[test]
 fn a_shape_that_is_not_whole_blocks_is_refused() {
     assert!(BlockMatrix::new(BlockFormat::Q4K, 2, 128, vec![0; 144]).is_err());
     assert!(BlockMatrix::new(BlockFormat::Q4_0, 2, 64, vec![0; 18 * 3]).is_err());
