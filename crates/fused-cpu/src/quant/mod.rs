@@ -309,34 +309,42 @@ pub(crate) struct QuantRows {
 }
 
 impl QuantRows {
-    /// `x`, rows of `k`, rounded as llama.cpp rounds to Q8_0 (and Q8_1's sums).
-    pub(crate) fn new(x: &[f32], k: usize) -> Self {
-        let blocks = x.len() / BLOCK;
-        let mut rows = Self {
+    /// Room for `values` activations in rows of `k`, every block's scales and sums zero.
+    fn zeroed(values: usize, k: usize) -> Self {
+        let blocks = values / BLOCK;
+        Self {
             k,
-            q: vec![0; x.len()],
+            q: vec![0; values],
             scales: vec![[0.0; 2]; blocks],
             sums: vec![0; blocks],
             halves: vec![0; blocks],
-        };
-        for (b, (block, q)) in x
-            .chunks_exact(BLOCK)
-            .zip(rows.q.chunks_exact_mut(BLOCK))
-            .enumerate()
-        {
+        }
+    }
+
+    /// Block `b`'s integer sums from its rounded values; returns the whole block's.
+    fn put_sums(&mut self, b: usize) -> i32 {
+        let q = &self.q[b * BLOCK..][..BLOCK];
+        let first: i32 = q[..16].iter().map(|&q| i32::from(q)).sum();
+        let sum = first + q[16..].iter().map(|&q| i32::from(q)).sum::<i32>();
+        (self.sums[b], self.halves[b]) = (sum, first);
+        sum
+    }
+
+    /// `x`, rows of `k`, rounded as llama.cpp rounds to Q8_0 (and Q8_1's sums).
+    pub(crate) fn new(x: &[f32], k: usize) -> Self {
+        let mut rows = Self::zeroed(x.len(), k);
+        for (b, block) in x.chunks_exact(BLOCK).enumerate() {
             // As llama.cpp's AVX2 `quantize_row_q8_1` (and `_q8_0`): the scale kept as f16,
             // the values rounded half to even from `x · 127 / max`, the scaled sum as f16.
             let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
             let inverse = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-            for (q, v) in q.iter_mut().zip(block) {
+            for (q, v) in rows.q[b * BLOCK..][..BLOCK].iter_mut().zip(block) {
                 // Half to even by adding and taking away 1.5 · 2^23 (exact for |x| ≤ 127): what
                 // `round_ties_even` computes, without its call into libm on x86-64.
                 *q = ((v * inverse + ROUNDER) - ROUNDER) as i8;
             }
-            let first: i32 = q[..16].iter().map(|&q| i32::from(q)).sum();
-            let sum = first + q[16..].iter().map(|&q| i32::from(q)).sum::<i32>();
-            (rows.sums[b], rows.halves[b]) = (sum, first);
+            let sum = rows.put_sums(b);
             rows.scales[b] = [
                 half::f16::from_f32(d).to_f32(),
                 half::f16::from_f32(d * sum as f32).to_f32(),
@@ -351,19 +359,8 @@ impl QuantRows {
     /// is `1 / iscale` in f32. Each block of 32 keeps that scale (and no scaled sum) beside its
     /// integer sums, so the K formats' integer sums are llama.cpp's.
     pub(crate) fn per_256(x: &[f32], k: usize) -> Self {
-        let blocks = x.len() / BLOCK;
-        let mut rows = Self {
-            k,
-            q: vec![0; x.len()],
-            scales: vec![[0.0; 2]; blocks],
-            sums: vec![0; blocks],
-            halves: vec![0; blocks],
-        };
-        for (b, (block, q)) in x
-            .chunks_exact(256)
-            .zip(rows.q.chunks_exact_mut(256))
-            .enumerate()
-        {
+        let mut rows = Self::zeroed(x.len(), k);
+        for (b, block) in x.chunks_exact(256).enumerate() {
             // The first value of the largest magnitude, its sign kept (found in two passes: the
             // magnitude's fold vectorises, a fold keeping the signed value did not).
             let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -376,14 +373,12 @@ impl QuantRows {
                 0.0 => (0.0, 0.0),
                 max => (-127.0 / max, 1.0 / (-127.0 / max)),
             };
-            for (q, v) in q.iter_mut().zip(block) {
+            for (q, v) in rows.q[b * 256..][..256].iter_mut().zip(block) {
                 *q = ((v * iscale + ROUNDER) - ROUNDER).min(127.0) as i8;
             }
-            for (s, q) in q.chunks_exact(BLOCK).enumerate() {
-                let first: i32 = q[..16].iter().map(|&q| i32::from(q)).sum();
-                let sum = first + q[16..].iter().map(|&q| i32::from(q)).sum::<i32>();
-                let at = 8 * b + s;
-                (rows.sums[at], rows.halves[at], rows.scales[at]) = (sum, first, [d, 0.0]);
+            for at in 8 * b..8 * b + 8 {
+                rows.put_sums(at);
+                rows.scales[at] = [d, 0.0];
             }
         }
         rows
