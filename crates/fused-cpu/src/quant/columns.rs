@@ -32,8 +32,9 @@
 //! i32, and scale the two totals once per 256 ([`add_k_block`]), as llama.cpp's K products do.
 //! The integer sums are llama.cpp's; the f32 sums are one per output, whatever the number of
 //! rows or threads, so a row's result never depends on its batch. [`group`] is that definition in
-//! portable Rust; the AVX2 (`vpmaddubsw`) and AVX-512 VNNI (`vpdpbusd`) kernels compute the same
-//! integers and the same f32 operations in the same order, so all three agree bit for bit.
+//! portable Rust; the AVX2 (`vpmaddubsw`), AVX-512 VNNI (`vpdpbusd`) and Arm dotprod (`sdot`)
+//! kernels compute the same integers and the same f32 operations in the same order, so all four
+//! agree bit for bit.
 
 use super::unpack::{self, Header};
 use super::{BlockFormat, QuantRows, BLOCK};

@@ -9,14 +9,15 @@
 //! sub-block. So for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights each block's sum is llama.cpp's.
 //! For the K formats in the column layout the activations are rounded per 256 as llama.cpp
 //! rounds them for those (Q8_K: an f32 scale, no f16), so their integer sums are llama.cpp's
-//! too; the row layout (Arm) keeps them per 32 (finer; on SmolLM2 requantised to Q4_K_M either
+//! too; the row layout keeps them per 32 (finer; on SmolLM2 requantised to Q4_K_M either
 //! rounding agreed with llama.cpp's greedy tokens at 1,223 of 1,280 positions).
 //!
-//! **Two layouts.** On x86-64 with AVX2 every matrix is rearranged at load eight outputs side
-//! by side ([`columns`]) and multiplied so (AVX-512 VNNI or AVX2): each sub-block's integer sum
-//! is kept per output and scaled once per eight outputs. Elsewhere (Arm) matrices stay in GGUF's
-//! row layout, multiplied output by output by a portable kernel ([`unpack`]), since the
-//! portable column product is the x86 kernels' reference, not built for speed. A matrix's
+//! **Two layouts.** On x86-64 with AVX2 and on Arm with dotprod every matrix is rearranged at
+//! load eight outputs side by side ([`columns`]) and multiplied so (AVX-512 VNNI, AVX2 or
+//! `sdot`): each sub-block's integer sum is kept per output and scaled once per eight outputs.
+//! Elsewhere (an Arm core without dotprod, such as Graviton 1's Cortex-A72) matrices stay in
+//! GGUF's row layout, multiplied output by output by a portable kernel ([`unpack`]), since the
+//! portable column product is the other kernels' reference, not built for speed. A matrix's
 //! layout is fixed at load, so its products never change algorithm with the number of rows.
 //!
 //! **A row's sums never depend on its batch.** Every (row, output) sum is accumulated over the
@@ -24,15 +25,17 @@
 //! (in the row layout, in eight f32 lanes summed in one fixed order at the end; in columns, one
 //! f32 sum per output); so a sequence computes the same logits alone, in any batch, prefilled
 //! whole or in chunks, and resumed. The column layout's portable kernel ([`columns::group`]) is
-//! its x86 kernels' algorithm lane for lane (integer sums, fused multiply-adds, the same order),
-//! so it is their reference and they agree bit for bit. The two layouts' sums differ in their
-//! last bits, as x86 and Arm already did.
+//! its x86 and Arm kernels' algorithm lane for lane (integer sums, fused multiply-adds, the same
+//! order), so it is their reference and they agree bit for bit: x86-64 and Arm with dotprod
+//! compute the same logits. The row layout's sums differ from them in their last bits.
 //!
 //! Why not candle's quantised products (`QMatMul`): measured on an AVX2-only EPYC, its Q4_1
 //! product was 1.5–4.2× slower than f32 (no AVX2 kernel), and its Q6_K takes another path for
 //! one row than for several, so a sequence's logits would depend on its batch.
 
 mod columns;
+#[cfg(target_arch = "aarch64")]
+mod columns_arm;
 #[cfg(target_arch = "x86_64")]
 mod columns_x86;
 mod unpack;
@@ -423,6 +426,9 @@ pub(crate) enum Kernel {
     /// AVX2's `vpmaddubsw`/`vpmaddwd` with FMA and F16C, in columns.
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// NEON's dotprod `sdot` (Armv8.2+), in columns.
+    #[cfg(target_arch = "aarch64")]
+    Sdot,
     /// Portable Rust (every other CPU), in the row layout.
     Portable,
 }
@@ -435,6 +441,8 @@ impl Kernel {
         Self::Avx512Vnni,
         #[cfg(target_arch = "x86_64")]
         Self::Avx2,
+        #[cfg(target_arch = "aarch64")]
+        Self::Sdot,
         Self::Portable,
     ];
 
@@ -445,6 +453,10 @@ impl Kernel {
             if kernel.supported() {
                 return kernel;
             }
+        }
+        #[cfg(target_arch = "aarch64")]
+        if Self::Sdot.supported() {
+            return Self::Sdot;
         }
         Self::Portable
     }
@@ -466,7 +478,14 @@ impl Kernel {
                 Self::Portable => true,
             }
         }
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(target_arch = "aarch64")]
+        {
+            match self {
+                Self::Sdot => std::arch::is_aarch64_feature_detected!("dotprod"),
+                Self::Portable => true,
+            }
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         {
             let _ = self;
             true
@@ -485,6 +504,8 @@ impl Kernel {
             Self::Avx512Vnni => "GGUF blocks in columns × int8 (AVX-512 VNNI vpdpbusd)",
             #[cfg(target_arch = "x86_64")]
             Self::Avx2 => "GGUF blocks in columns × int8 (AVX2 vpmaddubsw)",
+            #[cfg(target_arch = "aarch64")]
+            Self::Sdot => "GGUF blocks in columns × int8 (NEON dotprod sdot)",
             Self::Portable => "GGUF blocks by rows × int8 (portable)",
         }
     }
@@ -499,6 +520,8 @@ impl Kernel {
             Self::Avx512Vnni => columns_x86::group(format, t, rows, true),
             #[cfg(target_arch = "x86_64")]
             Self::Avx2 => columns_x86::group(format, t, rows, false),
+            #[cfg(target_arch = "aarch64")]
+            Self::Sdot => columns_arm::group(format, t, rows),
             Self::Portable => columns::group(format, t, rows),
         }
     }
@@ -510,6 +533,8 @@ impl Kernel {
             Self::Avx512Vnni => columns_x86::tile_rows(true),
             #[cfg(target_arch = "x86_64")]
             Self::Avx2 => columns_x86::tile_rows(false),
+            #[cfg(target_arch = "aarch64")]
+            Self::Sdot => columns_arm::ROWS,
             Self::Portable => 4,
         }
     }

@@ -80,7 +80,7 @@ fn each_format_multiplies_as_its_widened_weights_do_within_the_activations_round
 }
 
 #[test]
-fn the_portable_kernel_is_every_x86_kernels_algorithm_bit_for_bit() {
+fn the_portable_kernel_is_every_kernels_algorithm_bit_for_bit() {
     let mut rng = Rng(11);
     let bits = |v: Vec<f32>| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     for format in BlockFormat::ALL {
