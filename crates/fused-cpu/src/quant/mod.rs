@@ -26,8 +26,8 @@
 //! f32 sum per output); so a sequence computes the same logits alone, in any batch, prefilled
 //! whole or in chunks, and resumed. The column layout's portable kernel ([`columns::group`]) is
 //! its x86 and Arm kernels' algorithm lane for lane (integer sums, fused multiply-adds, the same
-//! order), so it is their reference and they agree bit for bit: x86-64 and Arm with dotprod
-//! compute the same logits. The row layout's sums differ from them in their last bits.
+//! order), so it is their reference and they agree bit for bit: the products' sums are the same
+//! on x86-64 and on Arm with dotprod. The row layout's sums differ from them in their last bits.
 //!
 //! Why not candle's quantised products (`QMatMul`): measured on an AVX2-only EPYC, its Q4_1
 //! product was 1.5–4.2× slower than f32 (no AVX2 kernel), and its Q6_K takes another path for
