@@ -183,6 +183,8 @@ pub(super) fn interleave(format: BlockFormat, rows: usize, k: usize, mut data: V
     let (group, values) = (group_block_bytes(format), values_bytes(format));
     let (from, to) = (COLUMNS * blocks * bytes, blocks * group);
     let groups = rows.div_ceil(COLUMNS);
+    // Exactly: `resize` alone would double the capacity of a matrix that grows (Q4_K, Q5_K).
+    data.reserve_exact((groups * to.max(from)).saturating_sub(data.len()));
     data.resize(groups * to.max(from), 0);
     let mut scratch = vec![0u8; from];
     for g in (0..groups).rev() {
