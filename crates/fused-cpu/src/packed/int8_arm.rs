@@ -11,9 +11,9 @@ use super::int8::GROUP_STEPS;
 use super::{store, Tile, PANEL};
 use std::arch::aarch64::*;
 
-/// `acc + Σ a·w` per 32-bit lane, four byte products each.
+/// `acc + Σ a·w` per 32-bit lane, four byte products each (the GGUF block products' too).
 #[inline(always)]
-unsafe fn sdot(mut acc: int32x4_t, w: int8x16_t, a: int8x16_t) -> int32x4_t {
+pub(crate) unsafe fn sdot(mut acc: int32x4_t, w: int8x16_t, a: int8x16_t) -> int32x4_t {
     std::arch::asm!(
         "sdot {acc:v}.4s, {w:v}.16b, {a:v}.16b",
         acc = inout(vreg) acc,

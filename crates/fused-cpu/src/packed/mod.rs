@@ -23,7 +23,7 @@ pub(crate) mod bf16;
 pub(crate) mod f32;
 pub(crate) mod int8;
 #[cfg(target_arch = "aarch64")]
-mod int8_arm;
+pub(crate) mod int8_arm;
 #[cfg(target_arch = "x86_64")]
 mod int8_x86;
 

@@ -6,30 +6,19 @@
 //! the portable definition's f32 operations in its order (`fmla`, `fmls`: fused), so it agrees
 //! with [`super::columns::group`] bit for bit.
 //!
-//! `sdot` is written as inline assembly, as in [`crate::packed`]: its intrinsic is unstable.
+//! `sdot` is the encoder's ([`crate::packed::int8_arm::sdot`], inline assembly: its intrinsic is
+//! unstable).
 
 use super::columns::{
     group_block_bytes, high_bits, offset, sub_bytes, values_bytes, GroupTile, COLUMNS, K_SCALES,
     MINIMUMS, Q6K_SCALES,
 };
 use super::{BlockFormat, BLOCK};
+use crate::packed::int8_arm::sdot;
 use std::arch::aarch64::*;
 
 /// Rows one call multiplies: each row keeps two i32 and two f32 registers of eight outputs.
 pub(super) const ROWS: usize = 4;
-
-/// `acc + Σ w·a` per 32-bit lane, four byte products each.
-#[inline(always)]
-unsafe fn sdot(mut acc: int32x4_t, w: int8x16_t, a: int8x16_t) -> int32x4_t {
-    std::arch::asm!(
-        "sdot {acc:v}.4s, {w:v}.16b, {a:v}.16b",
-        acc = inout(vreg) acc,
-        w = in(vreg) w,
-        a = in(vreg) a,
-        options(pure, nomem, nostack, preserves_flags)
-    );
-    acc
-}
 
 /// Eight outputs as two registers of four.
 type Eight<T> = [T; 2];
