@@ -264,6 +264,21 @@ impl GroupTile {
             bias: None,
         }
     }
+
+    /// Row `r`'s activation block `ab`, as every kernel reads it.
+    ///
+    /// # Safety
+    /// `r` is one of the tile's rows and `ab` below `blocks`.
+    pub(super) unsafe fn row_block(&self, r: usize, ab: usize) -> RowBlock {
+        let at = r * self.blocks + ab;
+        let [scale, scaled_sum] = *self.scales.add(at);
+        RowBlock {
+            scale,
+            scaled_sum,
+            sum: *self.sums.add(at),
+            first: *self.halves.add(at),
+        }
+    }
 }
 
 /// One activation block's part of a row: its scale, scaled sum, integer sum and first half's.
@@ -273,6 +288,18 @@ pub(super) struct RowBlock {
     pub scaled_sum: f32,
     pub sum: i32,
     pub first: i32,
+}
+
+impl RowBlock {
+    /// The integer sum of its inputs 0–15 (`side` 0) or 16–31 (1): what Q6_K's per-16 offset
+    /// multiplies.
+    pub(super) fn side(self, side: usize) -> i32 {
+        if side == 0 {
+            self.first
+        } else {
+            self.sum - self.first
+        }
+    }
 }
 
 /// `acc` plus one 32-weight block of one output (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): its integer
@@ -311,7 +338,7 @@ pub(super) fn add_k_block(
     for ((sums, a), sub) in sums.iter().zip(a).zip(h.sub) {
         if format == BlockFormat::Q6K {
             let [low, high] = sub.map(|v| i32::from(v as i8));
-            total += (sums[0] - 32 * a.first) * low + (sums[1] - 32 * (a.sum - a.first)) * high;
+            total += (sums[0] - 32 * a.side(0)) * low + (sums[1] - 32 * a.side(1)) * high;
         } else {
             let [scale, minimum] = sub.map(i32::from);
             total += (sums[0] + sums[1]) * scale;
@@ -338,15 +365,7 @@ pub(super) unsafe fn group(format: BlockFormat, t: &GroupTile, rows: usize) {
     for r in 0..rows {
         let at = r * t.blocks;
         let q = std::slice::from_raw_parts(t.q.add(at * BLOCK), t.blocks * BLOCK);
-        let row_block = |ab: usize| {
-            let [scale, scaled_sum] = *t.scales.add(at + ab);
-            RowBlock {
-                scale,
-                scaled_sum,
-                sum: *t.sums.add(at + ab),
-                first: *t.halves.add(at + ab),
-            }
-        };
+        let row_block = |ab: usize| t.row_block(r, ab);
         for c in 0..t.cols {
             let mut acc = 0f32;
             for (b, block) in data.chunks_exact(group).enumerate() {

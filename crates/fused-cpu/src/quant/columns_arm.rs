@@ -99,18 +99,21 @@ unsafe fn body_32<const R: usize>(format: BlockFormat, t: &GroupTile) -> [Eight<
             sums_nibbles::<R>(w, a, high_bits(format), None)
         };
         let d = f16s(w.add(values));
+        let m = if format.has_minimum() {
+            f16s(w.add(values + MINIMUMS))
+        } else {
+            [vdupq_n_f32(0.0); 2]
+        };
         for (r, acc) in acc.iter_mut().enumerate() {
-            let at = r * t.blocks + b;
-            let [scale, scaled_sum] = *t.scales.add(at);
-            let less = vdupq_n_s32(offset * *t.sums.add(at));
+            let a = t.row_block(r, b);
+            let less = vdupq_n_s32(offset * a.sum);
             for half in 0..2 {
                 let sum = vcvtq_f32_s32(vsubq_s32(sums[r][half], less));
-                acc[half] = vfmaq_f32(acc[half], sum, vmulq_n_f32(d[half], scale));
+                acc[half] = vfmaq_f32(acc[half], sum, vmulq_n_f32(d[half], a.scale));
             }
             if format.has_minimum() {
-                let m = f16s(w.add(values + MINIMUMS));
                 for half in 0..2 {
-                    acc[half] = vfmaq_f32(acc[half], m[half], vdupq_n_f32(scaled_sum));
+                    acc[half] = vfmaq_f32(acc[half], m[half], vdupq_n_f32(a.scaled_sum));
                 }
             }
         }
@@ -135,13 +138,7 @@ unsafe fn body_k<const R: usize>(format: BlockFormat, t: &GroupTile) -> [Eight<f
                     let sums = sums_nibbles::<R>(v, activations(t, ab), 2, Some(side));
                     let scales = bytes_i32(head.add(Q6K_SCALES + 16 * s + 8 * side), true);
                     for (r, total) in total.iter_mut().enumerate() {
-                        let at = r * t.blocks + ab;
-                        let first = *t.halves.add(at);
-                        let count = if side == 0 {
-                            first
-                        } else {
-                            *t.sums.add(at) - first
-                        };
+                        let count = t.row_block(r, ab).side(side);
                         for half in 0..2 {
                             let sum = vsubq_s32(sums[r][half], vdupq_n_s32(32 * count));
                             total[half] = vmlaq_s32(total[half], sum, scales[half]);
@@ -153,7 +150,7 @@ unsafe fn body_k<const R: usize>(format: BlockFormat, t: &GroupTile) -> [Eight<f
                 let scales = bytes_i32(head.add(K_SCALES + 8 * s), false);
                 let mins = bytes_i32(head.add(K_SCALES + 64 + 8 * s), false);
                 for r in 0..R {
-                    let count = *t.sums.add(r * t.blocks + ab);
+                    let count = t.row_block(r, ab).sum;
                     for half in 0..2 {
                         total[r][half] = vmlaq_s32(total[r][half], sums[r][half], scales[half]);
                         minimums[r][half] = vmlaq_n_s32(minimums[r][half], mins[half], count);
@@ -163,7 +160,7 @@ unsafe fn body_k<const R: usize>(format: BlockFormat, t: &GroupTile) -> [Eight<f
         }
         let (d, dmin) = (f16s(head), f16s(head.add(MINIMUMS)));
         for (r, acc) in acc.iter_mut().enumerate() {
-            let scale = (*t.scales.add(r * t.blocks + b * 8))[0];
+            let scale = t.row_block(r, b * 8).scale;
             for half in 0..2 {
                 let both = vmulq_n_f32(d[half], scale);
                 acc[half] = vfmaq_f32(acc[half], vcvtq_f32_s32(total[r][half]), both);

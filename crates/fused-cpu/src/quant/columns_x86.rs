@@ -123,18 +123,21 @@ unsafe fn body_32<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTil
             _ => sums_nibbles::<R, VNNI, 0>(w, a),
         };
         let d = f16s(w.add(values));
+        let m = if format.has_minimum() {
+            f16s(w.add(values + MINIMUMS))
+        } else {
+            _mm256_setzero_ps()
+        };
         for (r, acc) in acc.iter_mut().enumerate() {
-            let at = r * t.blocks + b;
-            let [scale, scaled_sum] = *t.scales.add(at);
+            let a = t.row_block(r, b);
             let sum = match offset {
                 0 => sums[r],
-                _ => _mm256_sub_epi32(sums[r], _mm256_set1_epi32(offset * *t.sums.add(at))),
+                _ => _mm256_sub_epi32(sums[r], _mm256_set1_epi32(offset * a.sum)),
             };
-            let both = _mm256_mul_ps(d, _mm256_set1_ps(scale));
+            let both = _mm256_mul_ps(d, _mm256_set1_ps(a.scale));
             *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), both, *acc);
             if format.has_minimum() {
-                let m = f16s(w.add(values + MINIMUMS));
-                *acc = _mm256_fmadd_ps(m, _mm256_set1_ps(scaled_sum), *acc);
+                *acc = _mm256_fmadd_ps(m, _mm256_set1_ps(a.scaled_sum), *acc);
             }
         }
     }
@@ -161,13 +164,7 @@ unsafe fn body_k<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTile
                     let sums = sums_q6k_side::<R, VNNI>(v, activations(t, ab), side);
                     let scales = bytes_i32(head.add(Q6K_SCALES + 16 * s + 8 * side));
                     for (r, total) in total.iter_mut().enumerate() {
-                        let at = r * t.blocks + ab;
-                        let first = *t.halves.add(at);
-                        let count = if side == 0 {
-                            first
-                        } else {
-                            *t.sums.add(at) - first
-                        };
+                        let count = t.row_block(r, ab).side(side);
                         let sum = _mm256_sub_epi32(sums[r], _mm256_set1_epi32(32 * count));
                         *total = _mm256_add_epi32(*total, _mm256_mullo_epi32(sum, scales));
                     }
@@ -186,13 +183,17 @@ unsafe fn body_k<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTile
             }
         }
         let d = f16s(head);
+        let dmin = if q6k {
+            _mm256_setzero_ps()
+        } else {
+            f16s(head.add(MINIMUMS))
+        };
         for (r, acc) in acc.iter_mut().enumerate() {
-            let at = r * t.blocks + b * 8;
-            let scale = _mm256_set1_ps((*t.scales.add(at))[0]);
+            let scale = _mm256_set1_ps(t.row_block(r, b * 8).scale);
             *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[r]), _mm256_mul_ps(scale, d), *acc);
             if !q6k {
-                let minimums = minimum_sums(head, t.sums.add(at));
-                let dmin = _mm256_mul_ps(scale, f16s(head.add(MINIMUMS)));
+                let minimums = minimum_sums(head, t.sums.add(r * t.blocks + b * 8));
+                let dmin = _mm256_mul_ps(scale, dmin);
                 *acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(minimums), dmin, *acc);
             }
         }
