@@ -523,14 +523,15 @@ fn step(model: &LanguageModel, active: &mut [Sequence]) -> Result<(), String> {
                     masks.collect::<Vec<_>>()
                 },
             );
-            let logits = logits.map_err(|e| e.to_string())?;
+            let mut logits = logits.map_err(|e| e.to_string())?;
             let mut masks = masks.into_iter().peekable();
             // Only a sequence whose input is all read draws: a prompt still being read would
             // pay a sampler's pass over the vocabulary for a choice that is not used.
             let mut rows = Vec::with_capacity(feeds.len());
-            for ((i, _, whole), mut l) in feeds.iter().zip(logits) {
+            let vocab = decoder.dims().vocab;
+            for ((i, _, whole), l) in feeds.iter().zip(logits.chunks_exact_mut(vocab)) {
                 match masks.next_if(|m| m.0 == *i).map(|m| m.1) {
-                    Some(Ok(mask)) => constrain::apply(&mask, &mut l),
+                    Some(Ok(mask)) => constrain::apply(&mask, l),
                     Some(Err(why)) => {
                         active[*i].failed = Some(why);
                         rows.push(None);
@@ -546,7 +547,7 @@ fn step(model: &LanguageModel, active: &mut [Sequence]) -> Result<(), String> {
                 .map(|row| {
                     let (i, l) = row?;
                     let seq = &active[i];
-                    Some(seq.request.sampling.choose(&l, seq.generated.len()))
+                    Some(seq.request.sampling.choose(l, seq.generated.len()))
                 })
                 .collect()
         }

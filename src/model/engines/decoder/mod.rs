@@ -264,10 +264,9 @@ impl LanguageModel {
             cache: &mut cache,
             tokens: ids,
         }];
-        let mut out = decoder
+        decoder
             .forward(&mut steps, true)
-            .map_err(|e| ModelError::Input(e.to_string()))?;
-        Ok(out.swap_remove(0))
+            .map_err(|e| ModelError::Input(e.to_string()))
     }
 
     /// Runs `requests` together, at most `budget` tokens of cache at a time (0: no limit),
