@@ -9,7 +9,9 @@ GGUF: another file of SmolLM2's vocabulary and chat format (default the Q4_1 fil
 Each prompt is a real text (Debian's fortunes in eight languages, WordNet, man pages) as the user
 turn of SmolLM2's chat format, with the system turn its template adds when none is given;
 llama.cpp tokenizes it (special tokens on) and decodes 32 tokens greedily (temperature 0), its KV
-cache in f32 as candle's is (llama.cpp's default is f16).
+cache in f32 as candle's is (llama.cpp's default is f16). Beside each token it keeps llama.cpp's
+eight highest logits at that step (`top`: [id, logit] pairs), so that where another engine picks
+another token, the gap llama.cpp itself saw between the two can be read off (a near-tie or not).
 """
 import json
 import subprocess
@@ -39,15 +41,27 @@ def main():
                   "<|im_start|>assistant\n")
         ids = llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
         llm.reset()
-        got = []
+        got, top = [], []
         for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
             got.append(tok)
+            top.append(highest(llm, tok))
             if len(got) == NEW_TOKENS:
                 break
         cases.append({"messages": [{"role": "user", "content": text}], "prompt_ids": ids,
-                      "greedy": got})
+                      "greedy": got, "top": top})
     Path(out).write_text(json.dumps({"llama_cpp_python": llama_cpp.__version__,
                                      "cases": cases}) + "\n")
+
+
+def highest(llm, tok, k=8):
+    """llama.cpp's k highest logits of the step that chose `tok` (the last evaluated row, read
+    before the token is fed back), highest first."""
+    import numpy as np
+    row = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+    best = np.argsort(row)[-k:][::-1]
+    if int(best[0]) != tok and row[best[0]] > row[tok]:
+        raise SystemExit(f"llama.cpp's logits do not give its own greedy token {tok}")
+    return [[int(i), float(row[i])] for i in best]
 
 
 if __name__ == "__main__":

@@ -5,8 +5,11 @@
 //! time, so this is its greedy run up to the first disagreement). One pass gives both figures
 //! issue 30 asks for: the share of prompts whose first 32 greedy tokens are identical, and the
 //! top-1 agreement over every position; and, at each first disagreement, the gap between the
-//! decoder's top logit and the one it gives llama.cpp's token (a near-tie is a small gap). It
-//! also checks that the GGUF's chat template, rendered here, gives llama.cpp's prompt ids.
+//! decoder's top logit and the one it gives llama.cpp's token (a near-tie is a small gap). Where
+//! the reference keeps llama.cpp's own highest logits at each step (`top`), every disagreement
+//! also gets the gap llama.cpp saw between its token and the decoder's: a near-tie on both sides
+//! (or not), beside llama.cpp's median gap between its first and second choices. It also checks
+//! that the GGUF's chat template, rendered here, gives llama.cpp's prompt ids.
 //!
 //!     cargo run --release --example gguf_greedy -- GGUF REFERENCE.json [f32|bf16|gguf]
 
@@ -35,6 +38,13 @@ fn main() -> anyhow::Result<()> {
     };
     let (mut identical, mut agree, mut positions, mut prompts, mut same_prompt) = (0, 0, 0, 0, 0);
     let mut gaps: Vec<f32> = Vec::new();
+    // llama.cpp's gap between its token and ours at each disagreement (None: ours not among its
+    // highest kept), and between its first and second choices at every position.
+    let (mut their_gaps, mut their_margins): (Vec<Option<f64>>, Vec<f64>) =
+        (Vec::new(), Vec::new());
+    // At every position, how far the decoder's gap between llama.cpp's first and second choices
+    // lies from llama.cpp's own (free of the logits' common offset): the engines' distance.
+    let mut margin_errors: Vec<f64> = Vec::new();
     let started = std::time::Instant::now();
     for case in refs["cases"].as_array().into_iter().flatten() {
         let (prompt, want) = (ids(&case["prompt_ids"]), ids(&case["greedy"]));
@@ -52,6 +62,16 @@ fn main() -> anyhow::Result<()> {
             let row = &logits[(prompt.len() - 1 + k) * vocab..][..vocab];
             let top = spotinfer::model::engines::decoder::argmax(row);
             positions += 1;
+            let theirs = llama_cpp_top(&case["top"], k);
+            if let [(a, first), (b, second), ..] = theirs.as_slice() {
+                their_margins.push(first - second);
+                let ours = f64::from(row[*a as usize] - row[*b as usize]);
+                margin_errors.push((ours - (first - second)).abs());
+            }
+            if top != next && !theirs.is_empty() {
+                let logit = |id: u32| theirs.iter().find(|t| t.0 == id).map(|t| t.1);
+                their_gaps.push(logit(next).zip(logit(top)).map(|(a, b)| a - b));
+            }
             if top == next {
                 agree += 1;
             } else if first_miss.is_none() {
@@ -67,6 +87,10 @@ fn main() -> anyhow::Result<()> {
         );
     }
     gaps.sort_by(f32::total_cmp);
+    their_gaps.sort_by(|a, b| a.unwrap_or(f64::MAX).total_cmp(&b.unwrap_or(f64::MAX)));
+    their_margins.sort_by(f64::total_cmp);
+    margin_errors.sort_by(f64::total_cmp);
+    let quantile = |q: f64| margin_errors.get((q * margin_errors.len() as f64) as usize);
     println!(
         "{}",
         serde_json::json!({
@@ -76,6 +100,11 @@ fn main() -> anyhow::Result<()> {
             "top1_agreement": agree as f64 / positions.max(1) as f64,
             "positions": positions,
             "first_disagreement_logit_gaps": gaps,
+            "llama_cpp_gaps_at_disagreements": their_gaps,
+            "llama_cpp_median_first_second_gap": their_margins.get(their_margins.len() / 2),
+            "gap_error_against_llama_cpp": {
+                "median": quantile(0.5), "p90": quantile(0.9), "max": margin_errors.last()
+            },
             "kernels": model.kernels(),
             "precision": format!("{:?}", model.precision()),
             "format": model.format,
@@ -83,4 +112,15 @@ fn main() -> anyhow::Result<()> {
         })
     );
     Ok(())
+}
+
+/// llama.cpp's highest (token, logit) pairs at generated position `k`, highest first (empty if
+/// the reference did not keep them).
+fn llama_cpp_top(top: &serde_json::Value, k: usize) -> Vec<(u32, f64)> {
+    top[k]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|pair| Some((pair[0].as_u64()? as u32, pair[1].as_f64()?)))
+        .collect()
 }
