@@ -252,6 +252,16 @@ impl BlockMatrix {
         unpack::dequantize(self.format, self.gguf_row(r, &mut buffer), out);
     }
 
+    /// `out = x · selfᵀ` for `x` rows of `k`, on the kernel and layout this CPU runs (returned
+    /// by name), as the decoder computes its products: for checking them against another
+    /// engine's on the same blocks (`examples/ggml_products.rs`, llama.cpp's ggml).
+    pub fn product(&self, x: &[f32], out: &mut [f32]) -> &'static str {
+        let kernel = Kernel::best();
+        let laid_out = Arc::new(self.clone().laid_out_for(kernel));
+        linear(kernel, x, &[laid_out], None, out);
+        kernel.name()
+    }
+
     /// The whole matrix widened to f32, row-major.
     pub fn dequantize(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.rows * self.k];
