@@ -3,26 +3,36 @@
 //! per step), greedy, each stopping at its end token or after N new tokens. The counterpart of
 //! `bench/llm_speed.py` (llama.cpp) on the same prompt ids.
 //!
-//!     cargo run --release --example llm_speed -- MODEL PROMPTS.json B N [f32|bf16|gguf]
+//!     cargo run --release --example llm_speed -- MODEL PROMPTS.json B N [f32|bf16|gguf] [avx2]
 //!
 //! PROMPTS.json: {"cases": [{"messages": [...]}, ...]} as `bench/llm_greedy.py` writes it. Prints
-//! one JSON line: generated tokens, seconds (prompt processing included), tokens/s.
+//! one JSON line: generated tokens, seconds (prompt processing included), tokens/s. `avx2`: the
+//! dense layers held to what an AVX2-only CPU runs (`--cpu-kernels avx2`), whatever this one has.
 
 use spotinfer::model::engines::decoder::{
-    DecoderPrecision, Generated, Interrupt, LanguageModel, Message, Prompt, Request,
+    Build, DecoderPrecision, Generated, Interrupt, LanguageModel, Message, Prompt, Request,
 };
+use spotinfer::model::CpuKernels;
 
 fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().collect();
+    let mut args: Vec<String> = std::env::args().collect();
+    let kernels = match args.last().map(String::as_str) {
+        Some("avx2") => {
+            args.pop();
+            CpuKernels::Avx2
+        }
+        _ => CpuKernels::Auto,
+    };
     let (model, prompts, b, n, precision) = match args.as_slice() {
         [_, m, p, b, n] => (m, p, b, n, DecoderPrecision::F32),
         [_, m, p, b, n, bf16] if bf16 == "bf16" => (m, p, b, n, DecoderPrecision::Bf16),
         [_, m, p, b, n, f32] if f32 == "f32" => (m, p, b, n, DecoderPrecision::F32),
         [_, m, p, b, n, gguf] if gguf == "gguf" => (m, p, b, n, DecoderPrecision::Gguf),
-        _ => anyhow::bail!("usage: llm_speed MODEL PROMPTS.json B N [f32|bf16|gguf]"),
+        _ => anyhow::bail!("usage: llm_speed MODEL PROMPTS.json B N [f32|bf16|gguf] [avx2]"),
     };
     let (b, n): (usize, usize) = (b.parse()?, n.parse()?);
-    let model = LanguageModel::open_in(std::path::Path::new(model), precision)?;
+    let model =
+        LanguageModel::open_as(std::path::Path::new(model), &Build::Cpu(precision, kernels))?;
     let refs: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(prompts)?)?;
     let requests: Vec<Request> = refs["cases"]
         .as_array()

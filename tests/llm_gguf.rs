@@ -9,9 +9,10 @@
 //! `auto`) keeps the Q4_1 blocks and rounds the activations as llama.cpp does.
 
 use spotinfer::model::engines::decoder::{
-    argmax, DecoderPrecision, Generated, Interrupt, LanguageModel, Message, Prompt, Request,
+    argmax, Build, DecoderPrecision, Generated, Interrupt, LanguageModel, Message, Prompt, Request,
     Scheduler,
 };
+use spotinfer::model::CpuKernels;
 use std::path::{Path, PathBuf};
 
 fn gguf() -> PathBuf {
@@ -130,6 +131,35 @@ fn a_gguf_blocks_answer_is_the_same_alone_in_a_batch_under_a_budget_and_resumed(
             "prompt {i} resumed after {cut} tokens"
         );
     }
+}
+
+/// `--cpu-kernels avx2` on a generation model: the GGUF blocks held to AVX2's kernel (what an
+/// AVX2-only CPU runs) give the widest kernel's logits bit for bit, since every kernel sums as
+/// the portable definition does, and the device line says which ran.
+#[test]
+fn gguf_blocks_held_to_avx2_give_the_widest_kernels_logits_bit_for_bit() {
+    let widest = LanguageModel::open_in(&gguf(), DecoderPrecision::Gguf).expect("model");
+    let held = Build::Cpu(DecoderPrecision::Gguf, CpuKernels::Avx2);
+    let avx2 = LanguageModel::open_as(&gguf(), &held).expect("model");
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        assert!(avx2.kernels().contains("AVX2"), "{}", avx2.kernels());
+    }
+    let case = &references()["cases"][0];
+    let all: Vec<u32> = ids(&case["prompt_ids"])
+        .into_iter()
+        .chain(ids(&case["greedy"]))
+        .collect();
+    let bits = |m: &LanguageModel| -> Vec<u32> {
+        let logits = m.teacher_forced(&all).expect("logits");
+        logits.iter().map(|v| v.to_bits()).collect()
+    };
+    assert!(
+        bits(&widest) == bits(&avx2),
+        "{} and {} differ",
+        widest.kernels(),
+        avx2.kernels()
+    );
 }
 
 /// Issue 55: a system prompt every record shares is read once. Chat prompts with one long

@@ -10,6 +10,7 @@ use spotinfer::model::engines::decoder::{
     Build, DecoderPrecision, FinishReason, Generated, Interrupt, LanguageModel, Message, Prompt,
     Request, Sampling,
 };
+use spotinfer::model::CpuKernels;
 use std::path::{Path, PathBuf};
 
 fn fixtures() -> PathBuf {
@@ -65,7 +66,7 @@ fn templates_ids_and_greedy_tokens_equal_transformers_for_every_family_from_fold
 
 /// The CPU decoder in f32.
 fn cpu() -> Build {
-    Build::Cpu(DecoderPrecision::F32)
+    Build::Cpu(DecoderPrecision::F32, CpuKernels::Auto)
 }
 
 /// The paged decoder (`--backend paged`) on candle's CPU backend, f32, with `cache_tokens`.

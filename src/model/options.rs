@@ -89,14 +89,14 @@ impl Choice for Precision {
     ];
 }
 
-/// The widest instructions the fused CPU encoder's dense layers may use.
+/// The widest instructions the fused CPU encoder's and the CPU decoder's dense layers may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CpuKernels {
     /// The widest this CPU has.
     Auto,
     /// AVX2 at most, what a CPU with neither AVX-512 nor AVX-VNNI runs (AMD's Zen 2 and 3):
-    /// f32 on AVX2/FMA, int8 on `vpmaddubsw` (the feed-forward output on AVX2/FMA), bf16
-    /// refused; to compare CPU classes on one machine, and to test that path on a CPU that has
+    /// f32 on AVX2/FMA, int8 on `vpmaddubsw` (the feed-forward output on AVX2/FMA), a GGUF's
+    /// blocks on `vpmaddubsw`, bf16 refused; to compare CPU classes on one machine, and to test that path on a CPU that has
     /// AVX-512.
     Avx2,
 }

@@ -39,11 +39,13 @@ impl Dense {
         }
     }
 
-    /// The matrix stacked from `parts`, kept in their block formats.
-    pub fn blocks(parts: Vec<Arc<BlockMatrix>>) -> Self {
+    /// The matrix stacked from `parts`, kept in their block formats (laid out for `kernel`),
+    /// multiplied by `kernel`.
+    pub fn blocks(parts: Vec<Arc<BlockMatrix>>, kernel: Kernel) -> Self {
         let k = parts.first().map_or(0, |p| p.k());
         Self {
             blocks: parts,
+            kernel,
             ..Self::new(Vec::new(), k)
         }
     }

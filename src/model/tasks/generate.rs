@@ -137,7 +137,7 @@ impl GenerateTask {
             max_seq_len: model.context(),
             device: match build {
                 Build::Paged { .. } => format!("{} from {}", model.kernels(), model.format),
-                Build::Cpu(_) => format!(
+                Build::Cpu(..) => format!(
                     "Cpu (decoder, {} from {}, {})",
                     match model.precision() {
                         DecoderPrecision::Bf16 => "bf16",
@@ -628,7 +628,7 @@ pub fn decoder_build(
                  (--backend paged) until its GPU check has passed"
             );
         }
-        return Ok(Build::Cpu(precision));
+        return Ok(Build::Cpu(precision, options.cpu_kernels));
     }
     let device = crate::model::engines::select_device(options.device).map_err(|e| e.to_string())?;
     let dtype = match (options.precision, device.is_cpu()) {

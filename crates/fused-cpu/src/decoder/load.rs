@@ -9,11 +9,13 @@ use crate::quant::{Kernel, Weights};
 use crate::{FusedError, Precision};
 use std::sync::Arc;
 
-/// How the dense layers are built: packed in a format (or f32 as read), blocks kept or widened.
+/// How the dense layers are built: packed in a format (or f32 as read), blocks kept (for a
+/// kernel) or widened.
 #[derive(Clone, Copy)]
 struct Plan {
     format: Option<Format>,
     keep_blocks: bool,
+    kernel: Kernel,
 }
 
 impl Plan {
@@ -22,10 +24,10 @@ impl Plan {
     fn dense(self, parts: Vec<Weights>, k: usize) -> Dense {
         if self.keep_blocks && parts.iter().all(|p| matches!(p, Weights::Blocks(_))) {
             let blocks = parts.into_iter().filter_map(|p| match p {
-                Weights::Blocks(m) => Some(Arc::new(m.laid_out_for(Kernel::best()))),
+                Weights::Blocks(m) => Some(Arc::new(m.laid_out_for(self.kernel))),
                 Weights::F32(_) => None,
             });
-            return Dense::blocks(blocks.collect());
+            return Dense::blocks(blocks.collect(), self.kernel);
         }
         let mut f32 = Vec::new();
         for p in parts {
@@ -41,10 +43,13 @@ impl CpuDecoder {
     /// such tensor (an optional bias). Each dense layer is packed for `precision` as it is read:
     /// f32, bf16 where the CPU has AMX or AVX-512 BF16 (refused with the reason elsewhere), or
     /// kept in its blocks ([`Precision::Gguf`]; reported as f32 when no tensor came in blocks);
-    /// int8 is refused.
+    /// int8 is refused. `avx2_only`: the dense layers run what a CPU with AVX2 but neither
+    /// AVX-512 nor AVX-VNNI runs (AMD's Zen 2 and 3; bf16 refused), whatever this CPU has, to
+    /// compare CPU classes on one machine (as `CpuBert::limit_to_avx2`).
     pub fn load(
         dims: DecoderDims,
         precision: Precision,
+        avx2_only: bool,
         mut read: impl FnMut(&str, &[usize]) -> Result<Option<Weights>, FusedError>,
     ) -> Result<Self, FusedError> {
         let d = dims;
@@ -67,19 +72,21 @@ impl CpuDecoder {
                 )),
                 Precision::Gguf => Plan {
                     format: Precision::F32
-                        .format(false)
+                        .format(avx2_only)
                         .map_err(FusedError::Unsupported)?,
                     keep_blocks: true,
+                    kernel: Kernel::within(avx2_only),
                 },
                 p => Plan {
-                    format: p.format(false).map_err(FusedError::Unsupported)?,
+                    format: p.format(avx2_only).map_err(FusedError::Unsupported)?,
                     keep_blocks: false,
+                    kernel: Kernel::within(avx2_only),
                 },
             };
         let embed = required(&mut read, "model.embed_tokens.weight", &[d.vocab, d.hidden])?;
         let embed = match embed {
             Weights::Blocks(m) if plan.keep_blocks => {
-                Embedding::Blocks(Arc::new(m.laid_out_for(Kernel::best())))
+                Embedding::Blocks(Arc::new(m.laid_out_for(plan.kernel)))
             }
             other => Embedding::F32(other.into_f32()),
         };
@@ -91,7 +98,7 @@ impl CpuDecoder {
         let lm_head = match (d.tied, read("lm_head.weight", &[d.vocab, d.hidden])?) {
             (false, Some(w)) => plan.dense(vec![w], d.hidden),
             _ => match &embed {
-                Embedding::Blocks(m) => Dense::blocks(vec![Arc::clone(m)]),
+                Embedding::Blocks(m) => Dense::blocks(vec![Arc::clone(m)], plan.kernel),
                 Embedding::F32(rows) => Dense::packed(rows.clone(), d.hidden, plan.format),
             },
         };

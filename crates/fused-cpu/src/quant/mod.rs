@@ -471,6 +471,20 @@ impl Kernel {
         Self::Portable
     }
 
+    /// [`Kernel::best`], or where `avx2_only` the best without AVX-512 (what AMD's Zen 2 and 3
+    /// run: AVX2's kernel, the same bits), to compare CPU classes on one machine.
+    pub(crate) fn within(avx2_only: bool) -> Self {
+        match Self::best() {
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx512Vnni if avx2_only => Self::Avx2,
+            // Elsewhere there is nothing wider than AVX2 to leave out.
+            best => {
+                let _ = avx2_only;
+                best
+            }
+        }
+    }
+
     /// Whether this CPU has its instructions, checked at run time.
     pub(crate) fn supported(self) -> bool {
         #[cfg(target_arch = "x86_64")]

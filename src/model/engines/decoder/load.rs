@@ -8,7 +8,7 @@
 use super::gguf_tokenizer;
 use super::paged::decoder::PagedDecoder;
 use super::Network;
-use crate::model::ModelError;
+use crate::model::{CpuKernels, ModelError};
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Device;
@@ -23,8 +23,9 @@ use tokenizers::Tokenizer;
 /// Which network a generation model is built into.
 #[derive(Debug, Clone)]
 pub enum Build {
-    /// The CPU decoder (`spotinfer_fused_cpu::CpuDecoder`), its dense layers in this precision.
-    Cpu(Precision),
+    /// The CPU decoder (`spotinfer_fused_cpu::CpuDecoder`), its dense layers in this precision,
+    /// on the widest instructions the second allows.
+    Cpu(Precision, CpuKernels),
     /// The paged decoder (`super::paged::decoder`) on a candle device, in a dtype, with a cache
     /// of so many token slots.
     Paged {
@@ -46,8 +47,9 @@ impl Build {
         mut read: impl FnMut(&str, &[usize]) -> Result<Option<Weights>, FusedError>,
     ) -> Result<Network, ModelError> {
         match self {
-            Self::Cpu(precision) => Ok(Network::Cpu(Box::new(
-                CpuDecoder::load(dims, *precision, read).map_err(from_bert(path))?,
+            Self::Cpu(precision, kernels) => Ok(Network::Cpu(Box::new(
+                CpuDecoder::load(dims, *precision, *kernels == CpuKernels::Avx2, read)
+                    .map_err(from_bert(path))?,
             ))),
             Self::Paged {
                 device,

@@ -31,7 +31,7 @@ pub use load::Build;
 pub use sampling::{argmax, Sampling};
 
 pub use crate::model::output::{Completion, FinishReason};
-use crate::model::ModelError;
+use crate::model::{CpuKernels, ModelError};
 pub use crate::record::generation::{Constraint, Input, Message, Prompt};
 use paged::decoder::PagedDecoder;
 /// The precision the decoder's dense layers compute in (the fused CPU crate's).
@@ -135,7 +135,7 @@ impl LanguageModel {
     /// [`LanguageModel::open`] with the dense layers in `precision`: f32, or bf16 where the CPU
     /// has AMX or AVX-512 BF16 (refused with the reason elsewhere, and int8 everywhere).
     pub fn open_in(path: &Path, precision: DecoderPrecision) -> Result<Self, ModelError> {
-        Self::open_as(path, &Build::Cpu(precision))
+        Self::open_as(path, &Build::Cpu(precision, CpuKernels::Auto))
     }
 
     /// [`LanguageModel::open`] into the network `build` names.
