@@ -14,9 +14,12 @@ use std::arch::x86_64::*;
 /// Rows one call multiplies: each row keeps an i32 and an f32 register, so AVX2's sixteen
 /// registers hold four rows and AVX-512's thirty-two hold eight (each block's weights are then
 /// loaded and unpacked once per eight rows: on a Zen 4, a batch-32 run took ~4% less CPU time
-/// than with four).
-pub(super) const fn tile_rows(vnni: bool) -> usize {
-    if vnni {
+/// than with four). Except Q6_K's, which also keeps a sub-block's sums per row while it adds
+/// the other side's: at eight rows it ran out of registers (on a Zen 4, one thread's product of
+/// 32 rows by 896 × 4,864 weights: 59 billion multiply-adds a second at eight rows, 91 at four,
+/// 80–92 at five and six; the other formats within ±5% at four, six or eight).
+pub(super) fn tile_rows(format: BlockFormat, vnni: bool) -> usize {
+    if vnni && format != BlockFormat::Q6K {
         8
     } else {
         4

@@ -550,13 +550,14 @@ impl Kernel {
         }
     }
 
-    /// Rows one column kernel call takes.
-    fn group_rows(self) -> usize {
+    /// Rows one column kernel call takes for `format`.
+    fn group_rows(self, format: BlockFormat) -> usize {
+        let _ = format;
         match self {
             #[cfg(target_arch = "x86_64")]
-            Self::Avx512Vnni => columns_x86::tile_rows(true),
+            Self::Avx512Vnni => columns_x86::tile_rows(format, true),
             #[cfg(target_arch = "x86_64")]
-            Self::Avx2 => columns_x86::tile_rows(false),
+            Self::Avx2 => columns_x86::tile_rows(format, false),
             #[cfg(target_arch = "aarch64")]
             Self::Sdot => columns_arm::ROWS,
             Self::Portable => 4,
@@ -658,7 +659,7 @@ unsafe fn by_columns(kernel: Kernel, share: &Share<'_>) {
     let m = rows.q.len() / rows.k;
     let group_bytes =
         part.k / part.format.block_weights() * columns::group_block_bytes(part.format);
-    let tall = kernel.group_rows();
+    let tall = kernel.group_rows(part.format);
     for lo in (0..m).step_by(ROW_BLOCK) {
         for c in share.outputs.clone().step_by(columns::COLUMNS) {
             let weights = part.data[c / columns::COLUMNS * group_bytes..].as_ptr();
