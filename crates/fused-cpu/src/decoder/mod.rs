@@ -396,8 +396,30 @@ fn rms_norm(row: &mut [f32], w: &[f32], eps: f32) {
     row.iter_mut().zip(w).for_each(|(v, w)| *v = w * (*v * inv));
 }
 
-/// `silu(gate) · up`, elementwise.
+/// `silu(gate) · up`, elementwise: compiled for AVX2 where the CPU has it, the same operations
+/// in the same order either way, so the same bits (built for the crate's baseline the loop ran
+/// one value at a time: 1.75 ns a value on a Zen 4, 3.9% of a Qwen2.5-0.5B-shape batch).
 fn silu_mul(out: &mut [f32], gate: &[f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { silu_mul_avx2(out, gate, up) };
+    }
+    silu_mul_in(out, gate, up)
+}
+
+/// [`silu_mul`] compiled for AVX2.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn silu_mul_avx2(out: &mut [f32], gate: &[f32], up: &[f32]) {
+    silu_mul_in(out, gate, up)
+}
+
+#[inline(always)]
+fn silu_mul_in(out: &mut [f32], gate: &[f32], up: &[f32]) {
     for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
         *o = g / (1.0 + exp(-g)) * u;
     }
@@ -532,6 +554,22 @@ fn attend<const AVX2: bool>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The AVX2 build of `silu(gate) · up` gives the portable build's bits, across the range
+    /// `exp`'s clamp cuts and at zeros and tiny values.
+    #[test]
+    fn silu_on_avx2_is_the_portable_silu_bit_for_bit() {
+        let gate: Vec<f32> = (-3000..3000)
+            .map(|i| i as f32 * 0.0611)
+            .chain([0.0, -0.0, f32::MIN_POSITIVE, -1e-30, 88.5, -87.5])
+            .collect();
+        let up: Vec<f32> = gate.iter().map(|g| 1.0 - g * 0.37).collect();
+        let (mut best, mut portable) = (vec![0f32; gate.len()], vec![0f32; gate.len()]);
+        silu_mul(&mut best, &gate, &up);
+        silu_mul_in(&mut portable, &gate, &up);
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&best), bits(&portable));
+    }
 
     /// The AVX2 build of attention gives the portable build's bits, over lengths that leave
     /// every tail of the lane sums, and three query heads attended together give what each
