@@ -96,8 +96,8 @@ pub enum CpuKernels {
     Auto,
     /// AVX2 at most, what a CPU with neither AVX-512 nor AVX-VNNI runs (AMD's Zen 2 and 3):
     /// f32 on AVX2/FMA, int8 on `vpmaddubsw` (the feed-forward output on AVX2/FMA), a GGUF's
-    /// blocks on `vpmaddubsw`, bf16 refused; to compare CPU classes on one machine, and to test that path on a CPU that has
-    /// AVX-512.
+    /// blocks on `vpmaddubsw`, bf16 refused; to compare CPU classes on one machine, and to test
+    /// that path on a CPU that has AVX-512.
     Avx2,
 }
 

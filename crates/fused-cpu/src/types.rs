@@ -164,9 +164,11 @@ impl Precision {
     pub(crate) fn format(self, avx2_only: bool) -> Result<Option<Format>, String> {
         match self {
             Self::F32 => Ok(Fma::best(avx2_only).map(Format::F32)),
-            Self::Bf16 if avx2_only => {
-                Err("bf16 needs AVX-512 BF16, and the dense layers are limited to AVX2 (--cpu-kernels avx2)".into())
-            }
+            Self::Bf16 if avx2_only => Err(
+                "bf16 needs AVX-512 BF16, and the dense layers are limited to AVX2 \
+                     (--cpu-kernels avx2)"
+                    .into(),
+            ),
             Self::Bf16 if !Format::Bf16.supported() => {
                 Err("bf16 needs a CPU with AVX-512 BF16 (avx512_bf16); this one has none".into())
             }

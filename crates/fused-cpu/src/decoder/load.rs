@@ -63,6 +63,7 @@ impl CpuDecoder {
                 d.heads, d.kv_heads, d.head_dim
             )));
         }
+        let kernel = Kernel::within(avx2_only);
         let plan =
             match precision {
                 Precision::Int8 => return Err(FusedError::Unsupported(
@@ -75,12 +76,12 @@ impl CpuDecoder {
                         .format(avx2_only)
                         .map_err(FusedError::Unsupported)?,
                     keep_blocks: true,
-                    kernel: Kernel::within(avx2_only),
+                    kernel,
                 },
                 p => Plan {
                     format: p.format(avx2_only).map_err(FusedError::Unsupported)?,
                     keep_blocks: false,
-                    kernel: Kernel::within(avx2_only),
+                    kernel,
                 },
             };
         let embed = required(&mut read, "model.embed_tokens.weight", &[d.vocab, d.hidden])?;

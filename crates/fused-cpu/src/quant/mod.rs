@@ -414,10 +414,10 @@ pub(crate) struct ActivationRow<'a> {
     pub scales: &'a [[f32; 2]],
 }
 
-/// One weight row unpacked to what the row layout's kernel multiplies: per 32-weight sub-block, the signed
-/// values, 16 integer scales (one per pair of values: a Q6_K sub-block has two), and the float
-/// scale beside the minimum's coefficient (multiplied by an activation block's scale and scaled
-/// sum at once).
+/// One weight row unpacked to what the row layout's kernel multiplies: per 32-weight sub-block,
+/// the signed values, 16 integer scales (one per pair of values: a Q6_K sub-block has two), and
+/// the float scale beside the minimum's coefficient (multiplied by an activation block's scale
+/// and scaled sum at once).
 #[derive(Default)]
 pub(crate) struct Unpacked {
     pub w: Vec<i8>,
