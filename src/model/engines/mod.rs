@@ -11,6 +11,8 @@
 //!   with its tokenizer, chat template, sampler and continuous-batching loop.
 
 pub mod candle_bert;
+#[cfg(feature = "cuda")]
+mod cuda_device;
 pub mod decoder;
 pub mod fused;
 pub mod fused_images;
@@ -399,18 +401,31 @@ pub fn check_paged_kernels(
     Ok(checks)
 }
 
+/// GPU 0, set up for the engines (`cuda_device`).
+fn open_cuda() -> Result<Device, ModelError> {
+    #[cfg(feature = "cuda")]
+    return cuda_device::open(0).map_err(|e| ModelError::NoCuda(e.to_string()));
+    #[cfg(not(feature = "cuda"))]
+    Err(ModelError::NoCuda(
+        "this binary was built without the `cuda` feature".into(),
+    ))
+}
+
 /// The candle device `choice` names; an error when CUDA is asked for and cannot be had.
 pub(super) fn select_device(choice: DeviceChoice) -> Result<Device, ModelError> {
     match choice {
         DeviceChoice::Cpu => Ok(Device::Cpu),
-        DeviceChoice::Auto => Ok(Device::cuda_if_available(0).unwrap_or(Device::Cpu)),
+        DeviceChoice::Auto => match candle_core::utils::cuda_is_available() {
+            true => Ok(open_cuda().unwrap_or(Device::Cpu)),
+            false => Ok(Device::Cpu),
+        },
         DeviceChoice::Cuda => {
             if !candle_core::utils::cuda_is_available() {
                 return Err(ModelError::NoCuda(
                     "this binary was built without the `cuda` feature".into(),
                 ));
             }
-            Device::new_cuda(0).map_err(|e| ModelError::NoCuda(e.to_string()))
+            open_cuda()
         }
     }
 }
