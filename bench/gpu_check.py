@@ -39,6 +39,7 @@ Writes OUT/gpu-check.json with the issue's targets, each met, missed or unmeasur
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -74,13 +75,14 @@ RUN_SECONDS = 150
 HUNG = set()
 
 
-def run(args, cmd):
+def run(args, cmd, env=None):
     backend = cmd[cmd.index("--backend") + 1] if "--backend" in cmd else None
     if backend in HUNG:
         raise Hung(f"--backend {backend} skipped: it hung earlier in this check")
     try:
         with (GpuMemory() if args.device == "cuda" else NoGpu()) as mem:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_SECONDS)
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_SECONDS,
+                                 env=None if env is None else dict(os.environ, **env))
     except subprocess.TimeoutExpired:
         if backend:
             HUNG.add(backend)
@@ -182,14 +184,18 @@ def generation(args, shapes):
                 rows.append(row)
                 continue
             try:
+                # As many prompts as transformers reads (its one batch), at least 4: one batch of
+                # b, or four answers one after another at batch 1.
+                prompts = first_lines(prompts, max(b, 4))
                 out, mem = run(args, [args.bin, "bench", "--input", prompts, "--model", shape,
                                       "--backend", "paged", "--device", args.device,
                                       "--batch-sizes", str(b), "--max-new-tokens", str(new),
-                                      "--max-batch-tokens", str(131072 if cuda else 4096)])
+                                      "--max-batch-tokens", str(131072 if cuda else 4096)],
+                               env={"RUST_LOG": "warn,spotinfer::paged::step=debug"})
                 bench = json.loads(out.stdout.strip().splitlines()[-1])[0]
                 row["spotinfer"] = dict(bench["bench"], device=bench["device"],
-                                        gpu_busy=mem.utilisation)
-                if cuda and prompts == path:
+                                        gpu_busy=mem.utilisation, steps=step_times(out.stderr))
+                if cuda and not row["sampled"]:
                     out, _ = run(args, [sys.executable, script, "transformers", shape, path, str(b),
                                         str(new)])
                     row["transformers_bf16"] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -197,7 +203,53 @@ def generation(args, shapes):
                 row["hung"] = str(e)
             rows.append(row)
             print(json.dumps(row), flush=True)
+        rows.append(profile(args, shape, first_lines(path, max(batches)), max(batches), new))
+        print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+STAGES = ["plan", "rows", "attention", "out", "feed_forward", "head", "choose"]
+
+
+def profile(args, shape, prompts, b, new):
+    """One more greedy run at batch `b`, its steps profiled (the device synchronised after each
+    stage, so slower than the plain run): the seconds each stage took over all its steps."""
+    row = {"model": os.path.basename(shape.rstrip("/")), "batch_size": b, "new_tokens": new,
+           "profiled": True}
+    if time.monotonic() - STARTED > args.minutes * 60:
+        return dict(row, unmeasured="past the check's time")
+    try:
+        out, _ = run(args, [args.bin, "bench", "--input", prompts, "--model", shape,
+                            "--backend", "paged", "--device", args.device, "--batch-sizes", str(b),
+                            "--max-new-tokens", str(new), "--max-batch-tokens",
+                            str(131072 if args.device == "cuda" else 4096)],
+                     env={"RUST_LOG": "warn,spotinfer::paged::stages=trace"})
+    except Hung as e:
+        return dict(row, hung=str(e))
+    seconds = {s: sum(int(v) for v in re.findall(rf'\b{s}_us"?[:=](\d+)', out.stderr)) / 1e6
+               for s in STAGES}
+    return dict(row, steps=len(re.findall(r"\bplan_us", out.stderr)), stage_seconds=seconds)
+
+
+def first_lines(path, n):
+    """A file of `path`'s first `n` lines, beside it."""
+    short = f"{path}.{n}"
+    with open(path) as f, open(short, "w") as out:
+        out.writelines(line for _, line in zip(range(n), f))
+    return short
+
+
+def step_times(log):
+    """The paged decoder's steps (its `paged step` debug events): how many, and the host's time
+    to queue a step against its wait for the device, summed and at the median. A wait near 0
+    says the host is what bounds the GPU."""
+    queued = [int(m) for m in re.findall(r'queued_us"?[:=](\d+)', log)]
+    waited = [int(m) for m in re.findall(r'waited_us"?[:=](\d+)', log)]
+    if not queued or len(queued) != len(waited):
+        return None
+    return {"steps": len(queued), "queued_s": sum(queued) / 1e6, "waited_s": sum(waited) / 1e6,
+            "median_queued_us": statistics.median(queued),
+            "median_waited_us": statistics.median(waited)}
 
 
 def agreement(args, shapes):
@@ -308,7 +360,8 @@ def targets(report):
                             None if ratio is None else ratio >= 10))
     floors = {"smollm2-135m": 30_000, "qwen2-0.5b": 17_711}
     for row in report.get("generation", []):
-        if row["model"] in floors and row["batch_size"] == 256 and not row.get("sampled"):
+        if (row["model"] in floors and row["batch_size"] == 256 and not row.get("sampled")
+                and not row.get("profiled")):
             got = row.get("spotinfer", {}).get("generated_tokens_per_s")
             floor = floors[row["model"]]
             out.append((f"{row['model']} batch 256: paged decoder >= {floor:,} generated tokens/s",
@@ -333,6 +386,8 @@ def main():
     p.add_argument("--minutes", type=float, default=7.5)
     p.add_argument("--llm-shapes", default=os.path.join(LLM_FIXTURES, "models", "llama"),
                    help="generation model folders for the paged decoder's speed")
+    p.add_argument("--llm-only", action="store_true",
+                   help="the paged decoder's steps alone (4, 6, 7): no encoder or image tower")
     args = p.parse_args()
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     shapes = [s for s in args.shapes.split(",") if s]
@@ -365,7 +420,7 @@ def main():
             elif v[side]["worst"] < 0.9999:
                 failures.append(f"{name}: {side} vectors, worst cosine {v[side]['worst']}")
     report["image_towers"] = {}
-    for name in ["clip", "vit"]:
+    for name in [] if args.llm_only else ["clip", "vit"]:
         rows = report["image_towers"][name] = kernels(args, os.path.join(IMAGES, "models", name))
         for k in rows:
             status = "ok" if k["passed"] else "PAST THE BAR"

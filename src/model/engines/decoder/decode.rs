@@ -475,10 +475,11 @@ fn resumable(model: &LanguageModel, request: &Request) -> Vec<u32> {
     Vec::new()
 }
 
-/// Most new tokens one forward pass reads. A prompt longer than what is left of it is read in
-/// parts over several steps (each row computes the same either way), so one step stays short:
-/// the interrupt at a shutdown is seen within a fraction of a second even while long prompts
-/// are read, and the activations of a step stay small.
+/// Most new tokens one forward pass of the CPU decoder reads. A prompt longer than what is left
+/// of it is read in parts over several steps (each row computes the same either way), so one
+/// step stays short: the interrupt at a shutdown is seen within a fraction of a second even
+/// while long prompts are read, and the activations of a step stay small. A GPU reads more a
+/// step in the same time ([`Network::step_tokens`]).
 pub const STEP_TOKENS: usize = 512;
 
 /// One forward pass for the running sequences: each decoding one's last token first, then what
@@ -487,7 +488,7 @@ fn step(model: &LanguageModel, active: &mut [Sequence]) -> Result<(), String> {
     let mut order: Vec<usize> = (0..active.len()).collect();
     // Decoding sequences (a cache, one token unread) first: false sorts before true.
     order.sort_by_key(|&i| active[i].cache.len() == 0 || active[i].unread_len() != 1);
-    let mut left = STEP_TOKENS;
+    let mut left = model.network().step_tokens();
     let mut feeds: Vec<(usize, Vec<u32>, bool)> = Vec::new();
     for i in order {
         if left == 0 {

@@ -108,6 +108,14 @@ impl Network {
             Self::Paged(d) => d.dims(),
         }
     }
+
+    /// Most new tokens one step reads, decoding sequences' and prompts' together.
+    pub fn step_tokens(&self) -> usize {
+        match self {
+            Self::Cpu(_) => decode::STEP_TOKENS,
+            Self::Paged(d) => d.step_tokens(),
+        }
+    }
 }
 
 /// A loaded generation model.

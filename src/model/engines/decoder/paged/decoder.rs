@@ -150,6 +150,18 @@ impl PagedDecoder {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Most new tokens a step reads: on a GPU 8,192 (vLLM's default budget for chunked
+    /// prefill), since at the CPU decoder's 512 a batch of 256 sequences reads only 256 prompt
+    /// tokens a step beside its decoding ones (measured on an H200: 224 steps for 128 new tokens
+    /// of 256 prompts of ~135 tokens, every one a full pass over the weights); a step of 8,192
+    /// rows still ends within milliseconds. On candle's CPU backend, the CPU decoder's 512.
+    pub fn step_tokens(&self) -> usize {
+        match self.embed.device().is_cpu() {
+            true => super::super::decode::STEP_TOKENS,
+            false => 8192,
+        }
+    }
+
     /// The dtype it computes in.
     pub fn dtype(&self) -> DType {
         self.embed.dtype()
@@ -200,7 +212,9 @@ impl PagedDecoder {
         feeds: &[(SeqId, &[u32])],
         choices: &[Option<(Sampling, usize)>],
     ) -> Result<Vec<u32>> {
-        let logits = self.last_logits(feeds)?;
+        let started = std::time::Instant::now();
+        let mut clock = StageClock::new(self.embed.device());
+        let logits = self.last_logits(feeds, &mut clock)?;
         let device = logits.device().clone();
         let drawn = |c: &Option<(Sampling, usize)>| c.is_some_and(|(s, _)| s.temperature > 0.0);
         let (sampled, greedy): (Vec<u32>, Vec<u32>) =
@@ -208,47 +222,68 @@ impl PagedDecoder {
         let pick = |rows: &[u32]| -> Result<Tensor> {
             logits.index_select(&Tensor::new(rows, &device)?, 0)
         };
+        let greedy_ids = match greedy.is_empty() {
+            true => None,
+            false => Some(pick(&greedy)?.apply_op1(super::argmax::ArgmaxRows)?),
+        };
+        let sampled_ids = match sampled.is_empty() {
+            true => None,
+            false => {
+                let rows: Vec<(Sampling, usize)> = sampled
+                    .iter()
+                    .filter_map(|&i| choices[i as usize])
+                    .collect();
+                let params = super::sample::params(&rows, &device)?;
+                Some(pick(&sampled)?.apply_op2(&params, super::sample::SampleRows)?)
+            }
+        };
+        // Everything is queued: what follows waits for the device. The two times tell a host
+        // that cannot keep the GPU busy (waiting near 0) from a GPU that is the bound.
+        let queued = started.elapsed();
         let mut tokens = vec![0u32; choices.len()];
-        if !greedy.is_empty() {
-            let ids = pick(&greedy)?.apply_op1(super::argmax::ArgmaxRows)?;
-            for (&row, id) in greedy.iter().zip(ids.to_vec1::<u32>()?) {
-                tokens[row as usize] = id;
+        for (rows, ids) in [(&greedy, greedy_ids), (&sampled, sampled_ids)] {
+            if let Some(ids) = ids {
+                for (&row, id) in rows.iter().zip(ids.to_vec1::<u32>()?) {
+                    tokens[row as usize] = id;
+                }
             }
         }
-        if !sampled.is_empty() {
-            let rows: Vec<(Sampling, usize)> = sampled
-                .iter()
-                .filter_map(|&i| choices[i as usize])
-                .collect();
-            let params = super::sample::params(&rows, &device)?;
-            let ids = pick(&sampled)?.apply_op2(&params, super::sample::SampleRows)?;
-            for (&row, id) in sampled.iter().zip(ids.to_vec1::<u32>()?) {
-                tokens[row as usize] = id;
-            }
-        }
+        tracing::debug!(
+            target: "spotinfer::paged::step",
+            sequences = feeds.len(),
+            tokens = feeds.iter().map(|f| f.1.len()).sum::<usize>(),
+            queued_us = queued.as_micros() as u64,
+            waited_us = (started.elapsed() - queued).as_micros() as u64,
+            "paged step"
+        );
+        clock.lap(Stage::Choose);
+        clock.report();
         Ok(tokens)
     }
 
     /// The logits after each feed's last token, `(feeds, vocab)` on the device.
-    fn last_logits(&self, feeds: &[(SeqId, &[u32])]) -> Result<Tensor> {
-        let (x, plan) = self.hidden(feeds)?;
+    fn last_logits(&self, feeds: &[(SeqId, &[u32])], clock: &mut StageClock) -> Result<Tensor> {
+        let (x, plan) = self.hidden(feeds, clock)?;
         let lasts: Vec<u32> = plan.ends.iter().map(|&end| end as u32 - 1).collect();
         let lasts = Tensor::new(lasts, x.device())?;
         let x = candle_nn::ops::rms_norm(&x.index_select(&lasts, 0)?, &self.norm, self.dims.eps)?;
-        linear(&x, &self.lm_head, None)
+        let logits = linear(&x, &self.lm_head, None)?;
+        clock.lap(Stage::Head);
+        Ok(logits)
     }
 
     /// One step: each feed's new tokens (an admitted sequence's next ones) through the network,
     /// written to the cache; per feed, the logits after its last token (`vocab` f32), or with
     /// `all_logits` after each of its tokens, row after row.
     pub fn forward(&self, feeds: &[(SeqId, &[u32])], all_logits: bool) -> Result<Vec<Vec<f32>>> {
+        let mut clock = StageClock::new(self.embed.device());
         if !all_logits {
             return self
-                .last_logits(feeds)?
+                .last_logits(feeds, &mut clock)?
                 .to_dtype(DType::F32)?
                 .to_vec2::<f32>();
         }
-        let (x, plan) = self.hidden(feeds)?;
+        let (x, plan) = self.hidden(feeds, &mut clock)?;
         let x = candle_nn::ops::rms_norm(&x, &self.norm, self.dims.eps)?;
         let logits = linear(&x, &self.lm_head, None)?
             .to_dtype(DType::F32)?
@@ -268,7 +303,11 @@ impl PagedDecoder {
 
     /// The feeds' tokens through every layer (their keys and values written to the cache): the
     /// last hidden state of each new token, `(tokens, hidden)`, and the step's plan.
-    fn hidden(&self, feeds: &[(SeqId, &[u32])]) -> Result<(Tensor, StepPlan)> {
+    fn hidden(
+        &self,
+        feeds: &[(SeqId, &[u32])],
+        clock: &mut StageClock,
+    ) -> Result<(Tensor, StepPlan)> {
         let mut cache = self.lock()?;
         let plan = plan_step(&mut cache.pool, feeds)?;
         let device = self.embed.device();
@@ -284,12 +323,17 @@ impl PagedDecoder {
             width: plan.width,
         };
         let mut x = self.embed.index_select(&ids, 0)?;
+        clock.lap(Stage::Plan);
         for (layer, kv) in self.layers.iter().zip(&cache.kv) {
             let rows = layer.attention_rows(&x, d, &cos, &sin)?;
+            clock.lap(Stage::Rows);
             kv.inplace_op3(&rows, &slots, &WriteCache(attention.layout))?;
             let context = rows.apply_op3(kv, &attention_plan, attention)?;
+            clock.lap(Stage::Attention);
             x = (x + linear(&context, &layer.out, layer.out_bias.as_ref())?)?;
+            clock.lap(Stage::Out);
             x = (&x + layer.feed_forward(&x, d.eps)?)?;
+            clock.lap(Stage::FeedForward);
         }
         Ok((x, plan))
     }
@@ -336,6 +380,74 @@ impl Layer {
         let inner = gate_up.dim(D::Minus1)? / 2;
         let act = (gate_up.narrow(1, 0, inner)?.silu()? * gate_up.narrow(1, inner, inner)?)?;
         linear(&act, &self.down, None)
+    }
+}
+
+/// The parts of a step [`StageClock`] times.
+#[derive(Clone, Copy)]
+enum Stage {
+    /// Planning on the host, the plan's copy to the device, the embeddings.
+    Plan,
+    /// Each layer's attention rows: RMSNorm, the Q, K, V product, the rotary embedding.
+    Rows,
+    /// The cache's writes and the attention over it.
+    Attention,
+    /// The output projection and the residual.
+    Out,
+    /// The feed-forward and the residual.
+    FeedForward,
+    /// The final norm and the logits.
+    Head,
+    /// The choice of the next tokens and their copy back.
+    Choose,
+}
+
+/// Where a step's time goes, on request: when `RUST_LOG` enables `spotinfer::paged::stages` at
+/// trace level, the device is synchronised at the end of each stage and a step's seconds per
+/// stage are logged. A profile only: the synchronisations keep the host from queueing ahead, so
+/// such a step is slower than a plain one. Otherwise it does nothing.
+struct StageClock {
+    device: Option<Device>,
+    lap: std::time::Instant,
+    seconds: [f64; 7],
+}
+
+impl StageClock {
+    fn new(device: &Device) -> Self {
+        let on = tracing::enabled!(target: "spotinfer::paged::stages", tracing::Level::TRACE);
+        Self {
+            device: on.then(|| device.clone()),
+            lap: std::time::Instant::now(),
+            seconds: [0.0; 7],
+        }
+    }
+
+    /// Ends `stage`: waits for the device and adds the time since the last lap to it.
+    fn lap(&mut self, stage: Stage) {
+        let Some(device) = &self.device else { return };
+        if let Err(e) = device.synchronize() {
+            tracing::warn!(error = %e, "the stage profile could not synchronise the device");
+        }
+        self.seconds[stage as usize] += self.lap.elapsed().as_secs_f64();
+        self.lap = std::time::Instant::now();
+    }
+
+    fn report(&self) {
+        if self.device.is_none() {
+            return;
+        }
+        let us = |stage: Stage| (self.seconds[stage as usize] * 1e6) as u64;
+        tracing::trace!(
+            target: "spotinfer::paged::stages",
+            plan_us = us(Stage::Plan),
+            rows_us = us(Stage::Rows),
+            attention_us = us(Stage::Attention),
+            out_us = us(Stage::Out),
+            feed_forward_us = us(Stage::FeedForward),
+            head_us = us(Stage::Head),
+            choose_us = us(Stage::Choose),
+            "paged step stages"
+        );
     }
 }
 
