@@ -7,36 +7,60 @@
 
 #define TILE 32
 #define MAX_PER_LANE 4  // heads up to 128 wide
+#define MAX_HEAD (TILE * MAX_PER_LANE)
+
+// A key tile's rows in shared memory are this many elements apart: one 4-byte word more than the
+// widest head for f32, two halves more for f16 and bf16, so that lane j reading element i of row j
+// hits bank (j + i) mod 32 (for 16-bit elements, (j + i / 2) mod 32): no two lanes of a warp on
+// one bank.
+template <typename T> struct KeyStride { enum { value = MAX_HEAD + 2 }; };
+template <> struct KeyStride<F32> { enum { value = MAX_HEAD + 1 }; };
 
 // One warp per (new token, head). plan: per token (table row, position), then the block tables
 // (rows of `width`). rows: (tokens, stride), the query at q_at. cache: (2, slots, kv_heads,
 // head_dim). out: (tokens, heads * head_dim).
+//
+// Lane j scores key j of a tile, over the head in order. The tile's keys are first copied into
+// shared memory by the whole warp, a key row at a time (one coalesced read each): read straight
+// from the cache, each of the lane's loads of its own key fell on a line of its own, 32 lines an
+// instruction. The query is kept there as floats. The sums are the same, in the same order.
 template <typename T>
 __device__ void paged_attention(const typename T::raw* rows, const typename T::raw* cache,
                                 const unsigned int* plan, typename T::raw* out, int tokens,
                                 int stride, int q_at, int heads, int kv_heads, int head_dim,
                                 int block_size, int width, long slots, float scale) {
+    __shared__ float query[MAX_HEAD];
+    __shared__ typename T::raw tile_keys[TILE * KeyStride<T>::value];
     const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
     const unsigned int row = plan[2 * t], position = plan[2 * t + 1];
     const unsigned int* table = plan + 2 * (long)tokens + (long)row * width;
     const int kv_head = h / (heads / kv_heads);
     const long kv_width = (long)kv_heads * head_dim;
     const typename T::raw* q = rows + (long)t * stride + q_at + (long)h * head_dim;
+    for (int i = lane; i < head_dim; i += TILE) query[i] = load(q[i], T());
     float acc[MAX_PER_LANE];
     for (int r = 0; r < MAX_PER_LANE; ++r) acc[r] = 0.0f;
     float m = NEG_INF, l = 0.0f;
     const int keys = position + 1;
     for (int tile = 0; tile < keys; tile += TILE) {
         const int n = min(TILE, keys - tile);
-        // Lane j scores key tile + j.
-        float s = NEG_INF;
         long slot = 0;
         if (lane < n) {
             int p = tile + lane;
             slot = (long)table[p / block_size] * block_size + p % block_size;
-            const typename T::raw* k = cache + slot * kv_width + (long)kv_head * head_dim;
+        }
+        __syncwarp();  // every lane is done with the last tile's keys
+        for (int j = 0; j < n; ++j) {
+            const long key_slot = __shfl_sync(0xffffffffu, slot, j);
+            const typename T::raw* k = cache + key_slot * kv_width + (long)kv_head * head_dim;
+            for (int i = lane; i < head_dim; i += TILE) tile_keys[j * KeyStride<T>::value + i] = k[i];
+        }
+        __syncwarp();
+        float s = NEG_INF;
+        if (lane < n) {
+            const typename T::raw* k = tile_keys + lane * KeyStride<T>::value;
             float dot = 0.0f;
-            for (int i = 0; i < head_dim; ++i) dot += load(q[i], T()) * load(k[i], T());
+            for (int i = 0; i < head_dim; ++i) dot += query[i] * load(k[i], T());
             s = dot * scale;
         }
         float tile_max = s;
