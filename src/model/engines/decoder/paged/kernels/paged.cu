@@ -9,28 +9,45 @@
 #define MAX_PER_LANE 4  // heads up to 128 wide
 #define MAX_HEAD (TILE * MAX_PER_LANE)
 
-// A key tile's rows in shared memory are this many elements apart: one 4-byte word more than the
-// widest head for f32, two halves more for f16 and bf16, so that lane j reading element i of row j
-// hits bank (j + i) mod 32 (for 16-bit elements, (j + i / 2) mod 32): no two lanes of a warp on
-// one bank.
-template <typename T> struct KeyStride { enum { value = MAX_HEAD + 2 }; };
-template <> struct KeyStride<F32> { enum { value = MAX_HEAD + 1 }; };
+// Elements of a 16-byte load.
+template <typename T> struct Vec { enum { value = 16 / sizeof(typename T::raw) }; };
+
+// Key `k`'s score against `query` (floats), a sum over the head in order: read 16 bytes at a
+// time where the row allows it (head width a multiple of a load, row aligned), else element by
+// element. The same products added in the same order either way.
+template <typename T>
+__device__ __forceinline__ float key_score(const float* query, const typename T::raw* k,
+                                           int head_dim) {
+    const int vec = Vec<T>::value;
+    float dot = 0.0f;
+    if (head_dim % vec == 0 && ((unsigned long)k & 15) == 0) {
+        const uint4* k4 = reinterpret_cast<const uint4*>(k);
+#pragma unroll 8
+        for (int c = 0; c < head_dim / vec; ++c) {
+            union { uint4 v; typename T::raw e[Vec<T>::value]; } u;
+            u.v = __ldg(k4 + c);
+#pragma unroll
+            for (int e = 0; e < vec; ++e) dot += query[c * vec + e] * load(u.e[e], T());
+        }
+    } else {
+        for (int i = 0; i < head_dim; ++i) dot += query[i] * load(k[i], T());
+    }
+    return dot;
+}
 
 // One warp per (new token, head). plan: per token (table row, position), then the block tables
 // (rows of `width`). rows: (tokens, stride), the query at q_at. cache: (2, slots, kv_heads,
 // head_dim). out: (tokens, heads * head_dim).
 //
-// Lane j scores key j of a tile, over the head in order. The tile's keys are first copied into
-// shared memory by the whole warp, a key row at a time (one coalesced read each): read straight
-// from the cache, each of the lane's loads of its own key fell on a line of its own, 32 lines an
-// instruction. The query is kept there as floats. The sums are the same, in the same order.
+// Lane j scores key j of a tile, over the head in order (`key_score`: its row 16 bytes a load;
+// element by element, each of a lane's loads fell on a line of its own, 32 lines an instruction,
+// 64 instructions a tile for 64-wide heads). The query is kept in shared memory as floats.
 template <typename T>
 __device__ void paged_attention(const typename T::raw* rows, const typename T::raw* cache,
                                 const unsigned int* plan, typename T::raw* out, int tokens,
                                 int stride, int q_at, int heads, int kv_heads, int head_dim,
                                 int block_size, int width, long slots, float scale) {
     __shared__ float query[MAX_HEAD];
-    __shared__ typename T::raw tile_keys[TILE * KeyStride<T>::value];
     const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
     const unsigned int row = plan[2 * t], position = plan[2 * t + 1];
     const unsigned int* table = plan + 2 * (long)tokens + (long)row * width;
@@ -49,19 +66,11 @@ __device__ void paged_attention(const typename T::raw* rows, const typename T::r
             int p = tile + lane;
             slot = (long)table[p / block_size] * block_size + p % block_size;
         }
-        __syncwarp();  // every lane is done with the last tile's keys
-        for (int j = 0; j < n; ++j) {
-            const long key_slot = __shfl_sync(0xffffffffu, slot, j);
-            const typename T::raw* k = cache + key_slot * kv_width + (long)kv_head * head_dim;
-            for (int i = lane; i < head_dim; i += TILE) tile_keys[j * KeyStride<T>::value + i] = k[i];
-        }
-        __syncwarp();
+        __syncwarp();  // the query is in shared memory
         float s = NEG_INF;
         if (lane < n) {
-            const typename T::raw* k = tile_keys + lane * KeyStride<T>::value;
-            float dot = 0.0f;
-            for (int i = 0; i < head_dim; ++i) dot += query[i] * load(k[i], T());
-            s = dot * scale;
+            const typename T::raw* k = cache + slot * kv_width + (long)kv_head * head_dim;
+            s = key_score<T>(query, k, head_dim) * scale;
         }
         float tile_max = s;
         for (int offset = 16; offset > 0; offset >>= 1)
@@ -120,6 +129,41 @@ __device__ void write_cache(typename T::raw* cache, const typename T::raw* rows,
 INSTANTIATE(f32, F32)
 INSTANTIATE(f16, F16)
 INSTANTIATE(bf16, BF16)
+
+// The rotary embedding of a step's rows (decoder/paged/rotary.rs, `RotaryRows::cpu_fwd`): one
+// block per token; rows (tokens, (heads + 2 kv_heads) * head_dim), queries then keys then values;
+// cos and sin (tokens, head_dim / 2). Each query and key head's pair (i, i + half) rotated in f32
+// and rounded once; the values copied.
+template <typename T>
+__device__ void rotary_rows(const typename T::raw* rows, const typename T::raw* cos,
+                            const typename T::raw* sin, typename T::raw* out, int heads,
+                            int kv_heads, int head_dim) {
+    const int t = blockIdx.x, half = head_dim / 2;
+    const long width = (long)(heads + 2 * kv_heads) * head_dim;
+    const typename T::raw* row = rows + t * width;
+    typename T::raw* target = out + t * width;
+    const int pairs = (heads + kv_heads) * half;
+    for (int j = threadIdx.x; j < pairs; j += blockDim.x) {
+        const int at = (j / half) * head_dim + j % half, i = j % half;
+        const float x1 = load(row[at], T()), x2 = load(row[at + half], T());
+        const float c = load(cos[(long)t * half + i], T()), s = load(sin[(long)t * half + i], T());
+        target[at] = store(x1 * c - x2 * s, T());
+        target[at + half] = store(x1 * s + x2 * c, T());
+    }
+    const int values_at = (heads + kv_heads) * head_dim;
+    for (int j = threadIdx.x; j < kv_heads * head_dim; j += blockDim.x)
+        target[values_at + j] = row[values_at + j];
+}
+
+#define INSTANTIATE_ROTARY(SUFFIX, T)                                                         \
+    extern "C" __global__ void rotary_rows_##SUFFIX(const T::raw* rows, const T::raw* cos,   \
+                                                    const T::raw* sin, T::raw* out,          \
+                                                    int heads, int kv_heads, int head_dim) { \
+        rotary_rows<T>(rows, cos, sin, out, heads, kv_heads, head_dim);                      \
+    }
+INSTANTIATE_ROTARY(f32, F32)
+INSTANTIATE_ROTARY(f16, F16)
+INSTANTIATE_ROTARY(bf16, BF16)
 
 // One block of ARGMAX_THREADS per row: each thread scans its strided share in order keeping the
 // first largest (strictly greater replaces), then the block keeps the larger value, or on a tie
