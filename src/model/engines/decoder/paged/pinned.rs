@@ -9,7 +9,8 @@
 //! workspace at all (where partial sums across blocks would live), and only where none serves
 //! with a workspace of [`WORKSPACE`] bytes; chosen the first time a process asks and kept for
 //! every later row count, checked for each with `cublasLtMatmulAlgoCheck` (a row count it cannot
-//! serve is an error, never another algorithm). Each output element is then one thread block's
+//! serve is an error, never another algorithm). A product of more rows than [`REFERENCE_ROWS`] is
+//! computed that many rows a call. Each output element is then one thread block's
 //! sum over the inputs in one order, in f32 (compute type 32F, also for bf16 and f16), whatever
 //! the other rows: `super::products` checks it bit for bit on the device.
 //!
@@ -149,12 +150,20 @@ fn run<T: CudaDType + DeviceRepr>(
         let (x_ptr, _x_read) = x_view.device_ptr(&stream);
         let (w_ptr, _w_read) = w_view.device_ptr(&stream);
         let (y_ptr, _y_write) = out.device_ptr_mut(&stream);
-        let pointers = Pointers {
-            x: x_ptr,
-            w: w_ptr,
-            y: y_ptr,
-        };
-        matmul(&dev, &stream, x.0.dtype(), dims, pointers)?;
+        let size = std::mem::size_of::<T>() as u64;
+        // At most REFERENCE_ROWS rows a call: the row counts the device check proves the
+        // algorithm row-invariant at. A prompt step of thousands of rows is so many such calls
+        // (each row computed as it is alone), not a row count nothing was checked at.
+        for first in (0..dims.rows).step_by(REFERENCE_ROWS) {
+            let rows = REFERENCE_ROWS.min(dims.rows - first);
+            let pointers = Pointers {
+                x: x_ptr + first as u64 * dims.inputs as u64 * size,
+                w: w_ptr,
+                y: y_ptr + first as u64 * dims.outputs as u64 * size,
+            };
+            let chunk = Dims { rows, ..dims };
+            matmul(&dev, &stream, x.0.dtype(), chunk, pointers)?;
+        }
     }
     Ok(CudaStorage::wrap_cuda_slice(out, dev))
 }
