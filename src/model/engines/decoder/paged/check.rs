@@ -75,8 +75,8 @@ impl Harness {
 }
 
 /// The paged operations on `device` at the SmolLM2-135M (9 heads, 3 KV heads of 64) and
-/// Qwen2-0.5B (14 and 2 of 64) shapes in f32, f16 and bf16: the cache's writes and the
-/// attention of a prefill of four sequences (1, 7, 64 and 130 tokens, blocks scattered) against
+/// Qwen2-0.5B (14 and 2 of 64) shapes in f32, f16 and bf16: the rotary embedding of the rows,
+/// the cache's writes and the attention of a prefill of four sequences (1, 7, 64 and 130 tokens, blocks scattered) against
 /// the CPU reference, and on the device itself one sequence's outputs read whole beside others
 /// against the same read in chunks and decoded token by token (bar: none of difference).
 pub fn check_paged(device: &Device) -> Result<Vec<KernelCheck>> {
@@ -122,6 +122,7 @@ pub fn check_paged(device: &Device) -> Result<Vec<KernelCheck>> {
             checks.push(write);
             checks.push(compare("paged-attention", shape, &want, &got, dtype, 130)?);
             checks.push(invariance(device, layout, dtype, name)?);
+            checks.push(rotary_check(device, (heads, kv_heads), dtype, name)?);
         }
     }
     for dtype in [DType::F32, DType::F16, DType::BF16] {
@@ -150,6 +151,35 @@ pub fn check_paged(device: &Device) -> Result<Vec<KernelCheck>> {
         DType::BF16,
     )?);
     Ok(checks)
+}
+
+/// The rotary embedding of 130 random rows of a shape's heads (64 wide) on `device` against its
+/// CPU reference: the same f32 expressions rounded once, so the bar is equality.
+fn rotary_check(
+    device: &Device,
+    (heads, kv_heads): (usize, usize),
+    dtype: DType,
+    name: &str,
+) -> Result<KernelCheck> {
+    let (tokens, head_dim) = (130, 64);
+    let op = super::rotary::RotaryRows {
+        heads,
+        kv_heads,
+        head_dim,
+    };
+    let rows = random_rows(tokens, (heads + 2 * kv_heads) * head_dim, 11, dtype)?;
+    let angles = (random_rows(tokens, head_dim / 2, 12, DType::F32)? * 100.0)?;
+    let (cos, sin) = (
+        angles.cos()?.to_dtype(dtype)?,
+        angles.sin()?.to_dtype(dtype)?,
+    );
+    let want = rows.apply_op3(&cos, &sin, op)?;
+    let on = |t: &Tensor| t.to_device(device);
+    let got = on(&rows)?.apply_op3(&on(&cos)?, &on(&sin)?, op)?;
+    let shape = format!("{name}: {tokens} tokens");
+    let mut check = compare("paged-rotary-rows", shape, &want, &got, dtype, 1)?;
+    (check.bar, check.passed) = (0.0, check.largest_difference == 0.0);
+    Ok(check)
 }
 
 /// Greedy choice on `device` against the decode loop's argmax: 64 rows of a 49,152-token

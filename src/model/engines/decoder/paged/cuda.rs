@@ -2,6 +2,7 @@
 //! of `kernels/paged.cu` (compiled for the device the first time a process runs it).
 
 use super::attention::{PagedAttention, WriteCache, KEY_TILE};
+use super::rotary::RotaryRows;
 use crate::model::engines::nvrtc::{ptx, view};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaViewMut, LaunchConfig, PushKernelArg};
@@ -184,4 +185,45 @@ pub fn sample_rows(
         other => candle_core::bail!("device sampling: not in {other:?}"),
     };
     Ok((out, Shape::from(rows)))
+}
+
+/// `RotaryRows` on CUDA: one block a token.
+pub fn rotary_rows(
+    op: &RotaryRows,
+    rows: (&CudaStorage, &Layout),
+    cos: (&CudaStorage, &Layout),
+    sin: (&CudaStorage, &Layout),
+    tokens: usize,
+) -> Result<CudaStorage> {
+    let dev = rows.0.device().clone();
+    let config = LaunchConfig {
+        grid_dim: (tokens as u32, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let ints = [op.heads as i32, op.kv_heads as i32, op.head_dim as i32];
+    let width = (op.heads + 2 * op.kv_heads) * op.head_dim;
+    macro_rules! run {
+        ($t:ty, $name:literal) => {{
+            let func = dev.get_or_load_custom_func($name, "paged", &ptx(&dev, "paged", PAGED)?)?;
+            let (input, c, s) = (view::<$t>(rows)?, view::<$t>(cos)?, view::<$t>(sin)?);
+            // SAFETY: every element is written by the kernel (each token's every column).
+            let out = unsafe { dev.alloc::<$t>(tokens * width)? };
+            let mut args = func.builder();
+            args.arg(&input).arg(&c).arg(&s).arg(&out);
+            for i in &ints {
+                args.arg(i);
+            }
+            // SAFETY: the arguments are the kernel's, in its order; `RotaryRows` checked the
+            // operands' shapes.
+            unsafe { args.launch(config) }.w()?;
+            CudaStorage::wrap_cuda_slice(out, dev.clone())
+        }};
+    }
+    Ok(match rows.0.dtype() {
+        DType::F32 => run!(f32, "rotary_rows_f32"),
+        DType::F16 => run!(half::f16, "rotary_rows_f16"),
+        DType::BF16 => run!(half::bf16, "rotary_rows_bf16"),
+        other => candle_core::bail!("rotary rows: not in {other:?}"),
+    })
 }

@@ -14,6 +14,7 @@
 use super::attention::{PagedAttention, RowLayout, WriteCache};
 use super::blocks::{BlockPool, PoolError, SeqId};
 use super::linear::linear;
+use super::rotary::RotaryRows;
 use crate::model::engines::decoder::Sampling;
 use candle_core::{DType, Device, Result, Tensor, D};
 use spotinfer_fused_cpu::{DecoderDims, FusedError};
@@ -352,25 +353,28 @@ impl Layer {
         let t = x.dim(0)?;
         let (q, kv) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
         let h = candle_nn::ops::rms_norm(x, &self.attn_norm, d.eps)?;
-        let qkv = linear(&h, &self.qkv, self.qkv_bias.as_ref())?;
-        let mut queries = qkv.narrow(1, 0, q)?.reshape((1, t, d.heads, d.head_dim))?;
-        let mut keys = qkv
-            .narrow(1, q, kv)?
-            .reshape((1, t, d.kv_heads, d.head_dim))?;
+        let mut qkv = linear(&h, &self.qkv, self.qkv_bias.as_ref())?;
         if let Some((q_norm, k_norm)) = &self.qk_norm {
-            queries = candle_nn::ops::rms_norm(&queries.contiguous()?, q_norm, d.eps)?;
-            keys = candle_nn::ops::rms_norm(&keys.contiguous()?, k_norm, d.eps)?;
+            let norm = |at: usize, heads: usize, weight: &Tensor| -> Result<Tensor> {
+                let part = qkv.narrow(1, at, heads * d.head_dim)?;
+                let part = part.reshape((t, heads, d.head_dim))?.contiguous()?;
+                candle_nn::ops::rms_norm(&part, weight, d.eps)?.reshape((t, heads * d.head_dim))
+            };
+            qkv = Tensor::cat(
+                &[
+                    norm(0, d.heads, q_norm)?,
+                    norm(q, d.kv_heads, k_norm)?,
+                    qkv.narrow(1, q + kv, kv)?,
+                ],
+                1,
+            )?;
         }
-        let queries = candle_nn::rotary_emb::rope_thd(&queries.contiguous()?, cos, sin)?;
-        let keys = candle_nn::rotary_emb::rope_thd(&keys.contiguous()?, cos, sin)?;
-        Tensor::cat(
-            &[
-                queries.reshape((t, q))?,
-                keys.reshape((t, kv))?,
-                qkv.narrow(1, q + kv, kv)?,
-            ],
-            1,
-        )
+        let rotary = RotaryRows {
+            heads: d.heads,
+            kv_heads: d.kv_heads,
+            head_dim: d.head_dim,
+        };
+        qkv.contiguous()?.apply_op3(cos, sin, rotary)
     }
 
     /// The gated feed-forward of the residual stream `x` (its RMSNorm first).

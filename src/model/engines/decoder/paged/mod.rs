@@ -5,6 +5,7 @@
 //!   tables, candle custom ops whose `cpu_fwd` is the reference of their NVRTC kernel
 //!   (`kernels/paged.cu`, launched by `cuda`); `argmax` the greedy choice on the device, `sample`
 //!   the seeded draw (temperature, top-k, top-p) there;
+//! * `rotary`: a step's attention rows rotated (queries and keys) in one op, its kernel beside;
 //! * `decoder`: the Llama-family network over the cache (`linear` its dense layers, on CUDA
 //!   `pinned`'s cuBLASLt product, one configuration per weight shape whatever the batch), which
 //!   the decode loop (`super::decode`) runs through [`super::Network`];
@@ -22,5 +23,6 @@ mod linear;
 #[cfg(feature = "cuda")]
 mod pinned;
 pub mod products;
+pub mod rotary;
 mod rows;
 pub mod sample;
