@@ -12,7 +12,8 @@
 # unpadded operations against candle's, on the fixture photographs; and the paged decoder (issue
 # 52): its kernels, its invariance and its greedy tokens on the LLM fixtures, and its speed beside
 # transformers bf16 on random-weight SmolLM2-135M and Qwen2-0.5B shapes (bench/gpu_llm.py);
-# `--llm-only` runs that part alone. Writes OUT/gpu-check.json; exits 1 if a kernel or a vector
+# `--llm-only` runs that part alone; `--no-peer-speed` does not time transformers again (after a
+# change, with its figures on the same GPU in hand). Writes OUT/gpu-check.json; exits 1 if a kernel or a vector
 # check fails. Sized to finish in under 8 minutes on an H100.
 #
 # CI runs it with `--device cpu` on a tiny shape (2 layers, 64 wide), where the reference vectors
@@ -21,7 +22,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 device=cpu bin= out=${OUT:-target/gpu-check} source=${SPOTINFER_MODEL:-models/all-MiniLM-L6-v2}
-minutes=7.5 llm_only=
+minutes=7.5 llm_only= peers=
 while [[ $# -gt 0 ]]; do
     case $1 in
         --bin) bin=$2; shift 2 ;;
@@ -30,6 +31,7 @@ while [[ $# -gt 0 ]]; do
         --model) source=$2; shift 2 ;;
         --minutes) minutes=$2; shift 2 ;;
         --llm-only) llm_only=--llm-only; shift ;;
+        --no-peer-speed) peers=--no-peer-speed; shift ;;
         *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -53,7 +55,7 @@ if [[ $device == cuda ]]; then
     python3 bench/gpu_llm.py make "$out/smollm2-135m" smollm2-135m
     python3 bench/gpu_llm.py make "$out/qwen2-0.5b" qwen2-0.5b
     python3 bench/gpu_check.py --bin "$bin" --device cuda --out "$out" --records 20000 \
-        --minutes "$minutes" $llm_only \
+        --minutes "$minutes" $llm_only $peers \
         --batch-sizes 64,256 --shapes "$(IFS=,; echo "${shapes[*]}")" \
         --llm-shapes "$out/smollm2-135m,$out/qwen2-0.5b"
 else

@@ -173,10 +173,12 @@ def generation(args, shapes):
     subprocess.run([sys.executable, script, "prompts", sampled_path, str(max(batches)), "sampled"],
                    check=True)
     rows = []
-    for shape in shapes:
-        # The largest batch once more with every prompt sampled on the device (temperature,
-        # top-p, top-k): what the device sampler costs beside greedy choice.
-        for b, prompts in [(b, path) for b in batches] + [(max(batches), sampled_path)]:
+    # The largest batch first (the issue's floors), each batch on every shape before the next;
+    # then the largest once more with every prompt sampled on the device (temperature, top-p,
+    # top-k): what the device sampler costs beside greedy choice.
+    runs = [(b, path) for b in sorted(batches, reverse=True)] + [(max(batches), sampled_path)]
+    for b, prompts in runs:
+        for shape in shapes:
             row = {"model": os.path.basename(shape.rstrip("/")), "batch_size": b, "new_tokens": new,
                    "sampled": prompts == sampled_path}
             if time.monotonic() - STARTED > args.minutes * 60:
@@ -186,8 +188,8 @@ def generation(args, shapes):
             try:
                 # As many prompts as transformers reads (its one batch), at least 4: one batch of
                 # b, or four answers one after another at batch 1.
-                prompts = first_lines(prompts, max(b, 4))
-                out, mem = run(args, [args.bin, "bench", "--input", prompts, "--model", shape,
+                some = first_lines(prompts, max(b, 4))
+                out, mem = run(args, [args.bin, "bench", "--input", some, "--model", shape,
                                       "--backend", "paged", "--device", args.device,
                                       "--batch-sizes", str(b), "--max-new-tokens", str(new),
                                       "--max-batch-tokens", str(131072 if cuda else 4096)],
@@ -195,7 +197,9 @@ def generation(args, shapes):
                 bench = json.loads(out.stdout.strip().splitlines()[-1])[0]
                 row["spotinfer"] = dict(bench["bench"], device=bench["device"],
                                         gpu_busy=mem.utilisation, steps=step_times(out.stderr))
-                if cuda and not row["sampled"]:
+                if bench["bench"]["refused"]:
+                    row["spotinfer"]["log_tail"] = out.stderr[-1500:]
+                if cuda and not row["sampled"] and not args.no_peer_speed:
                     out, _ = run(args, [sys.executable, script, "transformers", shape, path, str(b),
                                         str(new)])
                     row["transformers_bf16"] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -203,6 +207,7 @@ def generation(args, shapes):
                 row["hung"] = str(e)
             rows.append(row)
             print(json.dumps(row), flush=True)
+    for shape in shapes:
         rows.append(profile(args, shape, first_lines(path, max(batches)), max(batches), new))
         print(json.dumps(rows[-1]), flush=True)
     return rows
@@ -388,6 +393,9 @@ def main():
                    help="generation model folders for the paged decoder's speed")
     p.add_argument("--llm-only", action="store_true",
                    help="the paged decoder's steps alone (4, 6, 7): no encoder or image tower")
+    p.add_argument("--no-peer-speed", action="store_true",
+                   help="transformers' generation speed not measured again (after a change, with "
+                        "its figures on the same GPU in hand); the agreement still runs")
     args = p.parse_args()
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     shapes = [s for s in args.shapes.split(",") if s]

@@ -82,6 +82,13 @@ pub fn bench(
                     prompt_tokens += c.prompt_tokens;
                     generated_tokens += c.completion_tokens;
                 }
+                Output::Refused(why) => {
+                    // The first reason in full, as a worker would record it; then only counted.
+                    if refused == 0 {
+                        tracing::warn!(reason = %why, "a prompt record refused");
+                    }
+                    refused += 1;
+                }
                 _ => refused += 1,
             }
         }
