@@ -8,8 +8,9 @@
 //! token's row from that row alone (RMSNorm, the products, the rotary embedding, the activation)
 //! or from its own sequence's cache (`PagedAttention`), which is what makes a sequence's logits
 //! independent of its neighbours, of how its prompt was cut, and of a resumption. On candle's
-//! CPU backend that holds bit for bit (the tests); on CUDA the dense layers are cuBLAS's for now
-//! (`linear.rs`), whose algorithm may change with the batch's row count.
+//! CPU backend that holds bit for bit (the tests); on CUDA too, the dense layers being the
+//! products pinned to one cuBLASLt algorithm per weight shape (`linear.rs`, `pinned.rs`), which
+//! the GPU check holds to it on the device.
 
 use super::attention::{PagedAttention, RowLayout, WriteCache};
 use super::blocks::{BlockPool, PoolError, SeqId};
@@ -151,11 +152,13 @@ impl PagedDecoder {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Most new tokens a step reads: on a GPU 8,192 (vLLM's default budget for chunked
-    /// prefill), since at the CPU decoder's 512 a batch of 256 sequences reads only 256 prompt
-    /// tokens a step beside its decoding ones (measured on an H200: 224 steps for 128 new tokens
-    /// of 256 prompts of ~135 tokens, every one a full pass over the weights); a step of 8,192
-    /// rows still ends within milliseconds. On candle's CPU backend, the CPU decoder's 512.
+    /// Most new tokens a step reads (vLLM's `max_num_batched_tokens`): on a GPU 8,192, since
+    /// at the CPU decoder's 512 a batch of 256 sequences reads only 256 prompt tokens a step
+    /// beside its decoding ones (on an H200, about 220 steps for 128 new tokens of 256 prompts
+    /// of ~135 tokens, each a pass over the weights; with 8,192, 137 in all); a step of 8,192
+    /// prompt rows takes about 0.1 s there (the Qwen2-0.5B shape read 34,497 prompt tokens and
+    /// chose a first token in 0.52 s), so a shutdown is still seen at once. On candle's CPU
+    /// backend, the CPU decoder's 512.
     pub fn step_tokens(&self) -> usize {
         match self.embed.device().is_cpu() {
             true => super::super::decode::STEP_TOKENS,
