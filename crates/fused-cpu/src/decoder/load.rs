@@ -2,7 +2,7 @@
 //! and value projections stacked (and the gate and up projections), each dense layer packed
 //! for the precision or left in its GGUF blocks.
 
-use super::{rope_table, CpuDecoder, DecoderDims, Embedding, Layer};
+use super::{inv_freq, CpuDecoder, DecoderDims, Embedding, Layer};
 use crate::dense::Dense;
 use crate::packed::Format;
 use crate::quant::{Kernel, Weights};
@@ -114,7 +114,7 @@ impl CpuDecoder {
                 Precision::Gguf if !in_blocks => Precision::F32,
                 p => p,
             },
-            rope: rope_table(&d),
+            inv_freq: inv_freq(&d),
             lm_head,
             embed,
             layers,

@@ -174,8 +174,10 @@ pub struct CpuDecoder {
     layers: Vec<Layer>,
     norm: Vec<f32>,
     lm_head: Dense,
-    /// Per position, `head_dim / 2` cosines then as many sines.
-    rope: Vec<f32>,
+    /// The rotary embedding's inverse frequencies, `head_dim / 2` of them (each step takes the
+    /// cosines and sines of its rows' positions from them: a table of every position was 8 MiB
+    /// of a Qwen2.5's 32,768 positions, held for the few a step uses).
+    inv_freq: Vec<f32>,
 }
 
 impl CpuDecoder {
@@ -246,8 +248,9 @@ impl CpuDecoder {
         for &t in &tokens {
             self.embed.push_row(t as usize, h, &mut x);
         }
+        let rope = self.rope_rows(&rows);
         for (l, layer) in self.layers.iter().enumerate() {
-            self.layer(l, layer, &mut x, &rows, steps);
+            self.layer(l, layer, &mut x, (&rows, &rope), steps);
         }
         for step in steps.iter_mut() {
             step.cache.len += step.tokens.len();
@@ -281,7 +284,7 @@ impl CpuDecoder {
         l: usize,
         layer: &Layer,
         x: &mut [f32],
-        rows: &[(usize, usize)],
+        (rows, rope): (&[(usize, usize)], &[f32]),
         steps: &mut [Step<'_>],
     ) {
         let d = &self.dims;
@@ -297,15 +300,15 @@ impl CpuDecoder {
             .qkv
             .apply_wide(&normed, layer.qkv_bias.as_deref(), &mut qkv);
         qkv.par_chunks_mut(width)
-            .zip(rows.par_iter())
-            .for_each(|(row, &(_, pos))| {
+            .zip(rope.par_chunks(hd))
+            .for_each(|(row, angles)| {
                 let (q, k) = row[..q_dim + kv_dim].split_at_mut(q_dim);
                 for (head, norm) in [(q, &layer.q_norm), (k, &layer.k_norm)] {
                     for one in head.chunks_exact_mut(hd) {
                         if let Some(w) = norm {
                             rms_norm(one, w, d.eps);
                         }
-                        self.rotate(one, pos);
+                        rotate(one, angles);
                     }
                 }
             });
@@ -359,35 +362,39 @@ impl CpuDecoder {
         x.iter_mut().zip(&projected).for_each(|(v, p)| *v += p);
     }
 
-    /// Rotary embedding of one head at `pos`, transformers' layout: the first half of the head
-    /// rotated against the second (`rotate_half`).
-    fn rotate(&self, head: &mut [f32], pos: usize) {
-        let half = self.dims.head_dim / 2;
-        let table = &self.rope[pos * 2 * half..][..2 * half];
-        let (cos, sin) = table.split_at(half);
-        let (a, b) = head.split_at_mut(half);
-        for i in 0..half {
-            let (x, y) = (a[i], b[i]);
-            a[i] = x * cos[i] - y * sin[i];
-            b[i] = y * cos[i] + x * sin[i];
+    /// Per row of a step, the cosines then the sines (`head_dim / 2` each) of its position's
+    /// angles, computed in f32 as transformers computes them: angle = position × inv_freq.
+    fn rope_rows(&self, rows: &[(usize, usize)]) -> Vec<f32> {
+        let mut table = Vec::with_capacity(rows.len() * 2 * self.inv_freq.len());
+        for &(_, pos) in rows {
+            let angles = self.inv_freq.iter().map(|f| pos as f32 * f);
+            table.extend(angles.clone().map(f32::cos));
+            table.extend(angles.map(f32::sin));
         }
+        table
     }
 }
 
-/// Cosines and sines of every position's angles, computed in f32 as transformers computes them:
-/// `inv_freq = 1 / theta^(2i / dim)`, angle = position × inv_freq.
-fn rope_table(d: &DecoderDims) -> Vec<f32> {
-    let half = d.head_dim / 2;
-    let inv: Vec<f32> = (0..half)
+/// The rotary embedding's inverse frequencies as transformers computes them, in f32:
+/// `1 / theta^(2i / dim)`.
+fn inv_freq(d: &DecoderDims) -> Vec<f32> {
+    (0..d.head_dim / 2)
         .map(|i| 1.0 / d.rope_theta.powf((2 * i) as f32 / d.head_dim as f32))
-        .collect();
-    let mut table = Vec::with_capacity(d.max_positions * 2 * half);
-    for pos in 0..d.max_positions {
-        let angles: Vec<f32> = inv.iter().map(|f| pos as f32 * f).collect();
-        table.extend(angles.iter().map(|a| a.cos()));
-        table.extend(angles.iter().map(|a| a.sin()));
+        .collect()
+}
+
+/// Rotary embedding of one head by its position's cosines and sines (`angles`, as
+/// [`CpuDecoder::rope_rows`] gives them), transformers' layout: the first half of the head
+/// rotated against the second (`rotate_half`).
+fn rotate(head: &mut [f32], angles: &[f32]) {
+    let half = head.len() / 2;
+    let (cos, sin) = angles.split_at(half);
+    let (a, b) = head.split_at_mut(half);
+    for i in 0..half {
+        let (x, y) = (a[i], b[i]);
+        a[i] = x * cos[i] - y * sin[i];
+        b[i] = y * cos[i] + x * sin[i];
     }
-    table
 }
 
 /// RMSNorm of one row in place: `w · x / sqrt(mean(x²) + eps)`.
