@@ -530,9 +530,13 @@ fn attend<const AVX2: bool>(
     out: &mut [f32],
 ) {
     let (heads, len) = (queries.len() / hd, kv.len);
+    // The thread's buffer taken and put back (no closure: one would be compiled apart from this
+    // function, without its AVX2).
+    let mut scores = SCORES.take();
+    scores.clear();
+    scores.resize(heads * len, 0.0);
     // Plain loops, not iterators collected: `collect` runs its closure in a generic `fold`
     // compiled apart from this function, without its AVX2.
-    let mut scores = vec![0f32; heads * len];
     for j in 0..len {
         let key = &kv.keys[j * kv.kv_dim + kv.offset..][..hd];
         for (h, q) in queries.chunks_exact(hd).enumerate() {
@@ -556,6 +560,14 @@ fn attend<const AVX2: bool>(
             out.iter_mut().zip(v).for_each(|(o, v)| *o += p * v);
         }
     }
+    SCORES.set(scores);
+}
+
+thread_local! {
+    /// A thread's attention scores, kept between calls: one per row and key/value head of every
+    /// layer of every step was an allocation from the kernels' threads, which wait on each
+    /// other's where all threads share one glibc arena (as a worker generating on the CPU sets).
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 #[cfg(test)]

@@ -47,10 +47,13 @@ impl Build {
         mut read: impl FnMut(&str, &[usize]) -> Result<Option<Weights>, FusedError>,
     ) -> Result<Network, ModelError> {
         match self {
-            Self::Cpu(precision, kernels) => Ok(Network::Cpu(Box::new(
-                CpuDecoder::load(dims, *precision, *kernels == CpuKernels::Avx2, read)
-                    .map_err(from_bert(path))?,
-            ))),
+            Self::Cpu(precision, kernels) => {
+                crate::alloc::one_arena();
+                Ok(Network::Cpu(Box::new(
+                    CpuDecoder::load(dims, *precision, *kernels == CpuKernels::Avx2, read)
+                        .map_err(from_bert(path))?,
+                )))
+            }
             Self::Paged {
                 device,
                 dtype,
