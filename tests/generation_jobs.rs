@@ -441,8 +441,11 @@ async fn a_job_whose_completions_hold_nul_and_control_bytes_completes_and_export
 /// equals the CPU decoder's uninterrupted one; the results say which engine finished each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_begun_on_the_cpu_decoder_are_finished_by_the_paged_decoder() {
-    // Answers of different lengths, so that batches end at different steps.
-    let (model, records, want) = fixture_chats("e", 24, |i| 60 + (i * 37) % 140);
+    // Answers of different lengths, so that batches end at different steps, and long enough
+    // (250 to 399 tokens of the fixture's 512) that a SIGTERM after a batch's commit finds the
+    // next one half written: with 60 to 199, the CPU decoder's few thousand tokens a second
+    // sometimes wrote all 24 between the first commit and the SIGTERM.
+    let (model, records, want) = fixture_chats("e", 24, |i| 250 + (i * 37) % 150);
     let (env, name, dir) = published_job("generate-engines", model, &records).await;
     let db = env.db.clone();
 
@@ -459,7 +462,7 @@ async fn answers_begun_on_the_cpu_decoder_are_finished_by_the_paged_decoder() {
         );
         // One sequence at a time (each needs more than half this cache budget), so a batch of
         // eight commits while the next is being written.
-        let mut a = env.worker(&["--batch-size", "8", "--max-batch-tokens", "300"]);
+        let mut a = env.worker(&["--batch-size", "8", "--max-batch-tokens", "560"]);
         wait_until(Duration::from_secs(300), "one more batch done", || async {
             int(&env.status(&name), "done") > before
         })
