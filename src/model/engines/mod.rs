@@ -401,7 +401,8 @@ pub fn check_paged_kernels(
     Ok(checks)
 }
 
-/// GPU 0, set up for the engines (`cuda_device`).
+/// GPU 0, set up for the engines (`cuda_device`), or why there is none (a binary built without
+/// the `cuda` feature, no driver, no device).
 fn open_cuda() -> Result<Device, ModelError> {
     #[cfg(feature = "cuda")]
     return cuda_device::open(0).map_err(|e| ModelError::NoCuda(e.to_string()));
@@ -415,17 +416,7 @@ fn open_cuda() -> Result<Device, ModelError> {
 pub(super) fn select_device(choice: DeviceChoice) -> Result<Device, ModelError> {
     match choice {
         DeviceChoice::Cpu => Ok(Device::Cpu),
-        DeviceChoice::Auto => match candle_core::utils::cuda_is_available() {
-            true => Ok(open_cuda().unwrap_or(Device::Cpu)),
-            false => Ok(Device::Cpu),
-        },
-        DeviceChoice::Cuda => {
-            if !candle_core::utils::cuda_is_available() {
-                return Err(ModelError::NoCuda(
-                    "this binary was built without the `cuda` feature".into(),
-                ));
-            }
-            open_cuda()
-        }
+        DeviceChoice::Auto => Ok(open_cuda().unwrap_or(Device::Cpu)),
+        DeviceChoice::Cuda => open_cuda(),
     }
 }

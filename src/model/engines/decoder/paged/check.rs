@@ -76,9 +76,10 @@ impl Harness {
 
 /// The paged operations on `device` at the SmolLM2-135M (9 heads, 3 KV heads of 64) and
 /// Qwen2-0.5B (14 and 2 of 64) shapes in f32, f16 and bf16: the rotary embedding of the rows,
-/// the cache's writes and the attention of a prefill of four sequences (1, 7, 64 and 130 tokens, blocks scattered) against
-/// the CPU reference, and on the device itself one sequence's outputs read whole beside others
-/// against the same read in chunks and decoded token by token (bar: none of difference).
+/// the cache's writes and the attention of a prefill of four sequences (1, 7, 64 and 130 tokens,
+/// blocks scattered) against the CPU reference, and on the device itself one sequence's outputs
+/// read whole beside others against the same read in chunks and decoded token by token (bar:
+/// none of difference).
 pub fn check_paged(device: &Device) -> Result<Vec<KernelCheck>> {
     let mut checks = vec![];
     for (name, heads, kv_heads) in [("smollm2-135m", 9, 3), ("qwen2-0.5b", 14, 2)] {
@@ -167,7 +168,7 @@ fn rotary_check(
         kv_heads,
         head_dim,
     };
-    let rows = random_rows(tokens, (heads + 2 * kv_heads) * head_dim, 11, dtype)?;
+    let rows = random_rows(tokens, op.width(), 11, dtype)?;
     let angles = (random_rows(tokens, head_dim / 2, 12, DType::F32)? * 100.0)?;
     let (cos, sin) = (
         angles.cos()?.to_dtype(dtype)?,

@@ -202,7 +202,7 @@ pub fn rotary_rows(
         shared_mem_bytes: 0,
     };
     let ints = [op.heads as i32, op.kv_heads as i32, op.head_dim as i32];
-    let width = (op.heads + 2 * op.kv_heads) * op.head_dim;
+    let width = op.width();
     macro_rules! run {
         ($t:ty, $name:literal) => {{
             let func = dev.get_or_load_custom_func($name, "paged", &ptx(&dev, "paged", PAGED)?)?;

@@ -282,17 +282,16 @@ impl PagedDecoder {
     pub fn forward(&self, feeds: &[(SeqId, &[u32])], all_logits: bool) -> Result<Vec<Vec<f32>>> {
         let mut clock = StageClock::new(self.embed.device());
         if !all_logits {
-            return self
-                .last_logits(feeds, &mut clock)?
-                .to_dtype(DType::F32)?
-                .to_vec2::<f32>();
+            let logits = self.last_logits(feeds, &mut clock)?;
+            clock.report();
+            return logits.to_dtype(DType::F32)?.to_vec2::<f32>();
         }
         let (x, plan) = self.hidden(feeds, &mut clock)?;
         let x = candle_nn::ops::rms_norm(&x, &self.norm, self.dims.eps)?;
-        let logits = linear(&x, &self.lm_head, None)?
-            .to_dtype(DType::F32)?
-            .to_vec2::<f32>()?;
-        let mut rows = logits.into_iter();
+        let logits = linear(&x, &self.lm_head, None)?;
+        clock.lap(Stage::Head);
+        clock.report();
+        let mut rows = logits.to_dtype(DType::F32)?.to_vec2::<f32>()?.into_iter();
         let mut start = 0;
         Ok(plan
             .ends

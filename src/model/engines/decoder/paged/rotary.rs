@@ -28,7 +28,7 @@ pub struct RotaryRows {
 
 impl RotaryRows {
     /// Columns of a row.
-    fn width(&self) -> usize {
+    pub fn width(&self) -> usize {
         (self.heads + 2 * self.kv_heads) * self.head_dim
     }
 
