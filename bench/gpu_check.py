@@ -189,10 +189,7 @@ def generation(args, shapes):
                 # As many prompts as transformers reads (its one batch), at least 4: one batch of
                 # b, or four answers one after another at batch 1.
                 some = first_lines(prompts, max(b, 4))
-                out, mem = run(args, [args.bin, "bench", "--input", some, "--model", shape,
-                                      "--backend", "paged", "--device", args.device,
-                                      "--batch-sizes", str(b), "--max-new-tokens", str(new),
-                                      "--max-batch-tokens", str(131072 if cuda else 4096)],
+                out, mem = run(args, paged_bench(args, shape, some, b, new),
                                env={"RUST_LOG": "warn,spotinfer::paged::step=debug"})
                 bench = json.loads(out.stdout.strip().splitlines()[-1])[0]
                 row["spotinfer"] = dict(bench["bench"], device=bench["device"],
@@ -224,16 +221,20 @@ def profile(args, shape, prompts, b, new):
     if time.monotonic() - STARTED > args.minutes * 60:
         return dict(row, unmeasured="past the check's time")
     try:
-        out, _ = run(args, [args.bin, "bench", "--input", prompts, "--model", shape,
-                            "--backend", "paged", "--device", args.device, "--batch-sizes", str(b),
-                            "--max-new-tokens", str(new), "--max-batch-tokens",
-                            str(131072 if args.device == "cuda" else 4096)],
+        out, _ = run(args, paged_bench(args, shape, prompts, b, new),
                      env={"RUST_LOG": "warn,spotinfer::paged::stages=trace"})
     except Hung as e:
         return dict(row, hung=str(e))
     seconds = {s: sum(int(v) for v in re.findall(rf'\b{s}_us"?[:=](\d+)', out.stderr)) / 1e6
                for s in STAGES}
     return dict(row, steps=len(re.findall(r"\bplan_us", out.stderr)), stage_seconds=seconds)
+
+
+def paged_bench(args, shape, prompts, b, new):
+    """`spotinfer bench` of the paged decoder on `prompts` at batch `b`, `new` tokens each."""
+    return [args.bin, "bench", "--input", prompts, "--model", shape, "--backend", "paged",
+            "--device", args.device, "--batch-sizes", str(b), "--max-new-tokens", str(new),
+            "--max-batch-tokens", str(131072 if args.device == "cuda" else 4096)]
 
 
 def first_lines(path, n):
