@@ -484,3 +484,81 @@ fn a_gguf_of_mixed_block_formats_is_the_same_alone_in_a_batch_and_resumed() {
         .collect();
     same_alone_in_a_batch_under_a_budget_and_resumed(&model, cases, &want);
 }
+
+/// Issue 52: the paged decoder serves constrained records: their logits are copied back and
+/// masked on the host as on the CPU decoder, while the unconstrained records of the same steps
+/// have their tokens chosen on the device (here candle's CPU backend). On the Qwen3 fixture
+/// (random weights: only the constraints shape what it writes), every constrained answer,
+/// greedy and sampled, is in its language; every answer is the same alone as beside the others;
+/// a constrained answer resumed from its middle is the uninterrupted one.
+#[test]
+fn the_paged_decoder_serves_constrained_records_beside_unconstrained_ones() {
+    use spotinfer::model::engines::decoder::Constraint;
+    let refs = reference();
+    let case = &refs["models"]["qwen3"].as_array().expect("cases")[0];
+    let model =
+        LanguageModel::open_as(&fixtures().join("models/qwen3"), &paged(4096)).expect("load");
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "label": {"enum": ["spam", "ham"]},
+            "n": {"type": "integer", "minimum": 0, "maximum": 99}
+        },
+        "required": ["label", "n"],
+        "additionalProperties": false
+    });
+    let ask = |constraint: Option<Constraint>, temperature: f32| {
+        let mut r = greedy(messages(case), vec![]);
+        r.max_new_tokens = 64;
+        r.constraint = constraint;
+        r.sampling.temperature = temperature;
+        r.sampling.seed = 7;
+        r
+    };
+    let yes_no = Constraint::Regex("(yes|no), because [a-z ]{1,20}\\.".into());
+    let batch = vec![
+        ask(Some(Constraint::JsonSchema(schema.clone())), 0.0),
+        ask(Some(Constraint::JsonSchema(schema)), 0.9),
+        ask(None, 0.9),
+        ask(Some(yes_no), 0.0),
+        ask(None, 0.0),
+    ];
+    let together = model.generate(&batch, 0, &Interrupt::new(), None);
+    let done = |g: &Generated| match g {
+        Generated::Done(c) => c.clone(),
+        other => panic!("not done: {other:?}"),
+    };
+    for answer in &together[..2] {
+        let c = done(answer);
+        let v: serde_json::Value = serde_json::from_str(&c.text).expect(&c.text);
+        let label = v["label"].as_str().unwrap_or_default();
+        let n = v["n"].as_u64().unwrap_or(100);
+        assert!(
+            ["spam", "ham"].contains(&label)
+                && n <= 99
+                && v.as_object().map(|o| o.len()) == Some(2),
+            "{}",
+            c.text
+        );
+        assert_eq!(c.finish_reason, FinishReason::Stop, "{}", c.text);
+    }
+    let because = done(&together[3]).text;
+    assert!(
+        (because.starts_with("yes, because ") || because.starts_with("no, because "))
+            && because.ends_with('.'),
+        "{because:?}"
+    );
+    for (i, request) in batch.iter().enumerate() {
+        let alone = model.generate(std::slice::from_ref(request), 0, &Interrupt::new(), None);
+        assert_eq!(alone[0], together[i], "request {i} alone");
+    }
+    for i in [1, 3] {
+        let whole = done(&together[i]);
+        let resumed = Request {
+            resume: whole.tokens[..whole.tokens.len() / 2].to_vec(),
+            ..batch[i].clone()
+        };
+        let again = model.generate(&[resumed], 0, &Interrupt::new(), None);
+        assert_eq!(done(&again[0]).tokens, whole.tokens, "request {i} resumed");
+    }
+}

@@ -16,7 +16,7 @@
 
 use super::constrain::{self, Constrained};
 use super::paged::blocks::{PoolError, SeqId};
-use super::paged::decoder::PagedDecoder;
+use super::paged::decoder::{Choice, Chosen, PagedDecoder};
 use super::prefixes::Prefixes;
 use super::{Completion, FinishReason, Generated, LanguageModel, Network, Request};
 use rayon::prelude::*;
@@ -410,13 +410,6 @@ fn prepare(
     let mut generated = resumable(model, &request);
     let constrained = match &request.constraint {
         None => None,
-        Some(_) if matches!(model.network(), Network::Paged(_)) => {
-            return Err(
-                "constrained generation runs on the CPU decoder only: the paged decoder \
-                        chooses tokens on the device, without a mask"
-                    .into(),
-            )
-        }
         Some(c) => Some(constrained(model, c, &mut generated)?),
     };
     Ok(Sequence {
@@ -552,11 +545,7 @@ fn step(model: &LanguageModel, active: &mut [Sequence]) -> Result<(), String> {
                 })
                 .collect()
         }
-        Network::Paged(decoder) => paged_step(decoder, active, &feeds)?
-            .into_iter()
-            .zip(&feeds)
-            .map(|(token, (_, _, whole))| whole.then_some(token))
-            .collect(),
+        Network::Paged(decoder) => paged_step(decoder, active, &feeds)?,
     };
     for ((i, _, _), token) in feeds.iter().zip(chosen) {
         let Some(token) = token else { continue };
@@ -574,26 +563,70 @@ fn step(model: &LanguageModel, active: &mut [Sequence]) -> Result<(), String> {
 }
 
 /// [`step`]'s forward pass on the paged decoder: each feed's tokens appended to its sequence's
-/// blocks, and its next token chosen on the device (greedy, or drawn by the request's sampler at
-/// its position); a sequence still reading its prompt gets a greedy choice, not used.
+/// blocks, and the next token of each feed whose input is all read: chosen on the device
+/// (greedy, or drawn by the request's sampler at its position), or for a constrained sequence
+/// on the host from its logits, masked as on the CPU decoder (the mask computed while the
+/// device runs the step). A feed still reading its prompt gets no token.
 fn paged_step(
     decoder: &PagedDecoder,
-    active: &[Sequence],
+    active: &mut [Sequence],
     feeds: &[(usize, Vec<u32>, bool)],
-) -> Result<Vec<u32>, String> {
+) -> Result<Vec<Option<u32>>, String> {
     let mut inputs: Vec<(SeqId, &[u32])> = Vec::with_capacity(feeds.len());
     let mut choices = Vec::with_capacity(feeds.len());
     for (i, tokens, whole) in feeds {
         let seq = &active[*i];
         match &seq.cache {
-            SeqCache::Paged { id, .. } => inputs.push((*id, tokens)),
+            SeqCache::Paged { id, .. } => inputs.push((*id, tokens.as_slice())),
             SeqCache::Cpu(_) => return Err("a CPU cache on the paged decoder".into()),
         }
-        choices.push(whole.then_some((seq.request.sampling, seq.generated.len())));
+        choices.push(match (whole, &seq.constrained) {
+            (false, _) => Choice::Greedy,
+            (true, Some(_)) => Choice::Host,
+            (true, None) => Choice::Draw(seq.request.sampling, seq.generated.len()),
+        });
     }
-    decoder
-        .forward_choosing(&inputs, &choices)
-        .map_err(|e| e.to_string())
+    let mut feeding = feeds.iter().zip(&choices).peekable();
+    let mut constrained: Vec<(usize, &mut Constrained)> = Vec::new();
+    for (i, s) in active.iter_mut().enumerate() {
+        if let (Some(_), Some(c)) = (
+            feeding
+                .next_if(|(f, _)| f.0 == i)
+                .filter(|(_, c)| **c == Choice::Host),
+            &mut s.constrained,
+        ) {
+            constrained.push((i, c));
+        }
+    }
+    let (chosen, masks) = rayon::join(
+        || decoder.forward_choosing(&inputs, &choices),
+        || {
+            let masks = constrained.into_par_iter().map(|(i, c)| (i, c.mask()));
+            masks.collect::<Vec<_>>()
+        },
+    );
+    let chosen = chosen.map_err(|e| e.to_string())?;
+    let mut masks = masks.into_iter().peekable();
+    let mut tokens = Vec::with_capacity(feeds.len());
+    for ((i, _, whole), chosen) in feeds.iter().zip(chosen) {
+        let seq = &mut active[*i];
+        tokens.push(match (whole, chosen) {
+            (false, _) => None,
+            (true, Chosen::Token(token)) => Some(token),
+            (true, Chosen::Logits(mut l)) => match masks.next_if(|m| m.0 == *i).map(|m| m.1) {
+                Some(Ok(mask)) => {
+                    constrain::apply(&mask, &mut l);
+                    Some(seq.request.sampling.choose(&l, seq.generated.len()))
+                }
+                Some(Err(why)) => {
+                    seq.failed = Some(why);
+                    None
+                }
+                None => return Err("a host choice without its mask".into()),
+            },
+        });
+    }
+    Ok(tokens)
 }
 
 /// The completion, if the sequence's last token ended it.

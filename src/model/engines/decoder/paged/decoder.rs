@@ -24,6 +24,37 @@ use std::sync::Mutex;
 /// Token slots a block of the cache.
 pub const BLOCK_SIZE: usize = 16;
 
+/// How [`PagedDecoder::forward_choosing`] chooses a feed's next token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Choice {
+    /// The greedy token, on the device (also what a feed still reading its prompt gets: a
+    /// choice not used, the cheapest to make).
+    Greedy,
+    /// The request's seeded draw at the position, on the device (greedy at temperature 0).
+    Draw(Sampling, usize),
+    /// On the host: the feed's logits copied back, for a choice the device cannot make (a
+    /// constrained record's, whose mask is computed on the host).
+    Host,
+}
+
+impl Choice {
+    fn draw(&self) -> Option<(Sampling, usize)> {
+        match self {
+            Self::Draw(s, position) => Some((*s, *position)),
+            _ => None,
+        }
+    }
+}
+
+/// What a step gives a feed: its token, or for a [`Choice::Host`] its logits (`vocab` f32).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Chosen {
+    /// The token chosen on the device.
+    Token(u32),
+    /// The logits, for the host to choose from.
+    Logits(Vec<f32>),
+}
+
 /// One layer's weights, in the decoder's dtype on its device.
 struct Layer {
     attn_norm: Tensor,
@@ -207,22 +238,30 @@ impl PagedDecoder {
             .map_err(|_| candle_core::Error::Msg("the paged cache's lock is poisoned".into()))
     }
 
-    /// One step, as [`PagedDecoder::forward`], giving each feed's next token chosen on the
-    /// device (one id copied back, not the vocabulary's logits): the greedy one where `choices`
-    /// has none or a temperature of 0, else the seeded draw at the given position
-    /// (`super::sample`, the decode loop's sampler).
+    /// One step, as [`PagedDecoder::forward`], giving each feed's next token chosen as its
+    /// [`Choice`] says: on the device (one id copied back, not the vocabulary's logits) unless
+    /// the choice is the host's, for which the feed's logits are copied back.
     pub fn forward_choosing(
         &self,
         feeds: &[(SeqId, &[u32])],
-        choices: &[Option<(Sampling, usize)>],
-    ) -> Result<Vec<u32>> {
+        choices: &[Choice],
+    ) -> Result<Vec<Chosen>> {
         let started = std::time::Instant::now();
         let mut clock = StageClock::new(self.embed.device());
         let logits = self.last_logits(feeds, &mut clock)?;
         let device = logits.device().clone();
-        let drawn = |c: &Option<(Sampling, usize)>| c.is_some_and(|(s, _)| s.temperature > 0.0);
-        let (sampled, greedy): (Vec<u32>, Vec<u32>) =
-            (0..choices.len() as u32).partition(|&i| drawn(&choices[i as usize]));
+        let rows_where = |keep: fn(&Choice) -> bool| -> Vec<u32> {
+            (0..choices.len() as u32)
+                .filter(|&i| keep(&choices[i as usize]))
+                .collect()
+        };
+        let (greedy, sampled, host) = (
+            rows_where(|c| {
+                matches!(c, Choice::Greedy) || c.draw().is_some_and(|(s, _)| s.temperature <= 0.0)
+            }),
+            rows_where(|c| c.draw().is_some_and(|(s, _)| s.temperature > 0.0)),
+            rows_where(|c| matches!(c, Choice::Host)),
+        );
         let pick = |rows: &[u32]| -> Result<Tensor> {
             logits.index_select(&Tensor::new(rows, &device)?, 0)
         };
@@ -235,7 +274,7 @@ impl PagedDecoder {
             false => {
                 let rows: Vec<(Sampling, usize)> = sampled
                     .iter()
-                    .filter_map(|&i| choices[i as usize])
+                    .filter_map(|&i| choices[i as usize].draw())
                     .collect();
                 let params = super::sample::params(&rows, &device)?;
                 Some(pick(&sampled)?.apply_op2(&params, super::sample::SampleRows)?)
@@ -244,25 +283,32 @@ impl PagedDecoder {
         // Everything is queued: what follows waits for the device. The two times tell a host
         // that cannot keep the GPU busy (waiting near 0) from a GPU that is the bound.
         let queued = started.elapsed();
-        let mut tokens = vec![0u32; choices.len()];
+        let mut chosen = vec![Chosen::Token(0); choices.len()];
         for (rows, ids) in [(&greedy, greedy_ids), (&sampled, sampled_ids)] {
             if let Some(ids) = ids {
                 for (&row, id) in rows.iter().zip(ids.to_vec1::<u32>()?) {
-                    tokens[row as usize] = id;
+                    chosen[row as usize] = Chosen::Token(id);
                 }
+            }
+        }
+        if !host.is_empty() {
+            let copied = pick(&host)?.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+            for (&row, l) in host.iter().zip(copied) {
+                chosen[row as usize] = Chosen::Logits(l);
             }
         }
         tracing::debug!(
             target: "spotinfer::paged::step",
             sequences = feeds.len(),
             tokens = feeds.iter().map(|f| f.1.len()).sum::<usize>(),
+            host_rows = host.len(),
             queued_us = queued.as_micros() as u64,
             waited_us = (started.elapsed() - queued).as_micros() as u64,
             "paged step"
         );
         clock.lap(Stage::Choose);
         clock.report();
-        Ok(tokens)
+        Ok(chosen)
     }
 
     /// The logits after each feed's last token, `(feeds, vocab)` on the device.
@@ -574,7 +620,7 @@ fn rope_tables(d: &DecoderDims, device: &Device, dtype: DType) -> Result<(Tensor
 
 #[cfg(test)]
 mod tests {
-    use super::{PagedDecoder, Sampling};
+    use super::{Choice, Chosen, PagedDecoder, Sampling};
     use crate::model::engines::decoder::argmax;
     use crate::model::engines::decoder::load::FolderWeights;
     use candle_core::{DType, Device};
@@ -648,13 +694,13 @@ mod tests {
     }
 
     /// A step choosing on the device gives, for a greedy feed, the decode loop's argmax of the
-    /// logits the plain step gives, and for a sampled one the decode loop's sampler's draw from
-    /// them at its position.
+    /// logits the plain step gives, for a sampled one the decode loop's sampler's draw from
+    /// them at its position, and for one the host chooses those logits.
     #[test]
-    fn choosing_on_the_device_gives_the_greedy_or_the_sampled_token() {
+    fn choosing_gives_the_greedy_or_the_sampled_token_or_the_logits_for_the_host() {
         let refs = reference();
         let model = open("qwen2");
-        let prompts: Vec<Vec<u32>> = refs["models"]["qwen2"].as_array().unwrap()[..4]
+        let prompts: Vec<Vec<u32>> = refs["models"]["qwen2"].as_array().unwrap()[..5]
             .iter()
             .map(|c| ids(&c["prompt_ids"]))
             .collect();
@@ -677,24 +723,26 @@ mod tests {
             seed,
         };
         let choices = [
-            None,
-            Some((hot(1.0, 0, 3), 5)),
-            Some((
+            Choice::Greedy,
+            Choice::Draw(hot(1.0, 0, 3), 5),
+            Choice::Draw(
                 Sampling {
                     temperature: 0.0,
                     ..hot(1.0, 0, 1)
                 },
                 0,
-            )),
-            Some((hot(0.9, 20, 4), 11)),
+            ),
+            Choice::Host,
+            Choice::Draw(hot(0.9, 20, 4), 11),
         ];
         let chosen = model.forward_choosing(&feeds(20), &choices).unwrap();
-        for (i, (token, l)) in chosen.iter().zip(&logits).enumerate() {
+        for (i, (got, l)) in chosen.iter().zip(&logits).enumerate() {
             let want = match choices[i] {
-                Some((s, position)) => s.choose(l, position),
-                None => argmax(l),
+                Choice::Draw(s, position) => Chosen::Token(s.choose(l, position)),
+                Choice::Greedy => Chosen::Token(argmax(l)),
+                Choice::Host => Chosen::Logits(l.clone()),
             };
-            assert_eq!(*token, want, "feed {i}");
+            assert_eq!(*got, want, "feed {i}");
         }
     }
 
