@@ -34,6 +34,9 @@ bench/gpu-check.sh makes the shapes and calls it.
 7. the paged decoder's teacher-forced top-1 agreement: on a GPU with transformers bf16
    on the same GPU (16 prompts, 64 tokens: `spotinfer models agree`), reported; on the CPU with
    the fixtures' transformers f32 greedy tokens, where every one must agree.
+8. the default decoder: `spotinfer bench` on the first generation shape without `--backend`,
+   8 records of which 4 are constrained by a regular expression: the paged decoder must load
+   on CUDA (the CPU decoder on the CPU), and no record may be refused.
 Writes OUT/gpu-check.json with the issue's targets, each met, missed or unmeasured.
 """
 import argparse
@@ -258,6 +261,37 @@ def step_times(log):
             "median_waited_us": statistics.median(waited)}
 
 
+def default_decoder(args, shape):
+    """`spotinfer bench` on a generation model without `--backend`: on CUDA the paged decoder
+    must be what loads (the CPU decoder on the CPU), and records constrained by a regular
+    expression, whose tokens the host chooses from logits copied back, run beside plain ones
+    in the same steps without a refusal."""
+    path = os.path.join(args.out, "llm-default.jsonl")
+    cases = json.load(open(os.path.join(LLM_FIXTURES, "models.json")))["models"]["llama"]
+    with open(path, "w") as f:
+        for i in range(8):
+            record = {"id": f"d{i}", "messages": cases[i % len(cases)]["messages"]}
+            if i % 2:
+                record["regex"] = "(yes|no), because [a-z ]{1,20}\\."
+            f.write(json.dumps(record) + "\n")
+    row = {"model": os.path.basename(shape.rstrip("/")), "records": 8, "constrained": 4}
+    try:
+        out, _ = run(args, [args.bin, "bench", "--input", path, "--model", shape, "--device",
+                            args.device, "--batch-sizes", "8", "--max-new-tokens", "24"])
+    except Hung as e:
+        return dict(row, hung=str(e)), [f"default decoder: {e}"]
+    bench = json.loads(out.stdout.strip().splitlines()[-1])[0]
+    row.update(device=bench["device"], refused=bench["bench"]["refused"])
+    paged = "paged decoder" in bench["device"]
+    failures = []
+    if paged != (args.device == "cuda"):
+        failures.append(f"default decoder on {args.device}: {bench['device']}")
+    if row["refused"]:
+        failures.append(f"default decoder: {row['refused']} of 8 records refused")
+        row["log_tail"] = out.stderr[-1500:]
+    return row, failures
+
+
 def agreement(args, shapes):
     """The paged decoder's teacher-forced greedy choices against another engine's, per shape: on
     a GPU against transformers bf16 on the same GPU (16 prompts, 64 tokens each, bench/gpu_llm.py
@@ -393,7 +427,7 @@ def main():
     p.add_argument("--llm-shapes", default=os.path.join(LLM_FIXTURES, "models", "llama"),
                    help="generation model folders for the paged decoder's speed")
     p.add_argument("--llm-only", action="store_true",
-                   help="the paged decoder's steps alone (4, 6, 7): no encoder or image tower")
+                   help="the paged decoder's steps alone (4, 6, 7, 8): no encoder or image tower")
     p.add_argument("--no-peer-speed", action="store_true",
                    help="transformers' generation speed not measured again (after a change, with "
                         "its figures on the same GPU in hand); the agreement still runs")
@@ -449,6 +483,9 @@ def main():
     llm_shapes = [s for s in args.llm_shapes.split(",") if s]
     report["generation"] = generation(args, llm_shapes)
     report["agreement"] = agreement(args, llm_shapes)
+    report["default_decoder"], failed = default_decoder(args, llm_shapes[0])
+    print(f"default decoder: {json.dumps(report['default_decoder'])}", flush=True)
+    failures += failed
     for row in report["agreement"]:
         if args.device == "cpu" and row.get("agree") != row.get("total"):
             failures.append(f"paged decoder top-1 on {row['model']}: {row}")

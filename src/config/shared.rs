@@ -135,8 +135,9 @@ pub struct ModelArgs {
     pub device: DeviceChoice,
     /// Code that runs the model: `fused` (the CPU encoder tuned for throughput), `candle`
     /// (the candle encoder, the reference; any device), `unpadded` (candle on packed batches,
-    /// fused kernels on CUDA; text encoders; opt-in until checked on a GPU), `auto` (fused on
-    /// CPU, candle on CUDA).
+    /// fused kernels on CUDA; text encoders; opt-in until checked on a GPU), `paged` (generation
+    /// models: the paged decoder, on any device), `auto` (fused on CPU, candle on CUDA; for a
+    /// generation model the CPU decoder on the CPU, the paged decoder on CUDA).
     #[arg(long, env = "SPOTINFER_BACKEND", value_parser = choice::<Backend>(), default_value = "auto")]
     pub backend: Backend,
     /// Precision of the encoder's matrix products: `auto` (for an embedding model f16 on CUDA;

@@ -42,8 +42,8 @@ pub enum Backend {
     /// the GPU check has passed on a GPU.
     UnpaddedGraphs,
     /// Generation models only: the paged decoder on candle's device (`--device`: CUDA, or the
-    /// CPU for tests) in place of the CPU decoder (`src/model/engines/decoder/paged/`): opt-in
-    /// until the GPU check has passed on a GPU.
+    /// CPU for tests) in place of the CPU decoder (`src/model/engines/decoder/paged/`); what
+    /// `Auto` builds a generation model into on CUDA.
     Paged,
 }
 

@@ -23,8 +23,8 @@ use crate::model::seam::{unfit, Checkpoint, Checkpoints, Infer, Settled, WindowR
 use crate::model::spec::Task;
 use crate::model::Output;
 use crate::model::{
-    default_model_name, weights_hash, Backend, LoadOptions, ModelError, ModelInfo, Precision,
-    Predicted, Reads,
+    default_model_name, weights_hash, Backend, DeviceChoice, LoadOptions, ModelError, ModelInfo,
+    Precision, Predicted, Reads,
 };
 use crate::model::{Item, Joining, Predict};
 use crate::record::{Record, RecordError};
@@ -611,26 +611,38 @@ pub fn decoder_precision(precision: Precision) -> Result<DecoderPrecision, Strin
 /// Token slots of the paged decoder's cache when the worker sets no `--max-batch-tokens`.
 pub const PAGED_CACHE_TOKENS: usize = 65_536;
 
-/// The network a generation model is built into: the CPU decoder in `precision`, unless
-/// `--backend paged` asks for the paged decoder on `--device` (f32 on the CPU, bf16 on CUDA
-/// under auto), its cache as large as the worker's `--max-batch-tokens` (else
-/// [`PAGED_CACHE_TOKENS`]). A CUDA device without `--backend paged` says, at start, that
-/// generation stays on the CPU.
+/// The network a generation model is built into. On a CUDA device (`--device cuda`, or `auto`
+/// where one is found) the paged decoder, bf16 under `--precision auto`: its GPU check passed on
+/// an H200 (docs/generate.md); `--backend fused` keeps the CPU decoder there, as does
+/// `--precision gguf` (the quantised blocks are the CPU decoder's). `--backend paged` runs the
+/// paged decoder on `--device` whatever it is (candle's CPU backend, for tests). Elsewhere the
+/// CPU decoder in `precision`. The paged cache is as large as the worker's
+/// `--max-batch-tokens` (else [`PAGED_CACHE_TOKENS`]). The choice is logged at start.
 pub fn decoder_build(
     options: &LoadOptions,
     precision: DecoderPrecision,
     defaults: &GenerationDefaults,
 ) -> Result<Build, String> {
-    if options.backend != Backend::Paged {
-        if options.device == crate::model::DeviceChoice::Cuda {
-            tracing::warn!(
-                "generation runs on the CPU decoder: the paged GPU decoder is opt-in \
-                 (--backend paged) until its GPU check has passed"
-            );
+    let cpu = Build::Cpu(precision, options.cpu_kernels);
+    let device = match (options.backend, options.device) {
+        (Backend::Paged, choice) => select(choice)?,
+        (Backend::Auto, DeviceChoice::Cuda | DeviceChoice::Auto) => match select(options.device)? {
+            d if d.is_cpu() => return Ok(cpu),
+            _ if options.precision == Precision::Gguf => {
+                tracing::info!(
+                    "generation runs on the CPU decoder: --precision gguf keeps a GGUF's blocks, \
+                     which only the CPU decoder multiplies"
+                );
+                return Ok(cpu);
+            }
+            d => d,
+        },
+        (_, DeviceChoice::Cuda) => {
+            tracing::info!("generation runs on the CPU decoder, as --backend asks");
+            return Ok(cpu);
         }
-        return Ok(Build::Cpu(precision, options.cpu_kernels));
-    }
-    let device = crate::model::engines::select_device(options.device).map_err(|e| e.to_string())?;
+        _ => return Ok(cpu),
+    };
     let dtype = match (options.precision, device.is_cpu()) {
         (Precision::Auto, false) | (Precision::Bf16, _) => candle_core::DType::BF16,
         (Precision::Auto | Precision::F32, _) => candle_core::DType::F32,
@@ -644,11 +656,21 @@ pub fn decoder_build(
         0 => PAGED_CACHE_TOKENS,
         n => n,
     };
+    tracing::info!(
+        ?device,
+        ?dtype,
+        cache_tokens,
+        "generation runs on the paged decoder"
+    );
     Ok(Build::Paged {
         device,
         dtype,
         cache_tokens,
     })
+}
+
+fn select(choice: DeviceChoice) -> Result<candle_core::Device, String> {
+    crate::model::engines::select_device(choice).map_err(|e| e.to_string())
 }
 
 /// The hash a generation's checkpoints are kept under: the model's hash without the engine's
@@ -981,5 +1003,57 @@ mod tests {
             Settled::Interrupted
         ));
         assert_eq!(r.checkpoint, [4, 5]);
+    }
+
+    /// Which network a generation model is built into: the CPU decoder on the CPU (also when
+    /// `auto` finds no CUDA device, as on this machine), the paged decoder where `--backend
+    /// paged` asks on any device, and the CPU decoder where `--backend fused` asks on CUDA
+    /// (without opening a device). A default CUDA build is checked on a GPU (bench/gpu-check.sh).
+    #[test]
+    fn a_generation_model_is_built_for_the_device_and_backend_asked() {
+        let build = |backend, device, precision| {
+            let options = LoadOptions {
+                backend,
+                precision,
+                ..LoadOptions::new(device)
+            };
+            decoder_build(
+                &options,
+                DecoderPrecision::Gguf,
+                &GenerationDefaults::default(),
+            )
+        };
+        let cpu = |b: Result<Build, String>| matches!(b, Ok(Build::Cpu(DecoderPrecision::Gguf, _)));
+        assert!(cpu(build(
+            Backend::Auto,
+            DeviceChoice::Cpu,
+            Precision::Auto
+        )));
+        if !cfg!(feature = "cuda") {
+            assert!(cpu(build(
+                Backend::Auto,
+                DeviceChoice::Auto,
+                Precision::Auto
+            )));
+            assert!(build(Backend::Auto, DeviceChoice::Cuda, Precision::Auto).is_err());
+        }
+        assert!(cpu(build(
+            Backend::Fused,
+            DeviceChoice::Cuda,
+            Precision::Auto
+        )));
+        match build(Backend::Paged, DeviceChoice::Cpu, Precision::Auto) {
+            Ok(Build::Paged {
+                device,
+                dtype,
+                cache_tokens,
+            }) => {
+                assert!(device.is_cpu());
+                assert_eq!(dtype, candle_core::DType::F32);
+                assert_eq!(cache_tokens, PAGED_CACHE_TOKENS);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(build(Backend::Paged, DeviceChoice::Cpu, Precision::Gguf).is_err());
     }
 }

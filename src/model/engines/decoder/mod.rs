@@ -8,8 +8,9 @@
 //!   each step (llguidance), masked before the sampler;
 //! * `sampling`: the next token, greedy or from a seeded stream that depends on the position
 //!   only, so a redelivery or a resumed generation draws the same;
-//! * `paged`: the GPU decoder (issue 52, opt-in as `--backend paged`): a Llama-family network on
-//!   candle's devices over a paged KV cache, behind the same decode loop ([`Network`]);
+//! * `paged`: the GPU decoder (issue 52; a generation model's on CUDA, `--backend paged`
+//!   anywhere): a Llama-family network on candle's devices over a paged KV cache, behind the same
+//!   decode loop ([`Network`]);
 //! * `decode`: the loop that advances many sequences together ([`Scheduler`]: continuous
 //!   batching under a token budget, batches joining while others run) and stops them (end
 //!   token, stop string, length, interruption).
@@ -94,9 +95,9 @@ pub enum Generated {
 
 /// The network a generation model computes with.
 pub enum Network {
-    /// The CPU decoder of `crates/fused-cpu` (the default).
+    /// The CPU decoder of `crates/fused-cpu` (the default on the CPU).
     Cpu(Box<CpuDecoder>),
-    /// The paged decoder on a candle device (`paged`: opt-in, `--backend paged`).
+    /// The paged decoder on a candle device (`paged`: the default on CUDA, `--backend paged`).
     Paged(Arc<PagedDecoder>),
 }
 

@@ -1,4 +1,5 @@
-//! The GPU decoder (issue 52), built and tested without a GPU, opt-in as `--backend paged`:
+//! The GPU decoder (issue 52), built and tested without a GPU, a generation model's network on
+//! CUDA since its GPU check passed on an H200 (`--backend paged` on any device):
 //!
 //! * `blocks`: the host's bookkeeping of the paged KV cache's blocks and sequences;
 //! * `attention`: the writes that fill the cache and the attention that reads it through block
