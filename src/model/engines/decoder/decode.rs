@@ -19,6 +19,7 @@ use super::paged::blocks::{PoolError, SeqId};
 use super::paged::decoder::{Choice, Chosen, PagedDecoder};
 use super::prefixes::Prefixes;
 use super::{Completion, FinishReason, Generated, LanguageModel, Network, Request};
+use llguidance::toktrie::SimpleVob;
 use rayon::prelude::*;
 use spotinfer_fused_cpu::{KvCache, Step};
 use std::collections::VecDeque;
@@ -510,13 +511,8 @@ fn step(model: &LanguageModel, active: &mut [Sequence]) -> Result<(), String> {
             }
             // The constrained sequences' masks are computed while the forward pass runs (each on
             // whichever pool thread is free): they depend only on the tokens already chosen.
-            let (logits, masks) = rayon::join(
-                || decoder.forward(&mut steps, false),
-                || {
-                    let masks = constrained.into_par_iter().map(|(i, c)| (i, c.mask()));
-                    masks.collect::<Vec<_>>()
-                },
-            );
+            let (logits, masks) =
+                rayon::join(|| decoder.forward(&mut steps, false), || masks(constrained));
             let mut logits = logits.map_err(|e| e.to_string())?;
             let mut masks = masks.into_iter().peekable();
             // Only a sequence whose input is all read draws: a prompt still being read would
@@ -524,16 +520,9 @@ fn step(model: &LanguageModel, active: &mut [Sequence]) -> Result<(), String> {
             let mut rows = Vec::with_capacity(feeds.len());
             let vocab = decoder.dims().vocab;
             for ((i, _, whole), l) in feeds.iter().zip(logits.chunks_exact_mut(vocab)) {
-                match masks.next_if(|m| m.0 == *i).map(|m| m.1) {
-                    Some(Ok(mask)) => constrain::apply(&mask, l),
-                    Some(Err(why)) => {
-                        active[*i].failed = Some(why);
-                        rows.push(None);
-                        continue;
-                    }
-                    None => {}
-                }
-                rows.push(whole.then_some((*i, l)));
+                let mask = masks.next_if(|m| m.0 == *i).map(|m| m.1);
+                let kept = masked(&mut active[*i], mask, l);
+                rows.push((kept && *whole).then_some((*i, l)));
             }
             // Each row's draw is its own (a pass over the vocabulary): in parallel.
             let active = &*active;
@@ -600,10 +589,7 @@ fn paged_step(
     }
     let (chosen, masks) = rayon::join(
         || decoder.forward_choosing(&inputs, &choices),
-        || {
-            let masks = constrained.into_par_iter().map(|(i, c)| (i, c.mask()));
-            masks.collect::<Vec<_>>()
-        },
+        || masks(constrained),
     );
     let chosen = chosen.map_err(|e| e.to_string())?;
     let mut masks = masks.into_iter().peekable();
@@ -613,20 +599,39 @@ fn paged_step(
         tokens.push(match (whole, chosen) {
             (false, _) => None,
             (true, Chosen::Token(token)) => Some(token),
-            (true, Chosen::Logits(mut l)) => match masks.next_if(|m| m.0 == *i).map(|m| m.1) {
-                Some(Ok(mask)) => {
-                    constrain::apply(&mask, &mut l);
-                    Some(seq.request.sampling.choose(&l, seq.generated.len()))
-                }
-                Some(Err(why)) => {
-                    seq.failed = Some(why);
-                    None
-                }
-                None => return Err("a host choice without its mask".into()),
-            },
+            (true, Chosen::Logits(mut l)) => {
+                let Some(mask) = masks.next_if(|m| m.0 == *i).map(|m| m.1) else {
+                    return Err("a host choice without its mask".into());
+                };
+                masked(seq, Some(mask), &mut l)
+                    .then(|| seq.request.sampling.choose(&l, seq.generated.len()))
+            }
         });
     }
     Ok(tokens)
+}
+
+/// Each constrained sequence's mask for its next token (each a pass of its matcher, in
+/// parallel), in the order given.
+fn masks(constrained: Vec<(usize, &mut Constrained)>) -> Vec<(usize, Result<SimpleVob, String>)> {
+    constrained
+        .into_par_iter()
+        .map(|(i, c)| (i, c.mask()))
+        .collect()
+}
+
+/// `logits` masked by `seq`'s constraint where it has a mask this step (`mask`); `false`, the
+/// sequence failed with the reason, when its constraint could not give one.
+fn masked(seq: &mut Sequence, mask: Option<Result<SimpleVob, String>>, logits: &mut [f32]) -> bool {
+    match mask {
+        Some(Ok(mask)) => constrain::apply(&mask, logits),
+        Some(Err(why)) => {
+            seq.failed = Some(why);
+            return false;
+        }
+        None => {}
+    }
+    true
 }
 
 /// The completion, if the sequence's last token ended it.

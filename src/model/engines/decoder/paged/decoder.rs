@@ -250,18 +250,16 @@ impl PagedDecoder {
         let mut clock = StageClock::new(self.embed.device());
         let logits = self.last_logits(feeds, &mut clock)?;
         let device = logits.device().clone();
-        let rows_where = |keep: fn(&Choice) -> bool| -> Vec<u32> {
-            (0..choices.len() as u32)
-                .filter(|&i| keep(&choices[i as usize]))
-                .collect()
-        };
-        let (greedy, sampled, host) = (
-            rows_where(|c| {
-                matches!(c, Choice::Greedy) || c.draw().is_some_and(|(s, _)| s.temperature <= 0.0)
-            }),
-            rows_where(|c| c.draw().is_some_and(|(s, _)| s.temperature > 0.0)),
-            rows_where(|c| matches!(c, Choice::Host)),
-        );
+        // The feeds' rows by who chooses: the greedy kernel, the sampler (a draw at temperature
+        // 0 is the greedy token), the host.
+        let [mut greedy, mut sampled, mut host] = [vec![], vec![], vec![]];
+        for (i, choice) in choices.iter().enumerate() {
+            match choice {
+                Choice::Host => host.push(i as u32),
+                Choice::Draw(s, _) if s.temperature > 0.0 => sampled.push(i as u32),
+                _ => greedy.push(i as u32),
+            }
+        }
         let pick = |rows: &[u32]| -> Result<Tensor> {
             logits.index_select(&Tensor::new(rows, &device)?, 0)
         };
