@@ -94,6 +94,48 @@ impl Dense {
         }
     }
 
+    /// As [`Dense::apply_wide`] without a bias, but each row `t` either keeps its outputs
+    /// (`keep[t]`: written in order into `kept`) or gets the index of its largest output only
+    /// (`Some`: the first of the largest, as a scan keeping the first strictly larger value
+    /// finds it). Block weights choose share by share without holding the rows' outputs whole
+    /// (`quant::linear_choosing`); the other forms compute them whole and scan them. Where every
+    /// row is kept, this is [`Dense::apply_wide`] into `kept`.
+    pub fn apply_choosing(&self, x: &[f32], keep: &[bool], kept: &mut [f32]) -> Vec<Option<u32>> {
+        if keep.is_empty() {
+            return Vec::new();
+        }
+        if keep.iter().all(|&k| k) {
+            self.apply_wide(x, None, kept);
+            return vec![None; keep.len()];
+        }
+        if !self.blocks.is_empty() {
+            return quant::linear_choosing(self.kernel, x, &self.blocks, keep, kept);
+        }
+        let n = self.outputs();
+        let mut all = vec![0f32; keep.len() * n];
+        self.apply_wide(x, None, &mut all);
+        let mut kept_rows = kept.chunks_exact_mut(n);
+        let choose = |(row, &keep): (&[f32], &bool)| {
+            if !keep {
+                return Some(quant::first_of(quant::first_largest(row, 0).into_iter()));
+            }
+            if let Some(to) = kept_rows.next() {
+                to.copy_from_slice(row);
+            }
+            None
+        };
+        all.chunks_exact(n).zip(keep).map(choose).collect()
+    }
+
+    /// Its number of outputs.
+    fn outputs(&self) -> usize {
+        match &self.packed {
+            _ if !self.blocks.is_empty() => self.blocks.iter().map(|b| b.rows()).sum(),
+            Some(w) => w.n,
+            None => self.f32.len() / self.k.max(1),
+        }
+    }
+
     /// The instructions its products run on, for logs and benchmarks.
     pub fn kernels(&self) -> &'static str {
         if !self.blocks.is_empty() {
@@ -102,6 +144,69 @@ impl Dense {
         match &self.packed {
             Some(w) => w.format.kernels(),
             None => gemm_instructions(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::BlockFormat;
+    use crate::Precision;
+
+    /// In every form a dense layer takes (f32 as read, packed, GGUF blocks in either layout),
+    /// a kept row is the whole product's row bit for bit and a chosen row gets the first of its
+    /// largest outputs.
+    #[test]
+    fn choosing_gives_the_whole_products_rows_and_their_first_largest_in_every_form() {
+        let (n, k, m) = (1_100, 64, 6);
+        let mut seed = 29u32;
+        let mut next = move || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            seed >> 8
+        };
+        // The second half of the outputs repeats the first: every largest output is there twice,
+        // in two shares of a block product's choice.
+        let half: Vec<f32> = (0..n / 2 * k).map(|_| (next() % 5) as f32 - 2.0).collect();
+        let w = [half.as_slice(), &half].concat();
+        let x: Vec<f32> = (0..m * k).map(|_| (next() % 3) as f32).collect();
+        // Q8_0 holds these weights exactly: per 32, an f16 scale of 1 and the values as bytes.
+        let bytes: Vec<u8> = w
+            .chunks_exact(32)
+            .flat_map(|b| {
+                let scale = half::f16::from_f32(1.0).to_le_bytes();
+                scale.into_iter().chain(b.iter().map(|&v| v as i8 as u8))
+            })
+            .collect();
+        let matrix = BlockMatrix::new(BlockFormat::Q8_0, n, k, bytes).expect("matrix");
+        let packed = Precision::F32.format(false).expect("f32 packs everywhere");
+        let forms = [
+            Dense::new(w.clone(), k),
+            Dense::packed(w.clone(), k, packed),
+            Dense::blocks(vec![Arc::new(matrix.clone())], Kernel::Portable),
+            Dense::blocks(
+                vec![Arc::new(matrix.laid_out_for(Kernel::best()))],
+                Kernel::best(),
+            ),
+        ];
+        let keep = [true, false, false, true, false, true];
+        for (f, dense) in forms.iter().enumerate() {
+            let mut whole = vec![0f32; m * n];
+            dense.apply_wide(&x, None, &mut whole);
+            let mut kept = vec![0f32; 3 * n];
+            let chosen = dense.apply_choosing(&x, &keep, &mut kept);
+            let mut kept_rows = kept.chunks_exact(n);
+            for (t, row) in whole.chunks_exact(n).enumerate() {
+                let first_largest =
+                    row.iter()
+                        .enumerate()
+                        .fold(0, |best, (i, &v)| if v > row[best] { i } else { best });
+                match chosen[t] {
+                    None => assert_eq!(kept_rows.next(), Some(row), "form {f}, row {t}"),
+                    Some(i) => assert_eq!(i as usize, first_largest, "form {f}, row {t}"),
+                }
+                assert_eq!(chosen[t].is_none(), keep[t], "form {f}, row {t}");
+            }
         }
     }
 }

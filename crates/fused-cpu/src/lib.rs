@@ -30,7 +30,7 @@ mod types;
 mod vision;
 mod weights;
 
-pub use decoder::{CpuDecoder, DecoderDims, KvCache, Step};
+pub use decoder::{CpuDecoder, DecoderDims, KvCache, Outputs, Step, Want};
 pub use encoder::{CpuBert, SMALL_BATCH_MACS};
 pub use error::FusedError;
 /// Whether bf16 products run on AMX tiles here (the CPU has AMX-BF16 and Linux granted the tile

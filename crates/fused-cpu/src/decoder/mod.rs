@@ -137,12 +137,39 @@ impl KvCache {
     }
 }
 
-/// One sequence's part of a forward pass: its cache and the tokens to append to it.
+/// One sequence's part of a forward pass: its cache, the tokens to append to it and what it
+/// wants back.
 pub struct Step<'a> {
     /// The sequence's cache, extended by the pass.
     pub cache: &'a mut KvCache,
     /// Its new tokens (at least one).
     pub tokens: &'a [u32],
+    /// What the pass gives back for it.
+    pub want: Want,
+}
+
+/// What a [`Step`] wants back from a forward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// Nothing: a prompt still being read, a shared prefix cached for later.
+    Nothing,
+    /// The index of the largest logit after its last token (the first of equals): a greedy
+    /// choice, made without a row of logits ever being held whole where the output layer is in
+    /// GGUF blocks (at 32 sequences and Qwen2's 151,936 tokens, 18.5 MiB a step).
+    Token,
+    /// The logits after its last token (`vocab` values): for a sampler or a constraint.
+    Logits,
+    /// The logits after every one of its tokens (`tokens × vocab`): for teacher-forced checks.
+    EveryLogits,
+}
+
+/// What a forward pass gives back.
+#[derive(Debug, Default)]
+pub struct Outputs {
+    /// The logits of each step that wants them, in step order.
+    pub logits: Vec<f32>,
+    /// Per step, its token where it wants one ([`Want::Token`]).
+    pub tokens: Vec<Option<u32>>,
 }
 
 /// The token embedding: f32 rows, or a GGUF matrix whose rows are widened as they are looked up
@@ -196,25 +223,16 @@ impl CpuDecoder {
         self.precision
     }
 
-    /// Appends each step's tokens to its sequence and returns the logits, step after step: after
-    /// its last token (`vocab` values), or after every one of its tokens when `every_position`
-    /// (`tokens × vocab`, for teacher-forced checks). One buffer, not one per step: at 32
-    /// sequences and a 151,936-token vocabulary a second copy was 19 MiB of the peak.
-    pub fn forward(
-        &self,
-        steps: &mut [Step<'_>],
-        every_position: bool,
-    ) -> Result<Vec<f32>, FusedError> {
+    /// Appends each step's tokens to its sequence and returns what each wants ([`Want`]): the
+    /// logits in one buffer, not one per step (at 32 sequences and a 151,936-token vocabulary a
+    /// second copy was 19 MiB of the peak).
+    pub fn forward(&self, steps: &mut [Step<'_>]) -> Result<Outputs, FusedError> {
         // On one of the pool's threads: between its ~120 parallel products a step, the other
         // threads are then still looking for work, not asleep, and the caller's thread works too.
-        rayon::join(|| self.forward_in_pool(steps, every_position), || ()).0
+        rayon::join(|| self.forward_in_pool(steps), || ()).0
     }
 
-    fn forward_in_pool(
-        &self,
-        steps: &mut [Step<'_>],
-        every_position: bool,
-    ) -> Result<Vec<f32>, FusedError> {
+    fn forward_in_pool(&self, steps: &mut [Step<'_>]) -> Result<Outputs, FusedError> {
         let d = self.dims;
         // Each row's (step, position), in step order.
         let mut rows = Vec::new();
@@ -255,26 +273,48 @@ impl CpuDecoder {
         for step in steps.iter_mut() {
             step.cache.len += step.tokens.len();
         }
-        // The rows whose logits are wanted, normalised, through the output projection.
-        let mut picked = Vec::new();
-        let mut first = 0;
-        for step in steps.iter() {
-            let n = step.tokens.len();
-            let take = if every_position {
-                first..first + n
-            } else {
-                first + n - 1..first + n
-            };
-            for r in take {
+        Ok(self.outputs(steps, &x))
+    }
+
+    /// The output layer for the rows each step wants something of (normalised first): the
+    /// logits kept for those that want them, only the largest's index for those that want a
+    /// token.
+    fn outputs(&self, steps: &[Step<'_>], x: &[f32]) -> Outputs {
+        let d = self.dims;
+        let h = d.hidden;
+        // Per step, the rows it wants something of and whether their logits are kept.
+        let spans: Vec<(std::ops::Range<usize>, bool)> = steps
+            .iter()
+            .scan(0, |first, step| {
+                let (at, n) = (*first, step.tokens.len());
+                *first += n;
+                Some(match step.want {
+                    Want::Nothing => (at..at, true),
+                    Want::Token => (at + n - 1..at + n, false),
+                    Want::Logits => (at + n - 1..at + n, true),
+                    Want::EveryLogits => (at..at + n, true),
+                })
+            })
+            .collect();
+        let (mut picked, mut keep) = (Vec::new(), Vec::new());
+        for (rows, kept) in &spans {
+            for r in rows.clone() {
                 let mut row = x[r * h..][..h].to_vec();
                 rms_norm(&mut row, &self.norm, d.eps);
                 picked.extend(row);
+                keep.push(*kept);
             }
-            first += n;
         }
-        let mut logits = vec![0f32; picked.len() / h * d.vocab];
-        self.lm_head.apply_wide(&picked, None, &mut logits);
-        Ok(logits)
+        let mut logits = vec![0f32; keep.iter().filter(|&&k| k).count() * d.vocab];
+        let mut chosen = self
+            .lm_head
+            .apply_choosing(&picked, &keep, &mut logits)
+            .into_iter();
+        let tokens = spans
+            .iter()
+            .map(|(rows, _)| chosen.by_ref().take(rows.len()).last().flatten())
+            .collect();
+        Outputs { logits, tokens }
     }
 
     /// One layer over every row: attention (appending the rows' keys and values to their

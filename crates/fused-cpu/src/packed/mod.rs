@@ -124,7 +124,7 @@ impl Format {
 pub(crate) struct PackedWeights {
     pub(crate) format: Format,
     /// Output columns.
-    n: usize,
+    pub(crate) n: usize,
     /// Inputs.
     k: usize,
     /// Lanes per column: `k` over the format's inputs per lane, rounded up (zero-padded).

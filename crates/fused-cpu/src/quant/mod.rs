@@ -579,59 +579,217 @@ pub(crate) fn linear(
     b: Option<&[f32]>,
     out: &mut [f32],
 ) {
-    let k = parts.first().map_or(0, |p| p.k);
-    let n: usize = parts.iter().map(|p| p.rows).sum();
-    assert!(
-        k > 0 && parts.iter().all(|p| p.k == k) && x.len().is_multiple_of(k),
-        "block product: inner size {k}"
-    );
-    let m = x.len() / k;
+    let (m, k, n) = shape(kernel, x, parts);
     assert!(
         out.len() == m * n && b.is_none_or(|b| b.len() == n),
         "block product: output of {m} × {n}"
     );
-    assert!(
-        kernel.supported(),
-        "block product: no {kernel:?} on this CPU"
-    );
-    // The activations as each part's kernel reads them: per 32, and per 256 for K formats in
-    // columns (rounded once each, and only where some part needs them).
-    let per_256 = |p: &BlockMatrix| p.columns && p.format.is_k();
-    let by_32 = std::cell::LazyCell::new(|| QuantRows::new(x, k));
-    let by_256 = std::cell::LazyCell::new(|| QuantRows::per_256(x, k));
-    // The outputs in chunks of whole column groups, a few per thread, none across two parts;
-    // each task writes its own outputs in place.
+    let rounded = Rounded::new(x, k);
+    // The outputs in chunks of whole column groups, a few per thread; each task writes its own
+    // outputs in place.
     let threads = rayon::current_num_threads().max(1);
     let chunk = n
         .div_ceil(threads * 4)
         .max(16)
         .next_multiple_of(columns::COLUMNS);
     let base = out.as_mut_ptr();
-    let mut shares = Vec::new();
-    let mut first = 0;
-    for part in parts {
-        let rows: &QuantRows = if per_256(part) { &by_256 } else { &by_32 };
-        shares.extend((0..part.rows).step_by(chunk).map(|lo| Share {
+    let shares: Vec<Share<'_>> = split(parts, &rounded, chunk)
+        .map(|(part, rows, outputs, first)| Share {
             part,
             rows,
-            outputs: lo..(lo + chunk).min(part.rows),
+            outputs,
             bias: b.map(|b| &b[first..][..part.rows]),
             out: OutPtr(base.wrapping_add(first)),
             n,
-        }));
-        first += part.rows;
+            column0: 0,
+        })
+        .collect();
+    // SAFETY: each share's outputs are its own (no other task writes them), below `n`, in rows
+    // below `m`; the CPU runs the kernel (checked in `shape`).
+    shares
+        .into_par_iter()
+        .for_each(|share| unsafe { run(kernel, &share) });
+}
+
+/// Outputs one share of [`linear_choosing`] computes at a time: 32 rows of them are 64 KiB.
+const CHOOSING_OUTPUTS: usize = 512;
+const _: () = assert!(CHOOSING_OUTPUTS.is_multiple_of(columns::COLUMNS));
+
+/// As [`linear`] without a bias, but each row `t` either keeps its outputs (`keep[t]`: written
+/// in row order into `kept`, `n` each) or gets only the index of its largest output (`Some`,
+/// see [`first_largest`]). The outputs of a row that is not kept exist only in one share's
+/// scratch at a time: a decoding step of 32 greedy rows over Qwen2's 151,936-token vocabulary
+/// holds two threads' 64 KiB instead of 18.5 MiB of logits, and no pass over them follows.
+/// Every output is the same sum as [`linear`]'s (the same kernel over the same column groups),
+/// so the index is the one a scan of [`linear`]'s outputs finds.
+pub(crate) fn linear_choosing(
+    kernel: Kernel,
+    x: &[f32],
+    parts: &[Arc<BlockMatrix>],
+    keep: &[bool],
+    kept: &mut [f32],
+) -> Vec<Option<u32>> {
+    let (m, k, n) = shape(kernel, x, parts);
+    let slots: Vec<Option<usize>> = keep
+        .iter()
+        .scan(0, |next, &keep| {
+            *next += usize::from(keep);
+            Some(keep.then(|| *next - 1))
+        })
+        .collect();
+    assert!(
+        keep.len() == m && kept.len() == keep.iter().filter(|&&k| k).count() * n,
+        "block product: {} rows chosen of {m}, {} outputs kept",
+        keep.len(),
+        kept.len()
+    );
+    let rounded = Rounded::new(x, k);
+    let base = OutPtr(kept.as_mut_ptr());
+    let shares: Vec<_> = split(parts, &rounded, CHOOSING_OUTPUTS).collect();
+    // Per share (in the order of the outputs), per row, its largest output there.
+    let largest: Vec<Vec<Option<(u32, f32)>>> = shares
+        .into_par_iter()
+        .map(|(part, rows, outputs, first)| {
+            let (w, start) = (outputs.len(), first + outputs.start);
+            let mut scratch = vec![0f32; m * w];
+            let share = Share {
+                part,
+                rows,
+                column0: outputs.start,
+                outputs,
+                bias: None,
+                out: OutPtr(scratch.as_mut_ptr()),
+                n: w,
+            };
+            // SAFETY: the share writes its `w` outputs of each of the `m` rows of `scratch`;
+            // the CPU runs the kernel (checked in `shape`).
+            unsafe { run(kernel, &share) };
+            let scan = |(row, slot): (&[f32], &Option<usize>)| match slot {
+                Some(s) => {
+                    // SAFETY: kept row `s`'s outputs `start..start + w`, within `kept` (checked
+                    // above) and this share's alone.
+                    unsafe {
+                        let to = base.get().add(s * n + start);
+                        std::ptr::copy_nonoverlapping(row.as_ptr(), to, w);
+                    }
+                    None
+                }
+                None => first_largest(row, start),
+            };
+            scratch.chunks_exact(w).zip(&slots).map(scan).collect()
+        })
+        .collect();
+    (0..m)
+        .map(|t| (!keep[t]).then(|| first_of(largest.iter().filter_map(|share| share[t]))))
+        .collect()
+}
+
+/// The index of the largest of a row from its shares' [`first_largest`], in output order: a
+/// later share's where strictly larger (0 where every value is a NaN).
+pub(crate) fn first_of(found: impl Iterator<Item = (u32, f32)>) -> u32 {
+    found
+        .reduce(|best, next| if next.1 > best.1 { next } else { best })
+        .map_or(0, |(i, _)| i)
+}
+
+/// The first of the largest values of `row`, whose first value is output `start`, and its
+/// index; `None` if every value is a NaN. Output 0 is taken first even when it is a NaN, which
+/// nothing is larger than: so the shares' results, taken in order while a later one is
+/// strictly larger, give what one scan of a whole row keeping the first strictly larger value
+/// gives (the decoder's greedy choice, `Sampling::choose` at temperature 0).
+pub(crate) fn first_largest(row: &[f32], start: usize) -> Option<(u32, f32)> {
+    if start == 0 && row.first().is_some_and(|v| v.is_nan()) {
+        return Some((0, f32::NAN));
     }
-    shares.into_par_iter().for_each(|share| {
-        // SAFETY: the share's outputs are its own (no other task writes them), below `n`, in
-        // rows below `m`; the CPU runs the kernel (checked above).
-        unsafe {
-            if share.part.columns {
-                by_columns(kernel, &share);
-            } else {
-                by_rows(&share);
-            }
+    // The largest value that is not a NaN (NaN only if every value is), then its first place:
+    // two passes over a share's few hundred values in cache, the first one vectorised.
+    let max = row.iter().copied().fold(f32::NAN, f32::max);
+    let i = row.iter().position(|&v| v == max)?;
+    Some(((start + i) as u32, row[i]))
+}
+
+/// Checks a block product's shapes and kernel; its rows, inner size and outputs.
+fn shape(kernel: Kernel, x: &[f32], parts: &[Arc<BlockMatrix>]) -> (usize, usize, usize) {
+    let k = parts.first().map_or(0, |p| p.k);
+    let n: usize = parts.iter().map(|p| p.rows).sum();
+    assert!(
+        k > 0 && parts.iter().all(|p| p.k == k) && x.len().is_multiple_of(k),
+        "block product: inner size {k}"
+    );
+    assert!(
+        kernel.supported(),
+        "block product: no {kernel:?} on this CPU"
+    );
+    (x.len() / k, k, n)
+}
+
+/// Activations as each part's kernel reads them: per 32, and per 256 for K formats in columns,
+/// each rounding done once and only where some part needs it.
+struct Rounded<'x> {
+    x: &'x [f32],
+    k: usize,
+    by_32: std::cell::OnceCell<QuantRows>,
+    by_256: std::cell::OnceCell<QuantRows>,
+}
+
+impl<'x> Rounded<'x> {
+    fn new(x: &'x [f32], k: usize) -> Self {
+        Self {
+            x,
+            k,
+            by_32: std::cell::OnceCell::new(),
+            by_256: std::cell::OnceCell::new(),
         }
+    }
+
+    /// The rounding `part`'s kernel reads.
+    fn for_part(&self, part: &BlockMatrix) -> &QuantRows {
+        if part.columns && part.format.is_k() {
+            self.by_256
+                .get_or_init(|| QuantRows::per_256(self.x, self.k))
+        } else {
+            self.by_32.get_or_init(|| QuantRows::new(self.x, self.k))
+        }
+    }
+}
+
+/// `parts`' outputs in shares of at most `chunk` (a multiple of the column groups' width; none
+/// across two parts): each share's part, the activations its kernel reads, its outputs within
+/// the part, and where the part's outputs start in the stack.
+fn split<'a>(
+    parts: &'a [Arc<BlockMatrix>],
+    rounded: &'a Rounded<'_>,
+    chunk: usize,
+) -> impl Iterator<
+    Item = (
+        &'a BlockMatrix,
+        &'a QuantRows,
+        std::ops::Range<usize>,
+        usize,
+    ),
+> {
+    let firsts = parts.iter().scan(0, |first, p| {
+        *first += p.rows;
+        Some(*first - p.rows)
     });
+    parts.iter().zip(firsts).flat_map(move |(part, first)| {
+        let rows = rounded.for_part(part);
+        (0..part.rows)
+            .step_by(chunk)
+            .map(move |lo| (&**part, rows, lo..(lo + chunk).min(part.rows), first))
+    })
+}
+
+/// Runs one share by its part's layout.
+///
+/// # Safety
+/// As [`by_columns`].
+unsafe fn run(kernel: Kernel, share: &Share<'_>) {
+    if share.part.columns {
+        by_columns(kernel, share);
+    } else {
+        by_rows(share);
+    }
 }
 
 /// Activation rows multiplied together while a part's groups pass over them, so their bytes
@@ -639,8 +797,8 @@ pub(crate) fn linear(
 const ROW_BLOCK: usize = 64;
 
 /// One thread's share of [`linear`]: outputs `outputs` of `part` (its bias, if any, from the
-/// part's first output) times every row of `rows`, written from `out` (the part's first output
-/// in the stack; rows `n` apart).
+/// part's first output) times every row of `rows`, output `c` of row `t` written at `out + t · n
+/// + c - column0` (`out` the part's first output in the stack, or a scratch from `column0`).
 struct Share<'a> {
     part: &'a BlockMatrix,
     rows: &'a QuantRows,
@@ -648,12 +806,14 @@ struct Share<'a> {
     bias: Option<&'a [f32]>,
     out: OutPtr,
     n: usize,
+    column0: usize,
 }
 
 /// A column-layout part's share (its outputs whole groups).
 ///
 /// # Safety
-/// `out` points at the rows' `n` outputs from the part's first; the kernel runs here.
+/// The share's `out`, `n` and `column0` place each of its outputs of each row within one
+/// buffer, written by no other task; the kernel runs here.
 unsafe fn by_columns(kernel: Kernel, share: &Share<'_>) {
     let (part, rows, bias, out, n) = (share.part, share.rows, share.bias, share.out.get(), share.n);
     let m = rows.q.len() / rows.k;
@@ -666,7 +826,8 @@ unsafe fn by_columns(kernel: Kernel, share: &Share<'_>) {
             let mut t = lo;
             while t < (lo + ROW_BLOCK).min(m) {
                 let height = tall.min(m - t).min(lo + ROW_BLOCK - t);
-                let mut tile = columns::GroupTile::new(rows, t, weights, out.add(t * n + c));
+                let mut tile =
+                    columns::GroupTile::new(rows, t, weights, out.add(t * n + c - share.column0));
                 tile.n = n;
                 tile.cols = columns::COLUMNS.min(part.rows - c);
                 tile.bias = bias.map(|b| b[c..].as_ptr());
@@ -692,7 +853,7 @@ unsafe fn by_rows(share: &Share<'_>) {
             for t in 0..m {
                 // Each sum is written once, straight into its place (plus its bias).
                 let v = unpack::dot(&unpacked, rows.row(t));
-                *out.add(t * n + r) = bias.map_or(v, |b| v + b[r]);
+                *out.add(t * n + r - share.column0) = bias.map_or(v, |b| v + b[r]);
             }
         }
     })

@@ -276,3 +276,81 @@ fn the_largest_values_sum_without_overflow_in_every_kernel() {
         }
     }
 }
+
+/// The greedy choice as one scan of a whole row keeps it: the first strictly larger value.
+fn scan(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+#[test]
+fn a_row_chosen_share_by_share_is_the_one_scan_of_the_whole_row_chooses() {
+    let mut rng = Rng(11);
+    for case in 0..400 {
+        let n = 1 + (rng.next() % 300) as usize;
+        // Few distinct values, so equal largest values are common; some NaNs, and in some
+        // rows a NaN first (nothing is larger than it: the scan keeps output 0).
+        let mut row: Vec<f32> = (0..n).map(|_| (rng.next() % 7) as f32).collect();
+        for _ in 0..rng.next() % 4 {
+            let at = (rng.next() % n as u64) as usize;
+            row[at] = f32::NAN;
+        }
+        if case % 10 == 0 {
+            row[0] = f32::NAN;
+        }
+        if case % 13 == 0 {
+            row.iter_mut().for_each(|v| *v = f32::NAN);
+        }
+        let chunk = 1 + (rng.next() % 40) as usize;
+        let found = (0..n)
+            .step_by(chunk)
+            .filter_map(|lo| first_largest(&row[lo..(lo + chunk).min(n)], lo));
+        assert_eq!(
+            first_of(found),
+            scan(&row),
+            "case {case}: {row:?} by {chunk}"
+        );
+    }
+}
+
+#[test]
+fn a_product_choosing_keeps_rows_bit_for_bit_and_finds_the_largest_of_the_others() {
+    let mut rng = Rng(5);
+    // Past two shares of outputs, the last group partial; 37 rows, past one column kernel call.
+    let (rows, k, m) = (1_300, 256, 37);
+    let x: Vec<f32> = (0..m * k).map(|_| rng.float()).collect();
+    for format in [
+        BlockFormat::Q4_1,
+        BlockFormat::Q8_0,
+        BlockFormat::Q4K,
+        BlockFormat::Q6K,
+    ] {
+        let matrix = Arc::new(random_matrix(format, rows, k, &mut rng).in_columns());
+        let mut whole = vec![0f32; m * rows];
+        linear(Kernel::best(), &x, &[matrix.clone()], None, &mut whole);
+        let patterns: [Vec<bool>; 3] = [
+            (0..m).map(|t| t % 3 == 1).collect(),
+            vec![false; m],
+            vec![true; m],
+        ];
+        for keep in patterns {
+            let mut kept = vec![0f32; keep.iter().filter(|&&k| k).count() * rows];
+            let chosen = linear_choosing(Kernel::best(), &x, &[matrix.clone()], &keep, &mut kept);
+            let mut kept_rows = kept.chunks_exact(rows);
+            for (t, row) in whole.chunks_exact(rows).enumerate() {
+                if keep[t] {
+                    assert_eq!(chosen[t], None, "{format:?} row {t}");
+                    let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(kept_rows.next().expect("kept")), bits(row));
+                } else {
+                    assert_eq!(chosen[t], Some(scan(row)), "{format:?} row {t}");
+                }
+            }
+        }
+    }
+}

@@ -21,7 +21,7 @@ use super::prefixes::Prefixes;
 use super::{Completion, FinishReason, Generated, LanguageModel, Network, Request};
 use llguidance::toktrie::SimpleVob;
 use rayon::prelude::*;
-use spotinfer_fused_cpu::{KvCache, Step};
+use spotinfer_fused_cpu::{CpuDecoder, KvCache, Outputs, Step, Want};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -495,45 +495,7 @@ fn step(model: &LanguageModel, active: &mut [Sequence]) -> Result<(), String> {
     }
     feeds.sort_by_key(|f| f.0);
     let chosen: Vec<Option<u32>> = match model.network() {
-        Network::Cpu(decoder) => {
-            let mut feeding = feeds.iter().peekable();
-            let mut steps: Vec<Step<'_>> = Vec::with_capacity(feeds.len());
-            let mut constrained: Vec<(usize, &mut Constrained)> = Vec::new();
-            for (i, s) in active.iter_mut().enumerate() {
-                if let (Some((_, tokens, whole)), SeqCache::Cpu(cache)) =
-                    (feeding.next_if(|f| f.0 == i), &mut s.cache)
-                {
-                    steps.push(Step { cache, tokens });
-                    if let (true, Some(c)) = (whole, &mut s.constrained) {
-                        constrained.push((i, c));
-                    }
-                }
-            }
-            // The constrained sequences' masks are computed while the forward pass runs (each on
-            // whichever pool thread is free): they depend only on the tokens already chosen.
-            let (logits, masks) =
-                rayon::join(|| decoder.forward(&mut steps, false), || masks(constrained));
-            let mut logits = logits.map_err(|e| e.to_string())?;
-            let mut masks = masks.into_iter().peekable();
-            // Only a sequence whose input is all read draws: a prompt still being read would
-            // pay a sampler's pass over the vocabulary for a choice that is not used.
-            let mut rows = Vec::with_capacity(feeds.len());
-            let vocab = decoder.dims().vocab;
-            for ((i, _, whole), l) in feeds.iter().zip(logits.chunks_exact_mut(vocab)) {
-                let mask = masks.next_if(|m| m.0 == *i).map(|m| m.1);
-                let kept = masked(&mut active[*i], mask, l);
-                rows.push((kept && *whole).then_some((*i, l)));
-            }
-            // Each row's draw is its own (a pass over the vocabulary): in parallel.
-            let active = &*active;
-            rows.into_par_iter()
-                .map(|row| {
-                    let (i, l) = row?;
-                    let seq = &active[i];
-                    Some(seq.request.sampling.choose(l, seq.generated.len()))
-                })
-                .collect()
-        }
+        Network::Cpu(decoder) => cpu_step(decoder, active, &feeds)?,
         Network::Paged(decoder) => paged_step(decoder, active, &feeds)?,
     };
     for ((i, _, _), token) in feeds.iter().zip(chosen) {
@@ -549,6 +511,78 @@ fn step(model: &LanguageModel, active: &mut [Sequence]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// [`step`]'s forward pass on the CPU decoder: each feed's tokens appended to its sequence's
+/// cache, and the next token of each feed whose input is all read: a greedy unconstrained one's
+/// chosen with the output layer (its logits never held whole), a sampled or constrained one's
+/// from its logits, masked first (the masks computed while the pass runs). A feed still reading
+/// its prompt gets no token, and no output layer is computed for it.
+fn cpu_step(
+    decoder: &CpuDecoder,
+    active: &mut [Sequence],
+    feeds: &[(usize, Vec<u32>, bool)],
+) -> Result<Vec<Option<u32>>, String> {
+    let mut feeding = feeds.iter().peekable();
+    let mut steps: Vec<Step<'_>> = Vec::with_capacity(feeds.len());
+    let mut constrained: Vec<(usize, &mut Constrained)> = Vec::new();
+    for (i, s) in active.iter_mut().enumerate() {
+        if let (Some((_, tokens, whole)), SeqCache::Cpu(cache)) =
+            (feeding.next_if(|f| f.0 == i), &mut s.cache)
+        {
+            let want = match (whole, &mut s.constrained) {
+                (false, _) => Want::Nothing,
+                (true, Some(c)) => {
+                    constrained.push((i, c));
+                    Want::Logits
+                }
+                (true, None) if s.request.sampling.is_greedy() => Want::Token,
+                (true, None) => Want::Logits,
+            };
+            steps.push(Step {
+                cache,
+                tokens,
+                want,
+            });
+        }
+    }
+    let wants: Vec<Want> = steps.iter().map(|s| s.want).collect();
+    // The constrained sequences' masks are computed while the forward pass runs (each on
+    // whichever pool thread is free): they depend only on the tokens already chosen.
+    let (outputs, masks) = rayon::join(|| decoder.forward(&mut steps), || masks(constrained));
+    let Outputs { mut logits, tokens } = outputs.map_err(|e| e.to_string())?;
+    let mut masks = masks.into_iter().peekable();
+    let mut rows = logits.chunks_exact_mut(decoder.dims().vocab);
+    // Each sampled row's draw is its own (a pass over the vocabulary): in parallel.
+    let mut draws = Vec::new();
+    for (((i, _, _), want), token) in feeds.iter().zip(wants).zip(tokens) {
+        if want != Want::Logits {
+            draws.push(token.map(Draw::Chosen));
+            continue;
+        }
+        let l = rows.next().ok_or("a step without its logits")?;
+        let mask = masks.next_if(|m| m.0 == *i).map(|m| m.1);
+        let kept = masked(&mut active[*i], mask, l);
+        draws.push(kept.then_some(Draw::From(*i, l)));
+    }
+    let active = &*active;
+    Ok(draws
+        .into_par_iter()
+        .map(|draw| match draw? {
+            Draw::Chosen(token) => Some(token),
+            Draw::From(i, l) => {
+                let seq = &active[i];
+                Some(seq.request.sampling.choose(l, seq.generated.len()))
+            }
+        })
+        .collect())
+}
+
+/// A row's next token in [`cpu_step`]: chosen by the forward pass, or to draw from its
+/// sequence's (masked) logits.
+enum Draw<'a> {
+    Chosen(u32),
+    From(usize, &'a mut [f32]),
 }
 
 /// [`step`]'s forward pass on the paged decoder: each feed's tokens appended to its sequence's

@@ -272,9 +272,11 @@ impl LanguageModel {
         let mut steps = [spotinfer_fused_cpu::Step {
             cache: &mut cache,
             tokens: ids,
+            want: spotinfer_fused_cpu::Want::EveryLogits,
         }];
         decoder
-            .forward(&mut steps, true)
+            .forward(&mut steps)
+            .map(|out| out.logits)
             .map_err(|e| ModelError::Input(e.to_string()))
     }
 

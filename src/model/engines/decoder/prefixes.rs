@@ -13,7 +13,7 @@
 //! [`KEPT`] of at most [`MOST`] tokens).
 
 use super::decode::STEP_TOKENS;
-use spotinfer_fused_cpu::{CpuDecoder, KvCache, Step};
+use spotinfer_fused_cpu::{CpuDecoder, KvCache, Step, Want};
 use std::collections::VecDeque;
 
 /// Fewest tokens worth sharing: below this, reading the prefix again costs less than noting it.
@@ -85,8 +85,9 @@ impl Prefixes {
                 let mut step = [Step {
                     cache: &mut cache,
                     tokens: part,
+                    want: Want::Nothing,
                 }];
-                if let Err(e) = decoder.forward(&mut step, false) {
+                if let Err(e) = decoder.forward(&mut step) {
                     tracing::warn!(error = %e, "a shared prompt prefix could not be read once");
                     return None;
                 }

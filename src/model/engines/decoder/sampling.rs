@@ -31,9 +31,15 @@ pub struct Sampling {
 }
 
 impl Sampling {
+    /// Whether [`Sampling::choose`] takes the largest logit (the first of equals) and draws
+    /// nothing, which a decoder may then choose without handing the logits over.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+
     /// The token to generate at `position` (0 for the completion's first) after `logits`.
     pub fn choose(&self, logits: &[f32], position: usize) -> u32 {
-        if self.temperature == 0.0 {
+        if self.is_greedy() {
             return argmax(logits);
         }
         let z: Vec<f32> = logits.iter().map(|&l| l / self.temperature).collect();
