@@ -99,15 +99,18 @@ pub struct KvCache {
     values: Vec<Vec<f32>>,
 }
 
-/// Makes room for one more position in a layer's keys or values, growing by an eighth of what it
-/// holds (at least 16 positions) rather than by `Vec`'s doubling, which left up to half of each
-/// allocated and unused: batch 32 of SmolLM2 Q4_1 (64 new tokens, 195 MiB of keys and values
-/// held at the end) peaked at 386 MiB that way, 340 MiB this way. Allocating each sequence's
-/// layers once at its planned length was tried and peaked higher (352 MiB): answers that end
-/// early leave their planned room to the heap in pieces.
-fn grow(layer: &mut Vec<f32>, width: usize) {
-    if layer.capacity() - layer.len() < width {
-        let positions = (layer.len() / width / 8).max(16);
+/// Makes room for the `coming` positions a step still appends to a layer's keys or values (a
+/// prompt's part at once; one when decoding), growing by an eighth of what it holds (at least
+/// 16 positions) rather than by `Vec`'s doubling, which left up to half of each allocated and
+/// unused: batch 32 of SmolLM2 Q4_1 (64 new tokens, 195 MiB of keys and values held at the end)
+/// peaked at 386 MiB that way, 340 MiB this way. Allocating each sequence's layers once at its
+/// planned length was tried and peaked higher (352 MiB): answers that end early leave their
+/// planned room to the heap in pieces. A prompt's part was grown 16 positions at a time until
+/// 2026-11-29, each a new allocation and a freed one: taken at once, the Qwen2.5-0.5B shape at
+/// 32 peaked 3–4 MiB lower (547.6–548.0 MiB against 550.7–551.7, three alternated runs).
+fn grow(layer: &mut Vec<f32>, width: usize, coming: usize) {
+    if layer.capacity() - layer.len() < coming * width {
+        let positions = (layer.len() / width / 8).max(16).max(coming);
         layer.reserve_exact(positions * width);
     }
 }
@@ -352,12 +355,15 @@ impl CpuDecoder {
                     }
                 }
             });
-        for (r, &(s, _)) in rows.iter().enumerate() {
+        for (r, &(s, position)) in rows.iter().enumerate() {
             let row = &qkv[r * width..][..width];
+            // This row's position and the step's later ones (the cache's length moves on after
+            // the last layer).
+            let coming = steps[s].cache.len + steps[s].tokens.len() - position;
             let cache = &mut *steps[s].cache;
-            grow(&mut cache.keys[l], kv_dim);
+            grow(&mut cache.keys[l], kv_dim, coming);
             cache.keys[l].extend_from_slice(&row[q_dim..q_dim + kv_dim]);
-            grow(&mut cache.values[l], kv_dim);
+            grow(&mut cache.values[l], kv_dim, coming);
             cache.values[l].extend_from_slice(&row[q_dim + kv_dim..]);
         }
         let mut ctx = vec![0f32; n * q_dim];
