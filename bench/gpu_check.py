@@ -264,8 +264,8 @@ def step_times(log):
 def default_decoder(args, shape):
     """`spotinfer bench` on a generation model without `--backend`: on CUDA the paged decoder
     must be what loads (the CPU decoder on the CPU), and records constrained by a regular
-    expression, whose tokens the host chooses from logits copied back, run beside plain ones
-    in the same steps without a refusal."""
+    expression, their masks computed on the host and applied on the device, run beside plain
+    ones in the same steps without a refusal."""
     path = os.path.join(args.out, "llm-default.jsonl")
     cases = json.load(open(os.path.join(LLM_FIXTURES, "models.json")))["models"]["llama"]
     with open(path, "w") as f:

@@ -16,7 +16,8 @@
 
 use super::constrain::{self, Constrained};
 use super::paged::blocks::{PoolError, SeqId};
-use super::paged::decoder::{Choice, Chosen, PagedDecoder};
+use super::paged::decoder::{Choice, PagedDecoder};
+use super::paged::mask::Masks;
 use super::prefixes::Prefixes;
 use super::{Completion, FinishReason, Generated, LanguageModel, Network, Request};
 use llguidance::toktrie::SimpleVob;
@@ -586,10 +587,10 @@ enum Draw<'a> {
 }
 
 /// [`step`]'s forward pass on the paged decoder: each feed's tokens appended to its sequence's
-/// blocks, and the next token of each feed whose input is all read: chosen on the device
-/// (greedy, or drawn by the request's sampler at its position), or for a constrained sequence
-/// on the host from its logits, masked as on the CPU decoder (the mask computed while the
-/// device runs the step). A feed still reading its prompt gets no token.
+/// blocks, and the next token of each feed whose input is all read, chosen on the device:
+/// greedy, or drawn by the request's sampler at its position, a constrained sequence's among
+/// what its mask allows (the masks computed while the device runs the step, applied there). A
+/// feed still reading its prompt gets no token.
 fn paged_step(
     decoder: &PagedDecoder,
     active: &mut [Sequence],
@@ -603,10 +604,11 @@ fn paged_step(
             SeqCache::Paged { id, .. } => inputs.push((*id, tokens.as_slice())),
             SeqCache::Cpu(_) => return Err("a CPU cache on the paged decoder".into()),
         }
+        let draw = (seq.request.sampling, seq.generated.len());
         choices.push(match (whole, &seq.constrained) {
             (false, _) => Choice::Greedy,
-            (true, Some(_)) => Choice::Host,
-            (true, None) => Choice::Draw(seq.request.sampling, seq.generated.len()),
+            (true, Some(_)) => Choice::Masked(draw.0, draw.1),
+            (true, None) => Choice::Draw(draw.0, draw.1),
         });
     }
     let mut feeding = feeds.iter().zip(&choices).peekable();
@@ -615,34 +617,34 @@ fn paged_step(
         if let (Some(_), Some(c)) = (
             feeding
                 .next_if(|(f, _)| f.0 == i)
-                .filter(|(_, c)| **c == Choice::Host),
+                .filter(|(_, c)| matches!(c, Choice::Masked(..))),
             &mut s.constrained,
         ) {
             constrained.push((i, c));
         }
     }
-    let (chosen, masks) = rayon::join(
-        || decoder.forward_choosing(&inputs, &choices),
-        || masks(constrained),
-    );
-    let chosen = chosen.map_err(|e| e.to_string())?;
-    let mut masks = masks.into_iter().peekable();
-    let mut tokens = Vec::with_capacity(feeds.len());
-    for ((i, _, whole), chosen) in feeds.iter().zip(chosen) {
-        let seq = &mut active[*i];
-        tokens.push(match (whole, chosen) {
-            (false, _) => None,
-            (true, Chosen::Token(token)) => Some(token),
-            (true, Chosen::Logits(mut l)) => {
-                let Some(mask) = masks.next_if(|m| m.0 == *i).map(|m| m.1) else {
-                    return Err("a host choice without its mask".into());
-                };
-                masked(seq, Some(mask), &mut l)
-                    .then(|| seq.request.sampling.choose(&l, seq.generated.len()))
-            }
-        });
+    let vocab = decoder.dims().vocab;
+    let mut computed = Vec::new();
+    let chosen = decoder
+        .forward_choosing(&inputs, &choices, || {
+            computed = masks(constrained);
+            let rows: Vec<Option<&SimpleVob>> =
+                computed.iter().map(|m| m.1.as_ref().ok()).collect();
+            Masks::new(&rows, vocab)
+        })
+        .map_err(|e| e.to_string())?;
+    // A sequence whose constraint could not give a mask fails with the reason; its row was
+    // chosen among every id, and is not used.
+    for (i, mask) in computed {
+        if let Err(why) = mask {
+            active[i].failed = Some(why);
+        }
     }
-    Ok(tokens)
+    Ok(feeds
+        .iter()
+        .zip(chosen)
+        .map(|((i, _, whole), token)| (*whole && active[*i].failed.is_none()).then_some(token))
+        .collect())
 }
 
 /// Each constrained sequence's mask for its next token (each a pass of its matcher, in

@@ -129,6 +129,7 @@ pub fn check_paged(device: &Device) -> Result<Vec<KernelCheck>> {
     for dtype in [DType::F32, DType::F16, DType::BF16] {
         checks.push(argmax_check(device, dtype)?);
         checks.push(sample_check(device, dtype)?);
+        checks.push(mask_check(device, dtype)?);
     }
     let (dims, rows): (&[(usize, usize)], &[usize]) = match device.is_cpu() {
         true => (&[(48, 32), (40, 24)], &[1, 7, 16]),
@@ -207,8 +208,8 @@ fn argmax_check(device: &Device, dtype: DType) -> Result<KernelCheck> {
     Ok(same_ids("paged-argmax", shape, dtype, &want, &got))
 }
 
-/// A check of token ids chosen on the device against the host's: the share of rows whose id
-/// differs (bar: none).
+/// A check of token ids chosen on the device against the host's (or of values' bits): the share
+/// that differ (bar: none).
 fn same_ids(op: &str, shape: String, dtype: DType, want: &[u32], got: &[u32]) -> KernelCheck {
     let differ = want.iter().zip(got).filter(|(a, b)| a != b).count();
     KernelCheck {
@@ -270,6 +271,45 @@ fn sample_check(device: &Device, dtype: DType) -> Result<KernelCheck> {
         .to_vec1::<u32>()?;
     let shape = format!("{rows} rows of {vocab}, temperature, top-k, top-p, ties, NaN, inf");
     Ok(same_ids("paged-sample", shape, dtype, &want, &got))
+}
+
+/// Constrained rows masked on `device` against the op's CPU reference (the host's masking): 64
+/// rows of Qwen2's 151,936-token vocabulary (8 of 4,096 on the CPU), each allowing its own
+/// scattered third of the first `vocab - 64` ids, with bits set past them; the share of values
+/// whose bits differ (bar: none).
+fn mask_check(device: &Device, dtype: DType) -> Result<KernelCheck> {
+    let (rows, vocab) = match device.is_cpu() {
+        true => (8usize, 4_096usize),
+        false => (64, 151_936),
+    };
+    let (allowed, words) = (vocab - 64, vocab.div_ceil(32));
+    let values = uniform(rows * vocab, 95)?;
+    let logits = Tensor::from_vec(values, (rows, vocab), &Device::Cpu)?.to_dtype(dtype)?;
+    let mut bits = vec![0u32; rows * words];
+    for (i, word) in bits.iter_mut().enumerate() {
+        *word = (i as u32).wrapping_mul(2_654_435_761) & 0x9249_2492;
+    }
+    let op = super::mask::MaskRows { allowed };
+    let masks = Tensor::from_vec(bits, (rows, words), &Device::Cpu)?;
+    let masked = |device: &Device| -> Result<Vec<u32>> {
+        let out = logits
+            .to_device(device)?
+            .apply_op2(&masks.to_device(device)?, op)?;
+        Ok(out
+            .flatten_all()?
+            .to_vec1::<f32>()?
+            .iter()
+            .map(|v| v.to_bits())
+            .collect())
+    };
+    let shape = format!("{rows} rows of {vocab}, {allowed} ids masked");
+    Ok(same_ids(
+        "paged-mask",
+        shape,
+        dtype,
+        &masked(&Device::Cpu)?,
+        &masked(device)?,
+    ))
 }
 
 /// One sequence of 100 tokens on `device`: read whole beside another, read in chunks (37, 1,
@@ -436,7 +476,7 @@ mod tests {
     #[test]
     fn every_paged_check_passes_on_the_cpu() {
         let checks = super::check_paged(&candle_core::Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 36);
+        assert_eq!(checks.len(), 39);
         assert!(
             checks
                 .iter()

@@ -149,6 +149,46 @@ pub fn argmax_rows(logits: &CudaStorage, layout: &Layout) -> Result<(CudaStorage
     Ok((out, Shape::from(rows)))
 }
 
+/// `MaskRows` on CUDA: one thread an element, 256 a block, a row of blocks a row.
+pub fn mask_rows(
+    logits: (&CudaStorage, &Layout),
+    masks: (&CudaStorage, &Layout),
+    (rows, vocab, words, allowed): (usize, usize, usize, usize),
+) -> Result<(CudaStorage, Shape)> {
+    let dev = logits.0.device().clone();
+    let config = LaunchConfig {
+        grid_dim: (vocab.div_ceil(256) as u32, rows as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let ints = [vocab as i32, words as i32, allowed as i32];
+    let mask_words = view::<u32>(masks)?;
+    macro_rules! run {
+        ($t:ty, $name:literal) => {{
+            let func = dev.get_or_load_custom_func($name, "paged", &ptx(&dev, "paged", PAGED)?)?;
+            let input = view::<$t>(logits)?;
+            // SAFETY: every element is written by the kernel (one thread an element).
+            let out = unsafe { dev.alloc::<f32>(rows * vocab)? };
+            let mut args = func.builder();
+            args.arg(&input).arg(&mask_words).arg(&out);
+            for i in &ints {
+                args.arg(i);
+            }
+            // SAFETY: the arguments are the kernel's, in its order; `MaskRows` checked the
+            // masks' shape against the logits'.
+            unsafe { args.launch(config) }.w()?;
+            CudaStorage::wrap_cuda_slice(out, dev.clone())
+        }};
+    }
+    let out = match logits.0.dtype() {
+        DType::F32 => run!(f32, "mask_rows_f32"),
+        DType::F16 => run!(half::f16, "mask_rows_f16"),
+        DType::BF16 => run!(half::bf16, "mask_rows_bf16"),
+        other => candle_core::bail!("mask: not in {other:?}"),
+    };
+    Ok((out, Shape::from((rows, vocab))))
+}
+
 /// `SampleRows` on CUDA: one block of 1,024 threads a row.
 pub fn sample_rows(
     logits: (&CudaStorage, &Layout),

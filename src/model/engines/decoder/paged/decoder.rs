@@ -12,10 +12,13 @@
 //! products pinned to one cuBLASLt algorithm per weight shape (`linear.rs`, `pinned.rs`), which
 //! the GPU check holds to it on the device.
 
+use super::argmax::ArgmaxRows;
 use super::attention::{PagedAttention, RowLayout, WriteCache};
 use super::blocks::{BlockPool, PoolError, SeqId};
 use super::linear::linear;
+use super::mask::{MaskRows, Masks};
 use super::rotary::RotaryRows;
+use super::sample::SampleRows;
 use crate::model::engines::decoder::Sampling;
 use candle_core::{DType, Device, Result, Tensor, D};
 use spotinfer_fused_cpu::{DecoderDims, FusedError};
@@ -24,35 +27,58 @@ use std::sync::Mutex;
 /// Token slots a block of the cache.
 pub const BLOCK_SIZE: usize = 16;
 
-/// How [`PagedDecoder::forward_choosing`] chooses a feed's next token.
+/// How [`PagedDecoder::forward_choosing`] chooses a feed's next token, on the device.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Choice {
-    /// The greedy token, on the device (also what a feed still reading its prompt gets: a
-    /// choice not used, the cheapest to make).
+    /// The greedy token (also what a feed still reading its prompt gets: a choice not used, the
+    /// cheapest to make).
     Greedy,
-    /// The request's seeded draw at the position, on the device (greedy at temperature 0).
+    /// The request's seeded draw at the position (greedy at temperature 0).
     Draw(Sampling, usize),
-    /// On the host: the feed's logits copied back, for a choice the device cannot make (a
-    /// constrained record's, whose mask is computed on the host).
-    Host,
+    /// As [`Choice::Draw`], among the ids the feed's mask allows (a constrained record's; the
+    /// masks are computed on the host while the device runs the step, and applied there).
+    Masked(Sampling, usize),
 }
 
 impl Choice {
-    fn draw(&self) -> Option<(Sampling, usize)> {
-        match self {
-            Self::Draw(s, position) => Some((*s, *position)),
+    /// The draw, if the choice is one at a temperature above 0 (else greedy).
+    fn sampled(&self) -> Option<(Sampling, usize)> {
+        match *self {
+            Self::Draw(s, position) | Self::Masked(s, position) if s.temperature > 0.0 => {
+                Some((s, position))
+            }
             _ => None,
         }
     }
 }
 
-/// What a step gives a feed: its token, or for a [`Choice::Host`] its logits (`vocab` f32).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Chosen {
-    /// The token chosen on the device.
-    Token(u32),
-    /// The logits, for the host to choose from.
-    Logits(Vec<f32>),
+/// The choices of the feeds of `rows` (each a row of `logits` and the feed it is for), queued on
+/// the device: the greedy rows' argmax and the sampled rows' draws, each with the feeds its ids
+/// are for.
+fn queue_choices(
+    logits: &Tensor,
+    rows: impl Iterator<Item = (u32, u32)>,
+    choices: &[Choice],
+) -> Result<Vec<(Vec<u32>, Tensor)>> {
+    let device = logits.device();
+    let (mut greedy, mut sampled) = ((vec![], vec![]), (vec![], vec![]));
+    for (row, feed) in rows {
+        match choices[feed as usize].sampled() {
+            Some(draw) => (sampled.0.push(row), sampled.1.push((feed, draw))),
+            None => (greedy.0.push(row), greedy.1.push(feed)),
+        };
+    }
+    let pick = |rows: &[u32]| logits.index_select(&Tensor::new(rows, device)?, 0);
+    let mut pending = Vec::new();
+    if !greedy.0.is_empty() {
+        pending.push((greedy.1, pick(&greedy.0)?.apply_op1(ArgmaxRows)?));
+    }
+    if !sampled.0.is_empty() {
+        let (feeds, draws): (Vec<u32>, Vec<(Sampling, usize)>) = sampled.1.into_iter().unzip();
+        let params = super::sample::params(&draws, device)?;
+        pending.push((feeds, pick(&sampled.0)?.apply_op2(&params, SampleRows)?));
+    }
+    Ok(pending)
 }
 
 /// One layer's weights, in the decoder's dtype on its device.
@@ -238,68 +264,52 @@ impl PagedDecoder {
             .map_err(|_| candle_core::Error::Msg("the paged cache's lock is poisoned".into()))
     }
 
-    /// One step, as [`PagedDecoder::forward`], giving each feed's next token chosen as its
-    /// [`Choice`] says: on the device (one id copied back, not the vocabulary's logits) unless
-    /// the choice is the host's, for which the feed's logits are copied back.
+    /// One step, as [`PagedDecoder::forward`], giving each feed's next token chosen on the
+    /// device as its [`Choice`] says (one id a feed copied back, not its logits). `masks` gives
+    /// the [`Choice::Masked`] feeds' masks, in their order; the host computes them while it
+    /// queues the step (and on a GPU, while the device runs it).
     pub fn forward_choosing(
         &self,
         feeds: &[(SeqId, &[u32])],
         choices: &[Choice],
-    ) -> Result<Vec<Chosen>> {
+        masks: impl FnOnce() -> Result<Masks> + Send,
+    ) -> Result<Vec<u32>> {
         let started = std::time::Instant::now();
         let mut clock = StageClock::new(self.embed.device());
-        let logits = self.last_logits(feeds, &mut clock)?;
-        let device = logits.device().clone();
-        // The feeds' rows by who chooses: the greedy kernel, the sampler (a draw at temperature
-        // 0 is the greedy token), the host.
-        let [mut greedy, mut sampled, mut host] = [vec![], vec![], vec![]];
-        for (i, choice) in choices.iter().enumerate() {
-            match choice {
-                Choice::Host => host.push(i as u32),
-                Choice::Draw(s, _) if s.temperature > 0.0 => sampled.push(i as u32),
-                _ => greedy.push(i as u32),
-            }
+        let is_masked = |i: &u32| matches!(choices[*i as usize], Choice::Masked(..));
+        let (masked, free): (Vec<u32>, Vec<u32>) = (0..choices.len() as u32).partition(is_masked);
+        let (queued, masks) = rayon::join(
+            || -> Result<_> {
+                let logits = self.last_logits(feeds, &mut clock)?;
+                let pending = queue_choices(&logits, free.iter().map(|&f| (f, f)), choices)?;
+                Ok((logits, pending))
+            },
+            || (!masked.is_empty()).then(masks).transpose(),
+        );
+        let (logits, mut pending) = queued?;
+        if let Some(masks) = masks? {
+            let device = logits.device();
+            let bits = Tensor::from_vec(masks.bits, (masked.len(), masks.words), device)?;
+            let rows = logits.index_select(&Tensor::new(masked.as_slice(), device)?, 0)?;
+            let allowed = masks.allowed;
+            let rows = rows.apply_op2(&bits, MaskRows { allowed })?;
+            let masked_rows = masked.iter().enumerate().map(|(r, &f)| (r as u32, f));
+            pending.extend(queue_choices(&rows, masked_rows, choices)?);
         }
-        let pick = |rows: &[u32]| -> Result<Tensor> {
-            logits.index_select(&Tensor::new(rows, &device)?, 0)
-        };
-        let greedy_ids = match greedy.is_empty() {
-            true => None,
-            false => Some(pick(&greedy)?.apply_op1(super::argmax::ArgmaxRows)?),
-        };
-        let sampled_ids = match sampled.is_empty() {
-            true => None,
-            false => {
-                let rows: Vec<(Sampling, usize)> = sampled
-                    .iter()
-                    .filter_map(|&i| choices[i as usize].draw())
-                    .collect();
-                let params = super::sample::params(&rows, &device)?;
-                Some(pick(&sampled)?.apply_op2(&params, super::sample::SampleRows)?)
-            }
-        };
         // Everything is queued: what follows waits for the device. The two times tell a host
         // that cannot keep the GPU busy (waiting near 0) from a GPU that is the bound.
         let queued = started.elapsed();
-        let mut chosen = vec![Chosen::Token(0); choices.len()];
-        for (rows, ids) in [(&greedy, greedy_ids), (&sampled, sampled_ids)] {
-            if let Some(ids) = ids {
-                for (&row, id) in rows.iter().zip(ids.to_vec1::<u32>()?) {
-                    chosen[row as usize] = Chosen::Token(id);
-                }
-            }
-        }
-        if !host.is_empty() {
-            let copied = pick(&host)?.to_dtype(DType::F32)?.to_vec2::<f32>()?;
-            for (&row, l) in host.iter().zip(copied) {
-                chosen[row as usize] = Chosen::Logits(l);
+        let mut chosen = vec![0; choices.len()];
+        for (feeds, ids) in pending {
+            for (&feed, id) in feeds.iter().zip(ids.to_vec1::<u32>()?) {
+                chosen[feed as usize] = id;
             }
         }
         tracing::debug!(
             target: "spotinfer::paged::step",
             sequences = feeds.len(),
             tokens = feeds.iter().map(|f| f.1.len()).sum::<usize>(),
-            host_rows = host.len(),
+            masked_rows = masked.len(),
             queued_us = queued.as_micros() as u64,
             waited_us = (started.elapsed() - queued).as_micros() as u64,
             "paged step"
@@ -618,10 +628,11 @@ fn rope_tables(d: &DecoderDims, device: &Device, dtype: DType) -> Result<(Tensor
 
 #[cfg(test)]
 mod tests {
-    use super::{Choice, Chosen, PagedDecoder, Sampling};
-    use crate::model::engines::decoder::argmax;
+    use super::{Choice, Masks, PagedDecoder, Sampling};
     use crate::model::engines::decoder::load::FolderWeights;
+    use crate::model::engines::decoder::{argmax, constrain};
     use candle_core::{DType, Device};
+    use llguidance::toktrie::SimpleVob;
     use std::path::{Path, PathBuf};
 
     fn fixtures() -> PathBuf {
@@ -693,9 +704,10 @@ mod tests {
 
     /// A step choosing on the device gives, for a greedy feed, the decode loop's argmax of the
     /// logits the plain step gives, for a sampled one the decode loop's sampler's draw from
-    /// them at its position, and for one the host chooses those logits.
+    /// them at its position, and for a masked one (greedy or sampled) the same from those
+    /// logits masked on the host as the CPU decoder masks them.
     #[test]
-    fn choosing_gives_the_greedy_or_the_sampled_token_or_the_logits_for_the_host() {
+    fn choosing_gives_the_greedy_the_sampled_or_the_masked_token() {
         let refs = reference();
         let model = open("qwen2");
         let prompts: Vec<Vec<u32>> = refs["models"]["qwen2"].as_array().unwrap()[..5]
@@ -720,28 +732,48 @@ mod tests {
             top_k,
             seed,
         };
+        let greedy = Sampling {
+            temperature: 0.0,
+            ..hot(1.0, 0, 1)
+        };
         let choices = [
             Choice::Greedy,
             Choice::Draw(hot(1.0, 0, 3), 5),
-            Choice::Draw(
-                Sampling {
-                    temperature: 0.0,
-                    ..hot(1.0, 0, 1)
-                },
-                0,
-            ),
-            Choice::Host,
+            Choice::Masked(greedy, 0),
+            Choice::Masked(hot(0.9, 0, 7), 2),
             Choice::Draw(hot(0.9, 20, 4), 11),
         ];
-        let chosen = model.forward_choosing(&feeds(20), &choices).unwrap();
+        // Masks that leave neither row's own choice: every third id, and ids from 1,000 on.
+        let vocab = logits[0].len();
+        let (first, third) = (argmax(&logits[2]), hot(0.9, 0, 7).choose(&logits[3], 2));
+        let vobs: Vec<SimpleVob> = [|id: usize| id % 3 == 1, |id: usize| id >= 1_000]
+            .iter()
+            .zip([first as usize, third as usize])
+            .map(|(allows, own)| {
+                let mut vob = SimpleVob::alloc(vocab - 5);
+                (0..vocab - 5)
+                    .filter(|&id| allows(id) && id != own)
+                    .for_each(|id| vob.allow_token(id as u32));
+                vob
+            })
+            .collect();
+        let masks = || Masks::new(&[Some(&vobs[0]), Some(&vobs[1])], vocab);
+        let chosen = model.forward_choosing(&feeds(20), &choices, masks).unwrap();
+        let mut vob = vobs.iter();
         for (i, (got, l)) in chosen.iter().zip(&logits).enumerate() {
             let want = match choices[i] {
-                Choice::Draw(s, position) => Chosen::Token(s.choose(l, position)),
-                Choice::Greedy => Chosen::Token(argmax(l)),
-                Choice::Host => Chosen::Logits(l.clone()),
+                Choice::Draw(s, position) => s.choose(l, position),
+                Choice::Greedy => argmax(l),
+                Choice::Masked(s, position) => {
+                    let mut l = l.clone();
+                    constrain::apply(vob.next().unwrap(), &mut l);
+                    s.choose(&l, position)
+                }
             };
             assert_eq!(*got, want, "feed {i}");
         }
+        assert_ne!(chosen[2], first, "the mask applied");
+        assert_ne!(chosen[3], third, "the mask applied");
     }
 
     /// Batch invariance: every prompt's logits, step by step, are the same bits read alone,

@@ -5,7 +5,8 @@
 //! * `attention`: the writes that fill the cache and the attention that reads it through block
 //!   tables, candle custom ops whose `cpu_fwd` is the reference of their NVRTC kernel
 //!   (`kernels/paged.cu`, launched by `cuda`); `argmax` the greedy choice on the device, `sample`
-//!   the seeded draw (temperature, top-k, top-p) there;
+//!   the seeded draw (temperature, top-k, top-p) there, `mask` a constrained row's grammar
+//!   applied there first;
 //! * `rotary`: a step's attention rows rotated (queries and keys) in one op, its kernel beside;
 //! * `decoder`: the Llama-family network over the cache (`linear` its dense layers, on CUDA
 //!   `pinned`'s cuBLASLt product, one configuration per weight shape whatever the batch), which
@@ -21,6 +22,7 @@ pub mod check;
 mod cuda;
 pub mod decoder;
 mod linear;
+pub mod mask;
 #[cfg(feature = "cuda")]
 mod pinned;
 pub mod products;

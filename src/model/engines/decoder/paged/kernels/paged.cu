@@ -214,6 +214,30 @@ INSTANTIATE_ARGMAX(f32, F32)
 INSTANTIATE_ARGMAX(f16, F16)
 INSTANTIATE_ARGMAX(bf16, BF16)
 
+// Constrained rows (`paged/mask.rs`, `MaskRows::cpu_fwd`): each logit widened to f32, or −∞
+// where its row's mask does not allow its id (id at or past `allowed`, or bit id % 32 of word
+// id / 32 clear). One thread an element, a row `blockIdx.y`.
+template <typename T>
+__device__ void mask_rows(const typename T::raw* logits, const unsigned int* masks, float* out,
+                          int vocab, int words, int allowed) {
+    const int id = blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= vocab) return;
+    const long at = (long)blockIdx.y * vocab + id;
+    const unsigned int* mask = masks + (long)blockIdx.y * words;
+    const bool allows = id < allowed && id / 32 < words && ((mask[id / 32] >> (id % 32)) & 1u);
+    out[at] = allows ? load(logits[at], T()) : NEG_INF;
+}
+
+#define INSTANTIATE_MASK(SUFFIX, T)                                                           \
+    extern "C" __global__ void mask_rows_##SUFFIX(const T::raw* logits,                       \
+                                                  const unsigned int* masks, float* out,      \
+                                                  int vocab, int words, int allowed) {        \
+        mask_rows<T>(logits, masks, out, vocab, words, allowed);                              \
+    }
+INSTANTIATE_MASK(f32, F32)
+INSTANTIATE_MASK(f16, F16)
+INSTANTIATE_MASK(bf16, BF16)
+
 // Sampling (`paged/sample.rs`, `sampling.rs`): one block of SAMPLE_THREADS a row. Every value
 // that decides the token is an integer (rank keys, weights in 32-bit fixed point, their sums),
 // or an f32/f64 operation spelled out with its rounding (no fused multiply-add), so the token is
