@@ -349,7 +349,7 @@ impl QuantRows {
         for (b, block) in x.chunks_exact(BLOCK).enumerate() {
             // As llama.cpp's AVX2 `quantize_row_q8_1` (and `_q8_0`): the scale kept as f16,
             // the values rounded half to even from `x · 127 / max`, the scaled sum as f16.
-            let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let amax = largest_magnitude(block);
             let d = amax / 127.0;
             let inverse = if amax != 0.0 { 127.0 / amax } else { 0.0 };
             for (q, v) in rows.q[b * BLOCK..][..BLOCK].iter_mut().zip(block) {
@@ -376,7 +376,7 @@ impl QuantRows {
         for (b, block) in x.chunks_exact(256).enumerate() {
             // The first value of the largest magnitude, its sign kept (found in two passes: the
             // magnitude's fold vectorises, a fold keeping the signed value did not).
-            let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let amax = largest_magnitude(block);
             let max = block
                 .iter()
                 .copied()
@@ -404,6 +404,21 @@ impl QuantRows {
             scales: &self.scales[t * blocks..][..blocks],
         }
     }
+}
+
+/// The largest magnitude in `block` (a whole number of 8s), NaNs passed over: eight running
+/// maxima side by side, then theirs. The maximum of a set is the same whatever the order it is
+/// taken in, and eight independent chains run where one chain of dependent maxima waited on
+/// each other (the rounding of a step's activations took about 2 ns a value that way).
+#[inline(always)]
+fn largest_magnitude(block: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    for eight in block.chunks_exact(8) {
+        for (m, v) in lanes.iter_mut().zip(eight) {
+            *m = m.max(v.abs());
+        }
+    }
+    lanes.into_iter().fold(0f32, f32::max)
 }
 
 /// One row of [`QuantRows`].

@@ -332,7 +332,13 @@ fn a_product_choosing_keeps_rows_bit_for_bit_and_finds_the_largest_of_the_others
     ] {
         let matrix = Arc::new(random_matrix(format, rows, k, &mut rng).in_columns());
         let mut whole = vec![0f32; m * rows];
-        linear(Kernel::best(), &x, &[matrix.clone()], None, &mut whole);
+        linear(
+            Kernel::best(),
+            &x,
+            std::slice::from_ref(&matrix),
+            None,
+            &mut whole,
+        );
         let patterns: [Vec<bool>; 3] = [
             (0..m).map(|t| t % 3 == 1).collect(),
             vec![false; m],
@@ -340,7 +346,13 @@ fn a_product_choosing_keeps_rows_bit_for_bit_and_finds_the_largest_of_the_others
         ];
         for keep in patterns {
             let mut kept = vec![0f32; keep.iter().filter(|&&k| k).count() * rows];
-            let chosen = linear_choosing(Kernel::best(), &x, &[matrix.clone()], &keep, &mut kept);
+            let chosen = linear_choosing(
+                Kernel::best(),
+                &x,
+                std::slice::from_ref(&matrix),
+                &keep,
+                &mut kept,
+            );
             let mut kept_rows = kept.chunks_exact(rows);
             for (t, row) in whole.chunks_exact(rows).enumerate() {
                 if keep[t] {
@@ -351,6 +363,26 @@ fn a_product_choosing_keeps_rows_bit_for_bit_and_finds_the_largest_of_the_others
                     assert_eq!(chosen[t], Some(scan(row)), "{format:?} row {t}");
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn the_largest_magnitude_in_lanes_is_the_one_a_fold_finds() {
+    let mut rng = Rng(13);
+    for case in 0..200 {
+        let mut block: Vec<f32> = (0..256).map(|_| rng.float() * 3.0).collect();
+        for _ in 0..case % 5 {
+            let at = (rng.next() % 256) as usize;
+            block[at] = [f32::NAN, -0.0, f32::INFINITY, -7.5][case % 4];
+        }
+        for len in [32, 256] {
+            let folded = block[..len].iter().fold(0f32, |m, v| m.max(v.abs()));
+            assert_eq!(
+                largest_magnitude(&block[..len]).to_bits(),
+                folded.to_bits(),
+                "case {case}, {len}"
+            );
         }
     }
 }
