@@ -598,30 +598,25 @@ fn paged_step(
 ) -> Result<Vec<Option<u32>>, String> {
     let mut inputs: Vec<(SeqId, &[u32])> = Vec::with_capacity(feeds.len());
     let mut choices = Vec::with_capacity(feeds.len());
-    for (i, tokens, whole) in feeds {
-        let seq = &active[*i];
-        match &seq.cache {
-            SeqCache::Paged { id, .. } => inputs.push((*id, tokens.as_slice())),
-            SeqCache::Cpu(_) => return Err("a CPU cache on the paged decoder".into()),
-        }
-        let draw = (seq.request.sampling, seq.generated.len());
-        choices.push(match (whole, &seq.constrained) {
-            (false, _) => Choice::Greedy,
-            (true, Some(_)) => Choice::Masked(draw.0, draw.1),
-            (true, None) => Choice::Draw(draw.0, draw.1),
-        });
-    }
-    let mut feeding = feeds.iter().zip(&choices).peekable();
     let mut constrained: Vec<(usize, &mut Constrained)> = Vec::new();
+    let mut feeding = feeds.iter().peekable();
     for (i, s) in active.iter_mut().enumerate() {
-        if let (Some(_), Some(c)) = (
-            feeding
-                .next_if(|(f, _)| f.0 == i)
-                .filter(|(_, c)| matches!(c, Choice::Masked(..))),
-            &mut s.constrained,
-        ) {
-            constrained.push((i, c));
-        }
+        let Some((_, tokens, whole)) = feeding.next_if(|f| f.0 == i) else {
+            continue;
+        };
+        let SeqCache::Paged { id, .. } = s.cache else {
+            return Err("a CPU cache on the paged decoder".into());
+        };
+        inputs.push((id, tokens.as_slice()));
+        let (sampling, at) = (s.request.sampling, s.generated.len());
+        choices.push(match (whole, &mut s.constrained) {
+            (false, _) => Choice::Greedy,
+            (true, Some(c)) => {
+                constrained.push((i, c));
+                Choice::Masked(sampling, at)
+            }
+            (true, None) => Choice::Draw(sampling, at),
+        });
     }
     let vocab = decoder.dims().vocab;
     let mut computed = Vec::new();
