@@ -117,7 +117,7 @@ impl Dense {
         let mut kept_rows = kept.chunks_exact_mut(n);
         let choose = |(row, &keep): (&[f32], &bool)| {
             if !keep {
-                return Some(quant::first_of(quant::first_largest(row, 0).into_iter()));
+                return Some(quant::argmax(row));
             }
             if let Some(to) = kept_rows.next() {
                 to.copy_from_slice(row);

@@ -699,6 +699,12 @@ pub(crate) fn linear_choosing(
         .collect()
 }
 
+/// The index of the first largest value of `row`, as a scan keeping the first strictly larger
+/// value finds it (a NaN is never larger; a NaN first value gives 0): a greedy choice.
+pub fn argmax(row: &[f32]) -> u32 {
+    first_of(first_largest(row, 0).into_iter())
+}
+
 /// The index of the largest of a row from its shares' [`first_largest`], in output order: a
 /// later share's where strictly larger (0 where every value is a NaN).
 pub(crate) fn first_of(found: impl Iterator<Item = (u32, f32)>) -> u32 {

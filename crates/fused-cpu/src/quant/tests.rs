@@ -315,6 +315,7 @@ fn a_row_chosen_share_by_share_is_the_one_scan_of_the_whole_row_chooses() {
             scan(&row),
             "case {case}: {row:?} by {chunk}"
         );
+        assert_eq!(argmax(&row), scan(&row), "case {case}: {row:?} whole");
     }
 }
 

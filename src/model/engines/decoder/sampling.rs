@@ -105,15 +105,11 @@ impl Sampling {
     }
 }
 
-/// The first largest logit's token (torch's `argmax` also returns the first).
+/// The first largest logit's token (torch's `argmax` also returns the first; a NaN is never
+/// larger, and a NaN first logit gives 0): the rule the CPU decoder applies inside its output
+/// layer, stated once in its crate.
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
+    spotinfer_fused_cpu::argmax(logits)
 }
 
 /// The largest value that is not a NaN, if any.
