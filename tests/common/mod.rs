@@ -161,10 +161,20 @@ pub struct WorkerProcess {
     pub metrics_addr: String,
 }
 
-/// A free loopback port.
+/// A loopback address no other test takes: a port below the kernel's ephemeral range on a
+/// loopback address of this process's own. Binding port 0 and releasing it raced: a worker
+/// started by a test running beside this one could take the same port first ("Address already
+/// in use"), and nothing but these addresses is bound in `127.81.0.0/16`.
 pub fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").to_string()
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let pid = std::process::id() % 62_500;
+    format!(
+        "127.81.{}.{}:{}",
+        pid / 250,
+        pid % 250 + 1,
+        20_000 + n % 12_000
+    )
 }
 
 impl WorkerProcess {
