@@ -29,12 +29,14 @@
 //! llama.cpp rounds them; its sums are batch-invariant as f32's are. Normalisation, rotary
 //! embedding, attention and the caches stay f32 in every precision.
 
+mod attend;
 mod load;
 
 use crate::dense::Dense;
-use crate::kernels::{exp, softmax_row};
+use crate::kernels::exp;
 use crate::quant::BlockMatrix;
 use crate::{FusedError, Precision};
+use attend::{attend_best, KvHead};
 use rayon::prelude::*;
 
 /// The shape of a decoder, from its `config.json` (or a GGUF's metadata).
@@ -502,120 +504,6 @@ fn sum_of_products(a: &[f32], b: &[f32]) -> f32 {
     half.iter().sum::<f32>() + tail
 }
 
-/// One sequence's cached keys and values for one key/value head: rows of `kv_dim`, the head's
-/// values at `offset` in each, the first `len` rows attended to.
-#[derive(Clone, Copy)]
-struct KvHead<'a> {
-    keys: &'a [f32],
-    values: &'a [f32],
-    len: usize,
-    kv_dim: usize,
-    offset: usize,
-}
-
-/// [`attend`] on AVX2 where the CPU has it, else as the crate is built (SSE2 on x86-64): the
-/// same operations in the same order either way (Rust never fuses a multiply and an add, and
-/// the lane sums are fixed), so the same bits; on a Zen 4, 256-bit registers and one pass over
-/// a head's keys for its query heads took attention from ~31% of a batch-32 step to ~24%.
-fn attend_best(queries: &[f32], hd: usize, kv: KvHead<'_>, scale: f32, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above).
-        return unsafe { attend_avx2(queries, hd, kv, scale, out) };
-    }
-    attend::<false>(queries, hd, kv, scale, out)
-}
-
-/// [`attend`] compiled for AVX2.
-///
-/// # Safety
-/// The CPU has AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn attend_avx2(queries: &[f32], hd: usize, kv: KvHead<'_>, scale: f32, out: &mut [f32]) {
-    attend::<true>(queries, hd, kv, scale, out)
-}
-
-/// [`sum_of_products`] on two 256-bit registers (lanes 0–7 and 8–15): each lane's products
-/// added in the same order, the same final sums, so the same bits. (The compiler vectorised the
-/// portable loop two lanes at a time.)
-///
-/// # Safety
-/// The CPU has AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn sum_of_products_avx2(a: &[f32], b: &[f32]) -> f32 {
-    use std::arch::x86_64::*;
-    assert_eq!(a.len(), b.len(), "sum of products: lengths");
-    let whole = a.len() / 16 * 16;
-    let tail: f32 = a[whole..].iter().zip(&b[whole..]).map(|(x, y)| x * y).sum();
-    let (mut low, mut high) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    for at in (0..whole).step_by(16) {
-        let (x, y) = (a.as_ptr().add(at), b.as_ptr().add(at));
-        low = _mm256_add_ps(low, _mm256_mul_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(y)));
-        high = _mm256_add_ps(
-            high,
-            _mm256_mul_ps(_mm256_loadu_ps(x.add(8)), _mm256_loadu_ps(y.add(8))),
-        );
-    }
-    let mut half = [0f32; 8];
-    _mm256_storeu_ps(half.as_mut_ptr(), _mm256_add_ps(low, high));
-    half.iter().sum::<f32>() + tail
-}
-
-/// The attention of the query heads in `queries` (each `hd` wide, side by side) that share the
-/// key/value head `kv`: per query head, softmax of the scaled scores, then the values' weighted
-/// sum into its part of `out`. Each head's sums are the same whatever the heads beside it.
-/// `AVX2`: the products by [`sum_of_products_avx2`] (only from [`attend_avx2`]).
-#[inline(always)]
-fn attend<const AVX2: bool>(
-    queries: &[f32],
-    hd: usize,
-    kv: KvHead<'_>,
-    scale: f32,
-    out: &mut [f32],
-) {
-    let (heads, len) = (queries.len() / hd, kv.len);
-    // The thread's buffer taken and put back (no closure: one would be compiled apart from this
-    // function, without its AVX2).
-    let mut scores = SCORES.take();
-    scores.clear();
-    scores.resize(heads * len, 0.0);
-    // Plain loops, not iterators collected: `collect` runs its closure in a generic `fold`
-    // compiled apart from this function, without its AVX2.
-    for j in 0..len {
-        let key = &kv.keys[j * kv.kv_dim + kv.offset..][..hd];
-        for (h, q) in queries.chunks_exact(hd).enumerate() {
-            #[cfg(target_arch = "x86_64")]
-            if AVX2 {
-                // SAFETY: only `attend_avx2`, on a CPU with AVX2, asks for it.
-                scores[h * len + j] = unsafe { sum_of_products_avx2(q, key) } * scale;
-                continue;
-            }
-            scores[h * len + j] = sum_of_products(q, key) * scale;
-        }
-    }
-    for row in scores.chunks_exact_mut(len) {
-        softmax_row(row);
-    }
-    out.fill(0.0);
-    for j in 0..len {
-        let v = &kv.values[j * kv.kv_dim + kv.offset..][..hd];
-        for (h, out) in out.chunks_exact_mut(hd).enumerate() {
-            let p = scores[h * len + j];
-            out.iter_mut().zip(v).for_each(|(o, v)| *o += p * v);
-        }
-    }
-    SCORES.set(scores);
-}
-
-thread_local! {
-    /// A thread's attention scores, kept between calls: one per row and key/value head of every
-    /// layer of every step was an allocation from the kernels' threads, which wait on each
-    /// other's where all threads share one glibc arena (as a worker generating on the CPU sets).
-    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -634,48 +522,5 @@ mod tests {
         silu_mul_in(&mut portable, &gate, &up);
         let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&best), bits(&portable));
-    }
-
-    /// The AVX2 build of attention gives the portable build's bits, over lengths that leave
-    /// every tail of the lane sums, and three query heads attended together give what each
-    /// gives alone.
-    #[test]
-    fn attention_on_avx2_and_by_groups_is_each_heads_portable_attention_bit_for_bit() {
-        let mut seed = 17u32;
-        let mut random = |count: usize| -> Vec<f32> {
-            (0..count)
-                .map(|_| {
-                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                    (seed >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
-                })
-                .collect()
-        };
-        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        for (hd, len) in [(64, 1), (64, 37), (80, 130), (72, 9)] {
-            let (kv_dim, group) = (3 * hd, 3);
-            let (queries, keys, values) = (
-                random(group * hd),
-                random(len * kv_dim),
-                random(len * kv_dim),
-            );
-            let kv = KvHead {
-                keys: &keys,
-                values: &values,
-                len,
-                kv_dim,
-                offset: hd,
-            };
-            let mut best = vec![0f32; group * hd];
-            attend_best(&queries, hd, kv, 0.125, &mut best);
-            for h in 0..group {
-                let mut alone = vec![0f32; hd];
-                attend::<false>(&queries[h * hd..][..hd], hd, kv, 0.125, &mut alone);
-                assert_eq!(
-                    bits(&alone),
-                    bits(&best[h * hd..][..hd]),
-                    "head {h} of {hd}, {len} positions"
-                );
-            }
-        }
     }
 }
