@@ -58,8 +58,10 @@ unsafe fn attend_avx2(queries: &[f32], hd: usize, kv: KvHead<'_>, scale: f32, ou
 
 /// The attention of the query heads in `queries` (each `hd` wide, side by side) that share the
 /// key/value head `kv`: per query head, softmax of the scaled scores, then the values' weighted
-/// sum into its part of `out`. `AVX2`: eight scores at a time by [`eight_scores_avx2`] (only
-/// from [`attend_avx2`]).
+/// sum into its part of `out`. The positions are taken a block at a time for all the heads, so
+/// a block's keys and values come from memory once for the heads that share them (a batch's
+/// caches are far larger than the core's caches). `AVX2`: eight scores at a time by
+/// [`eight_scores_avx2`] (only from [`attend_avx2`]).
 #[inline(always)]
 fn attend<const AVX2: bool>(
     queries: &[f32],
@@ -68,48 +70,68 @@ fn attend<const AVX2: bool>(
     scale: f32,
     out: &mut [f32],
 ) {
-    let len = kv.len;
+    let (heads, len) = (queries.len() / hd, kv.len);
+    out.fill(0.0);
+    if len == 0 {
+        return;
+    }
     // What `eight_scores_avx2` reads through pointers lies within the keys.
     assert!(
-        len == 0 || (len - 1) * kv.kv_dim + kv.offset + hd <= kv.keys.len(),
+        (len - 1) * kv.kv_dim + kv.offset + hd <= kv.keys.len(),
         "attention: {len} positions, keys too short"
     );
     // The thread's buffer taken and put back (no closure: one would be compiled apart from this
     // function, without its AVX2).
     let mut scores = SCORES.take();
     scores.clear();
-    scores.resize(len, 0.0);
-    for (q, out) in queries.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
-        let j = scores_by_eight::<AVX2>(q, &kv, scale, &mut scores);
-        for (j, s) in scores.iter_mut().enumerate().skip(j) {
-            *s = score(q, kv.key(j, hd)) * scale;
+    scores.resize(heads * len, 0.0);
+    let whole = scores_by_eight::<AVX2>(queries, hd, &kv, scale, &mut scores);
+    for j in whole..len {
+        for (h, q) in queries.chunks_exact(hd).enumerate() {
+            scores[h * len + j] = score(q, kv.key(j, hd)) * scale;
         }
-        crate::kernels::softmax_row(&mut scores);
-        weighted_sums(&scores, &kv, out);
+    }
+    for row in scores.chunks_exact_mut(len) {
+        crate::kernels::softmax_row(row);
+    }
+    for first in (0..len).step_by(VALUE_BLOCK) {
+        let block = first..(first + VALUE_BLOCK).min(len);
+        for (h, out) in out.chunks_exact_mut(hd).enumerate() {
+            weighted_sums(&scores[h * len..][block.clone()], &kv, first, out);
+        }
     }
     SCORES.set(scores);
 }
 
-/// The scores of the first positions in eights, where that is faster (AVX2, a head width a
-/// multiple of eight); returns how many positions it scored.
+/// Positions whose values are added into every head's sums before the next: 16 rows of a
+/// 128-wide head are 8 KiB, which stay in the first-level cache while the heads pass.
+const VALUE_BLOCK: usize = 16;
+
+/// The scores of the first positions, eight at a time for every head, where that is faster
+/// (AVX2, a head width a multiple of eight), into `scores` (a row of `kv.len` per head); returns
+/// how many positions it scored.
 #[inline(always)]
 fn scores_by_eight<const AVX2: bool>(
-    q: &[f32],
+    queries: &[f32],
+    hd: usize,
     kv: &KvHead<'_>,
     scale: f32,
     scores: &mut [f32],
 ) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if AVX2 && q.len().is_multiple_of(8) {
-        let whole = scores.len() / 8 * 8;
-        for (e, eight) in scores[..whole].chunks_exact_mut(8).enumerate() {
-            // SAFETY: only `attend_avx2`, on a CPU with AVX2, asks for it; positions up to
-            // `scores.len()` exist (`attend`'s assert).
-            unsafe { eight_scores_avx2(q, kv, 8 * e, scale, eight) };
+    if AVX2 && hd.is_multiple_of(8) {
+        let whole = kv.len / 8 * 8;
+        for j in (0..whole).step_by(8) {
+            for (h, q) in queries.chunks_exact(hd).enumerate() {
+                let eight = &mut scores[h * kv.len + j..][..8];
+                // SAFETY: only `attend_avx2`, on a CPU with AVX2, asks for it; positions up to
+                // `kv.len` exist (`attend`'s assert).
+                unsafe { eight_scores_avx2(q, kv, j, scale, eight) };
+            }
         }
         return whole;
     }
-    let _ = (q, kv, scale, scores);
+    let _ = (queries, hd, kv, scale, scores);
     0
 }
 
@@ -165,29 +187,37 @@ unsafe fn eight_scores_avx2(q: &[f32], kv: &KvHead<'_>, j: usize, scale: f32, ou
     _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(sums, _mm256_set1_ps(scale)));
 }
 
-/// `out[i] = Σⱼ p[j] · vⱼ[i]`, positions in order: 32 outputs at a time (four registers' worth
-/// of independent sums while the positions pass), then 8, then one.
+/// `out[i] += Σⱼ p[j] · v_{first + j}[i]`, positions in order: 32 outputs at a time (four
+/// registers' worth of independent sums while the positions pass), then 8, then one. Each sum
+/// goes on from where the previous block left it, so the blocks change no bit.
 #[inline(always)]
-fn weighted_sums(p: &[f32], kv: &KvHead<'_>, out: &mut [f32]) {
+fn weighted_sums(p: &[f32], kv: &KvHead<'_>, first: usize, out: &mut [f32]) {
     let mut at = 0;
     while at < out.len() {
         let left = out.len() - at;
         at += if left >= 32 {
-            weighted::<32>(p, kv, at, &mut out[at..])
+            weighted::<32>(p, kv, first, at, &mut out[at..])
         } else if left >= 8 {
-            weighted::<8>(p, kv, at, &mut out[at..])
+            weighted::<8>(p, kv, first, at, &mut out[at..])
         } else {
-            weighted::<1>(p, kv, at, &mut out[at..])
+            weighted::<1>(p, kv, first, at, &mut out[at..])
         };
     }
 }
 
-/// Outputs `at..at + W` of [`weighted_sums`] into `out[..W]`; returns `W`.
+/// Outputs `at..at + W` of [`weighted_sums`] in `out[..W]`; returns `W`.
 #[inline(always)]
-fn weighted<const W: usize>(p: &[f32], kv: &KvHead<'_>, at: usize, out: &mut [f32]) -> usize {
+fn weighted<const W: usize>(
+    p: &[f32],
+    kv: &KvHead<'_>,
+    first: usize,
+    at: usize,
+    out: &mut [f32],
+) -> usize {
     let mut acc = [0f32; W];
+    acc.copy_from_slice(&out[..W]);
     for (j, &p) in p.iter().enumerate() {
-        let v = &kv.values[j * kv.kv_dim + kv.offset + at..][..W];
+        let v = &kv.values[(first + j) * kv.kv_dim + kv.offset + at..][..W];
         for i in 0..W {
             acc[i] += p * v[i];
         }
