@@ -10,85 +10,182 @@
 //! - the softmax is `crate::kernels::softmax_row`'s;
 //! - each output is `Σ pⱼ vⱼ` over the positions in order, from zero.
 //!
-//! On AVX2 the scores of eight positions are computed side by side and their trees added by
-//! `vhaddps` (which adds exactly those pairs), and the weighted sums keep 32 outputs in
-//! registers while the positions pass; the portable build computes the same sums one by one.
+//! The keys and values are f32 or f16 (`super::kv`); an f16 is widened exactly before any
+//! arithmetic, so the type changes what is read, never how it is summed.
+//!
+//! On AVX2 (with F16C, which every AVX2 CPU has) the scores of eight positions are computed side
+//! by side and their trees added by `vhaddps` (which adds exactly those pairs), and the weighted
+//! sums keep 32 outputs in registers while the positions pass; the portable build computes the
+//! same sums one by one (an f16 head widened into f32 rows first).
 //! On a Zen 4, a batch-32 step of a Qwen2.5-0.5B shape spent 6.6% of its time here before
 //! (a 16-lane sum stored and added one lane at a time per score, every output loaded and stored
 //! again per position).
 
-/// One sequence's cached keys and values for one key/value head: rows of `kv_dim`, the head's
-/// values at `offset` in each, the first `len` rows attended to.
+use half::f16;
+
+/// A number as the cache holds it.
+pub(super) trait Element: Copy {
+    /// The number as f32 (exact).
+    fn widen(self) -> f32;
+
+    /// Eight numbers from `at`, widened.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and F16C; eight numbers from `at` can be read.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn eight(at: *const Self) -> std::arch::x86_64::__m256;
+}
+
+impl Element for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn eight(at: *const Self) -> std::arch::x86_64::__m256 {
+        std::arch::x86_64::_mm256_loadu_ps(at)
+    }
+}
+
+impl Element for f16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn eight(at: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        _mm256_cvtph_ps(_mm_loadu_si128(at.cast()))
+    }
+}
+
+/// One sequence's cached keys and values for one key/value head, as the cache holds them.
 #[derive(Clone, Copy)]
-pub(super) struct KvHead<'a> {
-    pub keys: &'a [f32],
-    pub values: &'a [f32],
+pub(super) enum KvHead<'a> {
+    F32(Rows<'a, f32>),
+    F16(Rows<'a, f16>),
+}
+
+/// Keys and values in rows of `kv_dim`, the head's numbers at `offset` in each, the first `len`
+/// rows attended to.
+#[derive(Clone, Copy)]
+pub(super) struct Rows<'a, T> {
+    pub keys: &'a [T],
+    pub values: &'a [T],
     pub len: usize,
     pub kv_dim: usize,
     pub offset: usize,
 }
 
-impl KvHead<'_> {
+impl<T: Element> Rows<'_, T> {
     /// Position `j`'s key (`hd` wide).
-    fn key(&self, j: usize, hd: usize) -> &[f32] {
+    fn key(&self, j: usize, hd: usize) -> &[T] {
         &self.keys[j * self.kv_dim + self.offset..][..hd]
     }
 }
 
-/// [`attend`] on AVX2 where the CPU has it, else as the crate is built (SSE2 on x86-64): the
-/// same sums either way (module doc), so the same bits.
+/// The attention of the query heads in `queries` (each `hd` wide, side by side) that share the
+/// key/value head `kv`, into `out`: on AVX2 and F16C where the CPU has them, else as the crate
+/// is built (SSE2 on x86-64, NEON on Arm); the same sums either way (module doc), so the same
+/// bits.
 pub(super) fn attend_best(queries: &[f32], hd: usize, kv: KvHead<'_>, scale: f32, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above).
-        return unsafe { attend_avx2(queries, hd, kv, scale, out) };
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c") {
+        // SAFETY: the CPU has AVX2 and F16C (checked just above).
+        return unsafe {
+            match kv {
+                KvHead::F32(rows) => attend_avx2(queries, hd, rows, scale, out),
+                KvHead::F16(rows) => attend_avx2(queries, hd, rows, scale, out),
+            }
+        };
     }
-    attend::<false>(queries, hd, kv, scale, out)
+    match kv {
+        KvHead::F32(rows) => attend::<f32, false>(queries, hd, rows, scale, out),
+        KvHead::F16(rows) => attend_widened(queries, hd, rows, scale, out),
+    }
 }
 
-/// [`attend`] compiled for AVX2.
+/// [`attend`] compiled for AVX2 and F16C.
 ///
 /// # Safety
-/// The CPU has AVX2.
+/// The CPU has AVX2 and F16C.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn attend_avx2(queries: &[f32], hd: usize, kv: KvHead<'_>, scale: f32, out: &mut [f32]) {
-    attend::<true>(queries, hd, kv, scale, out)
-}
-
-/// The attention of the query heads in `queries` (each `hd` wide, side by side) that share the
-/// key/value head `kv`: per query head, softmax of the scaled scores, then the values' weighted
-/// sum into its part of `out`. The positions are taken a block at a time for all the heads, so
-/// a block's keys and values come from memory once for the heads that share them (a batch's
-/// caches are far larger than the core's caches). `AVX2`: eight scores at a time by
-/// [`eight_scores_avx2`] (only from [`attend_avx2`]).
-#[inline(always)]
-fn attend<const AVX2: bool>(
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn attend_avx2<T: Element>(
     queries: &[f32],
     hd: usize,
-    kv: KvHead<'_>,
+    rows: Rows<'_, T>,
     scale: f32,
     out: &mut [f32],
 ) {
-    let (heads, len) = (queries.len() / hd, kv.len);
+    attend::<T, true>(queries, hd, rows, scale, out)
+}
+
+/// The portable build's attention over f16 keys and values: the head's rows widened into f32
+/// rows of its own first (by `half`'s slice conversion, which uses the CPU's conversion
+/// instructions where there are some), then [`attend`] on those.
+fn attend_widened(queries: &[f32], hd: usize, rows: Rows<'_, f16>, scale: f32, out: &mut [f32]) {
+    use half::slice::HalfFloatSliceExt;
+    let len = rows.len;
+    let mut wide = WIDE.take();
+    wide.clear();
+    wide.resize(2 * len * hd, 0.0);
+    let (keys, values) = wide.split_at_mut(len * hd);
+    for j in 0..len {
+        let at = j * rows.kv_dim + rows.offset;
+        rows.keys[at..][..hd].convert_to_f32_slice(&mut keys[j * hd..][..hd]);
+        rows.values[at..][..hd].convert_to_f32_slice(&mut values[j * hd..][..hd]);
+    }
+    let widened = Rows {
+        keys,
+        values,
+        len,
+        kv_dim: hd,
+        offset: 0,
+    };
+    attend::<f32, false>(queries, hd, widened, scale, out);
+    WIDE.set(wide);
+}
+
+/// The attention of the query heads in `queries` (each `hd` wide, side by side) that share the
+/// key/value head `rows`: per query head, softmax of the scaled scores, then the values'
+/// weighted sum into its part of `out`. The positions are taken a block at a time for all the
+/// heads, so a block's keys and values come from memory once for the heads that share them (a
+/// batch's caches are far larger than the core's caches). `AVX2`: eight scores at a time by
+/// [`eight_scores_avx2`] and the weighted sums by [`weighted_avx2`] (only from
+/// [`attend_avx2`]).
+#[inline(always)]
+fn attend<T: Element, const AVX2: bool>(
+    queries: &[f32],
+    hd: usize,
+    rows: Rows<'_, T>,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let (heads, len) = (queries.len() / hd, rows.len);
     out.fill(0.0);
     if len == 0 {
         return;
     }
-    // What `eight_scores_avx2` reads through pointers lies within the keys.
+    // What the AVX2 functions read through pointers lies within the keys and values.
+    let last = (len - 1) * rows.kv_dim + rows.offset + hd;
     assert!(
-        (len - 1) * kv.kv_dim + kv.offset + hd <= kv.keys.len(),
-        "attention: {len} positions, keys too short"
+        last <= rows.keys.len() && last <= rows.values.len(),
+        "attention: {len} positions, keys or values too short"
     );
     // The thread's buffer taken and put back (no closure: one would be compiled apart from this
     // function, without its AVX2).
     let mut scores = SCORES.take();
     scores.clear();
     scores.resize(heads * len, 0.0);
-    let whole = scores_by_eight::<AVX2>(queries, hd, &kv, scale, &mut scores);
+    let whole = scores_by_eight::<T, AVX2>(queries, hd, &rows, scale, &mut scores);
     for j in whole..len {
         for (h, q) in queries.chunks_exact(hd).enumerate() {
-            scores[h * len + j] = score(q, kv.key(j, hd)) * scale;
+            scores[h * len + j] = score(q, rows.key(j, hd)) * scale;
         }
     }
     for row in scores.chunks_exact_mut(len) {
@@ -97,58 +194,58 @@ fn attend<const AVX2: bool>(
     for first in (0..len).step_by(VALUE_BLOCK) {
         let block = first..(first + VALUE_BLOCK).min(len);
         for (h, out) in out.chunks_exact_mut(hd).enumerate() {
-            weighted_sums(&scores[h * len..][block.clone()], &kv, first, out);
+            weighted_sums::<T, AVX2>(&scores[h * len..][block.clone()], &rows, first, out);
         }
     }
     SCORES.set(scores);
 }
 
 /// Positions whose values are added into every head's sums before the next: 16 rows of a
-/// 128-wide head are 8 KiB, which stay in the first-level cache while the heads pass.
+/// 128-wide head are 8 KiB in f32, which stay in the first-level cache while the heads pass.
 const VALUE_BLOCK: usize = 16;
 
 /// The scores of the first positions, eight at a time for every head, where that is faster
-/// (AVX2, a head width a multiple of eight), into `scores` (a row of `kv.len` per head); returns
-/// how many positions it scored.
+/// (AVX2, a head width a multiple of eight), into `scores` (a row of `rows.len` per head);
+/// returns how many positions it scored.
 #[inline(always)]
-fn scores_by_eight<const AVX2: bool>(
+fn scores_by_eight<T: Element, const AVX2: bool>(
     queries: &[f32],
     hd: usize,
-    kv: &KvHead<'_>,
+    rows: &Rows<'_, T>,
     scale: f32,
     scores: &mut [f32],
 ) -> usize {
     #[cfg(target_arch = "x86_64")]
     if AVX2 && hd.is_multiple_of(8) {
-        let whole = kv.len / 8 * 8;
+        let whole = rows.len / 8 * 8;
         for j in (0..whole).step_by(8) {
             for (h, q) in queries.chunks_exact(hd).enumerate() {
-                let eight = &mut scores[h * kv.len + j..][..8];
-                // SAFETY: only `attend_avx2`, on a CPU with AVX2, asks for it; positions up to
-                // `kv.len` exist (`attend`'s assert).
-                unsafe { eight_scores_avx2(q, kv, j, scale, eight) };
+                let eight = &mut scores[h * rows.len + j..][..8];
+                // SAFETY: only `attend_avx2`, on a CPU with AVX2 and F16C, asks for it;
+                // positions up to `rows.len` exist (`attend`'s assert).
+                unsafe { eight_scores_avx2(q, rows, j, scale, eight) };
             }
         }
         return whole;
     }
-    let _ = (queries, hd, kv, scale, scores);
+    let _ = (queries, hd, rows, scale, scores);
     0
 }
 
 /// `q·k` in the module doc's order.
 #[inline(always)]
-fn score(q: &[f32], k: &[f32]) -> f32 {
+fn score<T: Element>(q: &[f32], k: &[T]) -> f32 {
     let mut l = [0f32; 8];
     let (cq, ck) = (q.chunks_exact(8), k.chunks_exact(8));
     let (rq, rk) = (cq.remainder(), ck.remainder());
     for (x, y) in cq.zip(ck) {
         for i in 0..8 {
-            l[i] += x[i] * y[i];
+            l[i] += x[i] * y[i].widen();
         }
     }
     let mut s = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
     for (x, y) in rq.iter().zip(rk) {
-        s += x * y;
+        s += x * y.widen();
     }
     s
 }
@@ -156,22 +253,27 @@ fn score(q: &[f32], k: &[f32]) -> f32 {
 /// [`score`] of positions `j..j + 8` (the head width a multiple of 8), scaled, into `out`.
 ///
 /// # Safety
-/// The CPU has AVX2; positions `j..j + 8` of `kv` exist.
+/// The CPU has AVX2 and F16C; positions `j..j + 8` of `rows` exist.
 #[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn eight_scores_avx2(q: &[f32], kv: &KvHead<'_>, j: usize, scale: f32, out: &mut [f32]) {
+#[inline(always)]
+unsafe fn eight_scores_avx2<T: Element>(
+    q: &[f32],
+    rows: &Rows<'_, T>,
+    j: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
     use std::arch::x86_64::*;
     assert!(
         out.len() == 8 && q.len().is_multiple_of(8),
         "eight scores: shapes"
     );
-    let keys = kv.keys.as_ptr().add(j * kv.kv_dim + kv.offset);
+    let keys = rows.keys.as_ptr().add(j * rows.kv_dim + rows.offset);
     let mut lanes = [_mm256_setzero_ps(); 8];
     for c in (0..q.len()).step_by(8) {
         let x = _mm256_loadu_ps(q.as_ptr().add(c));
         for (p, l) in lanes.iter_mut().enumerate() {
-            let y = _mm256_loadu_ps(keys.add(p * kv.kv_dim + c));
+            let y = T::eight(keys.add(p * rows.kv_dim + c));
             *l = _mm256_add_ps(*l, _mm256_mul_ps(x, y));
         }
     }
@@ -187,29 +289,49 @@ unsafe fn eight_scores_avx2(q: &[f32], kv: &KvHead<'_>, j: usize, scale: f32, ou
     _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(sums, _mm256_set1_ps(scale)));
 }
 
-/// `out[i] += Σⱼ p[j] · v_{first + j}[i]`, positions in order: 32 outputs at a time (four
-/// registers' worth of independent sums while the positions pass), then 8, then one. Each sum
-/// goes on from where the previous block left it, so the blocks change no bit.
+/// `out[i] += Σⱼ p[j] · v_{first + j}[i]`, positions in order: on AVX2 32 outputs at a time
+/// (four registers' worth of independent sums while the positions pass), then 8; the rest (all
+/// of them in the portable build) as many at a time as the compiler vectorises. Each sum goes
+/// on from where the previous block left it, so the blocks change no bit.
 #[inline(always)]
-fn weighted_sums(p: &[f32], kv: &KvHead<'_>, first: usize, out: &mut [f32]) {
+fn weighted_sums<T: Element, const AVX2: bool>(
+    p: &[f32],
+    rows: &Rows<'_, T>,
+    first: usize,
+    out: &mut [f32],
+) {
     let mut at = 0;
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 {
+        while out.len() - at >= 8 {
+            let left = out.len() - at;
+            // SAFETY: only `attend_avx2`, on a CPU with AVX2 and F16C, asks for it; the
+            // positions of `p` exist (`attend`'s assert) and `out` holds the outputs.
+            at += unsafe {
+                match left {
+                    32.. => weighted_avx2::<T, 4>(p, rows, first, at, &mut out[at..]),
+                    _ => weighted_avx2::<T, 1>(p, rows, first, at, &mut out[at..]),
+                }
+            };
+        }
+    }
     while at < out.len() {
         let left = out.len() - at;
         at += if left >= 32 {
-            weighted::<32>(p, kv, first, at, &mut out[at..])
+            weighted::<T, 32>(p, rows, first, at, &mut out[at..])
         } else if left >= 8 {
-            weighted::<8>(p, kv, first, at, &mut out[at..])
+            weighted::<T, 8>(p, rows, first, at, &mut out[at..])
         } else {
-            weighted::<1>(p, kv, first, at, &mut out[at..])
+            weighted::<T, 1>(p, rows, first, at, &mut out[at..])
         };
     }
 }
 
 /// Outputs `at..at + W` of [`weighted_sums`] in `out[..W]`; returns `W`.
 #[inline(always)]
-fn weighted<const W: usize>(
+fn weighted<T: Element, const W: usize>(
     p: &[f32],
-    kv: &KvHead<'_>,
+    rows: &Rows<'_, T>,
     first: usize,
     at: usize,
     out: &mut [f32],
@@ -217,13 +339,49 @@ fn weighted<const W: usize>(
     let mut acc = [0f32; W];
     acc.copy_from_slice(&out[..W]);
     for (j, &p) in p.iter().enumerate() {
-        let v = &kv.values[(first + j) * kv.kv_dim + kv.offset + at..][..W];
+        let v = &rows.values[(first + j) * rows.kv_dim + rows.offset + at..][..W];
         for i in 0..W {
-            acc[i] += p * v[i];
+            acc[i] += p * v[i].widen();
         }
     }
     out[..W].copy_from_slice(&acc);
     W
+}
+
+/// [`weighted`] for `8 R` outputs in `R` registers; returns `8 R`.
+///
+/// # Safety
+/// The CPU has AVX2 and F16C; the values of positions `first..first + p.len()` exist up to
+/// output `at + 8 R` of the head.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn weighted_avx2<T: Element, const R: usize>(
+    p: &[f32],
+    rows: &Rows<'_, T>,
+    first: usize,
+    at: usize,
+    out: &mut [f32],
+) -> usize {
+    use std::arch::x86_64::*;
+    assert!(out.len() >= 8 * R, "weighted sums: outputs");
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (r, acc) in acc.iter_mut().enumerate() {
+        *acc = _mm256_loadu_ps(out.as_ptr().add(8 * r));
+    }
+    let values = rows
+        .values
+        .as_ptr()
+        .add(first * rows.kv_dim + rows.offset + at);
+    for (j, &p) in p.iter().enumerate() {
+        let (p, v) = (_mm256_set1_ps(p), values.add(j * rows.kv_dim));
+        for (r, acc) in acc.iter_mut().enumerate() {
+            *acc = _mm256_add_ps(*acc, _mm256_mul_ps(p, T::eight(v.add(8 * r))));
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        _mm256_storeu_ps(out.as_mut_ptr().add(8 * r), *acc);
+    }
+    8 * R
 }
 
 thread_local! {
@@ -231,57 +389,91 @@ thread_local! {
     /// layer of every step was an allocation from the kernels' threads, which wait on each
     /// other's where all threads share one glibc arena (as a worker generating on the CPU sets).
     static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// A thread's f16 keys and values widened, for the portable build ([`attend_widened`]).
+    static WIDE: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The AVX2 build of attention gives the portable build's bits, over head widths and lengths
-    /// that leave every tail (positions past a multiple of eight, inputs past a multiple of
-    /// eight, outputs past 32 and 8), three query heads attended together give what each gives
-    /// alone, and the result is the module doc's sums, written out plainly.
+    /// Random numbers in [-2, 2), the same for the same seed.
+    fn random(seed: &mut u32, count: usize) -> Vec<f32> {
+        (0..count)
+            .map(|_| {
+                *seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (*seed >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// Attention on AVX2 gives the portable build's bits, over f32 and f16 keys and values and
+    /// head widths and lengths that leave every tail (positions past a multiple of eight and of
+    /// a value block, inputs past a multiple of eight, outputs past 32 and 8); three query heads
+    /// attended together give what each gives alone; and the result is the module doc's sums,
+    /// written out plainly over the keys and values widened.
     #[test]
     fn attention_on_avx2_and_by_groups_is_each_heads_plain_sums_bit_for_bit() {
         let mut seed = 17u32;
-        let mut random = |count: usize| -> Vec<f32> {
-            (0..count)
-                .map(|_| {
-                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                    (seed >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
-                })
-                .collect()
-        };
-        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         for (hd, len) in [(64, 1), (64, 37), (80, 130), (72, 9), (12, 17), (128, 8)] {
             let (kv_dim, group) = (3 * hd, 3);
-            let (queries, keys, values) = (
-                random(group * hd),
-                random(len * kv_dim),
-                random(len * kv_dim),
+            let queries = random(&mut seed, group * hd);
+            let (keys, values) = (
+                random(&mut seed, len * kv_dim),
+                random(&mut seed, len * kv_dim),
             );
-            let kv = KvHead {
-                keys: &keys,
-                values: &values,
-                len,
-                kv_dim,
-                offset: hd,
-            };
-            let mut best = vec![0f32; group * hd];
-            attend_best(&queries, hd, kv, 0.125, &mut best);
-            for h in 0..group {
-                let q = &queries[h * hd..][..hd];
-                let mut alone = vec![0f32; hd];
-                attend::<false>(q, hd, kv, 0.125, &mut alone);
-                let what = format!("head {h} of {hd}, {len} positions");
-                assert_eq!(bits(&alone), bits(&best[h * hd..][..hd]), "{what}");
-                assert_eq!(bits(&alone), bits(&plain(q, &kv, hd)), "{what}: plain");
+            let halve = |v: &[f32]| v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>();
+            let (keys16, values16) = (halve(&keys), halve(&values));
+            let (wide_keys, wide_values): (Vec<f32>, Vec<f32>) = (
+                keys16.iter().map(|x| x.to_f32()).collect(),
+                values16.iter().map(|x| x.to_f32()).collect(),
+            );
+            fn rows<'a, T>(keys: &'a [T], values: &'a [T], len: usize, hd: usize) -> Rows<'a, T> {
+                Rows {
+                    keys,
+                    values,
+                    len,
+                    kv_dim: 3 * hd,
+                    offset: hd,
+                }
+            }
+            let cases = [
+                (
+                    "f32",
+                    KvHead::F32(rows(&keys, &values, len, hd)),
+                    rows(&keys, &values, len, hd),
+                ),
+                (
+                    "f16",
+                    KvHead::F16(rows(&keys16, &values16, len, hd)),
+                    rows(&wide_keys, &wide_values, len, hd),
+                ),
+            ];
+            for (kind, kv, widened) in cases {
+                let portable = |q: &[f32], out: &mut [f32]| match kv {
+                    KvHead::F32(r) => attend::<f32, false>(q, hd, r, 0.125, out),
+                    KvHead::F16(r) => attend_widened(q, hd, r, 0.125, out),
+                };
+                let mut best = vec![0f32; group * hd];
+                attend_best(&queries, hd, kv, 0.125, &mut best);
+                for h in 0..group {
+                    let q = &queries[h * hd..][..hd];
+                    let mut alone = vec![0f32; hd];
+                    portable(q, &mut alone);
+                    let what = format!("{kind}: head {h} of {hd}, {len} positions");
+                    assert_eq!(bits(&alone), bits(&best[h * hd..][..hd]), "{what}");
+                    assert_eq!(bits(&alone), bits(&plain(q, &widened, hd)), "{what}: plain");
+                }
             }
         }
     }
 
     /// The module doc's sums, one number at a time.
-    fn plain(q: &[f32], kv: &KvHead<'_>, hd: usize) -> Vec<f32> {
+    fn plain(q: &[f32], kv: &Rows<'_, f32>, hd: usize) -> Vec<f32> {
         let mut scores: Vec<f32> = (0..kv.len)
             .map(|j| {
                 let k = kv.key(j, hd);

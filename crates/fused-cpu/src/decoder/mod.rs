@@ -26,17 +26,20 @@
 //! ever asked for, never chosen). In [`Precision::Gguf`] the dense layers and the token
 //! embedding stay in the file's blocks (`crate::quant`): a 4-bit file stays 4-bit in memory, a
 //! step streams a seventh of f32's bytes, and the activations are rounded to 8 bits per 32 as
-//! llama.cpp rounds them; its sums are batch-invariant as f32's are. Normalisation, rotary
-//! embedding, attention and the caches stay f32 in every precision.
+//! llama.cpp rounds them; its sums are batch-invariant as f32's are, and the keys and values
+//! are kept in f16, as llama.cpp keeps them (`kv`). Normalisation, rotary embedding and
+//! attention compute in f32 in every precision.
 
 mod attend;
+mod kv;
 mod load;
 
 use crate::dense::Dense;
 use crate::kernels::exp;
 use crate::quant::BlockMatrix;
 use crate::{FusedError, Precision};
-use attend::{attend_best, KvHead};
+use attend::attend_best;
+pub use kv::KvCache;
 use rayon::prelude::*;
 
 /// The shape of a decoder, from its `config.json` (or a GGUF's metadata).
@@ -91,55 +94,6 @@ struct Layer {
     /// Gate and up projections stacked: `(2 intermediate, hidden)`.
     gate_up: Dense,
     down: Dense,
-}
-
-/// One sequence's keys and values, every layer, every position so far (empty for a new one).
-#[derive(Debug, Clone, Default)]
-pub struct KvCache {
-    len: usize,
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
-}
-
-/// Makes room for the `coming` positions a step still appends to a layer's keys or values (a
-/// prompt's part at once; one when decoding), growing by an eighth of what it holds (at least
-/// 16 positions) rather than by `Vec`'s doubling, which left up to half of each allocated and
-/// unused: batch 32 of SmolLM2 Q4_1 (64 new tokens, 195 MiB of keys and values held at the end)
-/// peaked at 386 MiB that way, 340 MiB this way. Allocating each sequence's layers once at its
-/// planned length was tried and peaked higher (352 MiB): answers that end early leave their
-/// planned room to the heap in pieces. A prompt's part was grown 16 positions at a time until
-/// 2026-11-29, each a new allocation and a freed one: taken at once, the Qwen2.5-0.5B shape at
-/// 32 peaked 3–4 MiB lower (547.6–548.0 MiB against 550.7–551.7, three alternated runs).
-fn grow(layer: &mut Vec<f32>, width: usize, coming: usize) {
-    if layer.capacity() - layer.len() < coming * width {
-        let positions = (layer.len() / width / 8).max(16).max(coming);
-        layer.reserve_exact(positions * width);
-    }
-}
-
-impl KvCache {
-    /// Positions held.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether it holds none.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// A copy of its first `len` positions (all of them if it holds fewer): the keys and values
-    /// of a prompt prefix, for another sequence that starts with the same tokens (a position's
-    /// keys and values depend only on the tokens up to it).
-    pub fn prefix(&self, len: usize) -> KvCache {
-        let len = len.min(self.len);
-        let cut = |layer: &Vec<f32>| layer[..layer.len() / self.len.max(1) * len].to_vec();
-        KvCache {
-            len,
-            keys: self.keys.iter().map(cut).collect(),
-            values: self.values.iter().map(cut).collect(),
-        }
-    }
 }
 
 /// One sequence's part of a forward pass: its cache, the tokens to append to it and what it
@@ -259,8 +213,9 @@ impl CpuDecoder {
             rows.extend((0..step.tokens.len()).map(|j| (s, start + j)));
         }
         for step in steps.iter_mut() {
-            step.cache.keys.resize(d.layers, Vec::new());
-            step.cache.values.resize(d.layers, Vec::new());
+            step.cache
+                .prepare(d.layers, self.precision == Precision::Gguf)
+                .map_err(FusedError::Input)?;
         }
         let h = d.hidden;
         let tokens: Vec<u32> = steps
@@ -362,11 +317,8 @@ impl CpuDecoder {
             // This row's position and the step's later ones (the cache's length moves on after
             // the last layer).
             let coming = steps[s].cache.len + steps[s].tokens.len() - position;
-            let cache = &mut *steps[s].cache;
-            grow(&mut cache.keys[l], kv_dim, coming);
-            cache.keys[l].extend_from_slice(&row[q_dim..q_dim + kv_dim]);
-            grow(&mut cache.values[l], kv_dim, coming);
-            cache.values[l].extend_from_slice(&row[q_dim + kv_dim..]);
+            let (key, value) = row[q_dim..].split_at(kv_dim);
+            steps[s].cache.push(l, key, value, coming);
         }
         let mut ctx = vec![0f32; n * q_dim];
         let caches: Vec<&KvCache> = steps.iter().map(|s| &*s.cache).collect();
@@ -380,13 +332,7 @@ impl CpuDecoder {
                 let (r, kv_head) = (i / d.kv_heads, i % d.kv_heads);
                 let (s, pos) = rows[r];
                 let queries = &qkv[r * width + kv_head * group * hd..][..group * hd];
-                let kv = KvHead {
-                    keys: &caches[s].keys[l],
-                    values: &caches[s].values[l],
-                    len: pos + 1,
-                    kv_dim,
-                    offset: kv_head * hd,
-                };
+                let kv = caches[s].head(l, pos + 1, kv_dim, kv_head * hd);
                 attend_best(queries, hd, kv, scale, out);
             });
         let mut projected = vec![0f32; n * h];
