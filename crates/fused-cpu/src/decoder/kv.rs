@@ -152,3 +152,48 @@ fn grow<T>(layer: &mut Vec<T>, width: usize, coming: usize) {
         layer.reserve_exact(positions * width);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An f16 cache stores each number rounded to the nearest f16, keeps its type through a
+    /// prefix, and refuses to be used as an f32 one (or with another layer count).
+    #[test]
+    fn an_f16_cache_rounds_once_keeps_its_type_and_refuses_the_other() {
+        let mut cache = KvCache::default();
+        cache.prepare(2, true).expect("new cache");
+        let (key, value) = (
+            [0.1f32, -3.3, 65_519.0, 1e-8],
+            [1.0f32 / 3.0, 7.77, -0.0, 2.5],
+        );
+        for position in 0..3 {
+            for l in 0..2 {
+                let shift = position as f32;
+                let k: Vec<f32> = key.iter().map(|x| x + shift).collect();
+                cache.push(l, &k, &value, 3 - position);
+            }
+            cache.len += 1;
+        }
+        assert!(cache.is_f16());
+        let KvHead::F16(rows) = cache.head(1, 3, 4, 0) else {
+            panic!("an f16 cache gave f32 rows");
+        };
+        let expected: Vec<f16> = (0..3)
+            .flat_map(|p| key.iter().map(move |x| f16::from_f32(x + p as f32)))
+            .collect();
+        assert_eq!(rows.keys, &expected[..]);
+        assert_eq!(rows.values[4..8], value.map(f16::from_f32));
+        let prefix = cache.prefix(2);
+        assert_eq!((prefix.len(), prefix.is_f16()), (2, true));
+        let KvHead::F16(cut) = prefix.head(0, 2, 4, 0) else {
+            panic!("a prefix changed type");
+        };
+        assert_eq!(cut.keys, &expected[..8]);
+        assert!(cache.prepare(2, false).is_err());
+        assert!(cache.prepare(3, true).is_err());
+        let mut f32_cache = KvCache::default();
+        f32_cache.prepare(2, false).expect("new cache");
+        assert!(!f32_cache.is_f16());
+    }
+}
