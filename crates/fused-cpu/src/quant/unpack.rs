@@ -78,6 +78,7 @@ pub(super) fn meta(format: BlockFormat, block: &[u8], s: usize) -> Meta {
 }
 
 /// Sub-block `s` (within its block) of `block`: its signed integer values.
+#[inline(always)]
 pub(super) fn values(format: BlockFormat, block: &[u8], s: usize) -> [i8; BLOCK] {
     let mut w = [0i8; BLOCK];
     match format {
@@ -237,6 +238,7 @@ pub(super) struct Header {
 }
 
 /// `block`'s [`Header`].
+#[inline(always)]
 pub(super) fn header(format: BlockFormat, block: &[u8]) -> Header {
     let mut h = Header::default();
     let at = if format == BlockFormat::Q6K { 208 } else { 0 };
