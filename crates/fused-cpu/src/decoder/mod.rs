@@ -182,6 +182,13 @@ impl CpuDecoder {
         self.precision
     }
 
+    /// Whether the keys and values are kept in f16 (where the dense layers are a GGUF's blocks,
+    /// as llama.cpp keeps them) rather than f32: for the device line, since it changes the
+    /// numbers a continuation computes.
+    pub fn caches_f16(&self) -> bool {
+        self.precision == Precision::Gguf
+    }
+
     /// Appends each step's tokens to its sequence and returns what each wants ([`Want`]): the
     /// logits in one buffer, not one per step (at 32 sequences and a 151,936-token vocabulary a
     /// second copy was 19 MiB of the peak).
@@ -214,7 +221,7 @@ impl CpuDecoder {
         }
         for step in steps.iter_mut() {
             step.cache
-                .prepare(d.layers, self.precision == Precision::Gguf)
+                .prepare(d.layers, self.caches_f16())
                 .map_err(FusedError::Input)?;
         }
         let h = d.hidden;

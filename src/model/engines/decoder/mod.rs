@@ -195,9 +195,11 @@ impl LanguageModel {
         }
     }
 
-    /// The instructions the dense layers run on.
+    /// The instructions the dense layers run on, and on the CPU the keys and values' type where
+    /// it is f16 (it changes the numbers a continuation computes, so the device line says it).
     pub fn kernels(&self) -> String {
         match &self.decoder {
+            Network::Cpu(d) if d.caches_f16() => format!("{}, keys and values f16", d.kernels()),
             Network::Cpu(d) => d.kernels().to_string(),
             Network::Paged(d) => d.describe(),
         }
