@@ -16,10 +16,12 @@
 //! On AVX2 (with F16C, which every AVX2 CPU has) the scores of eight positions are computed side
 //! by side and their trees added by `vhaddps` (which adds exactly those pairs), and the weighted
 //! sums keep 32 outputs in registers while the positions pass; the portable build computes the
-//! same sums one by one (an f16 head widened into f32 rows first).
-//! On a Zen 4, a batch-32 step of a Qwen2.5-0.5B shape spent 6.6% of its time here before
-//! (a 16-lane sum stored and added one lane at a time per score, every output loaded and stored
-//! again per position).
+//! same sums one by one (an f16 head widened into f32 rows first). Before (a 16-lane sum stored
+//! and added one lane at a time per score, every output loaded and stored again per position,
+//! each query head reading the cache alone), a job of 16 chat requests sharing a 500-token
+//! system prompt spent 57% of its cycles here on a Zen 4, 44% after, and ran 83.3 tokens/s
+//! against 71.5. What is left is arithmetic, not memory: keeping the keys and values in f16
+//! did not move that share.
 
 use half::f16;
 
