@@ -146,11 +146,13 @@ pub struct ModelArgs {
     /// AVX-512 BF16, whichever first keeps
     /// every probe text (35, in 26 languages, under the model's prompts) within cosine 0.99985
     /// of f32 at load, so that every vector stays within 0.999, else f32; for a classify, score
-    /// or tag model f32, whose labels a drift can flip; for a generation model f32, whose greedy
-    /// tokens are llama.cpp's and transformers'), `f32`, `bf16` (fused CPU encoder, and the
-    /// generation decoder's dense layers on AMX or AVX-512 BF16) or `int8` (fused CPU encoder)
-    /// or `f16` (candle). Softmax, layer norm, pooling, heads and normalisation are f32 whatever
-    /// this says.
+    /// or tag model f32, whose labels a drift can flip; for a generation model on the CPU a GGUF
+    /// file's own block formats, multiplied as llama.cpp multiplies them with the keys and
+    /// values in f16 (`gguf`), and a transformers folder f32; on CUDA the paged decoder in
+    /// bf16), `f32` (a GGUF widened: greedy tokens the model's own library's on its weights),
+    /// `bf16` (fused CPU encoder, and the generation decoder's dense layers on AMX or AVX-512
+    /// BF16), `int8` (fused CPU encoder), `f16` (candle) or `gguf`. Softmax, layer norm,
+    /// pooling, heads and normalisation are f32 whatever this says.
     #[arg(long, env = "SPOTINFER_PRECISION", value_parser = choice::<Precision>(), default_value = "auto")]
     pub precision: Precision,
     /// The widest instructions the fused CPU encoder's and the CPU decoder's dense layers may
