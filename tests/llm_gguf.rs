@@ -10,7 +10,7 @@
 
 use spotinfer::model::engines::decoder::{
     argmax, Build, DecoderPrecision, Generated, Interrupt, LanguageModel, Message, Prompt, Request,
-    Scheduler,
+    Sampling, Scheduler, NUMERICS,
 };
 use spotinfer::model::CpuKernels;
 use std::path::{Path, PathBuf};
@@ -160,6 +160,107 @@ fn gguf_blocks_held_to_avx2_give_the_widest_kernels_logits_bit_for_bit() {
         widest.kernels(),
         avx2.kernels()
     );
+}
+
+/// The numbers of this build are the revision its device line names ([`NUMERICS`]). A
+/// checkpoint is resumed as the same engine's, bit for bit, when the device lines match; a
+/// change to the arithmetic that kept the line would have a rolling upgrade resume an older
+/// build's tokens claiming the exact continuation. So this fingerprints what decides the tokens
+/// (the logits of both CPU precisions a machine without AVX-512 has, on the SmolLM2 GGUF and on
+/// the Qwen2 and Qwen3 fixtures, whose biases and query/key norms the GGUF lacks; and a sampled
+/// answer's tokens) and fails until a change to them raises the revision and records the new
+/// fingerprint here. Held to AVX2 on x86-64, whose GGUF blocks give the widest kernels' bits (the
+/// test above) and which every x86 CI machine has; bf16 is left out (not every CPU has it), and
+/// so are Arm's kernels, whose device line is another anyway.
+#[test]
+fn the_numbers_are_the_revision_the_device_line_names() {
+    /// (revision, SHA-256 of its numbers): the last revision recorded.
+    const RECORDED: (u32, &str) = (
+        1,
+        "2e51dc90e4b12cd7ae5009892be25a9d2fab1c24f44ac46d9f18c842fba40a12",
+    );
+    #[cfg(target_arch = "x86_64")]
+    let held = std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c");
+    #[cfg(not(target_arch = "x86_64"))]
+    let held = false;
+    if !held {
+        eprintln!("fingerprinted held to AVX2 on x86-64 only: skipped");
+        return;
+    }
+    let fingerprint = numbers_fingerprint();
+    assert!(
+        RECORDED == (NUMERICS, fingerprint.as_str()),
+        "the decoders' numbers are {fingerprint}, recorded for revision {} as {}, and NUMERICS is \
+         {NUMERICS}: where the numbers changed, raise NUMERICS and record the new fingerprint \
+         beside it",
+        RECORDED.0,
+        RECORDED.1,
+    );
+}
+
+/// SHA-256 of [`the_numbers_are_the_revision_the_device_line_names`]'s numbers, held to AVX2.
+fn numbers_fingerprint() -> String {
+    use sha2::{Digest, Sha256};
+    let mut digest = Sha256::new();
+    let mut add = |what: &str, numbers: &mut dyn Iterator<Item = u32>| {
+        digest.update(what.as_bytes());
+        for n in numbers {
+            digest.update(n.to_le_bytes());
+        }
+    };
+    let case = &references()["cases"][0];
+    let ids: Vec<u32> = ids(&case["prompt_ids"])
+        .into_iter()
+        .chain(ids(&case["greedy"]))
+        .collect();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm");
+    let text = std::fs::read_to_string(fixtures.join("models.json")).expect("models.json");
+    let fixture: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let prompt = |family: &str| self::ids(&fixture["models"][family][0]["prompt_ids"]);
+    let (qwen2, qwen3) = (prompt("qwen2"), prompt("qwen3"));
+    let models = [
+        (gguf(), DecoderPrecision::Gguf, &ids[..]),
+        (gguf(), DecoderPrecision::F32, &ids[..]),
+        (
+            fixtures.join("models/qwen2"),
+            DecoderPrecision::F32,
+            &qwen2[..],
+        ),
+        (
+            fixtures.join("models/qwen3"),
+            DecoderPrecision::F32,
+            &qwen3[..],
+        ),
+    ];
+    for (path, precision, ids) in models {
+        let model =
+            LanguageModel::open_as(&path, &Build::Cpu(precision, CpuKernels::Avx2)).expect("model");
+        let logits = model.teacher_forced(ids).expect("logits");
+        let what = format!("{} {precision:?}", path.display());
+        let what = what.rsplit('/').next().unwrap_or_default().to_owned();
+        add(&what, &mut logits.iter().map(|v| v.to_bits()));
+    }
+    let model = LanguageModel::open_as(
+        &gguf(),
+        &Build::Cpu(DecoderPrecision::Gguf, CpuKernels::Avx2),
+    )
+    .expect("model");
+    let messages: Vec<Message> =
+        serde_json::from_value(case["messages"].clone()).expect("messages");
+    let sampled = Request {
+        sampling: Sampling {
+            temperature: 0.8,
+            top_p: 0.9,
+            top_k: 40,
+            seed: 11,
+        },
+        ..Request::greedy(Prompt::Chat(messages), 24)
+    };
+    let answer = model.generate(&[sampled], 0, &Interrupt::new(), None);
+    add("sampled", &mut tokens(&answer[0]).into_iter());
+    format!("{:x}", digest.finalize())
 }
 
 /// Issue 55: a system prompt every record shares is read once. Chat prompts with one long

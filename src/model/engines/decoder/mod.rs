@@ -43,6 +43,16 @@ use std::sync::Arc;
 use template::ChatTemplate;
 use tokenizers::Tokenizer;
 
+/// The revision of the decoders' arithmetic, which the device line names ([`LanguageModel::kernels`])
+/// and so every checkpoint's engine. A worker resumes a checkpoint written under another device
+/// line as another engine's (a valid continuation that may part from the uninterrupted text after
+/// a near-tie), and one written under its own line as bit for bit its own; so a change that moves
+/// any bit of the logits or of a sampled token (a sum's order, a rounding, a kernel's tree) raises
+/// it, or a rolling upgrade would resume an older build's tokens claiming the exact
+/// continuation. `tests/llm_gguf.rs` fingerprints this revision's numbers and fails until it is
+/// raised.
+pub const NUMERICS: u32 = 1;
+
 /// One generation to run: an [`Input`] with the worker's defaults filled in.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
@@ -195,14 +205,16 @@ impl LanguageModel {
         }
     }
 
-    /// The instructions the dense layers run on, and on the CPU the keys and values' type where
-    /// it is f16 (it changes the numbers a continuation computes, so the device line says it).
+    /// The instructions the dense layers run on, on the CPU the keys and values' type where it
+    /// is f16, and the arithmetic's revision ([`NUMERICS`]): each changes the numbers a
+    /// continuation computes, so the device line says them.
     pub fn kernels(&self) -> String {
-        match &self.decoder {
+        let kernels = match &self.decoder {
             Network::Cpu(d) if d.caches_f16() => format!("{}, keys and values f16", d.kernels()),
             Network::Cpu(d) => d.kernels().to_string(),
             Network::Paged(d) => d.describe(),
-        }
+        };
+        format!("{kernels}, numerics {NUMERICS}")
     }
 
     /// The network.
