@@ -1,26 +1,28 @@
 /*
  * vnni_peak: the most 8-bit multiply-adds one core of this CPU does a second with AVX-512
  * VNNI's vpdpbusd on 256-bit registers (what the GGUF column kernels run,
- * crates/fused-cpu/src/quant/columns_x86.rs) and on 512-bit ones: 24 independent sums, each
- * instruction four unsigned bytes by four signed ones into 8 (or 16) 32-bit lanes, nothing else
- * in the loop.
+ * crates/fused-cpu/src/quant/columns_x86.rs) and on 512-bit ones: twelve independent sums held
+ * in registers, each instruction four unsigned bytes by four signed ones into 8 (or 16) 32-bit
+ * lanes, nothing else in the loop. Also AVX2's vpmaddubsw (pairs of bytes into 16-bit lanes,
+ * what the AVX2 kernels run before widening), for a CPU class without VNNI.
  *
  * Why: a product of the quantised decoder cannot run faster than this, so it tells how much of
  * a batch's time a faster kernel could still win (docs/benchmarks.md, "How far batch 32 on the
- * Qwen shape can go"). On the 2-vCPU Zen 4 of 2026-11-28: 0.28-0.31 ns a 256-bit instruction
- * (about one a cycle: 104-116 billion multiply-adds a second a core), 0.55-0.74 ns a 512-bit one
- * (no more multiply-adds: Zen 4 runs 512-bit operations in two halves).
+ * Qwen shape can go"). The loops are written in assembly so that the compiler can neither merge
+ * the sums nor keep them in memory: an earlier version held them in an array, which GCC kept on
+ * the stack, and timed a load and a store beside each instruction (0.28 ns where the instruction
+ * alone takes 0.14 on the Zen 4 of 2026-11-29: two a cycle, not one). The last figure is a
+ * vpdpbusd's time beside as many simple integer operations: what a kernel that unpacks its
+ * weights can reach at best.
  *
- * Build and run: cc -O2 -mavx512f -mavx512bw -mavx512vl -mavx512vnni -o vnni_peak vnni_peak.c
- *   && ./vnni_peak   (a CPU without AVX-512 VNNI stops with SIGILL)
+ * Build and run: cc -O2 -o vnni_peak vnni_peak.c && ./vnni_peak
+ *   (a CPU without AVX-512 VNNI stops with SIGILL after the AVX2 line)
  */
-#include <immintrin.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
-#define SUMS 24
-#define ROUNDS 10000000L
+#define ROUNDS 50000000L
 
 static double seconds(void) {
     struct timespec t;
@@ -43,38 +45,68 @@ static void cpu_model(char *out, size_t n) {
     if (f) fclose(f);
 }
 
-int main(void) {
-    __m256i a[SUMS], w = _mm256_set1_epi8(3), x = _mm256_set1_epi8(5);
-    __m512i b[SUMS], w5 = _mm512_set1_epi8(3), x5 = _mm512_set1_epi8(5);
-    for (int i = 0; i < SUMS; i++) {
-        a[i] = _mm256_set1_epi32(i);
-        b[i] = _mm512_set1_epi32(i);
-    }
+/* Twelve independent instructions `op` on registers `r`0-11 from `r`14 and `r`15. */
+#define TWELVE(op, r)                                                                          \
+    op " %%" r "14, %%" r "15, %%" r "0\n\t" op " %%" r "14, %%" r "15, %%" r "1\n\t"          \
+    op " %%" r "14, %%" r "15, %%" r "2\n\t" op " %%" r "14, %%" r "15, %%" r "3\n\t"          \
+    op " %%" r "14, %%" r "15, %%" r "4\n\t" op " %%" r "14, %%" r "15, %%" r "5\n\t"          \
+    op " %%" r "14, %%" r "15, %%" r "6\n\t" op " %%" r "14, %%" r "15, %%" r "7\n\t"          \
+    op " %%" r "14, %%" r "15, %%" r "8\n\t" op " %%" r "14, %%" r "15, %%" r "9\n\t"          \
+    op " %%" r "14, %%" r "15, %%" r "10\n\t" op " %%" r "14, %%" r "15, %%" r "11\n\t"
+#define CLOBBERS                                                                               \
+    "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",    \
+        "xmm11"
+
+/* Seconds per instruction of each loop. */
+static double maddubsw(void) {
     double t = seconds();
-    for (long k = 0; k < ROUNDS; k++) {
-#pragma GCC unroll 24
-        for (int i = 0; i < SUMS; i++) {
-            a[i] = _mm256_dpbusd_epi32(a[i], w, x);
-            __asm__ volatile("" : "+v"(a[i]));
-        }
-    }
-    double ymm = (seconds() - t) / (ROUNDS * SUMS);
-    t = seconds();
-    for (long k = 0; k < ROUNDS; k++) {
-#pragma GCC unroll 24
-        for (int i = 0; i < SUMS; i++) {
-            b[i] = _mm512_dpbusd_epi32(b[i], w5, x5);
-            __asm__ volatile("" : "+v"(b[i]));
-        }
-    }
-    double zmm = (seconds() - t) / (ROUNDS * SUMS);
-    int check = 0;
-    for (int i = 0; i < SUMS; i++)
-        check += _mm256_extract_epi32(a[i], 0) + _mm_extract_epi32(_mm512_castsi512_si128(b[i]), 0);
+    for (long k = 0; k < ROUNDS; k++)
+        __asm__ volatile(TWELVE("vpmaddubsw", "ymm")::: CLOBBERS);
+    return (seconds() - t) / (ROUNDS * 12.0);
+}
+
+static double dpbusd_ymm(void) {
+    double t = seconds();
+    for (long k = 0; k < ROUNDS; k++)
+        __asm__ volatile(TWELVE("vpdpbusd", "ymm")::: CLOBBERS);
+    return (seconds() - t) / (ROUNDS * 12.0);
+}
+
+static double dpbusd_zmm(void) {
+    double t = seconds();
+    for (long k = 0; k < ROUNDS; k++)
+        __asm__ volatile(TWELVE("vpdpbusd", "zmm")::: CLOBBERS);
+    return (seconds() - t) / (ROUNDS * 12.0);
+}
+
+/* Six vpdpbusd and six one-cycle integer operations (and, or, add, shift: what unpacking a
+ * block's values takes) interleaved, independent: seconds per vpdpbusd. Where they share the
+ * vector units, the products slow by the others' count. */
+static double dpbusd_mixed(void) {
+    double t = seconds();
+    for (long k = 0; k < ROUNDS; k++)
+        __asm__ volatile(
+            "vpdpbusd %%ymm14, %%ymm15, %%ymm0\n\tvpand %%ymm14, %%ymm15, %%ymm6\n\t"
+            "vpdpbusd %%ymm14, %%ymm15, %%ymm1\n\tvpor %%ymm14, %%ymm15, %%ymm7\n\t"
+            "vpdpbusd %%ymm14, %%ymm15, %%ymm2\n\tvpaddd %%ymm14, %%ymm15, %%ymm8\n\t"
+            "vpdpbusd %%ymm14, %%ymm15, %%ymm3\n\tvpsrlw $4, %%ymm14, %%ymm9\n\t"
+            "vpdpbusd %%ymm14, %%ymm15, %%ymm4\n\tvpand %%ymm14, %%ymm15, %%ymm10\n\t"
+            "vpdpbusd %%ymm14, %%ymm15, %%ymm5\n\tvpor %%ymm14, %%ymm15, %%ymm11\n\t"::
+                : CLOBBERS);
+    return (seconds() - t) / (ROUNDS * 6.0);
+}
+
+int main(void) {
     char model[256];
     cpu_model(model, sizeof model);
-    printf("{\"cpu\": \"%s\", \"ymm_ns\": %.3f, \"ymm_gmacs\": %.1f, \"zmm_ns\": %.3f, "
-           "\"zmm_gmacs\": %.1f, \"check\": %d}\n",
-           model, ymm * 1e9, 32 / ymm / 1e9, zmm * 1e9, 64 / zmm / 1e9, check);
+    /* vpmaddubsw: 32 byte products a 256-bit instruction (their pairs added in 16 bits). */
+    double avx2 = maddubsw();
+    printf("{\"cpu\": \"%s\", \"maddubsw_ymm_ns\": %.3f, \"maddubsw_gmacs\": %.1f", model,
+           avx2 * 1e9, 32 / avx2 / 1e9);
+    fflush(stdout);
+    double ymm = dpbusd_ymm(), zmm = dpbusd_zmm(), mixed = dpbusd_mixed();
+    printf(", \"ymm_ns\": %.3f, \"ymm_gmacs\": %.1f, \"zmm_ns\": %.3f, \"zmm_gmacs\": %.1f, "
+           "\"ymm_ns_beside_as_many_integer_ops\": %.3f}\n",
+           ymm * 1e9, 32 / ymm / 1e9, zmm * 1e9, 64 / zmm / 1e9, mixed * 1e9);
     return 0;
 }
