@@ -102,6 +102,18 @@ pub(super) fn offset(format: BlockFormat) -> i32 {
     }
 }
 
+/// Which of a block's `QuantRows::less_offsets` a format's sums start from (Q6_K: its first
+/// side's, the second side's next); formats without an offset read none.
+pub(super) fn less_offset(format: BlockFormat) -> usize {
+    match format {
+        BlockFormat::Q4_0 => 0,
+        BlockFormat::Q5_0 => 1,
+        BlockFormat::Q8_0 => 2,
+        BlockFormat::Q6K => 3,
+        _ => 0,
+    }
+}
+
 /// Output `c`'s input `i` (0..32) of a group's sub-block: where its stored value goes.
 #[inline(always)]
 fn place(format: BlockFormat, sub: &mut [u8], c: usize, i: usize, v: u8) {
@@ -283,6 +295,9 @@ pub(super) struct GroupTile {
     /// `blocks` apart.
     pub sums: *const i32,
     pub halves: *const i32,
+    /// The first row's per-block sums times the offsets (`QuantRows::less_offsets`); rows
+    /// `blocks` apart.
+    pub less_offsets: *const [i32; 5],
     /// The first row's first output of the group; rows `n` apart.
     pub out: *mut f32,
     pub n: usize,
@@ -303,6 +318,7 @@ impl GroupTile {
             scales: rows.scales[first * blocks..].as_ptr(),
             sums: rows.sums[first * blocks..].as_ptr(),
             halves: rows.halves[first * blocks..].as_ptr(),
+            less_offsets: rows.less_offsets[first * blocks..].as_ptr(),
             out,
             n: 0,
             cols: COLUMNS,

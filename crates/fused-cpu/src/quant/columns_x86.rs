@@ -5,8 +5,8 @@
 //! operations in its order.
 
 use super::columns::{
-    group_block_bytes, high_bits, offset, sub_bytes, values_bytes, GroupTile, COLUMNS, K_SCALES,
-    MINIMUMS, Q6K_SCALES,
+    group_block_bytes, high_bits, less_offset, offset, sub_bytes, values_bytes, GroupTile, COLUMNS,
+    K_SCALES, MINIMUMS, Q6K_SCALES,
 };
 use super::{BlockFormat, BLOCK};
 use std::arch::x86_64::*;
@@ -96,14 +96,38 @@ unsafe fn body<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTile) 
     }
 }
 
-/// Four activations of row `r` from input `i` of activation block `ab`, in every 32-bit lane.
-#[inline(always)]
-unsafe fn activations(t: &GroupTile, ab: usize) -> impl Fn(usize, usize) -> __m256i + '_ {
-    let stride = t.blocks * BLOCK;
-    move |r, i| {
-        _mm256_set1_epi32(std::ptr::read_unaligned(
-            t.q.add(r * stride + ab * BLOCK + i).cast::<i32>(),
-        ))
+/// The tile's `R` activation rows: the first row's and the rows' distance.
+struct Rows<const R: usize> {
+    first: *const i8,
+    stride: usize,
+}
+
+impl<const R: usize> Rows<R> {
+    #[inline(always)]
+    unsafe fn new(t: &GroupTile) -> Self {
+        Self {
+            first: t.q,
+            stride: t.blocks * BLOCK,
+        }
+    }
+
+    /// Activation block `ab` of the rows ([`Block`]).
+    #[inline(always)]
+    fn block(&self, ab: usize) -> Block<'_, R> {
+        Block(self, ab * BLOCK)
+    }
+}
+
+/// One activation block of a tile's rows.
+#[derive(Clone, Copy)]
+struct Block<'a, const R: usize>(&'a Rows<R>, usize);
+
+impl<const R: usize> Block<'_, R> {
+    /// Four activations of row `r` from input `i` of the block, in every 32-bit lane.
+    #[inline(always)]
+    unsafe fn four(self, r: usize, i: usize) -> __m256i {
+        let at = self.0.first.add(r * self.0.stride + self.1 + i);
+        _mm256_set1_epi32(std::ptr::read_unaligned(at.cast::<i32>()))
     }
 }
 
@@ -118,12 +142,19 @@ unsafe fn body_32<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTil
         _ => offset(format),
     };
     let mut acc = [_mm256_setzero_ps(); R];
+    let rows = Rows::<R>::new(t);
     for b in 0..t.blocks {
-        let (w, a) = (t.weights.add(b * group), activations(t, b));
-        let sums = match format {
-            BlockFormat::Q8_0 => sums_q8::<R, VNNI>(w, a),
-            _ if high_bits(format) == 1 => sums_nibbles::<R, VNNI, 1>(w, a),
-            _ => sums_nibbles::<R, VNNI, 0>(w, a),
+        let (w, a) = (t.weights.add(b * group), rows.block(b));
+        // Each sum starts from what the offset takes off it, loaded ready: the same integers as
+        // subtracting it after, without a product, a broadcast and a subtraction per row.
+        let mut sums: [__m256i; R] = std::array::from_fn(|r| match offset {
+            0 => _mm256_setzero_si256(),
+            _ => _mm256_set1_epi32((*t.less_offsets.add(r * t.blocks + b))[less_offset(format)]),
+        });
+        match format {
+            BlockFormat::Q8_0 => sums_q8::<R, VNNI>(w, a, &mut sums),
+            _ if high_bits(format) == 1 => sums_nibbles::<R, VNNI, 1>(w, a, &mut sums),
+            _ => sums_nibbles::<R, VNNI, 0>(w, a, &mut sums),
         };
         let d = f16s(w.add(values));
         let m = if format.has_minimum() {
@@ -133,12 +164,8 @@ unsafe fn body_32<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTil
         };
         for (r, acc) in acc.iter_mut().enumerate() {
             let a = t.row_block(r, b);
-            let sum = match offset {
-                0 => sums[r],
-                _ => _mm256_sub_epi32(sums[r], _mm256_set1_epi32(offset * a.sum)),
-            };
             let both = _mm256_mul_ps(d, _mm256_set1_ps(a.scale));
-            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), both, *acc);
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), both, *acc);
             if format.has_minimum() {
                 *acc = _mm256_fmadd_ps(m, _mm256_set1_ps(a.scaled_sum), *acc);
             }
@@ -156,6 +183,7 @@ unsafe fn body_k<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTile
     let (group, values) = (group_block_bytes(format), values_bytes(format));
     let q6k = format == BlockFormat::Q6K;
     let mut acc = [_mm256_setzero_ps(); R];
+    let rows = Rows::<R>::new(t);
     for b in 0..t.blocks / 8 {
         let w = t.weights.add(b * group);
         let head = w.add(values);
@@ -164,19 +192,23 @@ unsafe fn body_k<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTile
             let (ab, v) = (b * 8 + s, w.add(s * sub_bytes(format)));
             if q6k {
                 for side in 0..2 {
-                    let sums = sums_q6k_side::<R, VNNI>(v, activations(t, ab), side);
+                    // Each side's sums start from what the offset takes off them.
+                    let at = less_offset(format) + side;
+                    let mut sums: [__m256i; R] = std::array::from_fn(|r| {
+                        _mm256_set1_epi32((*t.less_offsets.add(r * t.blocks + ab))[at])
+                    });
+                    sums_q6k_side::<R, VNNI>(v, rows.block(ab), side, &mut sums);
                     let scales = bytes_i32(head.add(Q6K_SCALES + 16 * s + 8 * side));
-                    for (r, total) in total.iter_mut().enumerate() {
-                        let count = t.row_block(r, ab).side(side);
-                        let sum = _mm256_sub_epi32(sums[r], _mm256_set1_epi32(32 * count));
+                    for (total, &sum) in total.iter_mut().zip(&sums) {
                         *total = _mm256_add_epi32(*total, _mm256_mullo_epi32(sum, scales));
                     }
                 }
             } else {
-                let sums = if high_bits(format) == 1 {
-                    sums_nibbles::<R, VNNI, 1>(v, activations(t, ab))
+                let mut sums = [_mm256_setzero_si256(); R];
+                if high_bits(format) == 1 {
+                    sums_nibbles::<R, VNNI, 1>(v, rows.block(ab), &mut sums)
                 } else {
-                    sums_nibbles::<R, VNNI, 0>(v, activations(t, ab))
+                    sums_nibbles::<R, VNNI, 0>(v, rows.block(ab), &mut sums)
                 };
                 let scales =
                     _mm256_cvtepu8_epi32(_mm_loadl_epi64(head.add(K_SCALES + 8 * s).cast()));
@@ -224,14 +256,20 @@ unsafe fn minimum_sums(head: *const u8, sums: *const i32) -> __m256i {
     total
 }
 
-/// Byte `p` of the result is 16 where bit `p` of `word` is set, else 0 (Q5's fifth bits).
+/// `nibbles` with 16 added to byte `p` where bit `p` of `word` is set (Q5's fifth bits): a
+/// masked add on AVX-512 BW, else [`fifth_bits`] or'd in.
 #[inline(always)]
-unsafe fn fifth_bits<const VNNI: bool>(word: u32) -> __m256i {
-    let sixteen = _mm256_set1_epi8(0x10);
+unsafe fn with_fifth_bits<const VNNI: bool>(nibbles: __m256i, word: u32) -> __m256i {
     if VNNI {
-        return _mm256_maskz_mov_epi8(word, sixteen);
+        return _mm256_mask_add_epi8(nibbles, word, nibbles, _mm256_set1_epi8(0x10));
     }
-    // Each byte takes the word's byte holding its bit, then tests that bit.
+    _mm256_or_si256(nibbles, fifth_bits(word))
+}
+
+/// Byte `p` of the result is 16 where bit `p` of `word` is set, else 0, on AVX2: each byte takes
+/// the word's byte holding its bit, then tests that bit.
+#[inline(always)]
+unsafe fn fifth_bits(word: u32) -> __m256i {
     let spread = _mm256_shuffle_epi8(
         _mm256_set1_epi32(word as i32),
         _mm256_setr_epi64x(
@@ -243,18 +281,18 @@ unsafe fn fifth_bits<const VNNI: bool>(word: u32) -> __m256i {
     );
     let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
     let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-    _mm256_and_si256(set, sixteen)
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
 }
 
-/// A Q4 or Q5 sub-block's integer sums (both sides together): four 32-byte runs, each two runs
-/// of nibbles, with Q5's fifth bits (`HIGH` 1) from their plane.
+/// A Q4 or Q5 sub-block's integer sums (both sides together) added to `sums`: four 32-byte
+/// runs, each two runs of nibbles, with Q5's fifth bits (`HIGH` 1) from their plane.
 #[inline(always)]
 unsafe fn sums_nibbles<const R: usize, const VNNI: bool, const HIGH: u32>(
     v: *const u8,
-    a: impl Fn(usize, usize) -> __m256i,
-) -> [__m256i; R] {
+    a: Block<'_, R>,
+    sums: &mut [__m256i; R],
+) {
     let (low, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
-    let mut sums = [_mm256_setzero_si256(); R];
     // AVX2: 16-bit pair sums of at most 2 · 127 · (2^(4 + HIGH) - 1) each, widened before they
     // can pass 32,767: Q4 after eight (30,480), Q5 after four (31,496).
     let mut pairs = [_mm256_setzero_si256(); R];
@@ -267,12 +305,12 @@ unsafe fn sums_nibbles<const R: usize, const VNNI: bool, const HIGH: u32>(
         if HIGH == 1 {
             for (s, side) in side.iter_mut().enumerate() {
                 let word = std::ptr::read_unaligned(v.add(128 + 4 * (2 * h + s)).cast::<u32>());
-                *side = _mm256_or_si256(*side, fifth_bits::<VNNI>(word));
+                *side = with_fifth_bits::<VNNI>(*side, word);
             }
         }
         for r in 0..R {
             for (s, &side) in side.iter().enumerate() {
-                let act = a(r, 16 * s + 4 * h);
+                let act = a.four(r, 16 * s + 4 * h);
                 if VNNI {
                     sums[r] = _mm256_dpbusd_epi32(sums[r], side, act);
                 } else {
@@ -288,25 +326,24 @@ unsafe fn sums_nibbles<const R: usize, const VNNI: bool, const HIGH: u32>(
             }
         }
     }
-    sums
 }
 
-/// One side (inputs 0–15 or 16–31) of a Q6_K sub-block: the nibbles of four runs with their
+/// One side (inputs 0–15 or 16–31) of a Q6_K sub-block added to `sums`: the nibbles of four runs with their
 /// top two bits from the side's plane (bits `2h…` for run `h`), values 0–63. AVX2 widens each
 /// run's pair sums (at most 2 · 63 · 127) at once.
 #[inline(always)]
 unsafe fn sums_q6k_side<const R: usize, const VNNI: bool>(
     v: *const u8,
-    a: impl Fn(usize, usize) -> __m256i,
+    a: Block<'_, R>,
     side: usize,
-) -> [__m256i; R] {
+    sums: &mut [__m256i; R],
+) {
     let (low, top, ones) = (
         _mm256_set1_epi8(0x0F),
         _mm256_set1_epi8(0x30),
         _mm256_set1_epi16(1),
     );
     let plane = _mm256_loadu_si256(v.add(128 + 32 * side).cast());
-    let mut sums = [_mm256_setzero_si256(); R];
     for h in 0..4 {
         let bytes = _mm256_loadu_si256(v.add(32 * h).cast());
         let nibbles = match side {
@@ -322,7 +359,7 @@ unsafe fn sums_q6k_side<const R: usize, const VNNI: bool>(
         };
         let values = _mm256_or_si256(nibbles, _mm256_and_si256(moved, top));
         for (r, sum) in sums.iter_mut().enumerate() {
-            let act = a(r, 16 * side + 4 * h);
+            let act = a.four(r, 16 * side + 4 * h);
             *sum = if VNNI {
                 _mm256_dpbusd_epi32(*sum, values, act)
             } else {
@@ -331,34 +368,34 @@ unsafe fn sums_q6k_side<const R: usize, const VNNI: bool>(
             };
         }
     }
-    sums
 }
 
-/// A Q8_0 block's integer sums: eight runs of offset bytes. AVX2 multiplies the signed values
-/// (magnitudes by signed activations: each pair at most 2 × 128 × 127, no saturation).
+/// A Q8_0 block's integer sums added to `sums`: eight runs of offset bytes. AVX2 multiplies the
+/// signed values (magnitudes by signed activations: each pair at most 2 × 128 × 127, no
+/// saturation).
 #[inline(always)]
 unsafe fn sums_q8<const R: usize, const VNNI: bool>(
     w: *const u8,
-    a: impl Fn(usize, usize) -> __m256i,
-) -> [__m256i; R] {
+    a: Block<'_, R>,
+    sums: &mut [__m256i; R],
+) {
     let (flip, ones) = (_mm256_set1_epi8(-128), _mm256_set1_epi16(1));
-    let mut sums = [_mm256_setzero_si256(); R];
     for h in 0..8 {
         let v = _mm256_loadu_si256(w.add(32 * h).cast());
         if VNNI {
             for (r, sum) in sums.iter_mut().enumerate() {
-                *sum = _mm256_dpbusd_epi32(*sum, v, a(r, 4 * h));
+                *sum = _mm256_dpbusd_epi32(*sum, v, a.four(r, 4 * h));
             }
         } else {
             let signed = _mm256_xor_si256(v, flip);
             let magnitude = _mm256_abs_epi8(signed);
             for (r, sum) in sums.iter_mut().enumerate() {
-                let pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(a(r, 4 * h), signed));
+                let pairs =
+                    _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(a.four(r, 4 * h), signed));
                 *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(pairs, ones));
             }
         }
     }
-    sums
 }
 
 /// Adds the bias and stores the group's outputs that exist.

@@ -256,10 +256,20 @@ impl BlockMatrix {
     /// by name), as the decoder computes its products: for checking them against another
     /// engine's on the same blocks (`examples/ggml_products.rs`, llama.cpp's ggml).
     pub fn product(&self, x: &[f32], out: &mut [f32]) -> &'static str {
-        let kernel = Kernel::best();
-        let laid_out = Arc::new(self.clone().laid_out_for(kernel));
-        linear(kernel, x, &[laid_out], None, out);
-        kernel.name()
+        let prepared = self.clone().prepared(false);
+        prepared.apply(x, out);
+        prepared.kernels()
+    }
+
+    /// The matrix laid out once for this CPU's best kernel (held to AVX2 where `avx2_only`), to
+    /// be multiplied many times as the decoder multiplies it: for timing the products apart from
+    /// the decoder (`examples/block_products.rs`).
+    pub fn prepared(self, avx2_only: bool) -> PreparedProduct {
+        let kernel = Kernel::within(avx2_only);
+        PreparedProduct {
+            kernel,
+            matrix: Arc::new(self.laid_out_for(kernel)),
+        }
     }
 
     /// The whole matrix widened to f32, row-major.
@@ -269,6 +279,31 @@ impl BlockMatrix {
             self.dequantize_row(r, o);
         }
         out
+    }
+}
+
+/// A [`BlockMatrix`] laid out for one kernel ([`BlockMatrix::prepared`]).
+pub struct PreparedProduct {
+    kernel: Kernel,
+    matrix: Arc<BlockMatrix>,
+}
+
+impl PreparedProduct {
+    /// `out = x · matrixᵀ` for `x` rows of `k`, on the pool's threads, as the decoder computes
+    /// its products.
+    pub fn apply(&self, x: &[f32], out: &mut [f32]) {
+        linear(
+            self.kernel,
+            x,
+            std::slice::from_ref(&self.matrix),
+            None,
+            out,
+        );
+    }
+
+    /// The kernel's instructions, by name.
+    pub fn kernels(&self) -> &'static str {
+        self.kernel.name()
     }
 }
 
@@ -319,6 +354,10 @@ pub(crate) struct QuantRows {
     /// and its first 16 values' (Q6_K's offset applies per 16).
     sums: Vec<i32>,
     halves: Vec<i32>,
+    /// Per block, what the offsets of Q4_0's, Q5_0's and Q8_0's stored values take off its
+    /// sums, and Q6_K's off each 16 values' ([`columns::offset`] times minus the sum), for a
+    /// kernel to start its sums from with one load ([`columns::less_offset`] says which).
+    less_offsets: Vec<[i32; 5]>,
 }
 
 impl QuantRows {
@@ -331,6 +370,7 @@ impl QuantRows {
             scales: vec![[0.0; 2]; blocks],
             sums: vec![0; blocks],
             halves: vec![0; blocks],
+            less_offsets: vec![[0; 5]; blocks],
         }
     }
 
@@ -340,6 +380,15 @@ impl QuantRows {
         let first: i32 = q[..16].iter().map(|&q| i32::from(q)).sum();
         let sum = first + q[16..].iter().map(|&q| i32::from(q)).sum::<i32>();
         (self.sums[b], self.halves[b]) = (sum, first);
+        let less = |format| -columns::offset(format);
+        let mut offsets = [0; 5];
+        for format in [BlockFormat::Q4_0, BlockFormat::Q5_0, BlockFormat::Q8_0] {
+            offsets[columns::less_offset(format)] = less(format) * sum;
+        }
+        let q6k = columns::less_offset(BlockFormat::Q6K);
+        offsets[q6k] = less(BlockFormat::Q6K) * first;
+        offsets[q6k + 1] = less(BlockFormat::Q6K) * (sum - first);
+        self.less_offsets[b] = offsets;
         sum
     }
 
