@@ -10,8 +10,8 @@
 //! unstable).
 
 use super::columns::{
-    group_block_bytes, high_bits, offset, sub_bytes, values_bytes, GroupTile, COLUMNS, K_SCALES,
-    MINIMUMS, Q6K_SCALES,
+    group_block_bytes, high_bits, less_offset, offset, sub_bytes, values_bytes, GroupTile, COLUMNS,
+    K_SCALES, MINIMUMS, Q6K_SCALES,
 };
 use super::{BlockFormat, BLOCK};
 use crate::packed::int8_arm::sdot;
@@ -106,7 +106,11 @@ unsafe fn body_32<const R: usize>(format: BlockFormat, t: &GroupTile) -> [Eight<
         };
         for (r, acc) in acc.iter_mut().enumerate() {
             let a = t.row_block(r, b);
-            let less = vdupq_n_s32(offset * a.sum);
+            // What the offset takes off the sums, as computed when the activations were rounded.
+            let less = match offset {
+                0 => vdupq_n_s32(0),
+                _ => vdupq_n_s32(-(*t.less_offsets.add(r * t.blocks + b))[less_offset(format)]),
+            };
             for half in 0..2 {
                 let sum = vcvtq_f32_s32(vsubq_s32(sums[r][half], less));
                 acc[half] = vfmaq_f32(acc[half], sum, vmulq_n_f32(d[half], a.scale));
@@ -137,10 +141,11 @@ unsafe fn body_k<const R: usize>(format: BlockFormat, t: &GroupTile) -> [Eight<f
                 for side in 0..2 {
                     let sums = sums_nibbles::<R>(v, activations(t, ab), 2, Some(side));
                     let scales = bytes_i32(head.add(Q6K_SCALES + 16 * s + 8 * side), true);
+                    let at = less_offset(format) + side;
                     for (r, total) in total.iter_mut().enumerate() {
-                        let count = t.row_block(r, ab).side(side);
+                        let less = -(*t.less_offsets.add(r * t.blocks + ab))[at];
                         for half in 0..2 {
-                            let sum = vsubq_s32(sums[r][half], vdupq_n_s32(32 * count));
+                            let sum = vsubq_s32(sums[r][half], vdupq_n_s32(less));
                             total[half] = vmlaq_s32(total[half], sum, scales[half]);
                         }
                     }
