@@ -238,9 +238,11 @@ fn numbers_fingerprint() -> String {
         let model =
             LanguageModel::open_as(&path, &Build::Cpu(precision, CpuKernels::Avx2)).expect("model");
         let logits = model.teacher_forced(ids).expect("logits");
-        let what = format!("{} {precision:?}", path.display());
-        let what = what.rsplit('/').next().unwrap_or_default().to_owned();
-        add(&what, &mut logits.iter().map(|v| v.to_bits()));
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        add(
+            &format!("{name} {precision:?}"),
+            &mut logits.iter().map(|v| v.to_bits()),
+        );
     }
     let model = LanguageModel::open_as(
         &gguf(),
