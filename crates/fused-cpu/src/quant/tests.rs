@@ -230,6 +230,46 @@ fn k_format_activations_round_per_256_as_llama_cpp_rounds_them() {
     }
 }
 
+/// The vectorised conversion to bytes is `as i8`'s (saturating, NaN to 0) for every value the
+/// rounding can give it and for those it cannot; and a block holding NaN or infinities rounds
+/// as it did through `as i8`: per 32, the infinity makes the scale's inverse 0, so its block is
+/// all 0 (NaN too); per 256, the infinity is the maximum, `iscale` is −0, every finite value
+/// rounds to 0 and NaN (and ∞ · −0) to 127 by `min`.
+#[test]
+fn the_rounded_bytes_are_as_i8s_and_odd_blocks_round_as_before() {
+    let odd = [
+        f32::NAN,
+        -f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        127.0,
+        -127.0,
+        128.0,
+        -128.0,
+        129.0,
+        -129.0,
+        1e30,
+        -1e30,
+        -0.0,
+        0.0,
+    ];
+    for v in odd.into_iter().chain((-300..=300).map(|i| i as f32)) {
+        assert_eq!(super::to_i8(v), v as i8, "{v}");
+    }
+    let mut x = vec![0.5f32; 256];
+    x[3] = f32::NAN;
+    x[40] = f32::INFINITY;
+    x[41] = 2.0;
+    let rows = QuantRows::new(&x, 256);
+    assert_eq!((rows.q[3], rows.q[40], rows.q[41]), (0, 0, 0));
+    assert_eq!((rows.q[0], rows.q[64]), (127, 127));
+    let rows = QuantRows::per_256(&x, 256);
+    assert_eq!(
+        (rows.q[3], rows.q[40], rows.q[41], rows.q[0]),
+        (127, 127, 0, 0)
+    );
+}
+
 #[test]
 fn a_shape_that_is_not_whole_blocks_is_refused() {
     assert!(BlockMatrix::new(BlockFormat::Q4K, 2, 128, vec![0; 144]).is_err());
