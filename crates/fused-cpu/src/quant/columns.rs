@@ -340,6 +340,16 @@ impl GroupTile {
             first: *self.halves.add(at),
         }
     }
+
+    /// What the offset takes off row `r`'s sums in activation block `ab`: its
+    /// `QuantRows::less_offsets` entry `at` ([`less_offset`]).
+    ///
+    /// # Safety
+    /// As [`GroupTile::row_block`].
+    #[inline(always)]
+    pub(super) unsafe fn less_offset(&self, r: usize, ab: usize, at: usize) -> i32 {
+        (*self.less_offsets.add(r * self.blocks + ab))[at]
+    }
 }
 
 /// One activation block's part of a row: its scale, scaled sum, integer sum and first half's.

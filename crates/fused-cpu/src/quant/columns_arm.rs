@@ -109,7 +109,7 @@ unsafe fn body_32<const R: usize>(format: BlockFormat, t: &GroupTile) -> [Eight<
             // What the offset takes off the sums, as computed when the activations were rounded.
             let less = match offset {
                 0 => vdupq_n_s32(0),
-                _ => vdupq_n_s32(-(*t.less_offsets.add(r * t.blocks + b))[less_offset(format)]),
+                _ => vdupq_n_s32(-t.less_offset(r, b, less_offset(format))),
             };
             for half in 0..2 {
                 let sum = vcvtq_f32_s32(vsubq_s32(sums[r][half], less));
@@ -143,7 +143,7 @@ unsafe fn body_k<const R: usize>(format: BlockFormat, t: &GroupTile) -> [Eight<f
                     let scales = bytes_i32(head.add(Q6K_SCALES + 16 * s + 8 * side), true);
                     let at = less_offset(format) + side;
                     for (r, total) in total.iter_mut().enumerate() {
-                        let less = -(*t.less_offsets.add(r * t.blocks + ab))[at];
+                        let less = -t.less_offset(r, ab, at);
                         for half in 0..2 {
                             let sum = vsubq_s32(sums[r][half], vdupq_n_s32(less));
                             total[half] = vmlaq_s32(total[half], sum, scales[half]);

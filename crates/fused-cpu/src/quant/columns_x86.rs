@@ -96,37 +96,27 @@ unsafe fn body<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTile) 
     }
 }
 
-/// The tile's `R` activation rows: the first row's and the rows' distance.
-struct Rows<const R: usize> {
+/// One activation block of a tile's rows: the first row's part and the rows' distance.
+#[derive(Clone, Copy)]
+struct Block {
     first: *const i8,
     stride: usize,
 }
 
-impl<const R: usize> Rows<R> {
+impl Block {
+    /// Activation block `ab` of the tile's rows.
     #[inline(always)]
-    unsafe fn new(t: &GroupTile) -> Self {
+    unsafe fn of(t: &GroupTile, ab: usize) -> Self {
         Self {
-            first: t.q,
+            first: t.q.add(ab * BLOCK),
             stride: t.blocks * BLOCK,
         }
     }
 
-    /// Activation block `ab` of the rows ([`Block`]).
-    #[inline(always)]
-    fn block(&self, ab: usize) -> Block<'_, R> {
-        Block(self, ab * BLOCK)
-    }
-}
-
-/// One activation block of a tile's rows.
-#[derive(Clone, Copy)]
-struct Block<'a, const R: usize>(&'a Rows<R>, usize);
-
-impl<const R: usize> Block<'_, R> {
     /// Four activations of row `r` from input `i` of the block, in every 32-bit lane.
     #[inline(always)]
     unsafe fn four(self, r: usize, i: usize) -> __m256i {
-        let at = self.0.first.add(r * self.0.stride + self.1 + i);
+        let at = self.first.add(r * self.stride + i);
         _mm256_set1_epi32(std::ptr::read_unaligned(at.cast::<i32>()))
     }
 }
@@ -142,14 +132,13 @@ unsafe fn body_32<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTil
         _ => offset(format),
     };
     let mut acc = [_mm256_setzero_ps(); R];
-    let rows = Rows::<R>::new(t);
     for b in 0..t.blocks {
-        let (w, a) = (t.weights.add(b * group), rows.block(b));
+        let (w, a) = (t.weights.add(b * group), Block::of(t, b));
         // Each sum starts from what the offset takes off it, loaded ready: the same integers as
         // subtracting it after, without a product, a broadcast and a subtraction per row.
         let mut sums: [__m256i; R] = std::array::from_fn(|r| match offset {
             0 => _mm256_setzero_si256(),
-            _ => _mm256_set1_epi32((*t.less_offsets.add(r * t.blocks + b))[less_offset(format)]),
+            _ => _mm256_set1_epi32(t.less_offset(r, b, less_offset(format))),
         });
         match format {
             BlockFormat::Q8_0 => sums_q8::<R, VNNI>(w, a, &mut sums),
@@ -183,7 +172,6 @@ unsafe fn body_k<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTile
     let (group, values) = (group_block_bytes(format), values_bytes(format));
     let q6k = format == BlockFormat::Q6K;
     let mut acc = [_mm256_setzero_ps(); R];
-    let rows = Rows::<R>::new(t);
     for b in 0..t.blocks / 8 {
         let w = t.weights.add(b * group);
         let head = w.add(values);
@@ -194,10 +182,9 @@ unsafe fn body_k<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTile
                 for side in 0..2 {
                     // Each side's sums start from what the offset takes off them.
                     let at = less_offset(format) + side;
-                    let mut sums: [__m256i; R] = std::array::from_fn(|r| {
-                        _mm256_set1_epi32((*t.less_offsets.add(r * t.blocks + ab))[at])
-                    });
-                    sums_q6k_side::<R, VNNI>(v, rows.block(ab), side, &mut sums);
+                    let mut sums: [__m256i; R] =
+                        std::array::from_fn(|r| _mm256_set1_epi32(t.less_offset(r, ab, at)));
+                    sums_q6k_side::<R, VNNI>(v, Block::of(t, ab), side, &mut sums);
                     let scales = bytes_i32(head.add(Q6K_SCALES + 16 * s + 8 * side));
                     for (total, &sum) in total.iter_mut().zip(&sums) {
                         *total = _mm256_add_epi32(*total, _mm256_mullo_epi32(sum, scales));
@@ -206,9 +193,9 @@ unsafe fn body_k<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTile
             } else {
                 let mut sums = [_mm256_setzero_si256(); R];
                 if high_bits(format) == 1 {
-                    sums_nibbles::<R, VNNI, 1>(v, rows.block(ab), &mut sums)
+                    sums_nibbles::<R, VNNI, 1>(v, Block::of(t, ab), &mut sums)
                 } else {
-                    sums_nibbles::<R, VNNI, 0>(v, rows.block(ab), &mut sums)
+                    sums_nibbles::<R, VNNI, 0>(v, Block::of(t, ab), &mut sums)
                 };
                 let scales =
                     _mm256_cvtepu8_epi32(_mm_loadl_epi64(head.add(K_SCALES + 8 * s).cast()));
@@ -289,7 +276,7 @@ unsafe fn fifth_bits(word: u32) -> __m256i {
 #[inline(always)]
 unsafe fn sums_nibbles<const R: usize, const VNNI: bool, const HIGH: u32>(
     v: *const u8,
-    a: Block<'_, R>,
+    a: Block,
     sums: &mut [__m256i; R],
 ) {
     let (low, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
@@ -328,13 +315,13 @@ unsafe fn sums_nibbles<const R: usize, const VNNI: bool, const HIGH: u32>(
     }
 }
 
-/// One side (inputs 0–15 or 16–31) of a Q6_K sub-block added to `sums`: the nibbles of four runs with their
-/// top two bits from the side's plane (bits `2h…` for run `h`), values 0–63. AVX2 widens each
-/// run's pair sums (at most 2 · 63 · 127) at once.
+/// One side (inputs 0–15 or 16–31) of a Q6_K sub-block added to `sums`: the nibbles of four
+/// runs with their top two bits from the side's plane (bits `2h…` for run `h`), values 0–63.
+/// AVX2 widens each run's pair sums (at most 2 · 63 · 127) at once.
 #[inline(always)]
 unsafe fn sums_q6k_side<const R: usize, const VNNI: bool>(
     v: *const u8,
-    a: Block<'_, R>,
+    a: Block,
     side: usize,
     sums: &mut [__m256i; R],
 ) {
@@ -376,7 +363,7 @@ unsafe fn sums_q6k_side<const R: usize, const VNNI: bool>(
 #[inline(always)]
 unsafe fn sums_q8<const R: usize, const VNNI: bool>(
     w: *const u8,
-    a: Block<'_, R>,
+    a: Block,
     sums: &mut [__m256i; R],
 ) {
     let (flip, ones) = (_mm256_set1_epi8(-128), _mm256_set1_epi16(1));

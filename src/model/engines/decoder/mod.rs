@@ -43,14 +43,14 @@ use std::sync::Arc;
 use template::ChatTemplate;
 use tokenizers::Tokenizer;
 
-/// The revision of the decoders' arithmetic, which the device line names ([`LanguageModel::kernels`])
-/// and so every checkpoint's engine. A worker resumes a checkpoint written under another device
-/// line as another engine's (a valid continuation that may part from the uninterrupted text after
-/// a near-tie), and one written under its own line as bit for bit its own; so a change that moves
-/// any bit of the logits or of a sampled token (a sum's order, a rounding, a kernel's tree) raises
-/// it, or a rolling upgrade would resume an older build's tokens claiming the exact
-/// continuation. `tests/llm_gguf.rs` fingerprints this revision's numbers and fails until it is
-/// raised.
+/// The revision of the decoders' arithmetic, which the device line names
+/// ([`LanguageModel::kernels`]) and so every checkpoint's engine. A worker resumes a checkpoint
+/// written under another device line as another engine's (a valid continuation that may part
+/// from the uninterrupted text after a near-tie), and one written under its own line as bit for
+/// bit its own; so a change that moves any bit of the logits or of a sampled token (a sum's
+/// order, a rounding, a kernel's tree) raises it, or a rolling upgrade would resume an older
+/// build's tokens claiming the exact continuation. `tests/llm_gguf.rs` fingerprints this
+/// revision's numbers and fails until it is raised.
 pub const NUMERICS: u32 = 1;
 
 /// One generation to run: an [`Input`] with the worker's defaults filled in.
