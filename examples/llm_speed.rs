@@ -3,11 +3,12 @@
 //! per step), greedy, each stopping at its end token or after N new tokens. The counterpart of
 //! `bench/llm_speed.py` (llama.cpp) on the same prompt ids.
 //!
-//!     cargo run --release --example llm_speed -- MODEL PROMPTS.json B N [f32|bf16|gguf] [avx2]
+//!     cargo run --release --example llm_speed -- MODEL PROMPTS.json B N [f32|bf16|gguf] [avx2|avx512]
 //!
 //! PROMPTS.json: {"cases": [{"messages": [...]}, ...]} as `bench/llm_greedy.py` writes it. Prints
 //! one JSON line: generated tokens, seconds (prompt processing included), tokens/s. `avx2`: the
-//! dense layers held to what an AVX2-only CPU runs (`--cpu-kernels avx2`), whatever this one has.
+//! dense layers held to what an AVX2-only CPU runs (`--cpu-kernels avx2`), whatever this one has;
+//! `avx512`: to what a CPU without AMX runs (`--cpu-kernels avx512`).
 
 use spotinfer::model::engines::decoder::{
     Build, DecoderPrecision, Generated, Interrupt, LanguageModel, Message, Prompt, Request,
@@ -21,6 +22,10 @@ fn main() -> anyhow::Result<()> {
             args.pop();
             CpuKernels::Avx2
         }
+        Some("avx512") => {
+            args.pop();
+            CpuKernels::Avx512
+        }
         _ => CpuKernels::Auto,
     };
     let (model, prompts, b, n, precision) = match args.as_slice() {
@@ -28,7 +33,7 @@ fn main() -> anyhow::Result<()> {
         [_, m, p, b, n, bf16] if bf16 == "bf16" => (m, p, b, n, DecoderPrecision::Bf16),
         [_, m, p, b, n, f32] if f32 == "f32" => (m, p, b, n, DecoderPrecision::F32),
         [_, m, p, b, n, gguf] if gguf == "gguf" => (m, p, b, n, DecoderPrecision::Gguf),
-        _ => anyhow::bail!("usage: llm_speed MODEL PROMPTS.json B N [f32|bf16|gguf] [avx2]"),
+        _ => anyhow::bail!("usage: llm_speed MODEL PROMPTS.json B N [f32|bf16|gguf] [avx2|avx512]"),
     };
     let (b, n): (usize, usize) = (b.parse()?, n.parse()?);
     let model =

@@ -156,10 +156,10 @@ pub struct ModelArgs {
     #[arg(long, env = "SPOTINFER_PRECISION", value_parser = choice::<Precision>(), default_value = "auto")]
     pub precision: Precision,
     /// The widest instructions the fused CPU encoder's and the CPU decoder's dense layers may
-    /// use: `auto` (the widest the CPU has) or `avx2` (what a CPU with neither AVX-512 nor
-    /// AVX-VNNI runs: f32 on AVX2/FMA, int8 on `vpmaddubsw` with the feed-forward output on
-    /// AVX2/FMA, a GGUF's blocks on `vpmaddubsw`, bf16 refused), to compare CPU classes on one
-    /// machine.
+    /// use: `auto` (the widest the CPU has), `avx512` (all but AMX's tiles: bf16 on AVX-512
+    /// BF16, a GGUF's blocks on VNNI) or `avx2` (what a CPU with neither AVX-512 nor AVX-VNNI
+    /// runs: f32 on AVX2/FMA, int8 on `vpmaddubsw` with the feed-forward output on AVX2/FMA, a
+    /// GGUF's blocks on `vpmaddubsw`, bf16 refused), to compare CPU classes on one machine.
     #[arg(long, env = "SPOTINFER_CPU_KERNELS", value_parser = choice::<CpuKernels>(), default_value = "auto")]
     pub cpu_kernels: CpuKernels,
     /// Most padded token positions (texts × longest) in one encoder batch: the model splits a

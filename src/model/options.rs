@@ -94,6 +94,10 @@ impl Choice for Precision {
 pub enum CpuKernels {
     /// The widest this CPU has.
     Auto,
+    /// Everything but AMX's tiles: what a Sapphire Rapids runs with AMX off, as a Zen 4 or an
+    /// Ice Lake runs (AVX-512, with its VNNI and BF16 where the CPU has them): bf16 on AVX-512
+    /// BF16, a GGUF's blocks on VNNI's `vpdpbusd`.
+    Avx512,
     /// AVX2 at most, what a CPU with neither AVX-512 nor AVX-VNNI runs (AMD's Zen 2 and 3):
     /// f32 on AVX2/FMA, int8 on `vpmaddubsw` (the feed-forward output on AVX2/FMA), a GGUF's
     /// blocks on `vpmaddubsw`, bf16 refused; to compare CPU classes on one machine, and to test
@@ -101,8 +105,24 @@ pub enum CpuKernels {
     Avx2,
 }
 
+impl CpuKernels {
+    /// The fused kernels' limit it sets.
+    pub(crate) fn widest(self) -> spotinfer_fused_cpu::Widest {
+        use spotinfer_fused_cpu::Widest;
+        match self {
+            Self::Auto => Widest::All,
+            Self::Avx512 => Widest::NoAmx,
+            Self::Avx2 => Widest::Avx2,
+        }
+    }
+}
+
 impl Choice for CpuKernels {
-    const NAMES: &'static [(&'static str, Self)] = &[("auto", Self::Auto), ("avx2", Self::Avx2)];
+    const NAMES: &'static [(&'static str, Self)] = &[
+        ("auto", Self::Auto),
+        ("avx512", Self::Avx512),
+        ("avx2", Self::Avx2),
+    ];
 }
 
 /// How to load a model, beyond what its own files say.

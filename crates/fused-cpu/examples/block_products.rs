@@ -1,30 +1,40 @@
-//! The GGUF block products alone: billions of multiply-adds a second of each block format's
-//! kernel, one thread, 32 activation rows (a decoding step at batch 32) by the matrices of a
-//! Qwen2.5-0.5B-class model, weights in the cache (the same matrix again and again), with the
-//! CPU model and the kernel that ran. For tuning the kernels against what the CPU can do
-//! (`bench/vnni_peak.c` times the instructions alone); the figures of record come from
-//! `spotinfer bench` and the llama.cpp comparisons (docs/benchmarks.md).
+//! The GGUF block products alone: billions of multiply-adds a second of each block format's kernel,
+//! one thread, 32 activation rows (a decoding step at batch 32; or `rows=`) by the matrices of a
+//! Qwen2.5-0.5B-class model, weights in the cache (the same matrix again and again), with the CPU
+//! model and the kernel that ran. For tuning the kernels against what the CPU can do
+//! (`bench/vnni_peak.c` times the instructions alone); the figures of record come from `spotinfer
+//! bench` and the llama.cpp comparisons (docs/benchmarks.md).
 //!
-//!     cargo run --release -p spotinfer-fused-cpu --example block_products -- [avx2] [ROUNDS] [FORMAT…]
+//!     cargo run --release -p spotinfer-fused-cpu --example block_products -- [avx2|avx512] [rows=32] [ROUNDS] [FORMAT…]
+//!
+//! `avx2`: the kernels an AVX2-only CPU runs; `avx512`: those a CPU without AMX runs; `rows=`:
+//! activation rows other than 32.
 //!
 //! FORMAT: only these formats (llama.cpp's names, e.g. `Q5_0`).
 //!
 //! The blocks are random bytes with their f16 scales set to small normal numbers (random bits
 //! there could be infinities or NaN), so every format multiplies values it could hold.
 
-use spotinfer_fused_cpu::{BlockFormat, BlockMatrix};
+use spotinfer_fused_cpu::{BlockFormat, BlockMatrix, Widest};
 use std::time::Instant;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let avx2_only = args.iter().any(|a| a == "avx2");
+    let widest = match () {
+        _ if args.iter().any(|a| a == "avx2") => Widest::Avx2,
+        _ if args.iter().any(|a| a == "avx512") => Widest::NoAmx,
+        _ => Widest::All,
+    };
     let rounds: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(200);
     let only: Vec<&String> = args.iter().filter(|a| a.starts_with('Q')).collect();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
         .build()
         .expect("one thread");
-    let rows = 32;
+    let rows = args
+        .iter()
+        .find_map(|a| a.strip_prefix("rows=")?.parse().ok())
+        .unwrap_or(32);
     // (format, outputs, inputs): the Qwen2.5-0.5B Q4_K_M file's matrices (its 896-input ones
     // fall back to Q5_0 and Q8_0), and the other formats on the feed-forward's shapes.
     let cases = [
@@ -45,7 +55,7 @@ fn main() {
         }
         let matrix = BlockMatrix::new(format, n, k, blocks(format, n, k, &mut seed))
             .expect("matrix")
-            .prepared(avx2_only);
+            .prepared(widest);
         let x: Vec<f32> = (0..rows * k)
             .map(|_| (next(&mut seed) % 2001) as f32 / 1000.0 - 1.0)
             .collect();

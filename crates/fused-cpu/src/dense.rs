@@ -179,7 +179,9 @@ mod tests {
             })
             .collect();
         let matrix = BlockMatrix::new(BlockFormat::Q8_0, n, k, bytes).expect("matrix");
-        let packed = Precision::F32.format(false).expect("f32 packs everywhere");
+        let packed = Precision::F32
+            .format(crate::Widest::All)
+            .expect("f32 packs everywhere");
         let forms = [
             Dense::new(w.clone(), k),
             Dense::packed(w.clone(), k, packed),

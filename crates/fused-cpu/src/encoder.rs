@@ -26,7 +26,7 @@ use crate::dense::Dense;
 use crate::kernels::{self, add_layer_norm, bias_gelu, grow, layer_norm};
 use crate::packed::{self, Dot, Fma, Format, PackedWeights};
 use crate::weights::WeightsFile;
-use crate::{Dims, FusedError, Layout, Pooling, Precision, Tokens};
+use crate::{Dims, FusedError, Layout, Pooling, Precision, Tokens, Widest};
 use rayon::prelude::*;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -107,8 +107,8 @@ pub struct CpuBert {
     precision: Precision,
     /// Set by [`CpuBert::calibrate`] while its texts run: the dense layers record their inputs.
     recording: AtomicBool,
-    /// Set by [`CpuBert::limit_to_avx2`]: no AVX-512 or AVX-VNNI kernel for the dense layers.
-    avx2_only: bool,
+    /// Set by [`CpuBert::limit_to`]: the widest kernels the dense layers may run.
+    widest: Widest,
     scratch: Mutex<Scratch>,
 }
 
@@ -184,7 +184,7 @@ impl CpuBert {
             layers,
             precision: Precision::F32,
             recording: AtomicBool::new(false),
-            avx2_only: false,
+            widest: Widest::All,
             scratch: Mutex::new(Scratch::default()),
         };
         bert.set_precision(Precision::F32)?;
@@ -196,26 +196,27 @@ impl CpuBert {
         self.precision
     }
 
-    /// Computes the dense layers as a CPU with AVX2 but neither AVX-512 nor AVX-VNNI does (AMD's
-    /// Zen 2 and 3: f32 on this crate's AVX2/FMA kernel, int8 on AVX2's `vpmaddubsw` with the
-    /// feed-forward output in f32, bf16 refused) from now on, whatever this CPU has: to compare
-    /// CPU classes on one machine, and to test that path on a CPU with AVX-512. Fails if the
-    /// current precision needs AVX-512 or its f32 weights were released.
-    pub fn limit_to_avx2(&mut self) -> Result<(), FusedError> {
-        self.avx2_only = true;
+    /// Computes the dense layers as a narrower CPU class does from now on, whatever this CPU
+    /// has: [`Widest::Avx2`] as a CPU with AVX2 but neither AVX-512 nor AVX-VNNI (AMD's Zen 2
+    /// and 3: f32 on this crate's AVX2/FMA kernel, int8 on AVX2's `vpmaddubsw` with the
+    /// feed-forward output in f32, bf16 refused), [`Widest::NoAmx`] without AMX's tiles; to
+    /// compare CPU classes on one machine, and to test their paths on a wider CPU. Fails if the
+    /// current precision needs what is left out or its f32 weights were released.
+    pub fn limit_to(&mut self, widest: Widest) -> Result<(), FusedError> {
+        self.widest = widest;
         self.set_precision(self.precision)
     }
 
     /// Whether [`CpuBert::set_precision`] can choose `precision` on this CPU and within
-    /// [`CpuBert::limit_to_avx2`].
+    /// [`CpuBert::limit_to`].
     pub fn runs(&self, precision: Precision) -> bool {
-        precision.format(self.avx2_only).is_ok()
+        precision.format(self.widest).is_ok()
     }
 
     /// The instructions the dense layers run on in the current precision, for logs and
     /// benchmarks (a figure means little without them).
     pub fn kernels(&self) -> &'static str {
-        match self.precision.format(self.avx2_only) {
+        match self.precision.format(self.widest) {
             Ok(Some(format)) => format.kernels(),
             _ => kernels::gemm_instructions(),
         }
@@ -225,12 +226,12 @@ impl CpuBert {
     /// weights as read are kept until [`CpuBert::release_unused`], so precisions can be
     /// compared). bf16 needs AVX-512 BF16 ([`bf16_supported`](crate::bf16_supported)), int8
     /// integer dot products ([`int8_supported`](crate::int8_supported));
-    /// [`CpuBert::limit_to_avx2`] narrows both.
+    /// [`CpuBert::limit_to`] narrows both.
     pub fn set_precision(&mut self, precision: Precision) -> Result<(), FusedError> {
         let format = precision
-            .format(self.avx2_only)
+            .format(self.widest)
             .map_err(FusedError::Unsupported)?;
-        let formats = Layer::formats(format, self.avx2_only);
+        let formats = Layer::formats(format, self.widest.avx2_only());
         for (d, format) in self
             .layers
             .iter_mut()
@@ -393,8 +394,7 @@ impl CpuBert {
                 layer_norm(row, &self.emb_ln_w, &self.emb_ln_b, d.eps);
             });
 
-        let products =
-            AttentionProducts::beside(self.precision.format(self.avx2_only).ok().flatten());
+        let products = AttentionProducts::beside(self.precision.format(self.widest).ok().flatten());
         for layer in &self.layers {
             // Biases are added by the pass that next reads each product (attention needs its
             // bias in place first), saving a write and a read of the product.

@@ -40,7 +40,7 @@ pub use packed::amx::supported as amx_supported;
 pub use packed::bf16::supported as bf16_supported;
 pub use packed::bf16_full_rate;
 pub use quant::{argmax, BlockFormat, BlockMatrix, PreparedProduct, Weights};
-pub use types::{int8_kernels, int8_supported, Dims, Layout, Pooling, Precision, Tokens};
+pub use types::{int8_kernels, int8_supported, Dims, Layout, Pooling, Precision, Tokens, Widest};
 pub use vision::{CpuVision, VisionDims, VisionLayout};
 
 /// Whether bf16 products run on AMX tiles here: never off x86-64.

@@ -157,11 +157,33 @@ pub enum Precision {
     Gguf,
 }
 
+/// The widest instructions the dense layers may use: what this CPU has, or what a narrower CPU
+/// class runs, to compare classes on one machine and to test their paths on a wider CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Widest {
+    /// Everything this CPU has, AMX's tiles included.
+    #[default]
+    All,
+    /// Everything but AMX: what a Sapphire Rapids runs with AMX off, as a Zen 4 or an Ice Lake
+    /// (AVX-512, with VNNI and BF16 where the CPU has them) runs.
+    NoAmx,
+    /// AVX2 at most: what a CPU with neither AVX-512 nor AVX-VNNI runs (AMD's Zen 2 and 3).
+    Avx2,
+}
+
+impl Widest {
+    /// Whether it leaves only AVX2.
+    pub(crate) fn avx2_only(self) -> bool {
+        self == Self::Avx2
+    }
+}
+
 impl Precision {
     /// The packed format this precision multiplies in on this CPU (`None`: the `gemm` crate's
     /// f32, where the CPU has neither AVX-512 nor AVX2: Arm's NEON, older x86-64), or why this CPU
     /// (or the limit) cannot compute in it.
-    pub(crate) fn format(self, avx2_only: bool) -> Result<Option<Format>, String> {
+    pub(crate) fn format(self, widest: Widest) -> Result<Option<Format>, String> {
+        let avx2_only = widest.avx2_only();
         match self {
             Self::F32 => Ok(Fma::best(avx2_only).map(Format::F32)),
             Self::Bf16 if avx2_only => Err(
@@ -174,7 +196,9 @@ impl Precision {
             }
             // AMX's tiles where the CPU and Linux give them; the same products, many times the
             // rate.
-            Self::Bf16 if Format::Bf16Amx.supported() => Ok(Some(Format::Bf16Amx)),
+            Self::Bf16 if Format::Bf16Amx.supported() && widest == Widest::All => {
+                Ok(Some(Format::Bf16Amx))
+            }
             Self::Bf16 => Ok(Some(Format::Bf16)),
             Self::Int8 => Dot::best(avx2_only)
                 .map(|dot| Some(Format::Int8(dot)))

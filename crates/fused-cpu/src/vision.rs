@@ -11,7 +11,7 @@ use crate::attention::{attention, AttentionProducts};
 use crate::dense::Dense;
 use crate::kernels::{grow, layer_norm};
 use crate::weights::WeightsFile;
-use crate::{FusedError, Precision};
+use crate::{FusedError, Precision, Widest};
 use rayon::prelude::*;
 use std::path::Path;
 use std::sync::{Mutex, PoisonError};
@@ -108,7 +108,9 @@ impl CpuVision {
     /// model, so the caller checks). Each weight is packed for its kernel as it is read and the
     /// f32 copy dropped, so loading never holds the tower twice.
     pub fn load(path: &Path, dims: VisionDims, precision: Precision) -> Result<Self, FusedError> {
-        let format = precision.format(false).map_err(FusedError::Unsupported)?;
+        let format = precision
+            .format(Widest::All)
+            .map_err(FusedError::Unsupported)?;
         let file = WeightsFile::open(path)?;
         let st = file.tensors()?;
         let (h, p) = (dims.hidden, dims.patch);
@@ -191,7 +193,7 @@ impl CpuVision {
 
     /// The instructions the dense layers run on, for logs and benchmarks.
     pub fn kernels(&self) -> &'static str {
-        match self.precision.format(false) {
+        match self.precision.format(Widest::All) {
             Ok(Some(format)) => format.kernels(),
             _ => crate::kernels::gemm_instructions(),
         }
@@ -232,7 +234,7 @@ impl CpuVision {
         let tmp = grow(&mut s.tmp, rows * h);
         let inter = grow(&mut s.inter, rows * d.intermediate);
         let spans: Vec<(usize, usize)> = (0..n).map(|i| (i * t, t)).collect();
-        let products = AttentionProducts::beside(self.precision.format(false).ok().flatten());
+        let products = AttentionProducts::beside(self.precision.format(Widest::All).ok().flatten());
         for layer in &self.layers {
             norm_into(x, normed, &layer.norm1, d.eps);
             apply(&layer.qkv, normed, qkv);

@@ -286,8 +286,8 @@ pub(super) fn load_fused(
         ));
     }
     let mut bert = CpuBert::load(&spec.weights, fused::dims(&spec.encoder), spec.pooling.mode)?;
-    if options.cpu_kernels == CpuKernels::Avx2 {
-        bert.limit_to_avx2()?;
+    if options.cpu_kernels != CpuKernels::Auto {
+        bert.limit_to(options.cpu_kernels.widest())?;
     }
     Ok(Engine::Fused(Box::new(bert)))
 }

@@ -6,7 +6,7 @@ use super::{inv_freq, CpuDecoder, DecoderDims, Embedding, Layer};
 use crate::dense::Dense;
 use crate::packed::Format;
 use crate::quant::{Kernel, Weights};
-use crate::{FusedError, Precision};
+use crate::{FusedError, Precision, Widest};
 use std::sync::Arc;
 
 /// How the dense layers are built: packed in a format (or f32 as read), blocks kept (for a
@@ -43,13 +43,12 @@ impl CpuDecoder {
     /// such tensor (an optional bias). Each dense layer is packed for `precision` as it is read:
     /// f32, bf16 where the CPU has AMX or AVX-512 BF16 (refused with the reason elsewhere), or
     /// kept in its blocks ([`Precision::Gguf`]; reported as f32 when no tensor came in blocks);
-    /// int8 is refused. `avx2_only`: the dense layers run what a CPU with AVX2 but neither
-    /// AVX-512 nor AVX-VNNI runs (AMD's Zen 2 and 3; bf16 refused), whatever this CPU has, to
-    /// compare CPU classes on one machine (as `CpuBert::limit_to_avx2`).
+    /// int8 is refused. `widest`: the dense layers run what that CPU class runs, whatever this
+    /// CPU has, to compare CPU classes on one machine (as `CpuBert::limit_to`).
     pub fn load(
         dims: DecoderDims,
         precision: Precision,
-        avx2_only: bool,
+        widest: Widest,
         mut read: impl FnMut(&str, &[usize]) -> Result<Option<Weights>, FusedError>,
     ) -> Result<Self, FusedError> {
         let d = dims;
@@ -63,7 +62,7 @@ impl CpuDecoder {
                 d.heads, d.kv_heads, d.head_dim
             )));
         }
-        let kernel = Kernel::within(avx2_only);
+        let kernel = Kernel::within(widest);
         let plan =
             match precision {
                 Precision::Int8 => return Err(FusedError::Unsupported(
@@ -73,13 +72,13 @@ impl CpuDecoder {
                 )),
                 Precision::Gguf => Plan {
                     format: Precision::F32
-                        .format(avx2_only)
+                        .format(widest)
                         .map_err(FusedError::Unsupported)?,
                     keep_blocks: true,
                     kernel,
                 },
                 p => Plan {
-                    format: p.format(avx2_only).map_err(FusedError::Unsupported)?,
+                    format: p.format(widest).map_err(FusedError::Unsupported)?,
                     keep_blocks: false,
                     kernel,
                 },

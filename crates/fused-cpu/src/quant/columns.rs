@@ -11,16 +11,17 @@
 //! scaled once per eight outputs.
 //!
 //! **The layout** (GGUF's bytes rearranged when the model is loaded): the outputs in groups of
-//! [`COLUMNS`] (the last padded with zero rows); a group's blocks in order, each its sub-blocks'
-//! values, then its header (the eight outputs' f16 scales, f16 minimums or minimums' scales, and
-//! the K formats' per-sub-block scales, a byte each). A sub-block's values are unsigned (each
-//! format's offset added: Q4_0 8, Q5_0 16, Q6_K 32, Q8_0 128) and sit in 32-byte runs, one per
-//! four inputs: byte `4c + j` of run `h` holds output `c`'s input `4h + j`. Q8_0 has eight runs
-//! of bytes. The others keep four runs of two nibbles (inputs `4h…` low, `16 + 4h…` high:
-//! GGUF's own pairing), then the bits above the nibble in planes: Q5's fifth bits as eight 32-bit
-//! words (run `h`'s low side, then its high side; bit `p` for byte `p`), Q6_K's two bits as two
-//! 32-byte runs (low side, high side; bits `2h…` for run `h`). The same bytes as GGUF's but for
-//! Q4_K and Q5_K, whose packed 6-bit scales take a byte each here (2.8% and 2.3% more).
+//! [`COLUMNS`] (zero rows after the last, up to an even number of groups: [`PAIR`]); a group's
+//! blocks in order, each its sub-blocks' values, then its header (the eight outputs' f16 scales,
+//! f16 minimums or minimums' scales, and the K formats' per-sub-block scales, a byte each). A
+//! sub-block's values are unsigned (each format's offset added: Q4_0 8, Q5_0 16, Q6_K 32, Q8_0 128)
+//! and sit in 32-byte runs, one per four inputs: byte `4c + j` of run `h` holds output `c`'s input
+//! `4h + j`. Q8_0 has eight runs of bytes. The others keep four runs of two nibbles (inputs `4h…`
+//! low, `16 + 4h…` high: GGUF's own pairing), then the bits above the nibble in planes: Q5's fifth
+//! bits as eight 32-bit words (run `h`'s low side, then its high side; bit `p` for byte `p`),
+//! Q6_K's two bits as two 32-byte runs (low side, high side; bits `2h…` for run `h`). The same
+//! bytes as GGUF's but for Q4_K and Q5_K, whose packed 6-bit scales take a byte each here (2.8% and
+//! 2.3% more).
 //!
 //! **The product**, exact in integers: per (row, output, sub-block) the sum of the stored values
 //! times the row's 8-bit activations, less the offset times the activations' sum. The 32-weight
@@ -32,15 +33,20 @@
 //! i32, and scale the two totals once per 256 ([`add_k_block`]), as llama.cpp's K products do.
 //! The integer sums are llama.cpp's; the f32 sums are one per output, whatever the number of
 //! rows or threads, so a row's result never depends on its batch. [`group`] is that definition in
-//! portable Rust; the AVX2 (`vpmaddubsw`), AVX-512 VNNI (`vpdpbusd`) and Arm dotprod (`sdot`)
-//! kernels compute the same integers and the same f32 operations in the same order, so all four
-//! agree bit for bit.
+//! portable Rust; the AVX2 (`vpmaddubsw`), AVX-512 VNNI (`vpdpbusd`), AMX-INT8 (`tdpbssd`) and
+//! Arm dotprod (`sdot`) kernels compute the same integers and the same f32 operations in the
+//! same order, so all five agree bit for bit.
 
 use super::unpack::{self, Header};
 use super::{BlockFormat, QuantRows, BLOCK};
 
 /// Outputs side by side: one 256-bit register of f32 or i32 sums.
 pub(super) const COLUMNS: usize = 8;
+
+/// Two groups: every matrix has an even number of groups (the last padded with a group of zero
+/// rows where needed) and the products split outputs between threads in pairs of groups, so
+/// the AMX kernel ([`super::columns_amx`]) always finds two side by side.
+pub(super) const PAIR: usize = 2 * COLUMNS;
 
 /// Bits each value keeps above its nibble (Q8_0: none; its values are whole bytes).
 pub(super) fn high_bits(format: BlockFormat) -> u32 {
@@ -215,7 +221,7 @@ fn interleave_in<const F: usize>(rows: usize, k: usize, mut data: Vec<u8>) -> Ve
     let format = BlockFormat::ALL[F];
     let (bytes, blocks) = (format.block_bytes(), k / format.block_weights());
     let (from, to) = (COLUMNS * blocks * bytes, blocks * group_block_bytes(format));
-    let groups = rows.div_ceil(COLUMNS);
+    let groups = rows.div_ceil(PAIR) * 2;
     // Exactly: `resize` alone would double the capacity of a matrix that grows (Q4_K, Q5_K).
     data.reserve_exact((groups * to.max(from)).saturating_sub(data.len()));
     data.resize(groups * to.max(from), 0);
@@ -281,7 +287,8 @@ pub(super) fn gguf_row(format: BlockFormat, k: usize, data: &[u8], r: usize, out
     }
 }
 
-/// One kernel call: `R` activation rows by one group of outputs, over every block.
+/// One kernel call: `R` activation rows by one group of outputs (AMX: two), over every block.
+#[derive(Clone, Copy)]
 pub(super) struct GroupTile {
     /// The group's first block.
     pub weights: *const u8,
@@ -301,7 +308,7 @@ pub(super) struct GroupTile {
     /// The first row's first output of the group; rows `n` apart.
     pub out: *mut f32,
     pub n: usize,
-    /// The group's outputs that exist (1..=8).
+    /// The group's outputs that exist (1..=8; AMX 1..=16, the second group's after the first).
     pub cols: usize,
     /// The group's first bias, if any.
     pub bias: Option<*const f32>,
@@ -323,6 +330,23 @@ impl GroupTile {
             n: 0,
             cols: COLUMNS,
             bias: None,
+        }
+    }
+
+    /// The same tile from its row `r` on (its rows past `r`, the same outputs).
+    ///
+    /// # Safety
+    /// The tile has more than `r` rows.
+    pub(super) unsafe fn rows_from(&self, r: usize) -> Self {
+        let at = r * self.blocks;
+        Self {
+            q: self.q.add(at * BLOCK),
+            scales: self.scales.add(at),
+            sums: self.sums.add(at),
+            halves: self.halves.add(at),
+            less_offsets: self.less_offsets.add(at),
+            out: self.out.add(r * self.n),
+            ..*self
         }
     }
 

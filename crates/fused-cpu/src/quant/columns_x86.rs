@@ -75,13 +75,13 @@ unsafe fn group_vnni<const F: usize, const R: usize>(t: &GroupTile) {
 
 /// Eight f16 at `at` as f32.
 #[inline(always)]
-unsafe fn f16s(at: *const u8) -> __m256 {
+pub(super) unsafe fn f16s(at: *const u8) -> __m256 {
     _mm256_cvtph_ps(_mm_loadu_si128(at.cast()))
 }
 
 /// Eight signed bytes at `at` as i32.
 #[inline(always)]
-unsafe fn bytes_i32(at: *const u8) -> __m256i {
+pub(super) unsafe fn bytes_i32(at: *const u8) -> __m256i {
     _mm256_cvtepi8_epi32(_mm_loadl_epi64(at.cast()))
 }
 
@@ -160,7 +160,7 @@ unsafe fn body_32<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTil
             }
         }
     }
-    store::<R>(t, &acc);
+    store(t, &acc);
 }
 
 /// The K formats (Q4_K, Q5_K, Q6_K), activations rounded per 256:
@@ -220,14 +220,14 @@ unsafe fn body_k<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTile
             }
         }
     }
-    store::<R>(t, &acc);
+    store(t, &acc);
 }
 
 /// Q4_K's and Q5_K's `Σ minimum · activation sum` over a block's eight sub-blocks, per output:
 /// pairs of sub-blocks' minimums (16-bit) by pairs of activation sums (each at most 32 · 127 in
 /// magnitude), one `vpmaddwd` a pair.
 #[inline(always)]
-unsafe fn minimum_sums(head: *const u8, sums: *const i32) -> __m256i {
+pub(super) unsafe fn minimum_sums(head: *const u8, sums: *const i32) -> __m256i {
     let mut total = _mm256_setzero_si256();
     for p in 0..4 {
         let rows = head.add(K_SCALES + 64 + 16 * p);
@@ -246,7 +246,7 @@ unsafe fn minimum_sums(head: *const u8, sums: *const i32) -> __m256i {
 /// `nibbles` with 16 added to byte `p` where bit `p` of `word` is set (Q5's fifth bits): a
 /// masked add on AVX-512 BW, else [`fifth_bits`] or'd in.
 #[inline(always)]
-unsafe fn with_fifth_bits<const VNNI: bool>(nibbles: __m256i, word: u32) -> __m256i {
+pub(super) unsafe fn with_fifth_bits<const VNNI: bool>(nibbles: __m256i, word: u32) -> __m256i {
     if VNNI {
         return _mm256_mask_add_epi8(nibbles, word, nibbles, _mm256_set1_epi8(0x10));
     }
@@ -385,9 +385,9 @@ unsafe fn sums_q8<const R: usize, const VNNI: bool>(
     }
 }
 
-/// Adds the bias and stores the group's outputs that exist.
+/// Adds the bias and stores the group's outputs that exist, of `acc`'s rows.
 #[inline(always)]
-unsafe fn store<const R: usize>(t: &GroupTile, acc: &[__m256; R]) {
+pub(super) unsafe fn store(t: &GroupTile, acc: &[__m256]) {
     for (r, &v) in acc.iter().enumerate() {
         let out = t.out.add(r * t.n);
         if t.cols == COLUMNS {

@@ -13,8 +13,9 @@
 //! rounding agreed with llama.cpp's greedy tokens at 1,223 of 1,280 positions).
 //!
 //! **Two layouts.** On x86-64 with AVX2 and on Arm with dotprod every matrix is rearranged at
-//! load eight outputs side by side ([`columns`]) and multiplied so (AVX-512 VNNI, AVX2 or
-//! `sdot`): each sub-block's integer sum is kept per output and scaled once per eight outputs.
+//! load eight outputs side by side ([`columns`]) and multiplied so (AMX-INT8's tiles from 12
+//! rows, AVX-512 VNNI, AVX2 or `sdot`): each sub-block's integer sum is kept per output and
+//! scaled once per eight outputs.
 //! Elsewhere (an Arm core without dotprod, such as Graviton 1's Cortex-A72) matrices stay in
 //! GGUF's row layout, multiplied output by output by a portable kernel ([`unpack`]), since the
 //! portable column product is the other kernels' reference, not built for speed. A matrix's
@@ -34,6 +35,8 @@
 //! one row than for several, so a sequence's logits would depend on its batch.
 
 mod columns;
+#[cfg(target_arch = "x86_64")]
+mod columns_amx;
 #[cfg(target_arch = "aarch64")]
 mod columns_arm;
 #[cfg(target_arch = "x86_64")]
@@ -41,6 +44,7 @@ mod columns_x86;
 mod unpack;
 
 use crate::packed::OutPtr;
+use crate::Widest;
 use multiversion::multiversion;
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -257,16 +261,16 @@ impl BlockMatrix {
     /// by name), as the decoder computes its products: for checking them against another
     /// engine's on the same blocks (`examples/ggml_products.rs`, llama.cpp's ggml).
     pub fn product(&self, x: &[f32], out: &mut [f32]) -> &'static str {
-        let prepared = self.clone().prepared(false);
+        let prepared = self.clone().prepared(Widest::All);
         prepared.apply(x, out);
         prepared.kernels()
     }
 
-    /// The matrix laid out once for this CPU's best kernel (held to AVX2 where `avx2_only`), to
+    /// The matrix laid out once for this CPU's best kernel within `widest`, to
     /// be multiplied many times as the decoder multiplies it: for timing the products apart from
     /// the decoder (`examples/block_products.rs`).
-    pub fn prepared(self, avx2_only: bool) -> PreparedProduct {
-        let kernel = Kernel::within(avx2_only);
+    pub fn prepared(self, widest: Widest) -> PreparedProduct {
+        let kernel = Kernel::within(widest);
         PreparedProduct {
             kernel,
             matrix: Arc::new(self.laid_out_for(kernel)),
@@ -340,6 +344,9 @@ impl Weights {
     }
 }
 
+/// Rows of zeros after [`QuantRows`]' values: an AMX row tile's 16 rows less one.
+const PADDING_ROWS: usize = 15;
+
 /// 1.5 · 2^23: added to and taken from an f32 below 2^22 in magnitude, rounds it to an integer,
 /// half to even.
 const ROUNDER: f32 = 12_582_912.0;
@@ -349,6 +356,11 @@ const ROUNDER: f32 = 12_582_912.0;
 /// with a minimum), side by side so a kernel loads both at once, and its integer sums.
 pub(crate) struct QuantRows {
     k: usize,
+    /// Rows.
+    m: usize,
+    /// The rows' values, then [`PADDING_ROWS`] rows of zeros (and as many of every per-block
+    /// field below): the AMX kernel multiplies 16 rows whatever the number left, so the rows
+    /// past the last must be memory it may read.
     q: Vec<i8>,
     scales: Vec<[f32; 2]>,
     /// Per block, its values' integer sum (what an offset in the weights' values multiplies),
@@ -364,10 +376,11 @@ pub(crate) struct QuantRows {
 impl QuantRows {
     /// Room for `values` activations in rows of `k`, every block's scales and sums zero.
     fn zeroed(values: usize, k: usize) -> Self {
-        let blocks = values / BLOCK;
+        let blocks = (values + PADDING_ROWS * k) / BLOCK;
         Self {
             k,
-            q: vec![0; values],
+            m: values / k.max(1),
+            q: vec![0; values + PADDING_ROWS * k],
             scales: vec![[0.0; 2]; blocks],
             sums: vec![0; blocks],
             halves: vec![0; blocks],
@@ -521,6 +534,10 @@ pub(crate) struct Unpacked {
 /// Which kernel multiplies, picked once per process from the CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kernel {
+    /// AMX-INT8's `tdpbssd` on row tiles of 12 to 16 rows, [`Kernel::Avx512Vnni`] on fewer: the
+    /// same sums ([`columns_amx`]).
+    #[cfg(target_arch = "x86_64")]
+    Amx,
     /// AVX-512 VNNI's `vpdpbusd` (256-bit; BW's byte masks for Q5's fifth bits) in columns.
     #[cfg(target_arch = "x86_64")]
     Avx512Vnni,
@@ -539,6 +556,8 @@ impl Kernel {
     #[cfg(test)]
     pub(crate) const ALL: &'static [Self] = &[
         #[cfg(target_arch = "x86_64")]
+        Self::Amx,
+        #[cfg(target_arch = "x86_64")]
         Self::Avx512Vnni,
         #[cfg(target_arch = "x86_64")]
         Self::Avx2,
@@ -550,7 +569,7 @@ impl Kernel {
     /// The fastest kernel this CPU runs.
     pub(crate) fn best() -> Self {
         #[cfg(target_arch = "x86_64")]
-        for kernel in [Self::Avx512Vnni, Self::Avx2] {
+        for kernel in [Self::Amx, Self::Avx512Vnni, Self::Avx2] {
             if kernel.supported() {
                 return kernel;
             }
@@ -562,17 +581,17 @@ impl Kernel {
         Self::Portable
     }
 
-    /// [`Kernel::best`], or where `avx2_only` the best without AVX-512 (what AMD's Zen 2 and 3
-    /// run: AVX2's kernel, the same bits), to compare CPU classes on one machine.
-    pub(crate) fn within(avx2_only: bool) -> Self {
-        match Self::best() {
+    /// [`Kernel::best`] within `widest` (the same bits whichever runs), to compare CPU classes
+    /// on one machine: without AMX, VNNI's kernel; within AVX2 (what AMD's Zen 2 and 3 run),
+    /// AVX2's.
+    pub(crate) fn within(widest: Widest) -> Self {
+        match (Self::best(), widest) {
             #[cfg(target_arch = "x86_64")]
-            Self::Avx512Vnni if avx2_only => Self::Avx2,
+            (Self::Amx | Self::Avx512Vnni, Widest::Avx2) => Self::Avx2,
+            #[cfg(target_arch = "x86_64")]
+            (Self::Amx, Widest::NoAmx) => Self::Avx512Vnni,
             // Elsewhere there is nothing wider than AVX2 to leave out.
-            best => {
-                let _ = avx2_only;
-                best
-            }
+            (best, _) => best,
         }
     }
 
@@ -583,6 +602,7 @@ impl Kernel {
             use std::arch::is_x86_feature_detected as has;
             let avx2 = has!("avx2") && has!("fma") && has!("f16c");
             match self {
+                Self::Amx => Self::Avx512Vnni.supported() && crate::packed::amx::int8_supported(),
                 Self::Avx512Vnni => {
                     avx2 && has!("avx512f")
                         && has!("avx512bw")
@@ -616,6 +636,10 @@ impl Kernel {
     pub(crate) fn name(self) -> &'static str {
         match self {
             #[cfg(target_arch = "x86_64")]
+            Self::Amx => {
+                "GGUF blocks in columns × int8 (AMX-INT8 tdpbssd, AVX-512 VNNI vpdpbusd under 12 rows)"
+            }
+            #[cfg(target_arch = "x86_64")]
             Self::Avx512Vnni => "GGUF blocks in columns × int8 (AVX-512 VNNI vpdpbusd)",
             #[cfg(target_arch = "x86_64")]
             Self::Avx2 => "GGUF blocks in columns × int8 (AVX2 vpmaddubsw)",
@@ -632,6 +656,8 @@ impl Kernel {
     unsafe fn group(self, format: BlockFormat, t: &columns::GroupTile, rows: usize) {
         match self {
             #[cfg(target_arch = "x86_64")]
+            Self::Amx => columns_amx::group(format, t, rows),
+            #[cfg(target_arch = "x86_64")]
             Self::Avx512Vnni => columns_x86::group(format, t, rows, true),
             #[cfg(target_arch = "x86_64")]
             Self::Avx2 => columns_x86::group(format, t, rows, false),
@@ -641,10 +667,21 @@ impl Kernel {
         }
     }
 
+    /// Outputs one column kernel call takes: one group, or two side by side on AMX's tiles.
+    fn group_width(self) -> usize {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Self::Amx => columns_amx::WIDTH,
+            _ => columns::COLUMNS,
+        }
+    }
+
     /// Rows one column kernel call takes for `format`.
     fn group_rows(self, format: BlockFormat) -> usize {
         let _ = format;
         match self {
+            #[cfg(target_arch = "x86_64")]
+            Self::Amx => columns_amx::ROWS,
             #[cfg(target_arch = "x86_64")]
             Self::Avx512Vnni => columns_x86::tile_rows(format, true),
             #[cfg(target_arch = "x86_64")]
@@ -682,7 +719,7 @@ pub(crate) fn linear(
     let chunk = n
         .div_ceil(threads * 4)
         .max(16)
-        .next_multiple_of(columns::COLUMNS);
+        .next_multiple_of(columns::PAIR);
     let base = out.as_mut_ptr();
     let shares: Vec<Share<'_>> = split(parts, &rounded, chunk)
         .map(|(part, rows, outputs, first)| Share {
@@ -704,7 +741,7 @@ pub(crate) fn linear(
 
 /// Outputs one share of [`linear_choosing`] computes at a time: 32 rows of them are 64 KiB.
 const CHOOSING_OUTPUTS: usize = 512;
-const _: () = assert!(CHOOSING_OUTPUTS.is_multiple_of(columns::COLUMNS));
+const _: () = assert!(CHOOSING_OUTPUTS.is_multiple_of(columns::PAIR));
 
 /// As [`linear`] without a bias, but each row `t` either keeps its outputs (`keep[t]`: written
 /// in row order into `kept`, `n` each) or gets only the index of its largest output (`Some`,
@@ -913,12 +950,12 @@ struct Share<'a> {
 /// buffer, written by no other task; the kernel runs here.
 unsafe fn by_columns(kernel: Kernel, share: &Share<'_>) {
     let (part, rows, bias, out, n) = (share.part, share.rows, share.bias, share.out.get(), share.n);
-    let m = rows.q.len() / rows.k;
+    let m = rows.m;
     let group_bytes =
         part.k / part.format.block_weights() * columns::group_block_bytes(part.format);
-    let tall = kernel.group_rows(part.format);
+    let (tall, wide) = (kernel.group_rows(part.format), kernel.group_width());
     for lo in (0..m).step_by(ROW_BLOCK) {
-        for c in share.outputs.clone().step_by(columns::COLUMNS) {
+        for c in share.outputs.clone().step_by(wide) {
             let weights = part.data[c / columns::COLUMNS * group_bytes..].as_ptr();
             let mut t = lo;
             while t < (lo + ROW_BLOCK).min(m) {
@@ -926,7 +963,7 @@ unsafe fn by_columns(kernel: Kernel, share: &Share<'_>) {
                 let mut tile =
                     columns::GroupTile::new(rows, t, weights, out.add(t * n + c - share.column0));
                 tile.n = n;
-                tile.cols = columns::COLUMNS.min(part.rows - c);
+                tile.cols = wide.min(part.rows - c);
                 tile.bias = bias.map(|b| b[c..].as_ptr());
                 kernel.group(part.format, &tile, height);
                 t += height;
@@ -942,7 +979,7 @@ unsafe fn by_columns(kernel: Kernel, share: &Share<'_>) {
 /// As [`by_columns`].
 unsafe fn by_rows(share: &Share<'_>) {
     let (part, rows, bias, out, n) = (share.part, share.rows, share.bias, share.out.get(), share.n);
-    let (m, k) = (rows.q.len() / rows.k, rows.k);
+    let (m, k) = (rows.m, rows.k);
     UNPACKED.with(|unpacked| {
         let mut unpacked = unpacked.borrow_mut();
         for r in share.outputs.clone() {

@@ -107,6 +107,31 @@ fn the_portable_kernel_is_every_kernels_algorithm_bit_for_bit() {
 }
 
 #[test]
+fn every_kernel_agrees_bit_for_bit_at_every_number_of_rows() {
+    // The AMX kernel takes row tiles of 12 to 16 rows and leaves fewer to VNNI's tiles of 4 or
+    // 8: every count up to past a block of 64 rows.
+    let mut rng = Rng(23);
+    let bits = |v: Vec<f32>| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let k = 512;
+    let x: Vec<f32> = (0..70 * k).map(|_| rng.float() * 2.0).collect();
+    for format in BlockFormat::ALL {
+        let w = random_matrix(format, 24, k, &mut rng);
+        let portable = product(Kernel::Portable, &x, &w);
+        for &kernel in Kernel::ALL.iter().filter(|k| k.supported()) {
+            let laid = w.clone().laid_out_for(kernel);
+            for m in 1..=70 {
+                let got = product(kernel, &x[..m * k], &laid);
+                assert_eq!(
+                    bits(got),
+                    bits(portable[..m * 24].to_vec()),
+                    "{format:?} on {kernel:?}, {m} rows"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn the_column_layout_holds_the_files_bytes() {
     let mut rng = Rng(5);
     for format in BlockFormat::ALL {

@@ -50,7 +50,7 @@ impl Build {
             Self::Cpu(precision, kernels) => {
                 crate::alloc::one_arena();
                 Ok(Network::Cpu(Box::new(
-                    CpuDecoder::load(dims, *precision, *kernels == CpuKernels::Avx2, read)
+                    CpuDecoder::load(dims, *precision, kernels.widest(), read)
                         .map_err(from_bert(path))?,
                 )))
             }

@@ -20,12 +20,27 @@ use super::{AMX_DEPTH as DEPTH, AMX_TILE_ROWS as TILE_ROWS};
 
 /// Whether this CPU and kernel run AMX bf16 products: the CPU reports AMX-TILE and AMX-BF16,
 /// the AVX-512 BF16 conversion the rows go through is there, and Linux granted the process the
-/// tile state (asked once, on the first call).
+/// tile state ([`granted`]).
 pub fn supported() -> bool {
+    static BF16: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *BF16.get_or_init(|| cpu_has_amx(22) && super::bf16::supported() && granted())
+}
+
+/// Whether this CPU and kernel run AMX int8 products (`tdpbssd`, for the GGUF block products in
+/// `crate::quant`): the CPU reports AMX-TILE and AMX-INT8, and Linux granted the tile state.
+pub(crate) fn int8_supported() -> bool {
+    // Asked before every block product: CPUID exits a virtual machine to its host, microseconds
+    // each (at one answer a step, SmolLM2 ran at half its speed asking it each time).
+    static INT8: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *INT8.get_or_init(|| cpu_has_amx(25) && granted())
+}
+
+/// Whether Linux granted this process the tile state (asked once, on the first call).
+fn granted() -> bool {
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     {
         static GRANTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *GRANTED.get_or_init(|| cpu_has_amx_bf16() && super::bf16::supported() && request_tiles())
+        *GRANTED.get_or_init(|| cpu_has_amx(24) && request_tiles())
     }
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
     {
@@ -33,14 +48,20 @@ pub fn supported() -> bool {
     }
 }
 
-/// CPUID leaf 7: AMX-BF16 (EDX bit 22) and AMX-TILE (EDX bit 24).
-#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-fn cpu_has_amx_bf16() -> bool {
-    if std::arch::x86_64::__cpuid(0).eax < 7 {
-        return false;
+/// CPUID leaf 7's EDX bit `bit`: AMX-BF16 22, AMX-TILE 24, AMX-INT8 25.
+fn cpu_has_amx(bit: u32) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::x86_64::__cpuid(0).eax < 7 {
+            return false;
+        }
+        std::arch::x86_64::__cpuid_count(7, 0).edx & (1 << bit) != 0
     }
-    let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
-    edx & (1 << 22) != 0 && edx & (1 << 24) != 0
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = bit;
+        false
+    }
 }
 
 /// Asks Linux for the AMX tile data state; false where the kernel refuses it (a kernel before
@@ -67,43 +88,59 @@ fn request_tiles() -> bool {
     result == 0
 }
 
-/// The tile configuration every kernel call loads: palette 1; tmm0–3 the sums (16 rows of 16
-/// f32), tmm4–5 two row tiles (16 rows of 32 bf16), tmm6–7 two weight tiles (16 steps of 16
-/// columns' pairs). Every tile is 16 rows of 64 bytes.
+/// A tile configuration (palette 1): each tile's rows and bytes per row.
 #[repr(C, align(64))]
-struct Config([u8; 64]);
+pub(crate) struct Config([u8; 64]);
 
 impl Config {
-    const fn full() -> Self {
+    /// Palette 1 with tile `t` of `shapes[t].0` rows of `shapes[t].1` bytes (unlisted tiles
+    /// unused).
+    pub(crate) const fn new(shapes: &[(u8, u16)]) -> Self {
         let mut c = [0u8; 64];
         c[0] = 1;
         let mut t = 0;
-        while t < 8 {
-            c[16 + 2 * t] = 64;
-            c[48 + t] = 16;
+        while t < shapes.len() {
+            let bytes = shapes[t].1.to_le_bytes();
+            c[16 + 2 * t] = bytes[0];
+            c[17 + 2 * t] = bytes[1];
+            c[48 + t] = shapes[t].0;
             t += 1;
         }
         Self(c)
     }
 }
 
-static CONFIG: Config = Config::full();
+/// The bf16 kernels' configuration: tmm0–3 the sums (16 rows of 16 f32), tmm4–5 two row tiles
+/// (16 rows of 32 bf16), tmm6–7 two weight tiles (16 steps of 16 columns' pairs). Every tile is
+/// 16 rows of 64 bytes.
+static CONFIG: Config = Config::new(&[(16, 64); 8]);
 
 thread_local! {
-    /// Whether this thread's tiles are configured: the configuration stays until a
-    /// `tilerelease`, which this crate never issues, so each thread loads it once.
-    static CONFIGURED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The configuration this thread's tiles hold: it stays until another is loaded (this
+    /// crate never issues `tilerelease`), so a thread loads one again only when it switches
+    /// between the bf16 and the int8 kernels.
+    static CONFIGURED: std::cell::Cell<*const Config> = const { std::cell::Cell::new(std::ptr::null()) };
 }
 
-/// Loads [`CONFIG`] into this thread's tile configuration, once per thread.
+/// Loads [`CONFIG`] into this thread's tile configuration unless it is loaded.
 ///
 /// # Safety
 /// [`supported`].
 #[cfg(target_arch = "x86_64")]
 unsafe fn configure() {
-    if !CONFIGURED.get() {
-        std::arch::asm!("ldtilecfg [{0}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
-        CONFIGURED.set(true);
+    configure_with(&CONFIG)
+}
+
+/// Loads `config` into this thread's tile configuration unless it is the one loaded.
+///
+/// # Safety
+/// The CPU has AMX-TILE and the process was granted the tile state ([`int8_supported`] or
+/// [`supported`]); `config` is a valid palette-1 configuration.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn configure_with(config: &'static Config) {
+    if !std::ptr::eq(CONFIGURED.get(), config) {
+        std::arch::asm!("ldtilecfg [{0}]", in(reg) config.0.as_ptr(), options(nostack, readonly));
+        CONFIGURED.set(config);
     }
 }
 
@@ -126,6 +163,13 @@ macro_rules! tile {
             options(nostack, nomem),
         )
     };
+    // Signed bytes of tile `a` by signed bytes of tile `b`, four at a time, into i32 sums.
+    (dot_ss $c:literal, $a:literal, $b:literal) => {
+        std::arch::asm!(
+            concat!("tdpbssd tmm", $c, ", tmm", $a, ", tmm", $b),
+            options(nostack, nomem),
+        )
+    };
     (store $n:literal, $ptr:expr) => {
         tile!(store $n, $ptr, 64usize)
     };
@@ -139,7 +183,8 @@ macro_rules! tile {
     };
 }
 
-// After the macro: the attention kernels use it.
+// After the macro: the attention kernels and the GGUF block products use it.
+pub(crate) use tile;
 pub(crate) mod attention;
 
 /// Up to 32 rows (two row tiles; the second only when `height` > 16) by `P` (1 or 2) panels of

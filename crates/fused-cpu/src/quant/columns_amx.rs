@@ -1,0 +1,414 @@
+//! The column layout's product ([`super::columns`]) on AMX tiles (Intel Sapphire Rapids and
+//! later), 8 to 16 activation rows by two groups (16 outputs) at once; fewer rows go to the
+//! AVX-512 VNNI kernel.
+//!
+//! Why: at 16 rows the VNNI kernel spends, per row, 32-weight sub-block and group of eight
+//! outputs, eight `vpdpbusd` and their broadcasts beside its scaling; one `tdpbsud` computes
+//! the integer sums of 16 rows by 16 outputs (a 16 × 32 tile of the rows' signed bytes by an
+//! 8 × 64 tile of the two groups' unsigned values), so what is left per row is the scaling.
+//! A tile instruction costs about a cycle per row it loads, multiplies or stores whatever its
+//! width, so the tiles are as wide as the 32 inputs a block's scale allows: on one Xeon thread,
+//! one group (8 outputs) a tile ran no faster than VNNI.
+//!
+//! **The same numbers as every other kernel.** The tile's sums are each sub-block's exact
+//! integer sums (for Q6_K each 16 inputs' side, from a 16-input tile), which do not depend on
+//! the order they are added in; they are stored, and every row then takes exactly the VNNI
+//! kernel's integer and f32 operations in its order ([`super::columns_x86`]: the offsets'
+//! entries added, the K formats' integer scales, one fused multiply-add per sub-block or block),
+//! on 16 lanes instead of 8. So AMX, VNNI, AVX2 and the portable definition agree bit for bit,
+//! and which of AMX and VNNI a tile of rows runs on (by how many rows are left) never changes a
+//! row's result.
+//!
+//! **The weight tile** is the layout's runs side by side: run `h`, byte `4c + j` holds output
+//! `c`'s input `4h + j`, which is how a `tdpbssd` B tile's row `h` is laid out, so row `h` is
+//! the first group's run then the second's, unpacked to whole signed bytes, each format's offset
+//! taken off (the low nibbles as rows 0–3, the high as rows 4–7, with Q5's fifth bits and
+//! Q6_K's top two; Q8_0's flipped): `Σ (v − offset) · a` is the same integer as the other
+//! kernels' `Σ v · a − offset · Σ a`, with nothing left to add per row. A pair of groups is
+//! unpacked once per call, for every row tile of the call's rows (up to 64: a decoding step at
+//! batch 32 unpacks once where it multiplies twice). The row tile reads the rows' 8-bit
+//! activations where they are, and every row is scaled, 16 whatever the number left (so the
+//! loops unroll and the sums stay in registers); `QuantRows` keeps rows of zeros after its last
+//! for that, and only the tile's rows are stored. The layout pads every matrix to an even
+//! number of groups.
+//!
+//! **Pipelined:** a unit's tiles (a block's; a K format's 256's) are multiplied one unit ahead
+//! of its scaling, so no vector load waits on the sums a tile just stored (such a load is not
+//! forwarded: in step, the kernel was slower than VNNI's).
+
+use super::columns::{
+    group_block_bytes, high_bits, offset, sub_bytes, subs, values_bytes, GroupTile, COLUMNS,
+    K_SCALES, MINIMUMS, Q6K_SCALES,
+};
+use super::columns_x86::{self, minimum_sums, with_fifth_bits};
+use super::{BlockFormat, BLOCK};
+use crate::packed::amx::{configure_with, tile, Config};
+use std::arch::x86_64::*;
+
+/// Rows one call multiplies: a block of rows (`super::ROW_BLOCK`), in row tiles of [`TILE`].
+pub(super) const ROWS: usize = 64;
+
+/// Rows of one row tile.
+const TILE: usize = 16;
+
+/// Outputs one call multiplies: two column groups.
+pub(super) const WIDTH: usize = 2 * COLUMNS;
+
+/// The fewest rows a row tile takes; fewer left over run the VNNI kernel on each group.
+/// Measured one thread, Qwen2.5-0.5B-shape matrices (`examples/block_products.rs`).
+const FEWEST: usize = 12;
+
+/// Bytes of one sub-block of two groups unpacked: eight rows of 16 outputs' four bytes.
+const SUB: usize = 8 * 64;
+
+/// tmm0–1 the sums (16 rows of 16 i32), tmm2 the rows' 32-input blocks, tmm3 a sub-block's
+/// weights (8 rows of 16 outputs' 4 bytes); tmm4–5 the same for Q6_K's 16-input sides.
+static INT8: Config = Config::new(&[(16, 64), (16, 64), (16, 32), (8, 64), (16, 16), (4, 64)]);
+
+/// Runs the tile kernel for `format` on the tile's `rows` rows (1..=[`ROWS`]) and its two
+/// groups (`t.cols` outputs, 1..=[`WIDTH`]): row tiles of 16, and the VNNI kernel on each group
+/// for a last tile of fewer than [`FEWEST`].
+///
+/// # Safety
+/// As [`super::columns::group`], with two groups' weights (the second after the first); the
+/// CPU has AMX-INT8 (the process granted the tile state), AVX-512 VNNI, BW and VL, FMA and
+/// F16C; the tile's rows are followed by 15 more rows' values, scales and sums (`QuantRows`'
+/// padding).
+pub(super) unsafe fn group(format: BlockFormat, t: &GroupTile, rows: usize) {
+    let left = rows % TILE;
+    let tiled = if left < FEWEST { rows - left } else { rows };
+    if tiled > 0 {
+        // `BlockFormat::ALL`'s order.
+        match format {
+            BlockFormat::Q4_0 => tiles::<0>(t, tiled),
+            BlockFormat::Q4_1 => tiles::<1>(t, tiled),
+            BlockFormat::Q5_0 => tiles::<2>(t, tiled),
+            BlockFormat::Q5_1 => tiles::<3>(t, tiled),
+            BlockFormat::Q8_0 => tiles::<4>(t, tiled),
+            BlockFormat::Q4K => tiles::<5>(t, tiled),
+            BlockFormat::Q5K => tiles::<6>(t, tiled),
+            BlockFormat::Q6K => tiles::<7>(t, tiled),
+        }
+    }
+    // The rows left, in the VNNI kernel's tiles, each group apart.
+    let tall = columns_x86::tile_rows(format, true);
+    let second = t.weights.add(group_bytes(format, t));
+    for first in (tiled..rows).step_by(tall) {
+        let rest = t.rows_from(first);
+        let height = tall.min(rows - first);
+        let one = GroupTile {
+            cols: t.cols.min(COLUMNS),
+            ..rest
+        };
+        columns_x86::group(format, &one, height, true);
+        if t.cols > COLUMNS {
+            let other = GroupTile {
+                weights: second,
+                out: rest.out.add(COLUMNS),
+                bias: t.bias.map(|b| b.add(COLUMNS)),
+                cols: t.cols - COLUMNS,
+                ..rest
+            };
+            columns_x86::group(format, &other, height, true);
+        }
+    }
+}
+
+/// Bytes of one group's blocks: where the second group starts.
+fn group_bytes(format: BlockFormat, t: &GroupTile) -> usize {
+    t.blocks / subs(format) * group_block_bytes(format)
+}
+
+/// Each thread's unpacked weights (16 bytes an input: 14 KiB for 896 inputs) and two units'
+/// tiles of sums (32 KiB: zeroed on the stack at each call they took as long as its products).
+struct Scratch {
+    stage: Vec<u8>,
+    sums: [Unit; 2],
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Box<Scratch>> = std::cell::RefCell::new(Box::new(Scratch {
+        stage: Vec::new(),
+        sums: [Unit::EMPTY, Unit::EMPTY],
+    }));
+}
+
+/// [`group`]'s row tiles for `BlockFormat::ALL[F]` (`rows` a whole number of tiles but for a
+/// last one of at least [`FEWEST`]), with this thread's scratch.
+unsafe fn tiles<const F: usize>(t: &GroupTile, rows: usize) {
+    SCRATCH.with(|scratch| {
+        let scratch = &mut **scratch.borrow_mut();
+        // Aligned to 64 bytes within the buffer, as a tile row is best loaded.
+        scratch.stage.resize(t.blocks * SUB + 64, 0);
+        let skip = scratch.stage.as_ptr().align_offset(64);
+        let stage = &mut scratch.stage[skip..][..t.blocks * SUB];
+        unpack::<F>(t, stage);
+        for first in (0..rows).step_by(TILE) {
+            let tile = t.rows_from(first);
+            pipeline::<F>(&tile, (rows - first).min(TILE), stage, &mut scratch.sums);
+        }
+    })
+}
+
+/// The two groups' every sub-block unpacked into `stage` ([`SUB`] bytes each, in order).
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
+unsafe fn unpack<const F: usize>(t: &GroupTile, stage: &mut [u8]) {
+    let format = BlockFormat::ALL[F];
+    let second = t.weights.add(group_bytes(format, t));
+    for (ab, to) in stage.chunks_exact_mut(SUB).enumerate() {
+        let (u, s) = (ab / subs(format), ab % subs(format));
+        let at = u * group_block_bytes(format) + s * sub_bytes(format);
+        for (g, w) in [t.weights, second].into_iter().enumerate() {
+            unpack_sub::<F>(w.add(at), to.as_mut_ptr().add(32 * g));
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn pipeline<const F: usize>(t: &GroupTile, rows: usize, stage: &[u8], sums: &mut [Unit; 2]) {
+    configure_with(&INT8);
+    let format = BlockFormat::ALL[F];
+    let second = t.weights.add(group_bytes(format, t));
+    let units = t.blocks / subs(format);
+    let mut acc = [_mm512_setzero_ps(); TILE];
+    sums[0].multiply::<F>(t, 0, stage);
+    for u in 0..units {
+        let (now, next) = match sums {
+            [a, b] if u % 2 == 0 => (&*a, b),
+            [a, b] => (&*b, a),
+        };
+        if u + 1 < units {
+            next.multiply::<F>(t, u + 1, stage);
+        }
+        let at = u * group_block_bytes(format);
+        let w = [t.weights.add(at), second.add(at)];
+        if format.is_k() {
+            scale_k::<F>(t, u, w, now, &mut acc);
+        } else {
+            scale_32::<F>(t, u, w, &now.0[0][0], &mut acc);
+        }
+    }
+    store(t, &acc[..rows]);
+}
+
+/// One tile's sums: 16 rows of the two groups' 16 outputs.
+type Sums = [[i32; WIDTH]; TILE];
+
+/// One unit's tiles of sums: per sub-block and side (side 1 only for Q6_K, whose scales apply
+/// per 16 inputs; the others' side 0 holds the whole sub-block's).
+#[repr(C, align(64))]
+struct Unit([[Sums; 2]; 8]);
+
+impl Unit {
+    const EMPTY: Self = Self([[[[0; WIDTH]; TILE]; 2]; 8]);
+
+    /// Unit `u`'s tiles of sums, from the weights `stage` holds.
+    #[inline(always)]
+    unsafe fn multiply<const F: usize>(&mut self, t: &GroupTile, u: usize, stage: &[u8]) {
+        let format = BlockFormat::ALL[F];
+        let stride = t.blocks * BLOCK;
+        for s in 0..subs(format) {
+            let ab = u * subs(format) + s;
+            let (q, weights) = (t.q.add(ab * BLOCK), stage.as_ptr().add(ab * SUB));
+            let sums = &mut self.0[s];
+            if format == BlockFormat::Q6K {
+                tile!(load 4, q, stride);
+                tile!(load 5, weights, 64usize);
+                tile!(zero 0);
+                tile!(dot_ss 0, 4, 5);
+                tile!(store 0, sums[0].as_mut_ptr());
+                tile!(load 4, q.add(16), stride);
+                tile!(load 5, weights.add(SUB / 2), 64usize);
+                tile!(zero 1);
+                tile!(dot_ss 1, 4, 5);
+                tile!(store 1, sums[1].as_mut_ptr());
+            } else {
+                tile!(load 2, q, stride);
+                tile!(load 3, weights, 64usize);
+                tile!(zero 0);
+                tile!(dot_ss 0, 2, 3);
+                tile!(store 0, sums[0].as_mut_ptr());
+            }
+        }
+    }
+}
+
+/// Eight f16 of each group, at `at` from each group's block `w`, as 16 f32.
+#[inline(always)]
+unsafe fn f16s(w: [*const u8; 2], at: usize) -> __m512 {
+    let both = _mm256_inserti128_si256::<1>(
+        _mm256_castsi128_si256(_mm_loadu_si128(w[0].add(at).cast())),
+        _mm_loadu_si128(w[1].add(at).cast()),
+    );
+    _mm512_cvtph_ps(both)
+}
+
+/// Eight bytes of each group, at `at` from each group's block `w`, side by side.
+#[inline(always)]
+unsafe fn bytes(w: [*const u8; 2], at: usize) -> __m128i {
+    _mm_unpacklo_epi64(
+        _mm_loadl_epi64(w[0].add(at).cast()),
+        _mm_loadl_epi64(w[1].add(at).cast()),
+    )
+}
+
+/// Block `b` of a 32-weight format added to each row's sums, as `columns_x86::body_32` adds
+/// it (its offset already taken off): `d · row scale`, then the minimum.
+#[inline(always)]
+unsafe fn scale_32<const F: usize>(
+    t: &GroupTile,
+    b: usize,
+    w: [*const u8; 2],
+    sums: &Sums,
+    acc: &mut [__m512; TILE],
+) {
+    let format = BlockFormat::ALL[F];
+    let values = values_bytes(format);
+    let d = f16s(w, values);
+    let m = if format.has_minimum() {
+        f16s(w, values + MINIMUMS)
+    } else {
+        _mm512_setzero_ps()
+    };
+    for (r, acc) in acc.iter_mut().enumerate() {
+        let sum = _mm512_cvtepi32_ps(_mm512_load_si512(sums[r].as_ptr().cast()));
+        let a = t.row_block(r, b);
+        let both = _mm512_mul_ps(d, _mm512_set1_ps(a.scale));
+        *acc = _mm512_fmadd_ps(sum, both, *acc);
+        if format.has_minimum() {
+            *acc = _mm512_fmadd_ps(m, _mm512_set1_ps(a.scaled_sum), *acc);
+        }
+    }
+}
+
+/// Block `b` (of 256) of a K format added to each row's sums, as `columns_x86::body_k` adds
+/// it: each sub-block's (Q6_K: side's) sums, offset taken off, by their integer scales, then
+/// `d` and `dmin`.
+#[inline(always)]
+unsafe fn scale_k<const F: usize>(
+    t: &GroupTile,
+    b: usize,
+    w: [*const u8; 2],
+    unit: &Unit,
+    acc: &mut [__m512; TILE],
+) {
+    let format = BlockFormat::ALL[F];
+    let q6k = format == BlockFormat::Q6K;
+    let values = values_bytes(format);
+    let d = f16s(w, values);
+    let dmin = if q6k {
+        _mm512_setzero_ps()
+    } else {
+        f16s(w, values + MINIMUMS)
+    };
+    for (r, acc) in acc.iter_mut().enumerate() {
+        let mut total = _mm512_setzero_si512();
+        for (s, sums) in unit.0.iter().enumerate() {
+            let load = |side: usize| _mm512_load_si512(sums[side][r].as_ptr().cast());
+            if q6k {
+                for side in 0..2 {
+                    let scales = bytes(w, values + Q6K_SCALES + 16 * s + 8 * side);
+                    let scales = _mm512_cvtepi8_epi32(scales);
+                    total = _mm512_add_epi32(total, _mm512_mullo_epi32(load(side), scales));
+                }
+            } else {
+                let scales = _mm512_cvtepu8_epi32(bytes(w, values + K_SCALES + 8 * s));
+                total = _mm512_add_epi32(total, _mm512_mullo_epi32(load(0), scales));
+            }
+        }
+        let scale = _mm512_set1_ps(t.row_block(r, b * 8).scale);
+        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(scale, d), *acc);
+        if !q6k {
+            let sums = t.sums.add(r * t.blocks + b * 8);
+            let minimums = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(minimum_sums(w[0].add(values), sums)),
+                minimum_sums(w[1].add(values), sums),
+            );
+            let dmin = _mm512_mul_ps(scale, dmin);
+            *acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(minimums), dmin, *acc);
+        }
+    }
+}
+
+/// Adds the bias and stores the outputs that exist (`t.cols`) of `acc`'s rows.
+#[inline(always)]
+unsafe fn store(t: &GroupTile, acc: &[__m512]) {
+    let mask: __mmask16 = if t.cols >= WIDTH {
+        0xFFFF
+    } else {
+        (1u16 << t.cols) - 1
+    };
+    let bias = match t.bias {
+        Some(b) => _mm512_maskz_loadu_ps(mask, b),
+        None => _mm512_setzero_ps(),
+    };
+    for (r, &v) in acc.iter().enumerate() {
+        let v = if t.bias.is_some() {
+            _mm512_add_ps(v, bias)
+        } else {
+            v
+        };
+        _mm512_mask_storeu_ps(t.out.add(r * t.n), mask, v);
+    }
+}
+
+/// One group's sub-block at `v` of `BlockFormat::ALL[F]` unpacked to whole signed bytes less
+/// the format's offset, its rows at `to` 64 bytes apart (the other group's beside them).
+#[inline(always)]
+unsafe fn unpack_sub<const F: usize>(v: *const u8, to: *mut u8) {
+    let format = BlockFormat::ALL[F];
+    let row = |h: usize| to.add(64 * h).cast::<__m256i>();
+    let less = _mm256_set1_epi8(offset(format) as i8);
+    if format == BlockFormat::Q8_0 {
+        // Less 128: the sign bit flipped.
+        for h in 0..8 {
+            let bytes = _mm256_loadu_si256(v.add(32 * h).cast());
+            _mm256_store_si256(row(h), _mm256_xor_si256(bytes, less));
+        }
+        return;
+    }
+    let low = _mm256_set1_epi8(0x0F);
+    if format == BlockFormat::Q6K {
+        let top = _mm256_set1_epi8(0x30);
+        for side in 0..2 {
+            let plane = _mm256_loadu_si256(v.add(128 + 32 * side).cast());
+            for h in 0..4 {
+                let bytes = _mm256_loadu_si256(v.add(32 * h).cast());
+                let nibbles = match side {
+                    0 => _mm256_and_si256(bytes, low),
+                    _ => _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low),
+                };
+                // Bits 2h… of each plane byte moved to bits 4–5.
+                let moved = match h {
+                    0 => _mm256_slli_epi16(plane, 4),
+                    1 => _mm256_slli_epi16(plane, 2),
+                    2 => plane,
+                    _ => _mm256_srli_epi16(plane, 2),
+                };
+                let values = _mm256_or_si256(nibbles, _mm256_and_si256(moved, top));
+                _mm256_store_si256(row(4 * side + h), _mm256_sub_epi8(values, less));
+            }
+        }
+        return;
+    }
+    for h in 0..4 {
+        let bytes = _mm256_loadu_si256(v.add(32 * h).cast());
+        let mut side = [
+            _mm256_and_si256(bytes, low),
+            _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low),
+        ];
+        if high_bits(format) == 1 {
+            for (s, side) in side.iter_mut().enumerate() {
+                let word = std::ptr::read_unaligned(v.add(128 + 4 * (2 * h + s)).cast::<u32>());
+                *side = with_fifth_bits::<true>(*side, word);
+            }
+        }
+        for (s, side) in side.into_iter().enumerate() {
+            let side = match offset(format) {
+                0 => side,
+                _ => _mm256_sub_epi8(side, less),
+            };
+            _mm256_store_si256(row(4 * s + h), side);
+        }
+    }
+}
