@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The llama.cpp peer of the generation benchmark: llama-cpp-python (pinned in
 # tests/fixtures/llm/requirements.txt), built from source into .cache/llm-venv once (minutes on
-# two cores), then reused. Prints the venv's python.
+# two cores), then reused, with gguf-py (bench/make_gguf_shape.py writes its files). Prints the
+# venv's python.
 #
 #     bench/setup-llm.sh          # native: every instruction this CPU has, but AMX (below)
 #     bench/setup-llm.sh avx2     # .cache/llm-venv-avx2: AVX2/FMA/F16C only, what an AVX2-only
 #                                 # CPU (AMD Zen 2/3) runs, to compare that class on this one
 #
-# On a CPU with AMX the native build is made with AMX off (-mno-amx-*): with it, its AMX
-# matrix code crashed the process on the Xeons measured here (segmentation fault), so what it
-# runs there is its AVX-512 VNNI code.
+# On a CPU with AMX the native build is made with AMX off (-mno-amx-*): built with it, it has
+# crashed with a segmentation fault on the AMX Xeons this project measures on, so what it runs
+# there is its AVX-512 VNNI code.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.cache/llm-venv
@@ -27,6 +28,6 @@ if ! "$venv/bin/python" -c "import llama_cpp, numpy" 2>/dev/null; then
     python3 -m venv "$venv"
     CMAKE_ARGS="$args" CFLAGS="$flags" CXXFLAGS="$flags" \
         "$venv/bin/pip" install --quiet --no-cache-dir --no-binary llama-cpp-python \
-        -r tests/fixtures/llm/requirements.txt numpy >&2
+        -r tests/fixtures/llm/requirements.txt numpy gguf==0.19.0 >&2
 fi
 echo "$venv/bin/python"

@@ -145,7 +145,14 @@ unsafe fn tiles<const F: usize>(t: &GroupTile, rows: usize) {
         unpack::<F>(t, stage);
         for first in (0..rows).step_by(TILE) {
             let tile = t.rows_from(first);
-            pipeline::<F>(&tile, (rows - first).min(TILE), stage, &mut scratch.sums);
+            let ahead = first == 0;
+            pipeline::<F>(
+                &tile,
+                (rows - first).min(TILE),
+                stage,
+                &mut scratch.sums,
+                ahead,
+            );
         }
     })
 }
@@ -165,7 +172,13 @@ unsafe fn unpack<const F: usize>(t: &GroupTile, stage: &mut [u8]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn pipeline<const F: usize>(t: &GroupTile, rows: usize, stage: &[u8], sums: &mut [Unit; 2]) {
+unsafe fn pipeline<const F: usize>(
+    t: &GroupTile,
+    rows: usize,
+    stage: &[u8],
+    sums: &mut [Unit; 2],
+    prefetch: bool,
+) {
     configure_with(&INT8);
     let format = BlockFormat::ALL[F];
     let second = t.weights.add(group_bytes(format, t));
@@ -182,6 +195,15 @@ unsafe fn pipeline<const F: usize>(t: &GroupTile, rows: usize, stage: &[u8], sum
         }
         let at = u * group_block_bytes(format);
         let w = [t.weights.add(at), second.add(at)];
+        if prefetch {
+            // The next pair of groups' unit `u` into the second-level cache, so its unpacking
+            // does not wait on memory (past a matrix's last pair: a hint, never a fault).
+            let gb = group_bytes(format, t);
+            for line in (0..group_block_bytes(format)).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T1>(w[0].add(2 * gb + line).cast());
+                _mm_prefetch::<_MM_HINT_T1>(w[1].add(2 * gb + line).cast());
+            }
+        }
         if format.is_k() {
             scale_k::<F>(t, u, w, now, &mut acc);
         } else {
