@@ -171,6 +171,9 @@ unsafe fn unpack<const F: usize>(t: &GroupTile, stage: &mut [u8]) {
     }
 }
 
+/// One row tile (`rows` of 16 and the padding after them) by the pair over every unit: each
+/// unit's tiles of sums multiplied one unit ahead of its scaling, the next pair's weights
+/// prefetched during the first row tile (`prefetch`); then the tile's rows stored.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn pipeline<const F: usize>(
     t: &GroupTile,
