@@ -333,10 +333,12 @@ impl GroupTile {
         }
     }
 
-    /// The same tile from its row `r` on (its rows past `r`, the same outputs).
+    /// The same tile from its row `r` on (its rows past `r`, the same outputs): the AMX
+    /// kernel's row tiles.
     ///
     /// # Safety
     /// The tile has more than `r` rows.
+    #[cfg(target_arch = "x86_64")]
     pub(super) unsafe fn rows_from(&self, r: usize) -> Self {
         let at = r * self.blocks;
         Self {
