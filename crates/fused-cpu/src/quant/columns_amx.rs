@@ -40,7 +40,7 @@ use super::columns::{
     group_block_bytes, high_bits, offset, sub_bytes, subs, values_bytes, GroupTile, COLUMNS,
     K_SCALES, MINIMUMS, Q6K_SCALES,
 };
-use super::columns_x86::{self, minimum_sums, with_fifth_bits};
+use super::columns_x86::{self, minimum_sums, q6k_values, with_fifth_bits};
 use super::{BlockFormat, BLOCK};
 use crate::packed::amx::{configure_with, tile, Config};
 use std::arch::x86_64::*;
@@ -392,30 +392,17 @@ unsafe fn unpack_sub<const F: usize>(v: *const u8, to: *mut u8) {
         }
         return;
     }
-    let low = _mm256_set1_epi8(0x0F);
     if format == BlockFormat::Q6K {
-        let top = _mm256_set1_epi8(0x30);
         for side in 0..2 {
             let plane = _mm256_loadu_si256(v.add(128 + 32 * side).cast());
             for h in 0..4 {
-                let bytes = _mm256_loadu_si256(v.add(32 * h).cast());
-                let nibbles = match side {
-                    0 => _mm256_and_si256(bytes, low),
-                    _ => _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low),
-                };
-                // Bits 2h… of each plane byte moved to bits 4–5.
-                let moved = match h {
-                    0 => _mm256_slli_epi16(plane, 4),
-                    1 => _mm256_slli_epi16(plane, 2),
-                    2 => plane,
-                    _ => _mm256_srli_epi16(plane, 2),
-                };
-                let values = _mm256_or_si256(nibbles, _mm256_and_si256(moved, top));
+                let values = q6k_values(v, plane, side, h);
                 _mm256_store_si256(row(4 * side + h), _mm256_sub_epi8(values, less));
             }
         }
         return;
     }
+    let low = _mm256_set1_epi8(0x0F);
     for h in 0..4 {
         let bytes = _mm256_loadu_si256(v.add(32 * h).cast());
         let mut side = [

@@ -325,26 +325,10 @@ unsafe fn sums_q6k_side<const R: usize, const VNNI: bool>(
     side: usize,
     sums: &mut [__m256i; R],
 ) {
-    let (low, top, ones) = (
-        _mm256_set1_epi8(0x0F),
-        _mm256_set1_epi8(0x30),
-        _mm256_set1_epi16(1),
-    );
+    let ones = _mm256_set1_epi16(1);
     let plane = _mm256_loadu_si256(v.add(128 + 32 * side).cast());
     for h in 0..4 {
-        let bytes = _mm256_loadu_si256(v.add(32 * h).cast());
-        let nibbles = match side {
-            0 => _mm256_and_si256(bytes, low),
-            _ => _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low),
-        };
-        // Bits 2h… of each plane byte moved to bits 4–5.
-        let moved = match h {
-            0 => _mm256_slli_epi16(plane, 4),
-            1 => _mm256_slli_epi16(plane, 2),
-            2 => plane,
-            _ => _mm256_srli_epi16(plane, 2),
-        };
-        let values = _mm256_or_si256(nibbles, _mm256_and_si256(moved, top));
+        let values = q6k_values(v, plane, side, h);
         for (r, sum) in sums.iter_mut().enumerate() {
             let act = a.four(r, 16 * side + 4 * h);
             *sum = if VNNI {
@@ -355,6 +339,26 @@ unsafe fn sums_q6k_side<const R: usize, const VNNI: bool>(
             };
         }
     }
+}
+
+/// Run `h` of a Q6_K sub-block at `v`, one side (inputs 0–15 or 16–31), as whole values 0–63:
+/// the side's nibbles with their top two bits from the side's `plane` (bits `2h…`).
+#[inline(always)]
+pub(super) unsafe fn q6k_values(v: *const u8, plane: __m256i, side: usize, h: usize) -> __m256i {
+    let (low, top) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    let bytes = _mm256_loadu_si256(v.add(32 * h).cast());
+    let nibbles = match side {
+        0 => _mm256_and_si256(bytes, low),
+        _ => _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low),
+    };
+    // Bits 2h… of each plane byte moved to bits 4–5.
+    let moved = match h {
+        0 => _mm256_slli_epi16(plane, 4),
+        1 => _mm256_slli_epi16(plane, 2),
+        2 => plane,
+        _ => _mm256_srli_epi16(plane, 2),
+    };
+    _mm256_or_si256(nibbles, _mm256_and_si256(moved, top))
 }
 
 /// A Q8_0 block's integer sums added to `sums`: eight runs of offset bytes. AVX2 multiplies the
