@@ -207,6 +207,11 @@ impl CpuBert {
         self.set_precision(self.precision)
     }
 
+    /// The widest kernels the dense layers may run ([`CpuBert::limit_to`]).
+    pub fn widest(&self) -> Widest {
+        self.widest
+    }
+
     /// Whether [`CpuBert::set_precision`] can choose `precision` on this CPU and within
     /// [`CpuBert::limit_to`].
     pub fn runs(&self, precision: Precision) -> bool {

@@ -145,7 +145,7 @@ impl TextModel {
     /// [`MIN_PROBE_COSINE`] of f32's, else f32.
     fn first_that_holds(&mut self) -> Result<(), ModelError> {
         let candidates: Vec<_> = match &self.engine {
-            Engine::Fused(bert) => reduced_candidates()
+            Engine::Fused(bert) => reduced_candidates(bert.widest())
                 .into_iter()
                 .filter(|&p| bert.runs(p))
                 .collect(),
