@@ -510,6 +510,24 @@ pub(crate) mod store {
     }
 }
 
+/// Whether this is an AMD CPU ("AuthenticAMD"), whose cores run a 512-bit instruction as two
+/// 256-bit halves; asked once (CPUID exits a virtual machine to its host).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) fn amd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AMD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *AMD.get_or_init(|| {
+            let vendor = std::arch::x86_64::__cpuid(0);
+            (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163)
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Whether bf16 is faster than f32 here: its products run on AMX tiles
 /// ([`amx::supported`]: Sapphire Rapids and later), or the AVX-512 BF16 kernel runs
 /// ([`bf16::supported`]) on a core that issues `vdpbf16ps` as fast as its FMAs. That is AMD's Zen 4
@@ -518,9 +536,7 @@ pub(crate) mod store {
 pub fn bf16_full_rate() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        let vendor = std::arch::x86_64::__cpuid(0);
-        let amd = (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
-        amx::supported() || bf16::supported() && amd
+        amx::supported() || bf16::supported() && amd()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

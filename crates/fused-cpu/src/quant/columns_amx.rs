@@ -1,8 +1,10 @@
 //! The column layout's product ([`super::columns`]) on AMX tiles (Intel Sapphire Rapids and
-//! later), 8 to 16 activation rows by two groups (16 outputs) at once; fewer rows go to the
-//! AVX-512 VNNI kernel.
+//! later), 16 activation rows by two groups (16 outputs) at once; the rows left over (fewer than
+//! 16) go to VNNI's 512-bit kernel ([`super::columns_zmm`]), which ran as fast as the tiles at 12
+//! rows and faster below (one thread, Qwen2.5-0.5B-shape matrices: the tiles 0.76–1.09× it at
+//! 12 rows, 0.93–1.39× at 16, 1.07–1.45× at 32).
 //!
-//! Why: at 16 rows the VNNI kernel spends, per row, 32-weight sub-block and group of eight
+//! Why: at 16 rows the (256-bit) VNNI kernel spends, per row, 32-weight sub-block and group of eight
 //! outputs, eight `vpdpbusd` and their broadcasts beside its scaling; one `tdpbsud` computes
 //! the integer sums of 16 rows by 16 outputs (a 16 × 32 tile of the rows' signed bytes by an
 //! 8 × 64 tile of the two groups' unsigned values), so what is left per row is the scaling.
@@ -27,10 +29,7 @@
 //! kernels' `Σ v · a − offset · Σ a`, with nothing left to add per row. A pair of groups is
 //! unpacked once per call, for every row tile of the call's rows (up to 64: a decoding step at
 //! batch 32 unpacks once where it multiplies twice). The row tile reads the rows' 8-bit
-//! activations where they are, and every row is scaled, 16 whatever the number left (so the
-//! loops unroll and the sums stay in registers); `QuantRows` keeps rows of zeros after its last
-//! for that, and only the tile's rows are stored. The layout pads every matrix to an even
-//! number of groups.
+//! activations where they are. The layout pads every matrix to an even number of groups.
 //!
 //! **Pipelined:** a unit's tiles (a block's; a K format's 256's) are multiplied one unit ahead
 //! of its scaling, so no vector load waits on the sums a tile just stored (such a load is not
@@ -40,7 +39,8 @@ use super::columns::{
     group_block_bytes, high_bits, offset, sub_bytes, subs, values_bytes, GroupTile, COLUMNS,
     K_SCALES, MINIMUMS, Q6K_SCALES,
 };
-use super::columns_x86::{self, minimum_sums, q6k_values, with_fifth_bits};
+use super::columns_x86::{minimum_sums, q6k_values, with_fifth_bits};
+use super::columns_zmm::{self, bytes, f16s, group_bytes, store};
 use super::{BlockFormat, BLOCK};
 use crate::packed::amx::{configure_with, tile, Config};
 use std::arch::x86_64::*;
@@ -52,11 +52,7 @@ pub(super) const ROWS: usize = 64;
 const TILE: usize = 16;
 
 /// Outputs one call multiplies: two column groups.
-pub(super) const WIDTH: usize = 2 * COLUMNS;
-
-/// The fewest rows a row tile takes; fewer left over run the VNNI kernel on each group.
-/// Measured one thread, Qwen2.5-0.5B-shape matrices (`examples/block_products.rs`).
-const FEWEST: usize = 12;
+const WIDTH: usize = 2 * COLUMNS;
 
 /// Bytes of one sub-block of two groups unpacked: eight rows of 16 outputs' four bytes.
 const SUB: usize = 8 * 64;
@@ -66,17 +62,15 @@ const SUB: usize = 8 * 64;
 static INT8: Config = Config::new(&[(16, 64), (16, 64), (16, 32), (8, 64), (16, 16), (4, 64)]);
 
 /// Runs the tile kernel for `format` on the tile's `rows` rows (1..=[`ROWS`]) and its two
-/// groups (`t.cols` outputs, 1..=[`WIDTH`]): row tiles of 16, and the VNNI kernel on each group
-/// for a last tile of fewer than [`FEWEST`].
+/// groups (`t.cols` outputs, 1..=[`WIDTH`]): whole row tiles of 16, and VNNI's 512-bit kernel
+/// for the rows left.
 ///
 /// # Safety
 /// As [`super::columns::group`], with two groups' weights (the second after the first); the
 /// CPU has AMX-INT8 (the process granted the tile state), AVX-512 VNNI, BW and VL, FMA and
-/// F16C; the tile's rows are followed by 15 more rows' values, scales and sums (`QuantRows`'
-/// padding).
+/// F16C.
 pub(super) unsafe fn group(format: BlockFormat, t: &GroupTile, rows: usize) {
-    let left = rows % TILE;
-    let tiled = if left < FEWEST { rows - left } else { rows };
+    let tiled = rows - rows % TILE;
     if tiled > 0 {
         // `BlockFormat::ALL`'s order.
         match format {
@@ -90,33 +84,11 @@ pub(super) unsafe fn group(format: BlockFormat, t: &GroupTile, rows: usize) {
             BlockFormat::Q6K => tiles::<7>(t, tiled),
         }
     }
-    // The rows left, in the VNNI kernel's tiles, each group apart.
-    let tall = columns_x86::tile_rows(format, true);
-    let second = t.weights.add(group_bytes(format, t));
+    // The rows left, on VNNI's 512-bit kernel (an Intel core's: every CPU with AMX is one).
+    let tall = columns_zmm::tile_rows(format);
     for first in (tiled..rows).step_by(tall) {
-        let rest = t.rows_from(first);
-        let height = tall.min(rows - first);
-        let one = GroupTile {
-            cols: t.cols.min(COLUMNS),
-            ..rest
-        };
-        columns_x86::group(format, &one, height, true);
-        if t.cols > COLUMNS {
-            let other = GroupTile {
-                weights: second,
-                out: rest.out.add(COLUMNS),
-                bias: t.bias.map(|b| b.add(COLUMNS)),
-                cols: t.cols - COLUMNS,
-                ..rest
-            };
-            columns_x86::group(format, &other, height, true);
-        }
+        columns_zmm::group(format, &t.rows_from(first), tall.min(rows - first));
     }
-}
-
-/// Bytes of one group's blocks: where the second group starts.
-fn group_bytes(format: BlockFormat, t: &GroupTile) -> usize {
-    t.blocks / subs(format) * group_block_bytes(format)
 }
 
 /// Each thread's unpacked weights (16 bytes an input: 14 KiB for 896 inputs) and two units'
@@ -133,8 +105,8 @@ thread_local! {
     }));
 }
 
-/// [`group`]'s row tiles for `BlockFormat::ALL[F]` (`rows` a whole number of tiles but for a
-/// last one of at least [`FEWEST`]), with this thread's scratch.
+/// [`group`]'s row tiles for `BlockFormat::ALL[F]` (`rows` a whole number of them), with this
+/// thread's scratch.
 unsafe fn tiles<const F: usize>(t: &GroupTile, rows: usize) {
     SCRATCH.with(|scratch| {
         let scratch = &mut **scratch.borrow_mut();
@@ -146,13 +118,7 @@ unsafe fn tiles<const F: usize>(t: &GroupTile, rows: usize) {
         for first in (0..rows).step_by(TILE) {
             let tile = t.rows_from(first);
             let ahead = first == 0;
-            pipeline::<F>(
-                &tile,
-                (rows - first).min(TILE),
-                stage,
-                &mut scratch.sums,
-                ahead,
-            );
+            pipeline::<F>(&tile, stage, &mut scratch.sums, ahead);
         }
     })
 }
@@ -171,13 +137,12 @@ unsafe fn unpack<const F: usize>(t: &GroupTile, stage: &mut [u8]) {
     }
 }
 
-/// One row tile (`rows` of 16 and the padding after them) by the pair over every unit: each
+/// One row tile (16 rows) by the pair over every unit: each
 /// unit's tiles of sums multiplied one unit ahead of its scaling, the next pair's weights
 /// prefetched during the first row tile (`prefetch`); then the tile's rows stored.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn pipeline<const F: usize>(
     t: &GroupTile,
-    rows: usize,
     stage: &[u8],
     sums: &mut [Unit; 2],
     prefetch: bool,
@@ -213,7 +178,7 @@ unsafe fn pipeline<const F: usize>(
             scale_32::<F>(t, u, w, &now.0[0][0], &mut acc);
         }
     }
-    store(t, &acc[..rows]);
+    store(t, &acc);
 }
 
 /// One tile's sums: 16 rows of the two groups' 16 outputs.
@@ -256,25 +221,6 @@ impl Unit {
             }
         }
     }
-}
-
-/// Eight f16 of each group, at `at` from each group's block `w`, as 16 f32.
-#[inline(always)]
-unsafe fn f16s(w: [*const u8; 2], at: usize) -> __m512 {
-    let both = _mm256_inserti128_si256::<1>(
-        _mm256_castsi128_si256(_mm_loadu_si128(w[0].add(at).cast())),
-        _mm_loadu_si128(w[1].add(at).cast()),
-    );
-    _mm512_cvtph_ps(both)
-}
-
-/// Eight bytes of each group, at `at` from each group's block `w`, side by side.
-#[inline(always)]
-unsafe fn bytes(w: [*const u8; 2], at: usize) -> __m128i {
-    _mm_unpacklo_epi64(
-        _mm_loadl_epi64(w[0].add(at).cast()),
-        _mm_loadl_epi64(w[1].add(at).cast()),
-    )
 }
 
 /// Block `b` of a 32-weight format added to each row's sums, as `columns_x86::body_32` adds
@@ -352,28 +298,6 @@ unsafe fn scale_k<const F: usize>(
             let dmin = _mm512_mul_ps(scale, dmin);
             *acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(minimums), dmin, *acc);
         }
-    }
-}
-
-/// Adds the bias and stores the outputs that exist (`t.cols`) of `acc`'s rows.
-#[inline(always)]
-unsafe fn store(t: &GroupTile, acc: &[__m512]) {
-    let mask: __mmask16 = if t.cols >= WIDTH {
-        0xFFFF
-    } else {
-        (1u16 << t.cols) - 1
-    };
-    let bias = match t.bias {
-        Some(b) => _mm512_maskz_loadu_ps(mask, b),
-        None => _mm512_setzero_ps(),
-    };
-    for (r, &v) in acc.iter().enumerate() {
-        let v = if t.bias.is_some() {
-            _mm512_add_ps(v, bias)
-        } else {
-            v
-        };
-        _mm512_mask_storeu_ps(t.out.add(r * t.n), mask, v);
     }
 }
 

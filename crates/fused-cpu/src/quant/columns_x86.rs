@@ -1,8 +1,9 @@
 //! The column layout's product ([`super::columns`]) on x86-64: AVX-512 VNNI's `vpdpbusd` on
 //! 256-bit registers (four unsigned weights by four signed activations added into each output's
-//! 32-bit sum, one instruction), or AVX2's `vpmaddubsw`/`vpmaddwd` where there is no VNNI. Both
-//! compute each sub-block's integer sums exactly and then the portable definition's f32
-//! operations in its order.
+//! 32-bit sum, one instruction: AMD's Zen 4 and 5, which run a 512-bit instruction as two halves;
+//! Intel's cores run [`super::columns_zmm`]), or AVX2's `vpmaddubsw`/`vpmaddwd` where there is no
+//! VNNI. Both compute each sub-block's integer sums exactly and then the portable definition's
+//! f32 operations in its order.
 
 use super::columns::{
     group_block_bytes, high_bits, less_offset, offset, sub_bytes, values_bytes, GroupTile, COLUMNS,

@@ -14,8 +14,8 @@
 //!
 //! **Two layouts.** On x86-64 with AVX2 and on Arm with dotprod every matrix is rearranged at
 //! load eight outputs side by side ([`columns`]) and multiplied so (AMX-INT8's tiles from 12
-//! rows, AVX-512 VNNI, AVX2 or `sdot`): each sub-block's integer sum is kept per output and
-//! scaled once per eight outputs.
+//! rows, AVX-512 VNNI on 512-bit registers on Intel's cores and 256-bit ones on AMD's, AVX2 or
+//! `sdot`): each sub-block's integer sum is kept per output and scaled once per eight outputs.
 //! Elsewhere (an Arm core without dotprod, such as Graviton 1's Cortex-A72) matrices stay in
 //! GGUF's row layout, multiplied output by output by a portable kernel ([`unpack`]), since the
 //! portable column product is the other kernels' reference, not built for speed. A matrix's
@@ -41,6 +41,8 @@ mod columns_amx;
 mod columns_arm;
 #[cfg(target_arch = "x86_64")]
 mod columns_x86;
+#[cfg(target_arch = "x86_64")]
+mod columns_zmm;
 mod unpack;
 
 use crate::packed::OutPtr;
@@ -344,9 +346,6 @@ impl Weights {
     }
 }
 
-/// Rows of zeros after [`QuantRows`]' values: an AMX row tile's 16 rows less one.
-const PADDING_ROWS: usize = 15;
-
 /// 1.5 · 2^23: added to and taken from an f32 below 2^22 in magnitude, rounds it to an integer,
 /// half to even.
 const ROUNDER: f32 = 12_582_912.0;
@@ -358,9 +357,6 @@ pub(crate) struct QuantRows {
     k: usize,
     /// Rows.
     m: usize,
-    /// The rows' values, then [`PADDING_ROWS`] rows of zeros (and as many of every per-block
-    /// field below): the AMX kernel multiplies 16 rows whatever the number left, so the rows
-    /// past the last must be memory it may read.
     q: Vec<i8>,
     scales: Vec<[f32; 2]>,
     /// Per block, its values' integer sum (what an offset in the weights' values multiplies),
@@ -376,11 +372,11 @@ pub(crate) struct QuantRows {
 impl QuantRows {
     /// Room for `values` activations in rows of `k`, every block's scales and sums zero.
     fn zeroed(values: usize, k: usize) -> Self {
-        let blocks = (values + PADDING_ROWS * k) / BLOCK;
+        let blocks = values / BLOCK;
         Self {
             k,
             m: values / k.max(1),
-            q: vec![0; values + PADDING_ROWS * k],
+            q: vec![0; values],
             scales: vec![[0.0; 2]; blocks],
             sums: vec![0; blocks],
             halves: vec![0; blocks],
@@ -534,10 +530,14 @@ pub(crate) struct Unpacked {
 /// Which kernel multiplies, picked once per process from the CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kernel {
-    /// AMX-INT8's `tdpbssd` on row tiles of 12 to 16 rows, [`Kernel::Avx512Vnni`] on fewer: the
-    /// same sums ([`columns_amx`]).
+    /// AMX-INT8's `tdpbssd` on row tiles of 16 rows, [`Kernel::Avx512VnniWide`] on the rows
+    /// left: the same sums ([`columns_amx`]).
     #[cfg(target_arch = "x86_64")]
     Amx,
+    /// AVX-512 VNNI's `vpdpbusd` on 512-bit registers, two groups at a time: an Intel core's
+    /// ([`columns_zmm`]).
+    #[cfg(target_arch = "x86_64")]
+    Avx512VnniWide,
     /// AVX-512 VNNI's `vpdpbusd` (256-bit; BW's byte masks for Q5's fifth bits) in columns.
     #[cfg(target_arch = "x86_64")]
     Avx512Vnni,
@@ -558,6 +558,8 @@ impl Kernel {
         #[cfg(target_arch = "x86_64")]
         Self::Amx,
         #[cfg(target_arch = "x86_64")]
+        Self::Avx512VnniWide,
+        #[cfg(target_arch = "x86_64")]
         Self::Avx512Vnni,
         #[cfg(target_arch = "x86_64")]
         Self::Avx2,
@@ -569,7 +571,16 @@ impl Kernel {
     /// The fastest kernel this CPU runs.
     pub(crate) fn best() -> Self {
         #[cfg(target_arch = "x86_64")]
-        for kernel in [Self::Amx, Self::Avx512Vnni, Self::Avx2] {
+        for kernel in [
+            Self::Amx,
+            Self::Avx512VnniWide,
+            Self::Avx512Vnni,
+            Self::Avx2,
+        ] {
+            // 512-bit VNNI only where it runs at full width: not AMD's (columns_zmm).
+            if kernel == Self::Avx512VnniWide && crate::packed::amd() {
+                continue;
+            }
             if kernel.supported() {
                 return kernel;
             }
@@ -587,9 +598,9 @@ impl Kernel {
     pub(crate) fn within(widest: Widest) -> Self {
         match (Self::best(), widest) {
             #[cfg(target_arch = "x86_64")]
-            (Self::Amx | Self::Avx512Vnni, Widest::Avx2) => Self::Avx2,
+            (Self::Amx | Self::Avx512VnniWide | Self::Avx512Vnni, Widest::Avx2) => Self::Avx2,
             #[cfg(target_arch = "x86_64")]
-            (Self::Amx, Widest::NoAmx) => Self::Avx512Vnni,
+            (Self::Amx, Widest::NoAmx) => Self::Avx512VnniWide,
             // Elsewhere there is nothing wider than AVX2 to leave out.
             (best, _) => best,
         }
@@ -603,6 +614,7 @@ impl Kernel {
             let avx2 = has!("avx2") && has!("fma") && has!("f16c");
             match self {
                 Self::Amx => Self::Avx512Vnni.supported() && crate::packed::amx::int8_supported(),
+                Self::Avx512VnniWide => Self::Avx512Vnni.supported(),
                 Self::Avx512Vnni => {
                     avx2 && has!("avx512f")
                         && has!("avx512bw")
@@ -637,8 +649,10 @@ impl Kernel {
         match self {
             #[cfg(target_arch = "x86_64")]
             Self::Amx => {
-                "GGUF blocks in columns × int8 (AMX-INT8 tdpbssd, AVX-512 VNNI vpdpbusd under 12 rows)"
+                "GGUF blocks in columns × int8 (AMX-INT8 tdpbssd by 16 rows, AVX-512 VNNI 512-bit below)"
             }
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx512VnniWide => "GGUF blocks in columns × int8 (AVX-512 VNNI vpdpbusd, 512-bit)",
             #[cfg(target_arch = "x86_64")]
             Self::Avx512Vnni => "GGUF blocks in columns × int8 (AVX-512 VNNI vpdpbusd)",
             #[cfg(target_arch = "x86_64")]
@@ -655,8 +669,17 @@ impl Kernel {
     /// As [`columns::group`], and the CPU supports this kernel.
     unsafe fn group(self, format: BlockFormat, t: &columns::GroupTile, rows: usize) {
         match self {
+            // Rows one 512-bit call takes, straight to it: one answer's steps call this once
+            // per pair of groups (3,072 times for SmolLM2's output layer), where a call's own
+            // work is a few hundred instructions (with the detour, one answer ran ~10% slower).
+            #[cfg(target_arch = "x86_64")]
+            Self::Amx if rows <= columns_zmm::tile_rows(format) => {
+                columns_zmm::group(format, t, rows)
+            }
             #[cfg(target_arch = "x86_64")]
             Self::Amx => columns_amx::group(format, t, rows),
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx512VnniWide => columns_zmm::group(format, t, rows),
             #[cfg(target_arch = "x86_64")]
             Self::Avx512Vnni => columns_x86::group(format, t, rows, true),
             #[cfg(target_arch = "x86_64")]
@@ -671,7 +694,7 @@ impl Kernel {
     fn group_width(self) -> usize {
         match self {
             #[cfg(target_arch = "x86_64")]
-            Self::Amx => columns_amx::WIDTH,
+            Self::Amx | Self::Avx512VnniWide => columns::PAIR,
             _ => columns::COLUMNS,
         }
     }
@@ -682,6 +705,8 @@ impl Kernel {
         match self {
             #[cfg(target_arch = "x86_64")]
             Self::Amx => columns_amx::ROWS,
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx512VnniWide => columns_zmm::tile_rows(format),
             #[cfg(target_arch = "x86_64")]
             Self::Avx512Vnni => columns_x86::tile_rows(format, true),
             #[cfg(target_arch = "x86_64")]

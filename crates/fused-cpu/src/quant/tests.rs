@@ -108,8 +108,8 @@ fn the_portable_kernel_is_every_kernels_algorithm_bit_for_bit() {
 
 #[test]
 fn every_kernel_agrees_bit_for_bit_at_every_number_of_rows() {
-    // The AMX kernel takes row tiles of 12 to 16 rows and leaves fewer to VNNI's tiles of 4 or
-    // 8: every count up to past a block of 64 rows.
+    // The AMX kernel takes row tiles of 16 rows and leaves the rest to VNNI's 512-bit tiles of 4
+    // or 8: every count up to past a block of 64 rows.
     let mut rng = Rng(23);
     let bits = |v: Vec<f32>| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     let k = 512;

@@ -1,0 +1,318 @@
+//! The column layout's product ([`super::columns`]) on AVX-512 VNNI's 512-bit registers: two
+//! column groups (16 outputs) a call, each group's 32-byte run in one half of a register.
+//!
+//! Why: on an Intel Xeon a 512-bit `vpdpbusd` issues at nearly the rate of a 256-bit one (0.139
+//! ns against 0.127 on the 2-vCPU Xeon measured: 459 against 252 billion multiply-adds a second,
+//! `bench/vnni_peak.c`), so one instruction does twice the work; and each row's activation
+//! broadcast and f32 scaling then serve 16 outputs. On AMD's Zen 4, which runs a 512-bit
+//! instruction as two 256-bit halves (0.273 against 0.137 ns), it gains nothing, so
+//! [`super::Kernel`] keeps the 256-bit kernel there.
+//!
+//! **The same numbers**: the integer sums are the 256-bit kernel's ([`super::columns_x86`]), lane
+//! for lane, and each row takes its f32 operations in its order on 16 lanes instead of 8, so all
+//! kernels agree bit for bit.
+
+use super::columns::{
+    group_block_bytes, high_bits, less_offset, offset, sub_bytes, subs, values_bytes, GroupTile,
+    COLUMNS, K_SCALES, MINIMUMS, Q6K_SCALES,
+};
+use super::columns_x86::{minimum_sums, q6k_values};
+use super::{BlockFormat, BLOCK};
+use std::arch::x86_64::*;
+
+/// Rows one call multiplies: each keeps two 512-bit registers (its sums and its f32 total),
+/// 16 of the 32 (Q6_K, which keeps a side's sums beside its total, four).
+pub(super) fn tile_rows(format: BlockFormat) -> usize {
+    if format == BlockFormat::Q6K {
+        4
+    } else {
+        8
+    }
+}
+
+/// Runs the kernel for `format` on the tile's `rows` rows (1..=[`tile_rows`]) and its two
+/// groups (`t.cols` outputs, 1..=16).
+///
+/// # Safety
+/// As [`super::columns::group`], with two groups' weights (the second after the first); the
+/// CPU has AVX-512 F, BW, VL and VNNI, FMA and F16C.
+pub(super) unsafe fn group(format: BlockFormat, t: &GroupTile, rows: usize) {
+    macro_rules! rows {
+        ($f:literal) => {
+            match rows {
+                8 => pair::<$f, 8>(t),
+                7 => pair::<$f, 7>(t),
+                6 => pair::<$f, 6>(t),
+                5 => pair::<$f, 5>(t),
+                4 => pair::<$f, 4>(t),
+                3 => pair::<$f, 3>(t),
+                2 => pair::<$f, 2>(t),
+                _ => pair::<$f, 1>(t),
+            }
+        };
+    }
+    // `BlockFormat::ALL`'s order.
+    match format {
+        BlockFormat::Q4_0 => rows!(0),
+        BlockFormat::Q4_1 => rows!(1),
+        BlockFormat::Q5_0 => rows!(2),
+        BlockFormat::Q5_1 => rows!(3),
+        BlockFormat::Q8_0 => rows!(4),
+        BlockFormat::Q4K => rows!(5),
+        BlockFormat::Q5K => rows!(6),
+        BlockFormat::Q6K => rows!(7),
+    }
+}
+
+/// Bytes of one group's blocks: where the second group starts.
+pub(super) fn group_bytes(format: BlockFormat, t: &GroupTile) -> usize {
+    t.blocks / subs(format) * group_block_bytes(format)
+}
+
+/// Where a call reads its two groups' blocks.
+#[derive(Clone, Copy)]
+struct Pair {
+    first: *const u8,
+    second: *const u8,
+}
+
+impl Pair {
+    /// Block `b` (of the format's size) of each group.
+    #[inline(always)]
+    unsafe fn block(self, format: BlockFormat, b: usize) -> [*const u8; 2] {
+        let at = b * group_block_bytes(format);
+        [self.first.add(at), self.second.add(at)]
+    }
+}
+
+/// 32 bytes of each group at `at` from its block `w`, side by side.
+#[inline(always)]
+unsafe fn runs(w: [*const u8; 2], at: usize) -> __m512i {
+    let low = _mm512_castsi256_si512(_mm256_loadu_si256(w[0].add(at).cast()));
+    _mm512_inserti64x4::<1>(low, _mm256_loadu_si256(w[1].add(at).cast()))
+}
+
+/// Eight f16 of each group, at `at` from each group's block `w`, as 16 f32.
+#[inline(always)]
+pub(super) unsafe fn f16s(w: [*const u8; 2], at: usize) -> __m512 {
+    let both = _mm256_inserti128_si256::<1>(
+        _mm256_castsi128_si256(_mm_loadu_si128(w[0].add(at).cast())),
+        _mm_loadu_si128(w[1].add(at).cast()),
+    );
+    _mm512_cvtph_ps(both)
+}
+
+/// Eight bytes of each group, at `at` from each group's block `w`, side by side.
+#[inline(always)]
+pub(super) unsafe fn bytes(w: [*const u8; 2], at: usize) -> __m128i {
+    _mm_unpacklo_epi64(
+        _mm_loadl_epi64(w[0].add(at).cast()),
+        _mm_loadl_epi64(w[1].add(at).cast()),
+    )
+}
+
+/// Four activations of row `r` from input `i` of activation block `ab`, in every lane.
+#[inline(always)]
+unsafe fn four(t: &GroupTile, r: usize, ab: usize, i: usize) -> __m512i {
+    let at = t.q.add(r * t.blocks * BLOCK + ab * BLOCK + i);
+    _mm512_set1_epi32(std::ptr::read_unaligned(at.cast::<i32>()))
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn pair<const F: usize, const R: usize>(t: &GroupTile) {
+    let format = BlockFormat::ALL[F];
+    let pair = Pair {
+        first: t.weights,
+        second: t.weights.add(group_bytes(format, t)),
+    };
+    let acc = if format.is_k() {
+        body_k::<F, R>(t, pair)
+    } else {
+        body_32::<F, R>(t, pair)
+    };
+    store(t, &acc);
+}
+
+/// The 32-weight formats, as `columns_x86::body_32` on 16 lanes.
+#[inline(always)]
+unsafe fn body_32<const F: usize, const R: usize>(t: &GroupTile, pair: Pair) -> [__m512; R] {
+    let format = BlockFormat::ALL[F];
+    let values = values_bytes(format);
+    let mut acc = [_mm512_setzero_ps(); R];
+    for b in 0..t.blocks {
+        let w = pair.block(format, b);
+        let mut sums: [__m512i; R] = std::array::from_fn(|r| match offset(format) {
+            0 => _mm512_setzero_si512(),
+            _ => _mm512_set1_epi32(t.less_offset(r, b, less_offset(format))),
+        });
+        if format == BlockFormat::Q8_0 {
+            for h in 0..8 {
+                let v = runs(w, 32 * h);
+                for (r, sum) in sums.iter_mut().enumerate() {
+                    *sum = _mm512_dpbusd_epi32(*sum, v, four(t, r, b, 4 * h));
+                }
+            }
+        } else if high_bits(format) == 1 {
+            sums_nibbles::<R, 1>(t, w, 0, b, &mut sums);
+        } else {
+            sums_nibbles::<R, 0>(t, w, 0, b, &mut sums);
+        }
+        let d = f16s(w, values);
+        let m = if format.has_minimum() {
+            f16s(w, values + MINIMUMS)
+        } else {
+            _mm512_setzero_ps()
+        };
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let a = t.row_block(r, b);
+            let both = _mm512_mul_ps(d, _mm512_set1_ps(a.scale));
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), both, *acc);
+            if format.has_minimum() {
+                *acc = _mm512_fmadd_ps(m, _mm512_set1_ps(a.scaled_sum), *acc);
+            }
+        }
+    }
+    acc
+}
+
+/// A Q4 or Q5 sub-block (at `at` in blocks `w`) of activation block `ab`, both sides, added to
+/// `sums`: each group's four runs of nibbles side by side, with Q5's fifth bits (`HIGH` 1) by a
+/// masked add (each group's 32-bit word of them in its half of the mask).
+#[inline(always)]
+unsafe fn sums_nibbles<const R: usize, const HIGH: u32>(
+    t: &GroupTile,
+    w: [*const u8; 2],
+    at: usize,
+    ab: usize,
+    sums: &mut [__m512i; R],
+) {
+    let (low, sixteen) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10));
+    for h in 0..4 {
+        let bytes = runs(w, at + 32 * h);
+        let mut side = [
+            _mm512_and_si512(bytes, low),
+            _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low),
+        ];
+        if HIGH == 1 {
+            for (s, side) in side.iter_mut().enumerate() {
+                let word = |g: usize| {
+                    let at = w[g].add(at + 128 + 4 * (2 * h + s));
+                    u64::from(std::ptr::read_unaligned(at.cast::<u32>()))
+                };
+                *side = _mm512_mask_add_epi8(*side, word(0) | word(1) << 32, *side, sixteen);
+            }
+        }
+        for (r, sum) in sums.iter_mut().enumerate() {
+            for (s, &side) in side.iter().enumerate() {
+                *sum = _mm512_dpbusd_epi32(*sum, side, four(t, r, ab, 16 * s + 4 * h));
+            }
+        }
+    }
+}
+
+/// The K formats, as `columns_x86::body_k` on 16 lanes.
+#[inline(always)]
+unsafe fn body_k<const F: usize, const R: usize>(t: &GroupTile, pair: Pair) -> [__m512; R] {
+    let format = BlockFormat::ALL[F];
+    let values = values_bytes(format);
+    let q6k = format == BlockFormat::Q6K;
+    let mut acc = [_mm512_setzero_ps(); R];
+    for b in 0..t.blocks / 8 {
+        let w = pair.block(format, b);
+        let mut total = [_mm512_setzero_si512(); R];
+        for s in 0..8 {
+            let (ab, at) = (b * 8 + s, s * sub_bytes(format));
+            if q6k {
+                for side in 0..2 {
+                    let first = less_offset(format) + side;
+                    let mut sums: [__m512i; R] =
+                        std::array::from_fn(|r| _mm512_set1_epi32(t.less_offset(r, ab, first)));
+                    sums_q6k_side::<R>(t, w, at, ab, side, &mut sums);
+                    let scales = bytes(w, values + Q6K_SCALES + 16 * s + 8 * side);
+                    let scales = _mm512_cvtepi8_epi32(scales);
+                    for (total, &sum) in total.iter_mut().zip(&sums) {
+                        *total = _mm512_add_epi32(*total, _mm512_mullo_epi32(sum, scales));
+                    }
+                }
+            } else {
+                let mut sums = [_mm512_setzero_si512(); R];
+                if high_bits(format) == 1 {
+                    sums_nibbles::<R, 1>(t, w, at, ab, &mut sums);
+                } else {
+                    sums_nibbles::<R, 0>(t, w, at, ab, &mut sums);
+                }
+                let scales = _mm512_cvtepu8_epi32(bytes(w, values + K_SCALES + 8 * s));
+                for (total, &sum) in total.iter_mut().zip(&sums) {
+                    *total = _mm512_add_epi32(*total, _mm512_mullo_epi32(sum, scales));
+                }
+            }
+        }
+        let d = f16s(w, values);
+        let dmin = if q6k {
+            _mm512_setzero_ps()
+        } else {
+            f16s(w, values + MINIMUMS)
+        };
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let scale = _mm512_set1_ps(t.row_block(r, b * 8).scale);
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[r]), _mm512_mul_ps(scale, d), *acc);
+            if !q6k {
+                let sums = t.sums.add(r * t.blocks + b * 8);
+                let minimums = _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(minimum_sums(w[0].add(values), sums)),
+                    minimum_sums(w[1].add(values), sums),
+                );
+                let dmin = _mm512_mul_ps(scale, dmin);
+                *acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(minimums), dmin, *acc);
+            }
+        }
+    }
+    acc
+}
+
+/// One side of a Q6_K sub-block (at `at` in blocks `w`) of activation block `ab` added to
+/// `sums`, each group's values from its own plane.
+#[inline(always)]
+unsafe fn sums_q6k_side<const R: usize>(
+    t: &GroupTile,
+    w: [*const u8; 2],
+    at: usize,
+    ab: usize,
+    side: usize,
+    sums: &mut [__m512i; R],
+) {
+    let (v0, v1) = (w[0].add(at), w[1].add(at));
+    let planes = [
+        _mm256_loadu_si256(v0.add(128 + 32 * side).cast()),
+        _mm256_loadu_si256(v1.add(128 + 32 * side).cast()),
+    ];
+    for h in 0..4 {
+        let low = _mm512_castsi256_si512(q6k_values(v0, planes[0], side, h));
+        let values = _mm512_inserti64x4::<1>(low, q6k_values(v1, planes[1], side, h));
+        for (r, sum) in sums.iter_mut().enumerate() {
+            *sum = _mm512_dpbusd_epi32(*sum, values, four(t, r, ab, 16 * side + 4 * h));
+        }
+    }
+}
+
+/// Adds the bias and stores the outputs that exist (`t.cols`) of `acc`'s rows.
+#[inline(always)]
+pub(super) unsafe fn store(t: &GroupTile, acc: &[__m512]) {
+    let mask: __mmask16 = if t.cols >= 2 * COLUMNS {
+        0xFFFF
+    } else {
+        (1u16 << t.cols) - 1
+    };
+    let bias = match t.bias {
+        Some(b) => _mm512_maskz_loadu_ps(mask, b),
+        None => _mm512_setzero_ps(),
+    };
+    for (r, &v) in acc.iter().enumerate() {
+        let v = if t.bias.is_some() {
+            _mm512_add_ps(v, bias)
+        } else {
+            v
+        };
+        _mm512_mask_storeu_ps(t.out.add(r * t.n), mask, v);
+    }
+}
