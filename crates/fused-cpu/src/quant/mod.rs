@@ -13,7 +13,7 @@
 //! rounding agreed with llama.cpp's greedy tokens at 1,223 of 1,280 positions).
 //!
 //! **Two layouts.** On x86-64 with AVX2 and on Arm with dotprod every matrix is rearranged at
-//! load eight outputs side by side ([`columns`]) and multiplied so (AMX-INT8's tiles from 12
+//! load eight outputs side by side ([`columns`]) and multiplied so (AMX-INT8's tiles by 16
 //! rows, AVX-512 VNNI on 512-bit registers on Intel's cores and 256-bit ones on AMD's, AVX2 or
 //! `sdot`): each sub-block's integer sum is kept per output and scaled once per eight outputs.
 //! Elsewhere (an Arm core without dotprod, such as Graviton 1's Cortex-A72) matrices stay in
