@@ -37,10 +37,10 @@
 
 use super::columns::{
     group_block_bytes, high_bits, offset, sub_bytes, subs, values_bytes, GroupTile, COLUMNS,
-    K_SCALES, MINIMUMS, Q6K_SCALES,
+    K_SCALES, Q6K_SCALES,
 };
-use super::columns_x86::{minimum_sums, q6k_values, with_fifth_bits};
-use super::columns_zmm::{self, bytes, f16s, group_bytes, store};
+use super::columns_x86::{q6k_values, with_fifth_bits};
+use super::columns_zmm::{self, bytes, group_bytes, store, Scales};
 use super::{BlockFormat, BLOCK};
 use crate::packed::amx::{configure_with, tile, Config};
 use std::arch::x86_64::*;
@@ -234,21 +234,10 @@ unsafe fn scale_32<const F: usize>(
     acc: &mut [__m512; TILE],
 ) {
     let format = BlockFormat::ALL[F];
-    let values = values_bytes(format);
-    let d = f16s(w, values);
-    let m = if format.has_minimum() {
-        f16s(w, values + MINIMUMS)
-    } else {
-        _mm512_setzero_ps()
-    };
+    let scales = Scales::of(format, w);
     for (r, acc) in acc.iter_mut().enumerate() {
-        let sum = _mm512_cvtepi32_ps(_mm512_load_si512(sums[r].as_ptr().cast()));
-        let a = t.row_block(r, b);
-        let both = _mm512_mul_ps(d, _mm512_set1_ps(a.scale));
-        *acc = _mm512_fmadd_ps(sum, both, *acc);
-        if format.has_minimum() {
-            *acc = _mm512_fmadd_ps(m, _mm512_set1_ps(a.scaled_sum), *acc);
-        }
+        let sum = _mm512_load_si512(sums[r].as_ptr().cast());
+        *acc = scales.add_32(format, t, (r, b), sum, *acc);
     }
 }
 
@@ -266,12 +255,7 @@ unsafe fn scale_k<const F: usize>(
     let format = BlockFormat::ALL[F];
     let q6k = format == BlockFormat::Q6K;
     let values = values_bytes(format);
-    let d = f16s(w, values);
-    let dmin = if q6k {
-        _mm512_setzero_ps()
-    } else {
-        f16s(w, values + MINIMUMS)
-    };
+    let scales = Scales::of(format, w);
     for (r, acc) in acc.iter_mut().enumerate() {
         let mut total = _mm512_setzero_si512();
         for (s, sums) in unit.0.iter().enumerate() {
@@ -287,17 +271,7 @@ unsafe fn scale_k<const F: usize>(
                 total = _mm512_add_epi32(total, _mm512_mullo_epi32(load(0), scales));
             }
         }
-        let scale = _mm512_set1_ps(t.row_block(r, b * 8).scale);
-        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(scale, d), *acc);
-        if !q6k {
-            let sums = t.sums.add(r * t.blocks + b * 8);
-            let minimums = _mm512_inserti64x4::<1>(
-                _mm512_castsi256_si512(minimum_sums(w[0].add(values), sums)),
-                minimum_sums(w[1].add(values), sums),
-            );
-            let dmin = _mm512_mul_ps(scale, dmin);
-            *acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(minimums), dmin, *acc);
-        }
+        *acc = scales.add_k(format, t, (r, b), w, total, *acc);
     }
 }
 

@@ -111,6 +111,76 @@ pub(super) unsafe fn bytes(w: [*const u8; 2], at: usize) -> __m128i {
     )
 }
 
+/// A block's f32 scales for two groups: `d`, and the minimum's (the 32-weight formats with one)
+/// or `dmin` (Q4_K, Q5_K); zero where the format has none.
+#[derive(Clone, Copy)]
+pub(super) struct Scales {
+    d: __m512,
+    m: __m512,
+}
+
+impl Scales {
+    /// Those of each group's block `w`.
+    #[inline(always)]
+    pub(super) unsafe fn of(format: BlockFormat, w: [*const u8; 2]) -> Self {
+        let values = values_bytes(format);
+        Self {
+            d: f16s(w, values),
+            m: match format.has_minimum() {
+                true => f16s(w, values + MINIMUMS),
+                false => _mm512_setzero_ps(),
+            },
+        }
+    }
+
+    /// `acc` plus row `r`'s 32-weight block `b` from its integer sums (offset taken off), as
+    /// `columns_x86::body_32` adds it: `d · row scale`, then the minimum.
+    #[inline(always)]
+    pub(super) unsafe fn add_32(
+        self,
+        format: BlockFormat,
+        t: &GroupTile,
+        (r, b): (usize, usize),
+        sums: __m512i,
+        acc: __m512,
+    ) -> __m512 {
+        let a = t.row_block(r, b);
+        let both = _mm512_mul_ps(self.d, _mm512_set1_ps(a.scale));
+        let acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), both, acc);
+        match format.has_minimum() {
+            true => _mm512_fmadd_ps(self.m, _mm512_set1_ps(a.scaled_sum), acc),
+            false => acc,
+        }
+    }
+
+    /// `acc` plus row `r`'s K block `b` (of 256) from its scaled integer total, as
+    /// `columns_x86::body_k` adds it: `T · (row scale · d)`, then for Q4_K and Q5_K the
+    /// minimums' sum times `−(row scale · dmin)`.
+    #[inline(always)]
+    pub(super) unsafe fn add_k(
+        self,
+        format: BlockFormat,
+        t: &GroupTile,
+        (r, b): (usize, usize),
+        w: [*const u8; 2],
+        total: __m512i,
+        acc: __m512,
+    ) -> __m512 {
+        let scale = _mm512_set1_ps(t.row_block(r, b * 8).scale);
+        let acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(scale, self.d), acc);
+        if !format.has_minimum() {
+            return acc;
+        }
+        let (values, sums) = (values_bytes(format), t.sums.add(r * t.blocks + b * 8));
+        let minimums = _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(minimum_sums(w[0].add(values), sums)),
+            minimum_sums(w[1].add(values), sums),
+        );
+        let dmin = _mm512_mul_ps(scale, self.m);
+        _mm512_fnmadd_ps(_mm512_cvtepi32_ps(minimums), dmin, acc)
+    }
+}
+
 /// Four activations of row `r` from input `i` of activation block `ab`, in every lane.
 #[inline(always)]
 unsafe fn four(t: &GroupTile, r: usize, ab: usize, i: usize) -> __m512i {
@@ -137,7 +207,6 @@ unsafe fn pair<const F: usize, const R: usize>(t: &GroupTile) {
 #[inline(always)]
 unsafe fn body_32<const F: usize, const R: usize>(t: &GroupTile, pair: Pair) -> [__m512; R] {
     let format = BlockFormat::ALL[F];
-    let values = values_bytes(format);
     let mut acc = [_mm512_setzero_ps(); R];
     for b in 0..t.blocks {
         let w = pair.block(format, b);
@@ -157,19 +226,9 @@ unsafe fn body_32<const F: usize, const R: usize>(t: &GroupTile, pair: Pair) -> 
         } else {
             sums_nibbles::<R, 0>(t, w, 0, b, &mut sums);
         }
-        let d = f16s(w, values);
-        let m = if format.has_minimum() {
-            f16s(w, values + MINIMUMS)
-        } else {
-            _mm512_setzero_ps()
-        };
+        let scales = Scales::of(format, w);
         for (r, acc) in acc.iter_mut().enumerate() {
-            let a = t.row_block(r, b);
-            let both = _mm512_mul_ps(d, _mm512_set1_ps(a.scale));
-            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), both, *acc);
-            if format.has_minimum() {
-                *acc = _mm512_fmadd_ps(m, _mm512_set1_ps(a.scaled_sum), *acc);
-            }
+            *acc = scales.add_32(format, t, (r, b), sums[r], *acc);
         }
     }
     acc
@@ -247,24 +306,9 @@ unsafe fn body_k<const F: usize, const R: usize>(t: &GroupTile, pair: Pair) -> [
                 }
             }
         }
-        let d = f16s(w, values);
-        let dmin = if q6k {
-            _mm512_setzero_ps()
-        } else {
-            f16s(w, values + MINIMUMS)
-        };
+        let scales = Scales::of(format, w);
         for (r, acc) in acc.iter_mut().enumerate() {
-            let scale = _mm512_set1_ps(t.row_block(r, b * 8).scale);
-            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[r]), _mm512_mul_ps(scale, d), *acc);
-            if !q6k {
-                let sums = t.sums.add(r * t.blocks + b * 8);
-                let minimums = _mm512_inserti64x4::<1>(
-                    _mm512_castsi256_si512(minimum_sums(w[0].add(values), sums)),
-                    minimum_sums(w[1].add(values), sums),
-                );
-                let dmin = _mm512_mul_ps(scale, dmin);
-                *acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(minimums), dmin, *acc);
-            }
+            *acc = scales.add_k(format, t, (r, b), w, total[r], *acc);
         }
     }
     acc
