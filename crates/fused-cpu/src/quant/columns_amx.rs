@@ -36,8 +36,8 @@
 //! forwarded: in step, the kernel was slower than VNNI's).
 
 use super::columns::{
-    group_block_bytes, high_bits, offset, sub_bytes, subs, values_bytes, GroupTile, COLUMNS,
-    K_SCALES, Q6K_SCALES,
+    group_block_bytes, high_bits, offset, sub_bytes, subs, values_bytes, GroupTile, K_SCALES, PAIR,
+    Q6K_SCALES,
 };
 use super::columns_x86::{q6k_values, with_fifth_bits};
 use super::columns_zmm::{self, bytes, group_bytes, store, Scales};
@@ -52,7 +52,7 @@ pub(super) const ROWS: usize = 64;
 const TILE: usize = 16;
 
 /// Outputs one call multiplies: two column groups.
-const WIDTH: usize = 2 * COLUMNS;
+const WIDTH: usize = PAIR;
 
 /// Bytes of one sub-block of two groups unpacked: eight rows of 16 outputs' four bytes.
 const SUB: usize = 8 * 64;

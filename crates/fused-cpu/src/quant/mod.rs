@@ -355,8 +355,6 @@ const ROUNDER: f32 = 12_582_912.0;
 /// with a minimum), side by side so a kernel loads both at once, and its integer sums.
 pub(crate) struct QuantRows {
     k: usize,
-    /// Rows.
-    m: usize,
     q: Vec<i8>,
     scales: Vec<[f32; 2]>,
     /// Per block, its values' integer sum (what an offset in the weights' values multiplies),
@@ -375,7 +373,6 @@ impl QuantRows {
         let blocks = values / BLOCK;
         Self {
             k,
-            m: values / k.max(1),
             q: vec![0; values],
             scales: vec![[0.0; 2]; blocks],
             sums: vec![0; blocks],
@@ -975,7 +972,7 @@ struct Share<'a> {
 /// buffer, written by no other task; the kernel runs here.
 unsafe fn by_columns(kernel: Kernel, share: &Share<'_>) {
     let (part, rows, bias, out, n) = (share.part, share.rows, share.bias, share.out.get(), share.n);
-    let m = rows.m;
+    let m = rows.q.len() / rows.k;
     let group_bytes =
         part.k / part.format.block_weights() * columns::group_block_bytes(part.format);
     let (tall, wide) = (kernel.group_rows(part.format), kernel.group_width());
@@ -1004,7 +1001,7 @@ unsafe fn by_columns(kernel: Kernel, share: &Share<'_>) {
 /// As [`by_columns`].
 unsafe fn by_rows(share: &Share<'_>) {
     let (part, rows, bias, out, n) = (share.part, share.rows, share.bias, share.out.get(), share.n);
-    let (m, k) = (rows.m, rows.k);
+    let (m, k) = (rows.q.len() / rows.k, rows.k);
     UNPACKED.with(|unpacked| {
         let mut unpacked = unpacked.borrow_mut();
         for r in share.outputs.clone() {
