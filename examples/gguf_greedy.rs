@@ -9,7 +9,10 @@
 //! the reference keeps llama.cpp's own highest logits at each step (`top`), every disagreement
 //! also gets the gap llama.cpp saw between its token and the decoder's: a near-tie on both sides
 //! (or not), beside llama.cpp's median gap between its first and second choices. It also checks
-//! that the GGUF's chat template, rendered here, gives llama.cpp's prompt ids.
+//! that the GGUF's chat template, rendered here, gives llama.cpp's prompt ids. `agreed` keeps each
+//! prompt's positions ('1' where the decoder's argmax is llama.cpp's token), so that two runs on
+//! the same references (the blocks and f32) can be compared position by position
+//! (`bench/agreement_pairs.py`).
 //!
 //!     cargo run --release --example gguf_greedy -- GGUF REFERENCE.json [f32|bf16|gguf]
 
@@ -45,6 +48,9 @@ fn main() -> anyhow::Result<()> {
     // At every position, how far the decoder's gap between llama.cpp's first and second choices
     // lies from llama.cpp's own (free of the logits' common offset): the engines' distance.
     let mut margin_errors: Vec<f64> = Vec::new();
+    // Per prompt, '1' where the decoder's argmax is llama.cpp's token: two runs (the blocks and
+    // f32) compared position by position count where only one of them agrees.
+    let mut agreed: Vec<String> = Vec::new();
     let started = std::time::Instant::now();
     for case in refs["cases"].as_array().into_iter().flatten() {
         let (prompt, want) = (ids(&case["prompt_ids"]), ids(&case["greedy"]));
@@ -58,6 +64,7 @@ fn main() -> anyhow::Result<()> {
         let logits = model.teacher_forced(&all)?;
         let vocab = logits.len() / all.len();
         let mut first_miss = None;
+        let mut marks = String::with_capacity(want.len());
         for (k, &next) in want.iter().enumerate() {
             let row = &logits[(prompt.len() - 1 + k) * vocab..][..vocab];
             let top = spotinfer::model::engines::decoder::argmax(row);
@@ -72,6 +79,7 @@ fn main() -> anyhow::Result<()> {
                 let logit = |id: u32| theirs.iter().find(|t| t.0 == id).map(|t| t.1);
                 their_gaps.push(logit(next).zip(logit(top)).map(|(a, b)| a - b));
             }
+            marks.push(if top == next { '1' } else { '0' });
             if top == next {
                 agree += 1;
             } else if first_miss.is_none() {
@@ -79,6 +87,7 @@ fn main() -> anyhow::Result<()> {
                 gaps.push(row[top as usize] - row[next as usize]);
             }
         }
+        agreed.push(marks);
         prompts += 1;
         identical += usize::from(first_miss.is_none());
         eprintln!(
@@ -109,6 +118,7 @@ fn main() -> anyhow::Result<()> {
             "precision": format!("{:?}", model.precision()),
             "format": model.format,
             "seconds": started.elapsed().as_secs_f64(),
+            "agreed": agreed,
         })
     );
     Ok(())
