@@ -18,13 +18,25 @@ use std::arch::x86_64::*;
 /// than with four). Except Q6_K's, which also keeps a sub-block's sums per row while it adds
 /// the other side's: at eight rows it ran out of registers (on a Zen 4, one thread's product of
 /// 32 rows by 896 × 4,864 weights: 59 billion multiply-adds a second at eight rows, 91 at four,
-/// 80–92 at five and six; the other formats within ±5% at four, six or eight).
+/// 80–92 at five and six; the other formats within ±5% at four, six or eight). AVX2 takes up to
+/// [`MANY_ROWS`] instead in every format but Q8_0 ([`body_32_many`], [`body_k_many`]).
 pub(super) fn tile_rows(format: BlockFormat, vnni: bool) -> usize {
-    if vnni && format != BlockFormat::Q6K {
-        8
-    } else {
-        4
+    match format {
+        _ if !vnni && many_rows(format) => MANY_ROWS,
+        BlockFormat::Q6K => 4,
+        _ if vnni => 8,
+        _ => 4,
     }
+}
+
+/// Rows one AVX2 call takes where [`many_rows`]: a decoding step's batch, or a prompt step's row
+/// block (`super::ROW_BLOCK`), whose rows all share each block's unpacking.
+pub(super) const MANY_ROWS: usize = 64;
+
+/// Whether AVX2 multiplies `format` a block at a time for all of a call's rows: every format
+/// whose values are nibbles (Q8_0's bytes take two operations to unpack and a sign per row).
+fn many_rows(format: BlockFormat) -> bool {
+    format != BlockFormat::Q8_0
 }
 
 /// Runs the kernel for `format` on the tile's `rows` rows (1..=[`tile_rows`]).
@@ -33,6 +45,17 @@ pub(super) fn tile_rows(format: BlockFormat, vnni: bool) -> usize {
 /// As [`super::columns::group`]; with `vnni`, the CPU has AVX-512 VNNI, BW and VL, else AVX2;
 /// both need FMA and F16C.
 pub(super) unsafe fn group(format: BlockFormat, t: &GroupTile, rows: usize, vnni: bool) {
+    if !vnni && rows > 4 && many_rows(format) {
+        return match format {
+            BlockFormat::Q4_0 => group_avx2_many::<0, 0>(t, rows),
+            BlockFormat::Q4_1 => group_avx2_many::<1, 0>(t, rows),
+            BlockFormat::Q5_0 => group_avx2_many::<2, 1>(t, rows),
+            BlockFormat::Q5_1 => group_avx2_many::<3, 1>(t, rows),
+            BlockFormat::Q4K => group_avx2_many::<5, 0>(t, rows),
+            BlockFormat::Q5K => group_avx2_many::<6, 1>(t, rows),
+            _ => group_avx2_many::<7, 0>(t, rows),
+        };
+    }
     macro_rules! rows {
         ($f:literal) => {
             match (rows, vnni) {
@@ -72,6 +95,15 @@ unsafe fn group_avx2<const F: usize, const R: usize>(t: &GroupTile) {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn group_vnni<const F: usize, const R: usize>(t: &GroupTile) {
     body::<F, R, true>(t)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_avx2_many<const F: usize, const HIGH: u32>(t: &GroupTile, rows: usize) {
+    if BlockFormat::ALL[F].is_k() {
+        body_k_many::<F, HIGH>(t, rows)
+    } else {
+        body_32_many::<F, HIGH>(t, rows)
+    }
 }
 
 /// Eight f16 at `at` as f32.
@@ -137,31 +169,105 @@ unsafe fn body_32<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTil
         let (w, a) = (t.weights.add(b * group), Block::of(t, b));
         // Each sum starts from what the offset takes off it, loaded ready: the same integers as
         // subtracting it after, without a product, a broadcast and a subtraction per row.
-        let mut sums: [__m256i; R] = std::array::from_fn(|r| match offset {
-            0 => _mm256_setzero_si256(),
-            _ => _mm256_set1_epi32(t.less_offset(r, b, less_offset(format))),
-        });
+        let mut sums: [__m256i; R] = std::array::from_fn(|r| first_sums(t, r, b, format, offset));
         match format {
             BlockFormat::Q8_0 => sums_q8::<R, VNNI>(w, a, &mut sums),
             _ if high_bits(format) == 1 => sums_nibbles::<R, VNNI, 1>(w, a, &mut sums),
             _ => sums_nibbles::<R, VNNI, 0>(w, a, &mut sums),
         };
-        let d = f16s(w.add(values));
-        let m = if format.has_minimum() {
-            f16s(w.add(values + MINIMUMS))
-        } else {
-            _mm256_setzero_ps()
-        };
+        let scales = BlockScales::of(format, w.add(values));
         for (r, acc) in acc.iter_mut().enumerate() {
-            let a = t.row_block(r, b);
-            let both = _mm256_mul_ps(d, _mm256_set1_ps(a.scale));
-            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), both, *acc);
-            if format.has_minimum() {
-                *acc = _mm256_fmadd_ps(m, _mm256_set1_ps(a.scaled_sum), *acc);
-            }
+            *acc = scales.add(format, *acc, sums[r], t, r, b);
         }
     }
     store(t, &acc);
+}
+
+/// [`body_32`] for AVX2's nibble formats and up to [`MANY_ROWS`] rows: each block's values are
+/// unpacked once for all the rows (`body_32` unpacks them once per four rows, as many as AVX2's
+/// sixteen registers hold sums for; AVX2 has no masked byte add, so Q5's fifth bits alone took
+/// 32 of the Q5_0 loop's 137 vector operations per four rows), and each row's f32 sums wait in
+/// memory between blocks. The same integers and f32 operations in the same order, so the same
+/// bits.
+#[inline(always)]
+unsafe fn body_32_many<const F: usize, const HIGH: u32>(t: &GroupTile, rows: usize) {
+    let format = BlockFormat::ALL[F];
+    let (group, values) = (group_block_bytes(format), values_bytes(format));
+    let mut acc = [_mm256_setzero_ps(); MANY_ROWS];
+    let acc = &mut acc[..rows.min(MANY_ROWS)];
+    for b in 0..t.blocks {
+        let (w, a) = (t.weights.add(b * group), Block::of(t, b));
+        // No closure (`from_fn`): one would be compiled apart from this function, without AVX2.
+        let mut unpacked = [[_mm256_setzero_si256(); 2]; 4];
+        for (h, run) in unpacked.iter_mut().enumerate() {
+            *run = run_values::<false, HIGH>(w, h);
+        }
+        let scales = BlockScales::of(format, w.add(values));
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let sums =
+                row_sums_avx2::<HIGH>(&unpacked, a, r, first_sums(t, r, b, format, offset(format)));
+            *acc = scales.add(format, *acc, sums, t, r, b);
+        }
+    }
+    store(t, acc);
+}
+
+/// Where row `r`'s sums over activation block `b` start: what `format`'s `offset` (0: none)
+/// takes off them, loaded ready.
+#[inline(always)]
+unsafe fn first_sums(
+    t: &GroupTile,
+    r: usize,
+    b: usize,
+    format: BlockFormat,
+    offset: i32,
+) -> __m256i {
+    match offset {
+        0 => _mm256_setzero_si256(),
+        _ => _mm256_set1_epi32(t.less_offset(r, b, less_offset(format))),
+    }
+}
+
+/// A 32-weight block's eight f16 scales and minimums as f32.
+#[derive(Clone, Copy)]
+struct BlockScales {
+    d: __m256,
+    m: __m256,
+}
+
+impl BlockScales {
+    /// The scales of the group block whose header is at `head`.
+    #[inline(always)]
+    unsafe fn of(format: BlockFormat, head: *const u8) -> Self {
+        let m = if format.has_minimum() {
+            f16s(head.add(MINIMUMS))
+        } else {
+            _mm256_setzero_ps()
+        };
+        Self { d: f16s(head), m }
+    }
+
+    /// `acc` plus row `r`'s integer `sums` over activation block `b` times `d · row scale`,
+    /// then the minimums times the row's scaled sum: [`super::columns::add_block`].
+    #[inline(always)]
+    unsafe fn add(
+        self,
+        format: BlockFormat,
+        acc: __m256,
+        sums: __m256i,
+        t: &GroupTile,
+        r: usize,
+        b: usize,
+    ) -> __m256 {
+        let a = t.row_block(r, b);
+        let both = _mm256_mul_ps(self.d, _mm256_set1_ps(a.scale));
+        let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), both, acc);
+        if format.has_minimum() {
+            _mm256_fmadd_ps(self.m, _mm256_set1_ps(a.scaled_sum), acc)
+        } else {
+            acc
+        }
+    }
 }
 
 /// The K formats (Q4_K, Q5_K, Q6_K), activations rounded per 256:
@@ -205,23 +311,137 @@ unsafe fn body_k<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTile
                 }
             }
         }
-        let d = f16s(head);
-        let dmin = if q6k {
-            _mm256_setzero_ps()
-        } else {
-            f16s(head.add(MINIMUMS))
-        };
+        let scales = KScales::of(format, head);
         for (r, acc) in acc.iter_mut().enumerate() {
-            let scale = _mm256_set1_ps(t.row_block(r, b * 8).scale);
-            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[r]), _mm256_mul_ps(scale, d), *acc);
-            if !q6k {
-                let minimums = minimum_sums(head, t.sums.add(r * t.blocks + b * 8));
-                let dmin = _mm256_mul_ps(scale, dmin);
-                *acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(minimums), dmin, *acc);
-            }
+            *acc = scales.add(format, *acc, total[r], t, r, b);
         }
     }
     store(t, &acc);
+}
+
+/// [`body_k`] for AVX2 and up to [`MANY_ROWS`] rows, as [`body_32_many`] for the 32-weight
+/// formats: each sub-block's values unpacked once for all the rows, each row's block total and
+/// f32 sums waiting in memory. The same integers and f32 operations in the same order.
+#[inline(always)]
+unsafe fn body_k_many<const F: usize, const HIGH: u32>(t: &GroupTile, rows: usize) {
+    let format = BlockFormat::ALL[F];
+    let (group, values) = (group_block_bytes(format), values_bytes(format));
+    let rows = rows.min(MANY_ROWS);
+    let mut acc = [_mm256_setzero_ps(); MANY_ROWS];
+    let mut total = [_mm256_setzero_si256(); MANY_ROWS];
+    for b in 0..t.blocks / 8 {
+        let w = t.weights.add(b * group);
+        let head = w.add(values);
+        for total in &mut total[..rows] {
+            *total = _mm256_setzero_si256();
+        }
+        for s in 0..8 {
+            let (ab, v) = (b * 8 + s, w.add(s * sub_bytes(format)));
+            if format == BlockFormat::Q6K {
+                for side in 0..2 {
+                    let scales = bytes_i32(head.add(Q6K_SCALES + 16 * s + 8 * side));
+                    q6k_side_many(t, v, ab, side, scales, &mut total[..rows]);
+                }
+            } else {
+                let mut unpacked = [[_mm256_setzero_si256(); 2]; 4];
+                for (h, run) in unpacked.iter_mut().enumerate() {
+                    *run = run_values::<false, HIGH>(v, h);
+                }
+                let scales =
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(head.add(K_SCALES + 8 * s).cast()));
+                for (r, total) in total[..rows].iter_mut().enumerate() {
+                    let sums = row_sums_avx2::<HIGH>(
+                        &unpacked,
+                        Block::of(t, ab),
+                        r,
+                        _mm256_setzero_si256(),
+                    );
+                    *total = _mm256_add_epi32(*total, _mm256_mullo_epi32(sums, scales));
+                }
+            }
+        }
+        let scales = KScales::of(format, head);
+        for (r, acc) in acc[..rows].iter_mut().enumerate() {
+            *acc = scales.add(format, *acc, total[r], t, r, b);
+        }
+    }
+    store(t, &acc[..rows]);
+}
+
+/// One side of a Q6_K sub-block (`v`, activation block `ab`) times its `scales`, added to each
+/// row's `totals` on AVX2: its four runs unpacked once, then each row's sums from what the
+/// offset takes off them, as [`sums_q6k_side`] computes them.
+#[inline(always)]
+unsafe fn q6k_side_many(
+    t: &GroupTile,
+    v: *const u8,
+    ab: usize,
+    side: usize,
+    scales: __m256i,
+    totals: &mut [__m256i],
+) {
+    let (ones, a) = (_mm256_set1_epi16(1), Block::of(t, ab));
+    let plane = _mm256_loadu_si256(v.add(128 + 32 * side).cast());
+    let mut runs = [_mm256_setzero_si256(); 4];
+    for (h, run) in runs.iter_mut().enumerate() {
+        *run = q6k_values(v, plane, side, h);
+    }
+    let at = less_offset(BlockFormat::Q6K) + side;
+    for (r, total) in totals.iter_mut().enumerate() {
+        let mut sums = _mm256_set1_epi32(t.less_offset(r, ab, at));
+        for (h, &run) in runs.iter().enumerate() {
+            let pairs = _mm256_maddubs_epi16(run, a.four(r, 16 * side + 4 * h));
+            sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, ones));
+        }
+        *total = _mm256_add_epi32(*total, _mm256_mullo_epi32(sums, scales));
+    }
+}
+
+/// A K block's eight f16 scales `d` and minimums' scales `dmin` (Q6_K: none) as f32, and its
+/// header (the minimums).
+#[derive(Clone, Copy)]
+struct KScales {
+    d: __m256,
+    dmin: __m256,
+    head: *const u8,
+}
+
+impl KScales {
+    /// The scales of the group block whose header is at `head`.
+    #[inline(always)]
+    unsafe fn of(format: BlockFormat, head: *const u8) -> Self {
+        let dmin = match format {
+            BlockFormat::Q6K => _mm256_setzero_ps(),
+            _ => f16s(head.add(MINIMUMS)),
+        };
+        Self {
+            d: f16s(head),
+            dmin,
+            head,
+        }
+    }
+
+    /// `acc` plus row `r`'s integer `total` over K block `b` times `row scale · d`, less (Q4_K,
+    /// Q5_K) its minimums' sum times `row scale · dmin`: [`super::columns::add_k_block`].
+    #[inline(always)]
+    unsafe fn add(
+        self,
+        format: BlockFormat,
+        acc: __m256,
+        total: __m256i,
+        t: &GroupTile,
+        r: usize,
+        b: usize,
+    ) -> __m256 {
+        let scale = _mm256_set1_ps(t.row_block(r, b * 8).scale);
+        let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(scale, self.d), acc);
+        if format == BlockFormat::Q6K {
+            return acc;
+        }
+        let minimums = minimum_sums(self.head, t.sums.add(r * t.blocks + b * 8));
+        let dmin = _mm256_mul_ps(scale, self.dmin);
+        _mm256_fnmadd_ps(_mm256_cvtepi32_ps(minimums), dmin, acc)
+    }
 }
 
 /// Q4_K's and Q5_K's `Σ minimum · activation sum` over a block's eight sub-blocks, per output:
@@ -280,22 +500,12 @@ unsafe fn sums_nibbles<const R: usize, const VNNI: bool, const HIGH: u32>(
     a: Block,
     sums: &mut [__m256i; R],
 ) {
-    let (low, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
+    let ones = _mm256_set1_epi16(1);
     // AVX2: 16-bit pair sums of at most 2 · 127 · (2^(4 + HIGH) - 1) each, widened before they
     // can pass 32,767: Q4 after eight (30,480), Q5 after four (31,496).
     let mut pairs = [_mm256_setzero_si256(); R];
     for h in 0..4 {
-        let bytes = _mm256_loadu_si256(v.add(32 * h).cast());
-        let mut side = [
-            _mm256_and_si256(bytes, low),
-            _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low),
-        ];
-        if HIGH == 1 {
-            for (s, side) in side.iter_mut().enumerate() {
-                let word = std::ptr::read_unaligned(v.add(128 + 4 * (2 * h + s)).cast::<u32>());
-                *side = with_fifth_bits::<VNNI>(*side, word);
-            }
-        }
+        let side = run_values::<VNNI, HIGH>(v, h);
         for r in 0..R {
             for (s, &side) in side.iter().enumerate() {
                 let act = a.four(r, 16 * s + 4 * h);
@@ -306,14 +516,67 @@ unsafe fn sums_nibbles<const R: usize, const VNNI: bool, const HIGH: u32>(
                 }
             }
         }
-        let widen = if HIGH == 1 { h % 2 == 1 } else { h == 3 };
-        if !VNNI && widen {
+        if !VNNI && widen_after::<HIGH>(h) {
             for r in 0..R {
                 sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(pairs[r], ones));
                 pairs[r] = _mm256_setzero_si256();
             }
         }
     }
+}
+
+/// Run `h` of a Q4 or Q5 sub-block at `v` as its two sides' values (inputs `4h…` and
+/// `16 + 4h…`), with Q5's fifth bits (`HIGH` 1) from their plane.
+#[inline(always)]
+unsafe fn run_values<const VNNI: bool, const HIGH: u32>(v: *const u8, h: usize) -> [__m256i; 2] {
+    let low = _mm256_set1_epi8(0x0F);
+    let bytes = _mm256_loadu_si256(v.add(32 * h).cast());
+    let mut side = [
+        _mm256_and_si256(bytes, low),
+        _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low),
+    ];
+    if HIGH == 1 {
+        for (s, side) in side.iter_mut().enumerate() {
+            let word = std::ptr::read_unaligned(v.add(128 + 4 * (2 * h + s)).cast::<u32>());
+            *side = with_fifth_bits::<VNNI>(*side, word);
+        }
+    }
+    side
+}
+
+/// Whether AVX2's 16-bit pair sums are widened after run `h` (`sums_nibbles`' bound).
+#[inline(always)]
+fn widen_after<const HIGH: u32>(h: usize) -> bool {
+    if HIGH == 1 {
+        h % 2 == 1
+    } else {
+        h == 3
+    }
+}
+
+/// Row `r`'s integer sums over a Q4 or Q5 sub-block already unpacked by runs
+/// ([`run_values`]), from `sums`, on AVX2: the same products and widenings as
+/// [`sums_nibbles`].
+#[inline(always)]
+unsafe fn row_sums_avx2<const HIGH: u32>(
+    unpacked: &[[__m256i; 2]; 4],
+    a: Block,
+    r: usize,
+    mut sums: __m256i,
+) -> __m256i {
+    let ones = _mm256_set1_epi16(1);
+    let mut pairs = _mm256_setzero_si256();
+    for (h, side) in unpacked.iter().enumerate() {
+        for (s, &side) in side.iter().enumerate() {
+            let products = _mm256_maddubs_epi16(side, a.four(r, 16 * s + 4 * h));
+            pairs = _mm256_add_epi16(pairs, products);
+        }
+        if widen_after::<HIGH>(h) {
+            sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, ones));
+            pairs = _mm256_setzero_si256();
+        }
+    }
+    sums
 }
 
 /// One side (inputs 0–15 or 16–31) of a Q6_K sub-block added to `sums`: the nibbles of four
