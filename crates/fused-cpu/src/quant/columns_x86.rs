@@ -187,8 +187,8 @@ unsafe fn body_32<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTil
 /// unpacked once for all the rows (`body_32` unpacks them once per four rows, as many as AVX2's
 /// sixteen registers hold sums for; AVX2 has no masked byte add, so Q5's fifth bits alone took
 /// 32 of the Q5_0 loop's 137 vector operations per four rows), and each row's f32 sums wait in
-/// memory between blocks. The same integers and f32 operations in the same order, so the same
-/// bits.
+/// memory between blocks (on an Intel Xeon, one thread, 32 rows: Q5_0 1.4–1.6× faster, Q4_0
+/// unchanged). The same integers and f32 operations in the same order, so the same bits.
 #[inline(always)]
 unsafe fn body_32_many<const F: usize, const HIGH: u32>(t: &GroupTile, rows: usize) {
     let format = BlockFormat::ALL[F];
