@@ -40,6 +40,51 @@
 use super::unpack::{self, Header};
 use super::{BlockFormat, QuantRows, BLOCK};
 
+/// `$body` once per block format, with `$F` the format's index in `BlockFormat::ALL` as a
+/// constant: each kernel (and the rearrangement at load) is compiled once per format, so its
+/// every `match format` is settled at compile time.
+macro_rules! per_format {
+    ($format:expr, $F:ident => $body:expr) => {
+        match $format {
+            $crate::quant::BlockFormat::Q4_0 => {
+                const $F: usize = 0;
+                $body
+            }
+            $crate::quant::BlockFormat::Q4_1 => {
+                const $F: usize = 1;
+                $body
+            }
+            $crate::quant::BlockFormat::Q5_0 => {
+                const $F: usize = 2;
+                $body
+            }
+            $crate::quant::BlockFormat::Q5_1 => {
+                const $F: usize = 3;
+                $body
+            }
+            $crate::quant::BlockFormat::Q8_0 => {
+                const $F: usize = 4;
+                $body
+            }
+            $crate::quant::BlockFormat::Q4K => {
+                const $F: usize = 5;
+                $body
+            }
+            $crate::quant::BlockFormat::Q5K => {
+                const $F: usize = 6;
+                $body
+            }
+            $crate::quant::BlockFormat::Q6K => {
+                const $F: usize = 7;
+                $body
+            }
+        }
+    };
+}
+// The x86 kernels' dispatch (Arm's kernel takes the format at run time).
+#[cfg(target_arch = "x86_64")]
+pub(super) use per_format;
+
 /// Outputs side by side: one 256-bit register of f32 or i32 sums.
 pub(super) const COLUMNS: usize = 8;
 
@@ -200,20 +245,10 @@ fn fetch_header(format: BlockFormat, head: &[u8], c: usize) -> Header {
 /// groups side by side on the pool's threads), so the matrix is never held twice (rows past
 /// the last are zero).
 pub(super) fn interleave(format: BlockFormat, rows: usize, k: usize, data: Vec<u8>) -> Vec<u8> {
-    // One copy per format, so that every `match format` below is settled at compile time. With
-    // the format a run-time value and one group at a time, a Qwen2.5-0.5B-shape Q4_K_M file
-    // (396 MB) took 2.39–3.11 s to load on a Zen 4 with 2 vCPUs, most of it here; 1.41–1.71 s
-    // now (3 alternated runs each; peak memory unchanged).
-    match format {
-        BlockFormat::Q4_0 => interleave_in::<0>(rows, k, data),
-        BlockFormat::Q4_1 => interleave_in::<1>(rows, k, data),
-        BlockFormat::Q5_0 => interleave_in::<2>(rows, k, data),
-        BlockFormat::Q5_1 => interleave_in::<3>(rows, k, data),
-        BlockFormat::Q8_0 => interleave_in::<4>(rows, k, data),
-        BlockFormat::Q4K => interleave_in::<5>(rows, k, data),
-        BlockFormat::Q5K => interleave_in::<6>(rows, k, data),
-        BlockFormat::Q6K => interleave_in::<7>(rows, k, data),
-    }
+    // One copy per format. With the format a run-time value and one group at a time, a
+    // Qwen2.5-0.5B-shape Q4_K_M file (396 MB) took 2.39–3.11 s to load on a Zen 4 with 2 vCPUs,
+    // most of it here; 1.41–1.71 s now (3 alternated runs each; peak memory unchanged).
+    per_format!(format, F => interleave_in::<F>(rows, k, data))
 }
 
 /// [`interleave`] for `BlockFormat::ALL[F]`.

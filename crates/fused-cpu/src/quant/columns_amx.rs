@@ -36,8 +36,8 @@
 //! forwarded: in step, the kernel was slower than VNNI's).
 
 use super::columns::{
-    group_block_bytes, high_bits, offset, sub_bytes, subs, values_bytes, GroupTile, K_SCALES, PAIR,
-    Q6K_SCALES,
+    group_block_bytes, high_bits, offset, per_format, sub_bytes, subs, values_bytes, GroupTile,
+    K_SCALES, PAIR, Q6K_SCALES,
 };
 use super::columns_x86::{q6k_values, with_fifth_bits};
 use super::columns_zmm::{self, bytes, group_bytes, store, Scales};
@@ -72,17 +72,7 @@ static INT8: Config = Config::new(&[(16, 64), (16, 64), (16, 32), (8, 64), (16, 
 pub(super) unsafe fn group(format: BlockFormat, t: &GroupTile, rows: usize) {
     let tiled = rows - rows % TILE;
     if tiled > 0 {
-        // `BlockFormat::ALL`'s order.
-        match format {
-            BlockFormat::Q4_0 => tiles::<0>(t, tiled),
-            BlockFormat::Q4_1 => tiles::<1>(t, tiled),
-            BlockFormat::Q5_0 => tiles::<2>(t, tiled),
-            BlockFormat::Q5_1 => tiles::<3>(t, tiled),
-            BlockFormat::Q8_0 => tiles::<4>(t, tiled),
-            BlockFormat::Q4K => tiles::<5>(t, tiled),
-            BlockFormat::Q5K => tiles::<6>(t, tiled),
-            BlockFormat::Q6K => tiles::<7>(t, tiled),
-        }
+        per_format!(format, F => tiles::<F>(t, tiled))
     }
     // The rows left, on VNNI's 512-bit kernel (an Intel core's: every CPU with AMX is one).
     let tall = columns_zmm::tile_rows(format);

@@ -6,8 +6,8 @@
 //! f32 operations in its order.
 
 use super::columns::{
-    group_block_bytes, high_bits, less_offset, offset, sub_bytes, values_bytes, GroupTile, COLUMNS,
-    K_SCALES, MINIMUMS, Q6K_SCALES,
+    group_block_bytes, high_bits, less_offset, offset, per_format, sub_bytes, values_bytes,
+    GroupTile, COLUMNS, K_SCALES, MINIMUMS, Q6K_SCALES,
 };
 use super::{BlockFormat, BLOCK};
 use std::arch::x86_64::*;
@@ -45,46 +45,21 @@ fn many_rows(format: BlockFormat) -> bool {
 /// As [`super::columns::group`]; with `vnni`, the CPU has AVX-512 VNNI, BW and VL, else AVX2;
 /// both need FMA and F16C.
 pub(super) unsafe fn group(format: BlockFormat, t: &GroupTile, rows: usize, vnni: bool) {
-    if !vnni && rows > 4 && many_rows(format) {
-        return match format {
-            BlockFormat::Q4_0 => group_avx2_many::<0, 0>(t, rows),
-            BlockFormat::Q4_1 => group_avx2_many::<1, 0>(t, rows),
-            BlockFormat::Q5_0 => group_avx2_many::<2, 1>(t, rows),
-            BlockFormat::Q5_1 => group_avx2_many::<3, 1>(t, rows),
-            BlockFormat::Q4K => group_avx2_many::<5, 0>(t, rows),
-            BlockFormat::Q5K => group_avx2_many::<6, 1>(t, rows),
-            _ => group_avx2_many::<7, 0>(t, rows),
-        };
-    }
-    macro_rules! rows {
-        ($f:literal) => {
-            match (rows, vnni) {
-                (8, true) => group_vnni::<$f, 8>(t),
-                (7, true) => group_vnni::<$f, 7>(t),
-                (6, true) => group_vnni::<$f, 6>(t),
-                (5, true) => group_vnni::<$f, 5>(t),
-                (4, true) => group_vnni::<$f, 4>(t),
-                (3, true) => group_vnni::<$f, 3>(t),
-                (2, true) => group_vnni::<$f, 2>(t),
-                (_, true) => group_vnni::<$f, 1>(t),
-                (4, false) => group_avx2::<$f, 4>(t),
-                (3, false) => group_avx2::<$f, 3>(t),
-                (2, false) => group_avx2::<$f, 2>(t),
-                (_, false) => group_avx2::<$f, 1>(t),
-            }
-        };
-    }
-    // `BlockFormat::ALL`'s order.
-    match format {
-        BlockFormat::Q4_0 => rows!(0),
-        BlockFormat::Q4_1 => rows!(1),
-        BlockFormat::Q5_0 => rows!(2),
-        BlockFormat::Q5_1 => rows!(3),
-        BlockFormat::Q8_0 => rows!(4),
-        BlockFormat::Q4K => rows!(5),
-        BlockFormat::Q5K => rows!(6),
-        BlockFormat::Q6K => rows!(7),
-    }
+    per_format!(format, F => match (rows, vnni) {
+        (5.., false) if many_rows(BlockFormat::ALL[F]) => group_avx2_many::<F>(t, rows),
+        (8, true) => group_vnni::<F, 8>(t),
+        (7, true) => group_vnni::<F, 7>(t),
+        (6, true) => group_vnni::<F, 6>(t),
+        (5, true) => group_vnni::<F, 5>(t),
+        (4, true) => group_vnni::<F, 4>(t),
+        (3, true) => group_vnni::<F, 3>(t),
+        (2, true) => group_vnni::<F, 2>(t),
+        (_, true) => group_vnni::<F, 1>(t),
+        (4, false) => group_avx2::<F, 4>(t),
+        (3, false) => group_avx2::<F, 3>(t),
+        (2, false) => group_avx2::<F, 2>(t),
+        (_, false) => group_avx2::<F, 1>(t),
+    })
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -98,11 +73,13 @@ unsafe fn group_vnni<const F: usize, const R: usize>(t: &GroupTile) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn group_avx2_many<const F: usize, const HIGH: u32>(t: &GroupTile, rows: usize) {
-    if BlockFormat::ALL[F].is_k() {
-        body_k_many::<F, HIGH>(t, rows)
-    } else {
-        body_32_many::<F, HIGH>(t, rows)
+unsafe fn group_avx2_many<const F: usize>(t: &GroupTile, rows: usize) {
+    let format = BlockFormat::ALL[F];
+    match (format.is_k(), high_bits(format)) {
+        (true, 1) => body_k_many::<F, 1>(t, rows),
+        (true, _) => body_k_many::<F, 0>(t, rows),
+        (false, 1) => body_32_many::<F, 1>(t, rows),
+        (false, _) => body_32_many::<F, 0>(t, rows),
     }
 }
 

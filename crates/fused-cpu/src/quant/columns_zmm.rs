@@ -13,8 +13,8 @@
 //! kernels agree bit for bit.
 
 use super::columns::{
-    group_block_bytes, high_bits, less_offset, offset, sub_bytes, subs, values_bytes, GroupTile,
-    COLUMNS, K_SCALES, MINIMUMS, Q6K_SCALES,
+    group_block_bytes, high_bits, less_offset, offset, per_format, sub_bytes, subs, values_bytes,
+    GroupTile, COLUMNS, K_SCALES, MINIMUMS, Q6K_SCALES,
 };
 use super::columns_x86::{minimum_sums, q6k_values};
 use super::{BlockFormat, BLOCK};
@@ -37,31 +37,16 @@ pub(super) fn tile_rows(format: BlockFormat) -> usize {
 /// As [`super::columns::group`], with two groups' weights (the second after the first); the
 /// CPU has AVX-512 F, BW, VL and VNNI, FMA and F16C.
 pub(super) unsafe fn group(format: BlockFormat, t: &GroupTile, rows: usize) {
-    macro_rules! rows {
-        ($f:literal) => {
-            match rows {
-                8 => pair::<$f, 8>(t),
-                7 => pair::<$f, 7>(t),
-                6 => pair::<$f, 6>(t),
-                5 => pair::<$f, 5>(t),
-                4 => pair::<$f, 4>(t),
-                3 => pair::<$f, 3>(t),
-                2 => pair::<$f, 2>(t),
-                _ => pair::<$f, 1>(t),
-            }
-        };
-    }
-    // `BlockFormat::ALL`'s order.
-    match format {
-        BlockFormat::Q4_0 => rows!(0),
-        BlockFormat::Q4_1 => rows!(1),
-        BlockFormat::Q5_0 => rows!(2),
-        BlockFormat::Q5_1 => rows!(3),
-        BlockFormat::Q8_0 => rows!(4),
-        BlockFormat::Q4K => rows!(5),
-        BlockFormat::Q5K => rows!(6),
-        BlockFormat::Q6K => rows!(7),
-    }
+    per_format!(format, F => match rows {
+        8 => pair::<F, 8>(t),
+        7 => pair::<F, 7>(t),
+        6 => pair::<F, 6>(t),
+        5 => pair::<F, 5>(t),
+        4 => pair::<F, 4>(t),
+        3 => pair::<F, 3>(t),
+        2 => pair::<F, 2>(t),
+        _ => pair::<F, 1>(t),
+    })
 }
 
 /// Bytes of one group's blocks: where the second group starts.
