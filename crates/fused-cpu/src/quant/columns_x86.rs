@@ -12,31 +12,49 @@ use super::columns::{
 use super::{BlockFormat, BLOCK};
 use std::arch::x86_64::*;
 
-/// Rows one call multiplies: each row keeps an i32 and an f32 register, so AVX2's sixteen
-/// registers hold four rows and AVX-512's thirty-two hold eight (each block's weights are then
-/// loaded and unpacked once per eight rows: on a Zen 4, a batch-32 run took ~4% less CPU time
-/// than with four). Except Q6_K's, which also keeps a sub-block's sums per row while it adds
-/// the other side's: at eight rows it ran out of registers (on a Zen 4, one thread's product of
-/// 32 rows by 896 × 4,864 weights: 59 billion multiply-adds a second at eight rows, 91 at four,
-/// 80–92 at five and six; the other formats within ±5% at four, six or eight). AVX2 takes up to
-/// [`MANY_ROWS`] instead in every format but Q8_0 ([`body_32_many`], [`body_k_many`]).
-pub(super) fn tile_rows(format: BlockFormat, vnni: bool) -> usize {
+/// Rows the register kernels ([`body_32`], [`body_k`]) take a call: each row keeps an i32 and
+/// an f32 register, so AVX2's sixteen registers hold four rows and AVX-512's thirty-two hold
+/// eight (each block's weights are then loaded and unpacked once per eight rows: on a Zen 4, a
+/// batch-32 run took ~4% less CPU time than with four). Except Q6_K's, which also keeps a
+/// sub-block's sums per row while it adds the other side's: at eight rows it ran out of
+/// registers (on a Zen 4, one thread's product of 32 rows by 896 × 4,864 weights: 59 billion
+/// multiply-adds a second at eight rows, 91 at four, 80–92 at five and six; the other formats
+/// within ±5% at four, six or eight).
+fn register_rows(format: BlockFormat, vnni: bool) -> usize {
     match format {
-        _ if !vnni && many_rows(format) => MANY_ROWS,
         BlockFormat::Q6K => 4,
         _ if vnni => 8,
         _ => 4,
     }
 }
 
-/// Rows one AVX2 call takes where [`many_rows`]: a decoding step's batch, or a prompt step's row
+/// Rows one call multiplies: up to [`MANY_ROWS`] where [`many_rows`] (more than
+/// [`register_rows`] go to [`body_32_many`] or [`body_k_many`]), else [`register_rows`].
+pub(super) fn tile_rows(format: BlockFormat, vnni: bool) -> usize {
+    if many_rows(format, vnni) {
+        MANY_ROWS
+    } else {
+        register_rows(format, vnni)
+    }
+}
+
+/// Rows one call takes where [`many_rows`]: a decoding step's batch, or a prompt step's row
 /// block (`super::ROW_BLOCK`), whose rows all share each block's unpacking.
 pub(super) const MANY_ROWS: usize = 64;
 
-/// Whether AVX2 multiplies `format` a block at a time for all of a call's rows: every format
-/// whose values are nibbles (Q8_0's bytes take two operations to unpack and a sign per row).
-fn many_rows(format: BlockFormat) -> bool {
-    format != BlockFormat::Q8_0
+/// Whether `format` is multiplied a block at a time for all of a call's rows. On AVX2 every
+/// format whose values are nibbles (Q8_0's bytes take two operations to unpack and a sign per
+/// row). On VNNI only Q5_0, whose register kernel runs short of registers at eight rows (its
+/// offset and fifth bits beside eight rows' sums: stack loads in its loop); the others gained
+/// nothing or lost (on a Zen 4, one thread, 32 rows, both kernels alternated in one process:
+/// Q5_0 1.18× on 4,864 × 896 and 1.08× on 896 × 896; Q6_K and Q5_K 1.03×, Q5_1 0.99×, Q4_0
+/// 0.98×, Q4_K 0.96×, Q4_1 0.88×).
+fn many_rows(format: BlockFormat, vnni: bool) -> bool {
+    match format {
+        BlockFormat::Q8_0 => false,
+        BlockFormat::Q5_0 => true,
+        _ => !vnni,
+    }
 }
 
 /// Runs the kernel for `format` on the tile's `rows` rows (1..=[`tile_rows`]).
@@ -45,8 +63,10 @@ fn many_rows(format: BlockFormat) -> bool {
 /// As [`super::columns::group`]; with `vnni`, the CPU has AVX-512 VNNI, BW and VL, else AVX2;
 /// both need FMA and F16C.
 pub(super) unsafe fn group(format: BlockFormat, t: &GroupTile, rows: usize, vnni: bool) {
+    let many = many_rows(format, vnni) && rows > register_rows(format, vnni);
     per_format!(format, F => match (rows, vnni) {
-        (5.., false) if many_rows(BlockFormat::ALL[F]) => group_avx2_many::<F>(t, rows),
+        _ if many && vnni => group_vnni_many::<F>(t, rows),
+        _ if many => group_avx2_many::<F>(t, rows),
         (8, true) => group_vnni::<F, 8>(t),
         (7, true) => group_vnni::<F, 7>(t),
         (6, true) => group_vnni::<F, 6>(t),
@@ -74,12 +94,24 @@ unsafe fn group_vnni<const F: usize, const R: usize>(t: &GroupTile) {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn group_avx2_many<const F: usize>(t: &GroupTile, rows: usize) {
+    many::<F, false>(t, rows)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn group_vnni_many<const F: usize>(t: &GroupTile, rows: usize) {
+    many::<F, true>(t, rows)
+}
+
+/// The many-rows kernel for `BlockFormat::ALL[F]`, inlined into each instruction set's wrapper
+/// (the K formats' is AVX2's: VNNI takes many rows only in Q5_0, [`many_rows`]).
+#[inline(always)]
+unsafe fn many<const F: usize, const VNNI: bool>(t: &GroupTile, rows: usize) {
     let format = BlockFormat::ALL[F];
     match (format.is_k(), high_bits(format)) {
         (true, 1) => body_k_many::<F, 1>(t, rows),
         (true, _) => body_k_many::<F, 0>(t, rows),
-        (false, 1) => body_32_many::<F, 1>(t, rows),
-        (false, _) => body_32_many::<F, 0>(t, rows),
+        (false, 1) => body_32_many::<F, VNNI, 1>(t, rows),
+        (false, _) => body_32_many::<F, VNNI, 0>(t, rows),
     }
 }
 
@@ -160,14 +192,17 @@ unsafe fn body_32<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTil
     store(t, &acc);
 }
 
-/// [`body_32`] for AVX2's nibble formats and up to [`MANY_ROWS`] rows: each block's values are
-/// unpacked once for all the rows (`body_32` unpacks them once per four rows, as many as AVX2's
-/// sixteen registers hold sums for; AVX2 has no masked byte add, so Q5's fifth bits alone took
-/// 32 of the Q5_0 loop's 137 vector operations per four rows), and each row's f32 sums wait in
-/// memory between blocks (on an Intel Xeon, one thread, 32 rows: Q5_0 1.4–1.6× faster, Q4_0
-/// unchanged). The same integers and f32 operations in the same order, so the same bits.
+/// [`body_32`] for up to [`MANY_ROWS`] rows where [`many_rows`]: each block's values are
+/// unpacked once for all the rows (`body_32` unpacks them once per four rows on AVX2, as many as
+/// its sixteen registers hold sums for; AVX2 has no masked byte add, so Q5's fifth bits alone
+/// took 32 of the Q5_0 loop's 137 vector operations per four rows), and each row's f32 sums wait
+/// in memory between blocks (on an Intel Xeon, AVX2, one thread, 32 rows: Q5_0 1.4–1.6× faster,
+/// Q4_0 unchanged). The same integers and f32 operations in the same order, so the same bits.
 #[inline(always)]
-unsafe fn body_32_many<const F: usize, const HIGH: u32>(t: &GroupTile, rows: usize) {
+unsafe fn body_32_many<const F: usize, const VNNI: bool, const HIGH: u32>(
+    t: &GroupTile,
+    rows: usize,
+) {
     let format = BlockFormat::ALL[F];
     let (group, values) = (group_block_bytes(format), values_bytes(format));
     let mut acc = [_mm256_setzero_ps(); MANY_ROWS];
@@ -177,12 +212,16 @@ unsafe fn body_32_many<const F: usize, const HIGH: u32>(t: &GroupTile, rows: usi
         // No closure (`from_fn`): one would be compiled apart from this function, without AVX2.
         let mut unpacked = [[_mm256_setzero_si256(); 2]; 4];
         for (h, run) in unpacked.iter_mut().enumerate() {
-            *run = run_values::<false, HIGH>(w, h);
+            *run = run_values::<VNNI, HIGH>(w, h);
         }
         let scales = BlockScales::of(format, w.add(values));
         for (r, acc) in acc.iter_mut().enumerate() {
-            let sums =
-                row_sums_avx2::<HIGH>(&unpacked, a, r, first_sums(t, r, b, format, offset(format)));
+            let sums = row_sums::<VNNI, HIGH>(
+                &unpacked,
+                a,
+                r,
+                first_sums(t, r, b, format, offset(format)),
+            );
             *acc = scales.add(format, *acc, sums, t, r, b);
         }
     }
@@ -327,7 +366,7 @@ unsafe fn body_k_many<const F: usize, const HIGH: u32>(t: &GroupTile, rows: usiz
                 let scales =
                     _mm256_cvtepu8_epi32(_mm_loadl_epi64(head.add(K_SCALES + 8 * s).cast()));
                 for (r, total) in total[..rows].iter_mut().enumerate() {
-                    let sums = row_sums_avx2::<HIGH>(
+                    let sums = row_sums::<false, HIGH>(
                         &unpacked,
                         Block::of(t, ab),
                         r,
@@ -532,10 +571,10 @@ fn widen_after<const HIGH: u32>(h: usize) -> bool {
 }
 
 /// Row `r`'s integer sums over a Q4 or Q5 sub-block already unpacked by runs
-/// ([`run_values`]), from `sums`, on AVX2: the same products and widenings as
+/// ([`run_values`]), from `sums`: the same products (and on AVX2 the same widenings) as
 /// [`sums_nibbles`].
 #[inline(always)]
-unsafe fn row_sums_avx2<const HIGH: u32>(
+unsafe fn row_sums<const VNNI: bool, const HIGH: u32>(
     unpacked: &[[__m256i; 2]; 4],
     a: Block,
     r: usize,
@@ -545,10 +584,14 @@ unsafe fn row_sums_avx2<const HIGH: u32>(
     let mut pairs = _mm256_setzero_si256();
     for (h, side) in unpacked.iter().enumerate() {
         for (s, &side) in side.iter().enumerate() {
-            let products = _mm256_maddubs_epi16(side, a.four(r, 16 * s + 4 * h));
-            pairs = _mm256_add_epi16(pairs, products);
+            let act = a.four(r, 16 * s + 4 * h);
+            if VNNI {
+                sums = _mm256_dpbusd_epi32(sums, side, act);
+            } else {
+                pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(side, act));
+            }
         }
-        if widen_after::<HIGH>(h) {
+        if !VNNI && widen_after::<HIGH>(h) {
             sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, ones));
             pairs = _mm256_setzero_si256();
         }
