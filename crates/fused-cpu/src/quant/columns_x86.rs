@@ -580,18 +580,26 @@ unsafe fn row_sums<const VNNI: bool, const HIGH: u32>(
     r: usize,
     mut sums: __m256i,
 ) -> __m256i {
+    if VNNI {
+        // One sum per side, added at the end: in one sum each of a row's eight `vpdpbusd` waited
+        // for the one before (on a Zen 4, 32 rows, Q5_0: 1.08× with two, no more with four).
+        // Integer sums: the same bits in any order.
+        let mut sides = [sums, _mm256_setzero_si256()];
+        for (h, side) in unpacked.iter().enumerate() {
+            for (s, &side) in side.iter().enumerate() {
+                sides[s] = _mm256_dpbusd_epi32(sides[s], side, a.four(r, 16 * s + 4 * h));
+            }
+        }
+        return _mm256_add_epi32(sides[0], sides[1]);
+    }
     let ones = _mm256_set1_epi16(1);
     let mut pairs = _mm256_setzero_si256();
     for (h, side) in unpacked.iter().enumerate() {
         for (s, &side) in side.iter().enumerate() {
-            let act = a.four(r, 16 * s + 4 * h);
-            if VNNI {
-                sums = _mm256_dpbusd_epi32(sums, side, act);
-            } else {
-                pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(side, act));
-            }
+            let products = _mm256_maddubs_epi16(side, a.four(r, 16 * s + 4 * h));
+            pairs = _mm256_add_epi16(pairs, products);
         }
-        if !VNNI && widen_after::<HIGH>(h) {
+        if widen_after::<HIGH>(h) {
             sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, ones));
             pairs = _mm256_setzero_si256();
         }
