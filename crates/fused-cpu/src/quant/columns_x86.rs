@@ -82,6 +82,34 @@ pub(super) unsafe fn group(format: BlockFormat, t: &GroupTile, rows: usize, vnni
     })
 }
 
+/// Runs the VNNI kernel on a 512-bit call's tile (two groups, `t.cols` 1..=16, the second
+/// group's blocks after the first's), one group after the other: where
+/// [`super::columns_zmm::halves`].
+///
+/// # Safety
+/// As [`group`] with `vnni`, and `t` a tile of two groups as [`super::columns_zmm::group`] takes.
+pub(super) unsafe fn group_pair(format: BlockFormat, t: &GroupTile, rows: usize) {
+    group(
+        format,
+        &GroupTile {
+            cols: t.cols.min(COLUMNS),
+            ..*t
+        },
+        rows,
+        true,
+    );
+    if t.cols > COLUMNS {
+        let second = GroupTile {
+            weights: t.weights.add(super::columns_zmm::group_bytes(format, t)),
+            out: t.out.add(COLUMNS),
+            cols: t.cols - COLUMNS,
+            bias: t.bias.map(|b| b.add(COLUMNS)),
+            ..*t
+        };
+        group(format, &second, rows, true);
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn group_avx2<const F: usize, const R: usize>(t: &GroupTile) {
     body::<F, R, false>(t)
