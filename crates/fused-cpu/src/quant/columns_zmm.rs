@@ -8,8 +8,11 @@
 //! two 256-bit halves (0.273 against 0.137 ns), yet this kernel still ran faster there than the
 //! 256-bit one, with half the instructions to issue and track: one thread, 32 rows, both in one
 //! process, Q8_0 1.23×, Q4_0 1.19×, Q4_K 1.15×, Q6_K 1.13×, Q5_K 1.08×, Q4_1 and Q5_1 1.05×; at
-//! one row 1.00–1.15× (Q5_0 1.08–1.13×). Except Q5_0 beyond eight rows, where the 256-bit kernel
-//! unpacks each block once for all of a call's rows ([`halves`]: 0.77–0.84× here).
+//! one row 1.00–1.15× (Q5_0 1.08–1.13×), weights in the caches. But one answer at a time, the
+//! weights streamed from memory, it ran 0.73–0.76× in the decoder, so on AMD a product of fewer
+//! rows than a whole tile runs 256-bit (`super::Kernel::for_rows`); and Q5_0 beyond eight rows
+//! too, where the 256-bit kernel unpacks each block once for all of a call's rows ([`halves`]:
+//! 0.77–0.84× here).
 //!
 //! **The same numbers**: the integer sums are the 256-bit kernel's ([`super::columns_x86`]), lane
 //! for lane, and each row takes its f32 operations in its order on 16 lanes instead of 8, so all
@@ -29,16 +32,20 @@ pub(super) fn tile_rows(format: BlockFormat) -> usize {
     if format == BlockFormat::Q6K {
         4
     } else {
-        8
+        WHOLE_TILE
     }
 }
+
+/// The rows of a whole tile (but Q6_K's): on AMD, products of fewer rows run 256-bit
+/// (`super::Kernel::for_rows`).
+pub(super) const WHOLE_TILE: usize = 8;
 
 /// Whether a tile of `rows` rows in `format` runs on the 256-bit kernel instead, one group after
 /// the other ([`super::columns_x86::group_pair`]): Q5_0 beyond eight rows on AMD, whose 256-bit
 /// many-rows kernel ran it 1.2–1.3× faster than this one (Zen 4, 32 and 64 rows). Not on Intel,
 /// where that has not been measured.
 pub(super) fn halves(format: BlockFormat, rows: usize) -> bool {
-    format == BlockFormat::Q5_0 && rows > 8 && crate::packed::amd()
+    format == BlockFormat::Q5_0 && rows > WHOLE_TILE && crate::packed::amd()
 }
 
 /// Runs the kernel for `format` on the tile's `rows` rows (1..=[`tile_rows`]) and its two

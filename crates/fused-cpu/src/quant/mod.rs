@@ -699,9 +699,7 @@ impl Kernel {
     fn for_rows(self, m: usize) -> Self {
         match self {
             #[cfg(target_arch = "x86_64")]
-            Self::Avx512VnniWide
-                if m < columns_zmm::tile_rows(BlockFormat::Q4_0) && crate::packed::amd() =>
-            {
+            Self::Avx512VnniWide if m < columns_zmm::WHOLE_TILE && crate::packed::amd() => {
                 Self::Avx512Vnni
             }
             kernel => kernel,
@@ -724,6 +722,7 @@ impl Kernel {
             #[cfg(target_arch = "x86_64")]
             Self::Amx => columns_amx::ROWS,
             #[cfg(target_arch = "x86_64")]
+            // Q5_0 on AMD: the 256-bit many-rows kernel's tiles (`columns_zmm::halves`).
             Self::Avx512VnniWide if columns_zmm::halves(format, usize::MAX) => {
                 columns_x86::tile_rows(format, true)
             }
