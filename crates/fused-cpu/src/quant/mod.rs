@@ -697,6 +697,7 @@ impl Kernel {
     /// 256-bit kernel (on a Zen 4, the Qwen2.5-0.5B shape at 0.73× the tokens/s, SmolLM2 0.76×),
     /// where from eight rows up it computes faster. The same bits either way.
     fn for_rows(self, m: usize) -> Self {
+        let _ = m;
         match self {
             #[cfg(target_arch = "x86_64")]
             Self::Avx512VnniWide if m < columns_zmm::WHOLE_TILE && crate::packed::amd() => {
