@@ -40,12 +40,12 @@ pub(super) fn tile_rows(format: BlockFormat) -> usize {
 /// (`super::Kernel::for_rows`).
 pub(super) const WHOLE_TILE: usize = 8;
 
-/// Whether a tile of `rows` rows in `format` runs on the 256-bit kernel instead, one group after
-/// the other ([`super::columns_x86::group_pair`]): Q5_0 beyond eight rows on AMD, whose 256-bit
-/// many-rows kernel ran it 1.2–1.3× faster than this one (Zen 4, 32 and 64 rows). Not on Intel,
-/// where that has not been measured.
-pub(super) fn halves(format: BlockFormat, rows: usize) -> bool {
-    format == BlockFormat::Q5_0 && rows > WHOLE_TILE && crate::packed::amd()
+/// Whether `format`'s tiles of more than [`WHOLE_TILE`] rows run on the 256-bit kernel instead,
+/// one group after the other ([`super::columns_x86::group_pair`]), in that kernel's tiles: Q5_0
+/// on AMD, whose 256-bit many-rows kernel ran it 1.2–1.3× faster than this one (Zen 4, 32 and 64
+/// rows). Not on Intel, where that has not been measured.
+pub(super) fn halves(format: BlockFormat) -> bool {
+    format == BlockFormat::Q5_0 && crate::packed::amd()
 }
 
 /// Runs the kernel for `format` on the tile's `rows` rows (1..=[`tile_rows`]) and its two

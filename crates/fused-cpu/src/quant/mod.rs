@@ -675,9 +675,10 @@ impl Kernel {
             }
             #[cfg(target_arch = "x86_64")]
             Self::Amx => columns_amx::group(format, t, rows),
-            // On AMD, Q5_0's tiles of more than eight rows run 256-bit (`columns_zmm::halves`).
             #[cfg(target_arch = "x86_64")]
-            Self::Avx512VnniWide if columns_zmm::halves(format, rows) => {
+            Self::Avx512VnniWide
+                if rows > columns_zmm::WHOLE_TILE && columns_zmm::halves(format) =>
+            {
                 columns_x86::group_pair(format, t, rows)
             }
             #[cfg(target_arch = "x86_64")]
@@ -723,8 +724,7 @@ impl Kernel {
             #[cfg(target_arch = "x86_64")]
             Self::Amx => columns_amx::ROWS,
             #[cfg(target_arch = "x86_64")]
-            // Q5_0 on AMD: the 256-bit many-rows kernel's tiles (`columns_zmm::halves`).
-            Self::Avx512VnniWide if columns_zmm::halves(format, usize::MAX) => {
+            Self::Avx512VnniWide if columns_zmm::halves(format) => {
                 columns_x86::tile_rows(format, true)
             }
             #[cfg(target_arch = "x86_64")]
