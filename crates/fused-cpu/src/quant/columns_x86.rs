@@ -1,8 +1,8 @@
 //! The column layout's product ([`super::columns`]) on x86-64: AVX-512 VNNI's `vpdpbusd` on
 //! 256-bit registers (four unsigned weights by four signed activations added into each output's
-//! 32-bit sum, one instruction: AMD's Zen 4 and 5, which run a 512-bit instruction as two halves;
-//! Intel's cores run [`super::columns_zmm`]), or AVX2's `vpmaddubsw`/`vpmaddwd` where there is no
-//! VNNI. Both compute each sub-block's integer sums exactly and then the portable definition's
+//! 32-bit sum, one instruction: products of fewer rows than [`super::columns_zmm`]'s whole tile
+//! on AMD's Zen 4 and 5, which run a 512-bit instruction as two halves), or AVX2's
+//! `vpmaddubsw`/`vpmaddwd` where there is no VNNI. Both compute each sub-block's integer sums exactly and then the portable definition's
 //! f32 operations in its order.
 
 use super::columns::{
@@ -42,19 +42,13 @@ pub(super) fn tile_rows(format: BlockFormat, vnni: bool) -> usize {
 /// block (`super::ROW_BLOCK`), whose rows all share each block's unpacking.
 pub(super) const MANY_ROWS: usize = 64;
 
-/// Whether `format` is multiplied a block at a time for all of a call's rows. On AVX2 every
+/// Whether `format` is multiplied a block at a time for all of a call's rows: on AVX2 every
 /// format whose values are nibbles (Q8_0's bytes take two operations to unpack and a sign per
-/// row). On VNNI only Q5_0, whose register kernel runs short of registers at eight rows (its
-/// offset and fifth bits beside eight rows' sums: stack loads in its loop); the others gained
-/// nothing or lost (on a Zen 4, one thread, 32 rows, both kernels alternated in one process:
-/// Q5_0 1.18× on 4,864 × 896 and 1.08× on 896 × 896; Q6_K and Q5_K 1.03×, Q5_1 0.99×, Q4_0
-/// 0.98×, Q4_K 0.96×, Q4_1 0.88×).
+/// row). Not on VNNI: the 256-bit VNNI kernel runs only products of fewer rows than the 512-bit
+/// kernel's whole tile (`super::Kernel::for_rows`), and the 512-bit kernel takes Q5_0 a block
+/// at a time itself (`super::columns_zmm`).
 fn many_rows(format: BlockFormat, vnni: bool) -> bool {
-    match format {
-        BlockFormat::Q8_0 => false,
-        BlockFormat::Q5_0 => true,
-        _ => !vnni,
-    }
+    !vnni && format != BlockFormat::Q8_0
 }
 
 /// Runs the kernel for `format` on the tile's `rows` rows (1..=[`tile_rows`]).
@@ -65,7 +59,6 @@ fn many_rows(format: BlockFormat, vnni: bool) -> bool {
 pub(super) unsafe fn group(format: BlockFormat, t: &GroupTile, rows: usize, vnni: bool) {
     let many = many_rows(format, vnni) && rows > register_rows(format, vnni);
     per_format!(format, F => match (rows, vnni) {
-        _ if many && vnni => group_vnni_many::<F>(t, rows),
         _ if many => group_avx2_many::<F>(t, rows),
         (8, true) => group_vnni::<F, 8>(t),
         (7, true) => group_vnni::<F, 7>(t),
@@ -82,34 +75,6 @@ pub(super) unsafe fn group(format: BlockFormat, t: &GroupTile, rows: usize, vnni
     })
 }
 
-/// Runs the VNNI kernel on a 512-bit call's tile (two groups, `t.cols` 1..=16, the second
-/// group's blocks after the first's), one group after the other: where
-/// [`super::columns_zmm::halves`].
-///
-/// # Safety
-/// As [`group`] with `vnni`, and `t` a tile of two groups as [`super::columns_zmm::group`] takes.
-pub(super) unsafe fn group_pair(format: BlockFormat, t: &GroupTile, rows: usize) {
-    group(
-        format,
-        &GroupTile {
-            cols: t.cols.min(COLUMNS),
-            ..*t
-        },
-        rows,
-        true,
-    );
-    if t.cols > COLUMNS {
-        let second = GroupTile {
-            weights: t.weights.add(super::columns_zmm::group_bytes(format, t)),
-            out: t.out.add(COLUMNS),
-            cols: t.cols - COLUMNS,
-            bias: t.bias.map(|b| b.add(COLUMNS)),
-            ..*t
-        };
-        group(format, &second, rows, true);
-    }
-}
-
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn group_avx2<const F: usize, const R: usize>(t: &GroupTile) {
     body::<F, R, false>(t)
@@ -122,24 +87,18 @@ unsafe fn group_vnni<const F: usize, const R: usize>(t: &GroupTile) {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn group_avx2_many<const F: usize>(t: &GroupTile, rows: usize) {
-    many::<F, false>(t, rows)
+    many::<F>(t, rows)
 }
 
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn group_vnni_many<const F: usize>(t: &GroupTile, rows: usize) {
-    many::<F, true>(t, rows)
-}
-
-/// The many-rows kernel for `BlockFormat::ALL[F]`, inlined into each instruction set's wrapper
-/// (the K formats' is AVX2's: VNNI takes many rows only in Q5_0, [`many_rows`]).
+/// The many-rows kernel for `BlockFormat::ALL[F]`, inlined into AVX2's wrapper.
 #[inline(always)]
-unsafe fn many<const F: usize, const VNNI: bool>(t: &GroupTile, rows: usize) {
+unsafe fn many<const F: usize>(t: &GroupTile, rows: usize) {
     let format = BlockFormat::ALL[F];
     match (format.is_k(), high_bits(format)) {
         (true, 1) => body_k_many::<F, 1>(t, rows),
         (true, _) => body_k_many::<F, 0>(t, rows),
-        (false, 1) => body_32_many::<F, VNNI, 1>(t, rows),
-        (false, _) => body_32_many::<F, VNNI, 0>(t, rows),
+        (false, 1) => body_32_many::<F, 1>(t, rows),
+        (false, _) => body_32_many::<F, 0>(t, rows),
     }
 }
 
@@ -227,10 +186,7 @@ unsafe fn body_32<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTil
 /// in memory between blocks (on an Intel Xeon, AVX2, one thread, 32 rows: Q5_0 1.4–1.6× faster,
 /// Q4_0 unchanged). The same integers and f32 operations in the same order, so the same bits.
 #[inline(always)]
-unsafe fn body_32_many<const F: usize, const VNNI: bool, const HIGH: u32>(
-    t: &GroupTile,
-    rows: usize,
-) {
+unsafe fn body_32_many<const F: usize, const HIGH: u32>(t: &GroupTile, rows: usize) {
     let format = BlockFormat::ALL[F];
     let (group, values) = (group_block_bytes(format), values_bytes(format));
     let mut acc = [_mm256_setzero_ps(); MANY_ROWS];
@@ -240,16 +196,12 @@ unsafe fn body_32_many<const F: usize, const VNNI: bool, const HIGH: u32>(
         // No closure (`from_fn`): one would be compiled apart from this function, without AVX2.
         let mut unpacked = [[_mm256_setzero_si256(); 2]; 4];
         for (h, run) in unpacked.iter_mut().enumerate() {
-            *run = run_values::<VNNI, HIGH>(w, h);
+            *run = run_values::<false, HIGH>(w, h);
         }
         let scales = BlockScales::of(format, w.add(values));
         for (r, acc) in acc.iter_mut().enumerate() {
-            let sums = row_sums::<VNNI, HIGH>(
-                &unpacked,
-                a,
-                r,
-                first_sums(t, r, b, format, offset(format)),
-            );
+            let sums =
+                row_sums::<HIGH>(&unpacked, a, r, first_sums(t, r, b, format, offset(format)));
             *acc = scales.add(format, *acc, sums, t, r, b);
         }
     }
@@ -394,12 +346,8 @@ unsafe fn body_k_many<const F: usize, const HIGH: u32>(t: &GroupTile, rows: usiz
                 let scales =
                     _mm256_cvtepu8_epi32(_mm_loadl_epi64(head.add(K_SCALES + 8 * s).cast()));
                 for (r, total) in total[..rows].iter_mut().enumerate() {
-                    let sums = row_sums::<false, HIGH>(
-                        &unpacked,
-                        Block::of(t, ab),
-                        r,
-                        _mm256_setzero_si256(),
-                    );
+                    let sums =
+                        row_sums::<HIGH>(&unpacked, Block::of(t, ab), r, _mm256_setzero_si256());
                     *total = _mm256_add_epi32(*total, _mm256_mullo_epi32(sums, scales));
                 }
             }
@@ -599,27 +547,15 @@ fn widen_after<const HIGH: u32>(h: usize) -> bool {
 }
 
 /// Row `r`'s integer sums over a Q4 or Q5 sub-block already unpacked by runs
-/// ([`run_values`]), from `sums`: the same products (and on AVX2 the same widenings) as
+/// ([`run_values`]), from `sums`, on AVX2: the same products and widenings as
 /// [`sums_nibbles`].
 #[inline(always)]
-unsafe fn row_sums<const VNNI: bool, const HIGH: u32>(
+unsafe fn row_sums<const HIGH: u32>(
     unpacked: &[[__m256i; 2]; 4],
     a: Block,
     r: usize,
     mut sums: __m256i,
 ) -> __m256i {
-    if VNNI {
-        // One sum per side, added at the end: in one sum each of a row's eight `vpdpbusd` waited
-        // for the one before (on a Zen 4, 32 rows, Q5_0: 1.08× with two, no more with four).
-        // Integer sums: the same bits in any order.
-        let mut sides = [sums, _mm256_setzero_si256()];
-        for (h, side) in unpacked.iter().enumerate() {
-            for (s, &side) in side.iter().enumerate() {
-                sides[s] = _mm256_dpbusd_epi32(sides[s], side, a.four(r, 16 * s + 4 * h));
-            }
-        }
-        return _mm256_add_epi32(sides[0], sides[1]);
-    }
     let ones = _mm256_set1_epi16(1);
     let mut pairs = _mm256_setzero_si256();
     for (h, side) in unpacked.iter().enumerate() {

@@ -10,9 +10,8 @@
 //! process, Q8_0 1.23×, Q4_0 1.19×, Q4_K 1.15×, Q6_K 1.13×, Q5_K 1.08×, Q4_1 and Q5_1 1.05×; at
 //! one row 1.00–1.15× (Q5_0 1.08–1.13×), weights in the caches. But one answer at a time, the
 //! weights streamed from memory, it ran 0.73–0.76× in the decoder, so on AMD a product of fewer
-//! rows than a whole tile runs 256-bit (`super::Kernel::for_rows`); and Q5_0 beyond eight rows
-//! too, where the 256-bit kernel unpacks each block once for all of a call's rows ([`halves`]:
-//! 0.77–0.84× here).
+//! rows than a whole tile runs 256-bit (`super::Kernel::for_rows`). Q5_0 beyond a whole tile
+//! takes all of a call's rows a block at a time ([`many_rows`]).
 //!
 //! **The same numbers**: the integer sums are the 256-bit kernel's ([`super::columns_x86`]), lane
 //! for lane, and each row takes its f32 operations in its order on 16 lanes instead of 8, so all
@@ -22,17 +21,18 @@ use super::columns::{
     group_block_bytes, high_bits, less_offset, offset, per_format, sub_bytes, subs, values_bytes,
     GroupTile, COLUMNS, K_SCALES, MINIMUMS, Q6K_SCALES,
 };
-use super::columns_x86::{minimum_sums, q6k_values};
+use super::columns_x86::{minimum_sums, q6k_values, MANY_ROWS};
 use super::{BlockFormat, BLOCK};
 use std::arch::x86_64::*;
 
 /// Rows one call multiplies: each keeps two 512-bit registers (its sums and its f32 total),
-/// 16 of the 32 (Q6_K, which keeps a side's sums beside its total, four).
+/// 16 of the 32 (Q6_K, which keeps a side's sums beside its total, four); where
+/// [`many_rows`], up to `MANY_ROWS`.
 pub(super) fn tile_rows(format: BlockFormat) -> usize {
-    if format == BlockFormat::Q6K {
-        4
-    } else {
-        WHOLE_TILE
+    match format {
+        BlockFormat::Q6K => 4,
+        _ if many_rows(format) => MANY_ROWS,
+        _ => WHOLE_TILE,
     }
 }
 
@@ -40,11 +40,14 @@ pub(super) fn tile_rows(format: BlockFormat) -> usize {
 /// (`super::Kernel::for_rows`).
 pub(super) const WHOLE_TILE: usize = 8;
 
-/// Whether `format`'s tiles of more than [`WHOLE_TILE`] rows run on the 256-bit kernel instead,
-/// one group after the other ([`super::columns_x86::group_pair`]), in that kernel's tiles: Q5_0
-/// on AMD, whose 256-bit many-rows kernel ran it 1.2–1.3× faster than this one (Zen 4, 32 and 64
-/// rows). Not on Intel, where that has not been measured.
-pub(super) fn halves(format: BlockFormat) -> bool {
+/// Whether `format`'s tiles of more than [`WHOLE_TILE`] rows run [`body_32_many`], each block
+/// unpacked once for all of them: Q5_0 on AMD, whose register kernel runs short of registers
+/// (its fifth bits and offsets beside eight rows' sums). On a Zen 4, one thread, Q5_0 4,864 ×
+/// 896 and 896 × 896, both kernels in one process, 12 alternated pairs, the same bits: 1.07–1.18×
+/// the 256-bit many-rows kernel at 9 to 64 rows (1.14–1.18× at 32), and 0.95–0.96× this file's
+/// register kernel at 8 (so not there); Q4_0 and Q4_1 0.95–0.99× the register kernel at 16 to
+/// 64 rows, Q5_1 0.99–1.05× (not taken). Not on Intel, where it has not been measured.
+fn many_rows(format: BlockFormat) -> bool {
     format == BlockFormat::Q5_0 && crate::packed::amd()
 }
 
@@ -55,7 +58,9 @@ pub(super) fn halves(format: BlockFormat) -> bool {
 /// As [`super::columns::group`], with two groups' weights (the second after the first); the
 /// CPU has AVX-512 F, BW, VL and VNNI, FMA and F16C.
 pub(super) unsafe fn group(format: BlockFormat, t: &GroupTile, rows: usize) {
+    let many = rows > WHOLE_TILE && many_rows(format);
     per_format!(format, F => match rows {
+        _ if many => body_32_many::<F>(t, rows),
         8 => pair::<F, 8>(t),
         7 => pair::<F, 7>(t),
         6 => pair::<F, 6>(t),
@@ -238,8 +243,7 @@ unsafe fn body_32<const F: usize, const R: usize>(t: &GroupTile, pair: Pair) -> 
 }
 
 /// A Q4 or Q5 sub-block (at `at` in blocks `w`) of activation block `ab`, both sides, added to
-/// `sums`: each group's four runs of nibbles side by side, with Q5's fifth bits (`HIGH` 1) by a
-/// masked add (each group's 32-bit word of them in its half of the mask).
+/// `sums`: each group's four runs side by side ([`run_sides`]).
 #[inline(always)]
 unsafe fn sums_nibbles<const R: usize, const HIGH: u32>(
     t: &GroupTile,
@@ -248,28 +252,79 @@ unsafe fn sums_nibbles<const R: usize, const HIGH: u32>(
     ab: usize,
     sums: &mut [__m512i; R],
 ) {
-    let (low, sixteen) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10));
     for h in 0..4 {
-        let bytes = runs(w, at + 32 * h);
-        let mut side = [
-            _mm512_and_si512(bytes, low),
-            _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low),
-        ];
-        if HIGH == 1 {
-            for (s, side) in side.iter_mut().enumerate() {
-                let word = |g: usize| {
-                    let at = w[g].add(at + 128 + 4 * (2 * h + s));
-                    u64::from(std::ptr::read_unaligned(at.cast::<u32>()))
-                };
-                *side = _mm512_mask_add_epi8(*side, word(0) | word(1) << 32, *side, sixteen);
-            }
-        }
+        let side = run_sides::<HIGH>(w, at, h);
         for (r, sum) in sums.iter_mut().enumerate() {
             for (s, &side) in side.iter().enumerate() {
                 *sum = _mm512_dpbusd_epi32(*sum, side, four(t, r, ab, 16 * s + 4 * h));
             }
         }
     }
+}
+
+/// The 32-weight nibble formats on many rows (up to `MANY_ROWS`; Q5_0 where [`many_rows`]):
+/// each block's two groups unpacked once for all the call's rows, as
+/// `columns_x86::body_32_many` on 16 lanes; each row's eight `vpdpbusd` in two chains, one per
+/// side, and its f32 sums in memory between blocks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn body_32_many<const F: usize>(t: &GroupTile, rows: usize) {
+    let format = BlockFormat::ALL[F];
+    let pair = Pair {
+        first: t.weights,
+        second: t.weights.add(group_bytes(format, t)),
+    };
+    let mut acc = [_mm512_setzero_ps(); MANY_ROWS];
+    let acc = &mut acc[..rows.min(MANY_ROWS)];
+    for b in 0..t.blocks {
+        let w = pair.block(format, b);
+        // No closure (`from_fn`): one would be compiled apart from this function, without AVX-512.
+        let mut unpacked = [[_mm512_setzero_si512(); 2]; 4];
+        for (h, run) in unpacked.iter_mut().enumerate() {
+            *run = match high_bits(format) {
+                1 => run_sides::<1>(w, 0, h),
+                _ => run_sides::<0>(w, 0, h),
+            };
+        }
+        let scales = Scales::of(format, w);
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let first = match offset(format) {
+                0 => _mm512_setzero_si512(),
+                _ => _mm512_set1_epi32(t.less_offset(r, b, less_offset(format))),
+            };
+            let mut sides = [first, _mm512_setzero_si512()];
+            for (h, run) in unpacked.iter().enumerate() {
+                for (s, &side) in run.iter().enumerate() {
+                    sides[s] = _mm512_dpbusd_epi32(sides[s], side, four(t, r, b, 16 * s + 4 * h));
+                }
+            }
+            let sums = _mm512_add_epi32(sides[0], sides[1]);
+            *acc = scales.add_32(format, t, (r, b), sums, *acc);
+        }
+    }
+    store(t, acc);
+}
+
+/// Run `h` of each group's Q4 or Q5 sub-block at `at` from blocks `w`, as its two sides'
+/// values (inputs `4h…` and `16 + 4h…`), with Q5's fifth bits (`HIGH` 1) by a masked add (each
+/// group's 32-bit word of them in its half of the mask).
+#[inline(always)]
+unsafe fn run_sides<const HIGH: u32>(w: [*const u8; 2], at: usize, h: usize) -> [__m512i; 2] {
+    let (low, sixteen) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10));
+    let bytes = runs(w, at + 32 * h);
+    let mut side = [
+        _mm512_and_si512(bytes, low),
+        _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low),
+    ];
+    if HIGH == 1 {
+        for (s, side) in side.iter_mut().enumerate() {
+            let word = |g: usize| {
+                let at = w[g].add(at + 128 + 4 * (2 * h + s));
+                u64::from(std::ptr::read_unaligned(at.cast::<u32>()))
+            };
+            *side = _mm512_mask_add_epi8(*side, word(0) | word(1) << 32, *side, sixteen);
+        }
+    }
+    side
 }
 
 /// The K formats, as `columns_x86::body_k` on 16 lanes.

@@ -646,7 +646,7 @@ impl Kernel {
             }
             #[cfg(target_arch = "x86_64")]
             Self::Avx512VnniWide if crate::packed::amd() => {
-                "GGUF blocks in columns × int8 (AVX-512 VNNI vpdpbusd, 512-bit from 8 rows, Q5_0 256-bit)"
+                "GGUF blocks in columns × int8 (AVX-512 VNNI vpdpbusd, 512-bit from 8 rows, Q5_0 a block at a time above 8)"
             }
             #[cfg(target_arch = "x86_64")]
             Self::Avx512VnniWide => "GGUF blocks in columns × int8 (AVX-512 VNNI vpdpbusd, 512-bit)",
@@ -675,12 +675,6 @@ impl Kernel {
             }
             #[cfg(target_arch = "x86_64")]
             Self::Amx => columns_amx::group(format, t, rows),
-            #[cfg(target_arch = "x86_64")]
-            Self::Avx512VnniWide
-                if rows > columns_zmm::WHOLE_TILE && columns_zmm::halves(format) =>
-            {
-                columns_x86::group_pair(format, t, rows)
-            }
             #[cfg(target_arch = "x86_64")]
             Self::Avx512VnniWide => columns_zmm::group(format, t, rows),
             #[cfg(target_arch = "x86_64")]
@@ -723,10 +717,6 @@ impl Kernel {
         match self {
             #[cfg(target_arch = "x86_64")]
             Self::Amx => columns_amx::ROWS,
-            #[cfg(target_arch = "x86_64")]
-            Self::Avx512VnniWide if columns_zmm::halves(format) => {
-                columns_x86::tile_rows(format, true)
-            }
             #[cfg(target_arch = "x86_64")]
             Self::Avx512VnniWide => columns_zmm::tile_rows(format),
             #[cfg(target_arch = "x86_64")]
