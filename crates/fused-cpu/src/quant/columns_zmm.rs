@@ -269,6 +269,10 @@ unsafe fn sums_nibbles<const R: usize, const HIGH: u32>(
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn body_32_many<const F: usize>(t: &GroupTile, rows: usize) {
     let format = BlockFormat::ALL[F];
+    debug_assert!(
+        !format.is_k() && format != BlockFormat::Q8_0,
+        "{format:?}: not nibbles"
+    );
     let pair = Pair {
         first: t.weights,
         second: t.weights.add(group_bytes(format, t)),

@@ -352,9 +352,13 @@ const ROUNDER: f32 = 12_582_912.0;
 
 /// Activation rows rounded to 8 bits per block of 32 (or, for the K formats in columns, per 256):
 /// values, and per block of 32 its scale and its scale times its values' sum (for the formats
-/// with a minimum), side by side so a kernel loads both at once, and its integer sums.
+/// with a minimum), side by side so a kernel loads both at once, and its integer sums. The
+/// vectors may run past the `m` rows held: a product's rows reuse the buffers of one before
+/// ([`SPARE_ROWS`]).
+#[derive(Default)]
 pub(crate) struct QuantRows {
     k: usize,
+    m: usize,
     q: Vec<i8>,
     scales: Vec<[f32; 2]>,
     /// Per block, its values' integer sum (what an offset in the weights' values multiplies),
@@ -370,7 +374,7 @@ pub(crate) struct QuantRows {
 impl QuantRows {
     /// `x`, rows of `k`, rounded as llama.cpp rounds to Q8_0 (and Q8_1's sums).
     pub(crate) fn new(x: &[f32], k: usize) -> Self {
-        Self::by_rows(x, k, |mut row, x| {
+        Self::round_rows(x, k, |mut row, x| {
             for (b, block) in x.chunks_exact(BLOCK).enumerate() {
                 let d = round_32(block, &mut row.q[b * BLOCK..][..BLOCK]);
                 let sum = row.put_sums(b);
@@ -388,7 +392,7 @@ impl QuantRows {
     /// is `1 / iscale` in f32. Each block of 32 keeps that scale (and no scaled sum) beside its
     /// integer sums, so the K formats' integer sums are llama.cpp's.
     pub(crate) fn per_256(x: &[f32], k: usize) -> Self {
-        Self::by_rows(x, k, |mut row, x| {
+        Self::round_rows(x, k, |mut row, x| {
             for (b, block) in x.chunks_exact(256).enumerate() {
                 let d = round_256(block, &mut row.q[b * 256..][..256]);
                 for at in 8 * b..8 * b + 8 {
@@ -399,26 +403,28 @@ impl QuantRows {
         })
     }
 
-    /// `x`'s rows of `k` rounded by `round` in parallel, a few rows a task: before each product
-    /// of a step, where the other threads would otherwise wait (on a Zen 4, rounding the Qwen
-    /// shape's activations at 32 rows took ~4% of a step's samples, on one thread of two).
-    fn by_rows(x: &[f32], k: usize, round: impl Fn(RowParts<'_>, &[f32]) + Sync) -> Self {
-        let blocks = k / BLOCK;
-        let mut rows = Self {
-            k,
-            q: vec![0; x.len()],
-            scales: vec![[0.0; 2]; x.len() / BLOCK],
-            sums: vec![0; x.len() / BLOCK],
-            halves: vec![0; x.len() / BLOCK],
-            less_offsets: vec![[0; 5]; x.len() / BLOCK],
-        };
-        let parts: Vec<RowParts<'_>> = rows
-            .q
+    /// `x`'s rows of `k` rounded by `round` in parallel, a few rows a task, into this thread's
+    /// spare buffers if it has some: before each product of a step, where the other threads
+    /// would otherwise wait (on a Zen 4, at 32 rows on the Qwen shape, rounding took ~4% of a
+    /// step's samples and zeroing fresh buffers for it ~2%, on one thread of two). Every value
+    /// the `m` rows hold is written.
+    fn round_rows(x: &[f32], k: usize, round: impl Fn(RowParts<'_>, &[f32]) + Sync) -> Self {
+        let (values, blocks, row_blocks) = (x.len(), x.len() / BLOCK, k / BLOCK);
+        let mut rows = SPARE_ROWS
+            .with(|spare| spare.borrow_mut().pop())
+            .unwrap_or_default();
+        (rows.k, rows.m) = (k, values / k);
+        at_least(&mut rows.q, values);
+        at_least(&mut rows.scales, blocks);
+        at_least(&mut rows.sums, blocks);
+        at_least(&mut rows.halves, blocks);
+        at_least(&mut rows.less_offsets, blocks);
+        let parts: Vec<RowParts<'_>> = rows.q[..values]
             .chunks_mut(k)
-            .zip(rows.scales.chunks_mut(blocks))
-            .zip(rows.sums.chunks_mut(blocks))
-            .zip(rows.halves.chunks_mut(blocks))
-            .zip(rows.less_offsets.chunks_mut(blocks))
+            .zip(rows.scales[..blocks].chunks_mut(row_blocks))
+            .zip(rows.sums[..blocks].chunks_mut(row_blocks))
+            .zip(rows.halves[..blocks].chunks_mut(row_blocks))
+            .zip(rows.less_offsets[..blocks].chunks_mut(row_blocks))
             .map(|((((q, scales), sums), halves), less_offsets)| RowParts {
                 q,
                 scales,
@@ -435,6 +441,19 @@ impl QuantRows {
         rows
     }
 
+    /// Keeps these buffers for this thread's next product, if they are a decoding step's size
+    /// (a prompt's, kept, would hold its memory through the rest of the job).
+    fn recycle(self) {
+        if self.q.len() <= SPARE_VALUES {
+            SPARE_ROWS.with(|spare| {
+                let mut spare = spare.borrow_mut();
+                if spare.len() < 2 {
+                    spare.push(self);
+                }
+            });
+        }
+    }
+
     fn row(&self, t: usize) -> ActivationRow<'_> {
         let blocks = self.k / BLOCK;
         ActivationRow {
@@ -447,6 +466,21 @@ impl QuantRows {
 /// Values a rounding task takes at least (a few rows): fewer left the task's overhead beside
 /// its work.
 const ROUND_VALUES: usize = 4096;
+
+/// The most values a spare [`QuantRows`] holds: 64 rows of 4,096 (~0.5 MiB with their sums).
+const SPARE_VALUES: usize = 1 << 18;
+
+thread_local! {
+    /// Each thread's buffers from its last products' roundings (one per 32, one per 256).
+    static SPARE_ROWS: std::cell::RefCell<Vec<QuantRows>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `v` at least `len` long: a spare's values past its new rows are left as they are.
+fn at_least<T: Copy + Default>(v: &mut Vec<T>, len: usize) {
+    if v.len() < len {
+        v.resize(len, T::default());
+    }
+}
 
 /// One row's share of a [`QuantRows`], written by one task.
 struct RowParts<'a> {
@@ -953,6 +987,17 @@ struct Rounded<'x> {
     by_256: std::cell::OnceCell<QuantRows>,
 }
 
+impl Drop for Rounded<'_> {
+    fn drop(&mut self) {
+        for rows in [self.by_32.take(), self.by_256.take()]
+            .into_iter()
+            .flatten()
+        {
+            rows.recycle();
+        }
+    }
+}
+
 impl<'x> Rounded<'x> {
     fn new(x: &'x [f32], k: usize) -> Self {
         Self {
@@ -1037,7 +1082,7 @@ struct Share<'a> {
 /// buffer, written by no other task; the kernel runs here.
 unsafe fn by_columns(kernel: Kernel, share: &Share<'_>) {
     let (part, rows, bias, out, n) = (share.part, share.rows, share.bias, share.out.get(), share.n);
-    let m = rows.q.len() / rows.k;
+    let m = rows.m;
     let group_bytes =
         part.k / part.format.block_weights() * columns::group_block_bytes(part.format);
     let (tall, wide) = (kernel.group_rows(part.format), kernel.group_width());
@@ -1066,7 +1111,7 @@ unsafe fn by_columns(kernel: Kernel, share: &Share<'_>) {
 /// As [`by_columns`].
 unsafe fn by_rows(share: &Share<'_>) {
     let (part, rows, bias, out, n) = (share.part, share.rows, share.bias, share.out.get(), share.n);
-    let (m, k) = (rows.q.len() / rows.k, rows.k);
+    let (m, k) = (rows.m, rows.k);
     UNPACKED.with(|unpacked| {
         let mut unpacked = unpacked.borrow_mut();
         for r in share.outputs.clone() {

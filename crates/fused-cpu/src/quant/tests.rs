@@ -227,6 +227,33 @@ fn activations_round_half_to_even_as_llama_cpp_rounds_them() {
     }
 }
 
+/// A product's rows rounded into the buffers of a larger one before (this thread's spare) are
+/// those rounded into fresh ones, field for field over the rows held.
+#[test]
+fn rows_rounded_into_a_spare_buffer_are_those_rounded_fresh() {
+    let mut rng = Rng(21);
+    let x: Vec<f32> = (0..3 * 512).map(|_| rng.float() * 4.0).collect();
+    for per_256 in [false, true] {
+        let round = |x: &[f32]| match per_256 {
+            false => QuantRows::new(x, 256),
+            true => QuantRows::per_256(x, 256),
+        };
+        super::SPARE_ROWS.with(|spare| spare.borrow_mut().clear());
+        let fresh = round(&x[..512]);
+        let larger: Vec<f32> = (0..4 * 1024).map(|_| rng.float() * 9.0).collect();
+        QuantRows::new(&larger, 1024).recycle();
+        let reused = round(&x[..512]);
+        assert!(reused.q.len() > 512, "the spare was taken");
+        let blocks = 512 / 32;
+        assert_eq!((reused.m, reused.k), (2, 256));
+        assert_eq!(reused.q[..512], fresh.q[..]);
+        assert_eq!(reused.scales[..blocks], fresh.scales[..]);
+        assert_eq!(reused.sums[..blocks], fresh.sums[..]);
+        assert_eq!(reused.halves[..blocks], fresh.halves[..]);
+        assert_eq!(reused.less_offsets[..blocks], fresh.less_offsets[..]);
+    }
+}
+
 #[test]
 fn k_format_activations_round_per_256_as_llama_cpp_rounds_them() {
     // llama.cpp's Q8_K: `iscale = -127 / max` for the value of largest magnitude (its sign
