@@ -6,11 +6,12 @@
 //! f32 operations in its order.
 
 use super::columns::{
-    group_block_bytes, high_bits, less_offset, offset, per_format, sub_bytes, values_bytes,
-    GroupTile, COLUMNS, K_SCALES, MINIMUMS, Q6K_SCALES,
+    first_rows, group_block_bytes, high_bits, less_offset, offset, per_format, sub_bytes,
+    values_bytes, GroupTile, COLUMNS, K_SCALES, MINIMUMS, Q6K_SCALES,
 };
 use super::{BlockFormat, BLOCK};
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 
 /// Rows the register kernels ([`body_32`], [`body_k`]) take a call: each row keeps an i32 and
 /// an f32 register, so AVX2's sixteen registers hold four rows and AVX-512's thirty-two hold
@@ -189,8 +190,8 @@ unsafe fn body_32<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTil
 unsafe fn body_32_many<const F: usize, const HIGH: u32>(t: &GroupTile, rows: usize) {
     let format = BlockFormat::ALL[F];
     let (group, values) = (group_block_bytes(format), values_bytes(format));
-    let mut acc = [_mm256_setzero_ps(); MANY_ROWS];
-    let acc = &mut acc[..rows.min(MANY_ROWS)];
+    let mut acc = [MaybeUninit::uninit(); MANY_ROWS];
+    let acc = first_rows(&mut acc, rows, _mm256_setzero_ps());
     for b in 0..t.blocks {
         let (w, a) = (t.weights.add(b * group), Block::of(t, b));
         // No closure (`from_fn`): one would be compiled apart from this function, without AVX2.
@@ -322,9 +323,11 @@ unsafe fn body_k<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTile
 unsafe fn body_k_many<const F: usize, const HIGH: u32>(t: &GroupTile, rows: usize) {
     let format = BlockFormat::ALL[F];
     let (group, values) = (group_block_bytes(format), values_bytes(format));
-    let rows = rows.min(MANY_ROWS);
-    let mut acc = [_mm256_setzero_ps(); MANY_ROWS];
-    let mut total = [_mm256_setzero_si256(); MANY_ROWS];
+    let mut acc = [MaybeUninit::uninit(); MANY_ROWS];
+    let acc = first_rows(&mut acc, rows, _mm256_setzero_ps());
+    let mut total = [MaybeUninit::uninit(); MANY_ROWS];
+    let total = first_rows(&mut total, rows, _mm256_setzero_si256());
+    let rows = acc.len();
     for b in 0..t.blocks / 8 {
         let w = t.weights.add(b * group);
         let head = w.add(values);

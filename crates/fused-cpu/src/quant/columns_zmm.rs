@@ -18,12 +18,13 @@
 //! kernels agree bit for bit.
 
 use super::columns::{
-    group_block_bytes, high_bits, less_offset, offset, per_format, sub_bytes, subs, values_bytes,
-    GroupTile, COLUMNS, K_SCALES, MINIMUMS, Q6K_SCALES,
+    first_rows, group_block_bytes, high_bits, less_offset, offset, per_format, sub_bytes, subs,
+    values_bytes, GroupTile, COLUMNS, K_SCALES, MINIMUMS, Q6K_SCALES,
 };
 use super::columns_x86::{minimum_sums, q6k_values, MANY_ROWS};
 use super::{BlockFormat, BLOCK};
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 
 /// Rows one call multiplies: each keeps two 512-bit registers (its sums and its f32 total),
 /// 16 of the 32 (Q6_K, which keeps a side's sums beside its total, four); where
@@ -277,8 +278,8 @@ unsafe fn body_32_many<const F: usize>(t: &GroupTile, rows: usize) {
         first: t.weights,
         second: t.weights.add(group_bytes(format, t)),
     };
-    let mut acc = [_mm512_setzero_ps(); MANY_ROWS];
-    let acc = &mut acc[..rows.min(MANY_ROWS)];
+    let mut acc = [MaybeUninit::uninit(); MANY_ROWS];
+    let acc = first_rows(&mut acc, rows, _mm512_setzero_ps());
     for b in 0..t.blocks {
         let w = pair.block(format, b);
         // No closure (`from_fn`): one would be compiled apart from this function, without AVX-512.
