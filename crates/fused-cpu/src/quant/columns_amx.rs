@@ -156,11 +156,9 @@ unsafe fn pipeline<const F: usize>(
         if prefetch {
             // The next pair of groups' unit `u` into the second-level cache, so its unpacking
             // does not wait on memory (past a matrix's last pair: a hint, never a fault).
-            let gb = group_bytes(format, t);
-            for line in (0..group_block_bytes(format)).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T1>(w[0].add(2 * gb + line).cast());
-                _mm_prefetch::<_MM_HINT_T1>(w[1].add(2 * gb + line).cast());
-            }
+            let (ahead, bytes) = (2 * group_bytes(format, t), group_block_bytes(format));
+            super::columns::prefetch(w[0], ahead, bytes);
+            super::columns::prefetch(w[1], ahead, bytes);
         }
         if format.is_k() {
             scale_k::<F>(t, u, w, now, &mut acc);

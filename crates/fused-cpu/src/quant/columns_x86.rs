@@ -6,7 +6,7 @@
 //! f32 operations in its order.
 
 use super::columns::{
-    first_rows, group_block_bytes, high_bits, less_offset, offset, per_format, sub_bytes,
+    first_rows, group_block_bytes, high_bits, less_offset, offset, per_format, prefetch, sub_bytes,
     values_bytes, GroupTile, COLUMNS, K_SCALES, MINIMUMS, Q6K_SCALES,
 };
 use super::{BlockFormat, BLOCK};
@@ -276,8 +276,11 @@ unsafe fn body_k<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTile
     let (group, values) = (group_block_bytes(format), values_bytes(format));
     let q6k = format == BlockFormat::Q6K;
     let mut acc = [_mm256_setzero_ps(); R];
+    // The group after next's block asked for meanwhile (the K formats only: `prefetch` says why).
+    let ahead = 2 * t.blocks / 8 * group;
     for b in 0..t.blocks / 8 {
         let w = t.weights.add(b * group);
+        prefetch(w, ahead, group);
         let head = w.add(values);
         let mut total = [_mm256_setzero_si256(); R];
         for s in 0..8 {
@@ -328,8 +331,10 @@ unsafe fn body_k_many<const F: usize, const HIGH: u32>(t: &GroupTile, rows: usiz
     let mut total = [MaybeUninit::uninit(); MANY_ROWS];
     let total = first_rows(&mut total, rows, _mm256_setzero_si256());
     let rows = acc.len();
+    let ahead = 2 * t.blocks / 8 * group;
     for b in 0..t.blocks / 8 {
         let w = t.weights.add(b * group);
+        prefetch(w, ahead, group);
         let head = w.add(values);
         for total in &mut total[..rows] {
             *total = _mm256_setzero_si256();

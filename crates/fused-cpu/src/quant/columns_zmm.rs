@@ -18,8 +18,8 @@
 //! kernels agree bit for bit.
 
 use super::columns::{
-    first_rows, group_block_bytes, high_bits, less_offset, offset, per_format, sub_bytes, subs,
-    values_bytes, GroupTile, COLUMNS, K_SCALES, MINIMUMS, Q6K_SCALES,
+    first_rows, group_block_bytes, high_bits, less_offset, offset, per_format, prefetch, sub_bytes,
+    subs, values_bytes, GroupTile, COLUMNS, K_SCALES, MINIMUMS, Q6K_SCALES,
 };
 use super::columns_x86::{minimum_sums, q6k_values, MANY_ROWS};
 use super::{BlockFormat, BLOCK};
@@ -92,6 +92,15 @@ impl Pair {
         let at = b * group_block_bytes(format);
         [self.first.add(at), self.second.add(at)]
     }
+}
+
+/// Asks for the next pair's block (two groups on from each of `w`) in the second-level cache,
+/// every format ([`prefetch`] says why).
+#[inline(always)]
+unsafe fn prefetch_next(format: BlockFormat, t: &GroupTile, w: [*const u8; 2]) {
+    let (ahead, bytes) = (2 * group_bytes(format, t), group_block_bytes(format));
+    prefetch(w[0], ahead, bytes);
+    prefetch(w[1], ahead, bytes);
 }
 
 /// 32 bytes of each group at `at` from its block `w`, side by side.
@@ -219,6 +228,7 @@ unsafe fn body_32<const F: usize, const R: usize>(t: &GroupTile, pair: Pair) -> 
     let mut acc = [_mm512_setzero_ps(); R];
     for b in 0..t.blocks {
         let w = pair.block(format, b);
+        prefetch_next(format, t, w);
         let mut sums: [__m512i; R] = std::array::from_fn(|r| match offset(format) {
             0 => _mm512_setzero_si512(),
             _ => _mm512_set1_epi32(t.less_offset(r, b, less_offset(format))),
@@ -282,6 +292,7 @@ unsafe fn body_32_many<const F: usize>(t: &GroupTile, rows: usize) {
     let acc = first_rows(&mut acc, rows, _mm512_setzero_ps());
     for b in 0..t.blocks {
         let w = pair.block(format, b);
+        prefetch_next(format, t, w);
         // No closure (`from_fn`): one would be compiled apart from this function, without AVX-512.
         let mut unpacked = [[_mm512_setzero_si512(); 2]; 4];
         for (h, run) in unpacked.iter_mut().enumerate() {
@@ -341,6 +352,7 @@ unsafe fn body_k<const F: usize, const R: usize>(t: &GroupTile, pair: Pair) -> [
     let mut acc = [_mm512_setzero_ps(); R];
     for b in 0..t.blocks / 8 {
         let w = pair.block(format, b);
+        prefetch_next(format, t, w);
         let mut total = [_mm512_setzero_si512(); R];
         for s in 0..8 {
             let (ab, at) = (b * 8 + s, s * sub_bytes(format));
