@@ -5,10 +5,12 @@
 //! (`bench/vnni_peak.c` times the instructions alone); the figures of record come from `spotinfer
 //! bench` and the llama.cpp comparisons (docs/benchmarks.md).
 //!
-//!     cargo run --release -p spotinfer-fused-cpu --example block_products -- [avx2|avx512] [rows=32] [ROUNDS] [FORMAT…]
+//!     cargo run --release -p spotinfer-fused-cpu --example block_products -- [avx2|avx512] [rows=32] [stream] [ROUNDS] [FORMAT…]
 //!
 //! `avx2`: the kernels an AVX2-only CPU runs; `avx512`: those a CPU without AMX runs; `rows=`:
-//! activation rows other than 32.
+//! activation rows other than 32; `stream`: matrices larger than the caches (the output layer's
+//! 151,936 × 896, a feed-forward 20 times as wide), read from memory each time as a decoding
+//! step reads its weights.
 //!
 //! FORMAT: only these formats (llama.cpp's names, e.g. `Q5_0`).
 //!
@@ -37,7 +39,13 @@ fn main() {
         .unwrap_or(32);
     // (format, outputs, inputs): the Qwen2.5-0.5B Q4_K_M file's matrices (its 896-input ones
     // fall back to Q5_0 and Q8_0), and the other formats on the feed-forward's shapes.
-    let cases = [
+    let streamed = [
+        (BlockFormat::Q8_0, 151_936, 896),
+        (BlockFormat::Q5_0, 151_936, 896),
+        (BlockFormat::Q4K, 17_920, 4864),
+        (BlockFormat::Q6K, 17_920, 4864),
+    ];
+    let cached = [
         (BlockFormat::Q5_0, 4864, 896),
         (BlockFormat::Q5_0, 896, 896),
         (BlockFormat::Q8_0, 4864, 896),
@@ -48,8 +56,12 @@ fn main() {
         (BlockFormat::Q5_1, 4864, 896),
         (BlockFormat::Q5K, 896, 4864),
     ];
+    let cases: &[(BlockFormat, usize, usize)] = match args.iter().any(|a| a == "stream") {
+        true => &streamed,
+        false => &cached,
+    };
     let mut seed = 7u64;
-    for (format, n, k) in cases {
+    for &(format, n, k) in cases {
         if !only.is_empty() && !only.iter().any(|f| *f == format.name()) {
             continue;
         }
