@@ -106,6 +106,11 @@ pub(super) fn first_rows<T: Copy, const N: usize>(
     unsafe { &mut *(rows as *mut [std::mem::MaybeUninit<T>] as *mut [T]) }
 }
 
+/// Bytes of one group's blocks: where the next group starts.
+pub(super) fn group_bytes(format: BlockFormat, t: &GroupTile) -> usize {
+    t.blocks / subs(format) * group_block_bytes(format)
+}
+
 /// Asks for `bytes` from `ahead` bytes past `w` (the same block of a group further along the
 /// matrix) in the second-level cache, while this block is multiplied. Why: a decoding step
 /// reads each matrix once, from memory (a model's weights are many times the caches), and the
@@ -533,7 +538,7 @@ pub(super) fn add_k_block(
 /// outputs `cols` of each row.
 pub(super) unsafe fn group(format: BlockFormat, t: &GroupTile, rows: usize) {
     let (subs, group) = (subs(format), group_block_bytes(format));
-    let data = std::slice::from_raw_parts(t.weights, t.blocks / subs * group);
+    let data = std::slice::from_raw_parts(t.weights, group_bytes(format, t));
     for r in 0..rows {
         let at = r * t.blocks;
         let q = std::slice::from_raw_parts(t.q.add(at * BLOCK), t.blocks * BLOCK);

@@ -36,11 +36,11 @@
 //! forwarded: in step, the kernel was slower than VNNI's).
 
 use super::columns::{
-    group_block_bytes, high_bits, offset, per_format, sub_bytes, subs, values_bytes, GroupTile,
-    K_SCALES, PAIR, Q6K_SCALES,
+    group_block_bytes, group_bytes, high_bits, offset, per_format, sub_bytes, subs, values_bytes,
+    GroupTile, K_SCALES, PAIR, Q6K_SCALES,
 };
 use super::columns_x86::{q6k_values, with_fifth_bits};
-use super::columns_zmm::{self, bytes, group_bytes, store, Scales};
+use super::columns_zmm::{self, bytes, store, Scales};
 use super::{BlockFormat, BLOCK};
 use crate::packed::amx::{configure_with, tile, Config};
 use std::arch::x86_64::*;
@@ -156,9 +156,7 @@ unsafe fn pipeline<const F: usize>(
         if prefetch {
             // The next pair of groups' unit `u` into the second-level cache, so its unpacking
             // does not wait on memory (past a matrix's last pair: a hint, never a fault).
-            let (ahead, bytes) = (2 * group_bytes(format, t), group_block_bytes(format));
-            super::columns::prefetch(w[0], ahead, bytes);
-            super::columns::prefetch(w[1], ahead, bytes);
+            columns_zmm::prefetch_next(format, t, w);
         }
         if format.is_k() {
             scale_k::<F>(t, u, w, now, &mut acc);

@@ -6,8 +6,8 @@
 //! f32 operations in its order.
 
 use super::columns::{
-    first_rows, group_block_bytes, high_bits, less_offset, offset, per_format, prefetch, sub_bytes,
-    values_bytes, GroupTile, COLUMNS, K_SCALES, MINIMUMS, Q6K_SCALES,
+    first_rows, group_block_bytes, group_bytes, high_bits, less_offset, offset, per_format,
+    prefetch, sub_bytes, values_bytes, GroupTile, COLUMNS, K_SCALES, MINIMUMS, Q6K_SCALES,
 };
 use super::{BlockFormat, BLOCK};
 use std::arch::x86_64::*;
@@ -277,7 +277,7 @@ unsafe fn body_k<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTile
     let q6k = format == BlockFormat::Q6K;
     let mut acc = [_mm256_setzero_ps(); R];
     // The group after next's block asked for meanwhile (the K formats only: `prefetch` says why).
-    let ahead = 2 * t.blocks / 8 * group;
+    let ahead = 2 * group_bytes(format, t);
     for b in 0..t.blocks / 8 {
         let w = t.weights.add(b * group);
         prefetch(w, ahead, group);
@@ -330,21 +330,18 @@ unsafe fn body_k_many<const F: usize, const HIGH: u32>(t: &GroupTile, rows: usiz
     let acc = first_rows(&mut acc, rows, _mm256_setzero_ps());
     let mut total = [MaybeUninit::uninit(); MANY_ROWS];
     let total = first_rows(&mut total, rows, _mm256_setzero_si256());
-    let rows = acc.len();
-    let ahead = 2 * t.blocks / 8 * group;
+    let ahead = 2 * group_bytes(format, t);
     for b in 0..t.blocks / 8 {
         let w = t.weights.add(b * group);
         prefetch(w, ahead, group);
         let head = w.add(values);
-        for total in &mut total[..rows] {
-            *total = _mm256_setzero_si256();
-        }
+        total.fill(_mm256_setzero_si256());
         for s in 0..8 {
             let (ab, v) = (b * 8 + s, w.add(s * sub_bytes(format)));
             if format == BlockFormat::Q6K {
                 for side in 0..2 {
                     let scales = bytes_i32(head.add(Q6K_SCALES + 16 * s + 8 * side));
-                    q6k_side_many(t, v, ab, side, scales, &mut total[..rows]);
+                    q6k_side_many(t, v, ab, side, scales, total);
                 }
             } else {
                 let mut unpacked = [[_mm256_setzero_si256(); 2]; 4];
@@ -353,7 +350,7 @@ unsafe fn body_k_many<const F: usize, const HIGH: u32>(t: &GroupTile, rows: usiz
                 }
                 let scales =
                     _mm256_cvtepu8_epi32(_mm_loadl_epi64(head.add(K_SCALES + 8 * s).cast()));
-                for (r, total) in total[..rows].iter_mut().enumerate() {
+                for (r, total) in total.iter_mut().enumerate() {
                     let sums =
                         row_sums::<HIGH>(&unpacked, Block::of(t, ab), r, _mm256_setzero_si256());
                     *total = _mm256_add_epi32(*total, _mm256_mullo_epi32(sums, scales));
@@ -361,11 +358,11 @@ unsafe fn body_k_many<const F: usize, const HIGH: u32>(t: &GroupTile, rows: usiz
             }
         }
         let scales = KScales::of(format, head);
-        for (r, acc) in acc[..rows].iter_mut().enumerate() {
+        for (r, acc) in acc.iter_mut().enumerate() {
             *acc = scales.add(format, *acc, total[r], t, r, b);
         }
     }
-    store(t, &acc[..rows]);
+    store(t, acc);
 }
 
 /// One side of a Q6_K sub-block (`v`, activation block `ab`) times its `scales`, added to each

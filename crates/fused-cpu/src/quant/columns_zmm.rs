@@ -18,8 +18,8 @@
 //! kernels agree bit for bit.
 
 use super::columns::{
-    first_rows, group_block_bytes, high_bits, less_offset, offset, per_format, prefetch, sub_bytes,
-    subs, values_bytes, GroupTile, COLUMNS, K_SCALES, MINIMUMS, Q6K_SCALES,
+    first_rows, group_block_bytes, group_bytes, high_bits, less_offset, offset, per_format,
+    prefetch, sub_bytes, values_bytes, GroupTile, COLUMNS, K_SCALES, MINIMUMS, Q6K_SCALES,
 };
 use super::columns_x86::{minimum_sums, q6k_values, MANY_ROWS};
 use super::{BlockFormat, BLOCK};
@@ -73,11 +73,6 @@ pub(super) unsafe fn group(format: BlockFormat, t: &GroupTile, rows: usize) {
     })
 }
 
-/// Bytes of one group's blocks: where the second group starts.
-pub(super) fn group_bytes(format: BlockFormat, t: &GroupTile) -> usize {
-    t.blocks / subs(format) * group_block_bytes(format)
-}
-
 /// Where a call reads its two groups' blocks.
 #[derive(Clone, Copy)]
 struct Pair {
@@ -95,9 +90,9 @@ impl Pair {
 }
 
 /// Asks for the next pair's block (two groups on from each of `w`) in the second-level cache,
-/// every format ([`prefetch`] says why).
+/// every format ([`prefetch`] says why); the AMX kernel's too.
 #[inline(always)]
-unsafe fn prefetch_next(format: BlockFormat, t: &GroupTile, w: [*const u8; 2]) {
+pub(super) fn prefetch_next(format: BlockFormat, t: &GroupTile, w: [*const u8; 2]) {
     let (ahead, bytes) = (2 * group_bytes(format, t), group_block_bytes(format));
     prefetch(w[0], ahead, bytes);
     prefetch(w[1], ahead, bytes);
