@@ -13,7 +13,9 @@
  * the stack, and timed a load and a store beside each instruction (0.28 ns where the instruction
  * alone takes 0.14 on the Zen 4 of 2026-11-29: two a cycle, not one). The last figure is a
  * vpdpbusd's time beside as many simple integer operations: what a kernel that unpacks its
- * weights can reach at best.
+ * weights can reach at best. The two q8 figures are AVX2's two ways to multiply Q8_0's bytes by
+ * one activation row (a row and 32 weights each): signed (a sign, a product and a widening) and
+ * by nibbles (two products).
  *
  * Build and run: cc -O2 -o vnni_peak vnni_peak.c && ./vnni_peak
  *   (a CPU without AVX-512 VNNI stops with SIGILL after the AVX2 line)
@@ -96,6 +98,45 @@ static double dpbusd_mixed(void) {
     return (seconds() - t) / (ROUNDS * 6.0);
 }
 
+/* AVX2's Q8_0 product of one activation row by 32 weights, as the register kernel takes it
+ * (columns_x86.rs `sums_q8`): vpsignb puts the weights' signs on the activations, vpmaddubsw
+ * multiplies the weights' magnitudes by them, vpmaddwd widens the pairs, vpaddd adds them to the
+ * row's sums. Four rows, independent: seconds per row. */
+static double q8_signed_row(void) {
+    double t = seconds();
+    for (long k = 0; k < ROUNDS; k++)
+        __asm__ volatile(
+            "vpsignb %%ymm12, %%ymm13, %%ymm4\n\tvpmaddubsw %%ymm4, %%ymm14, %%ymm4\n\t"
+            "vpmaddwd %%ymm4, %%ymm15, %%ymm4\n\tvpaddd %%ymm4, %%ymm0, %%ymm0\n\t"
+            "vpsignb %%ymm12, %%ymm13, %%ymm5\n\tvpmaddubsw %%ymm5, %%ymm14, %%ymm5\n\t"
+            "vpmaddwd %%ymm5, %%ymm15, %%ymm5\n\tvpaddd %%ymm5, %%ymm1, %%ymm1\n\t"
+            "vpsignb %%ymm12, %%ymm13, %%ymm6\n\tvpmaddubsw %%ymm6, %%ymm14, %%ymm6\n\t"
+            "vpmaddwd %%ymm6, %%ymm15, %%ymm6\n\tvpaddd %%ymm6, %%ymm2, %%ymm2\n\t"
+            "vpsignb %%ymm12, %%ymm13, %%ymm7\n\tvpmaddubsw %%ymm7, %%ymm14, %%ymm7\n\t"
+            "vpmaddwd %%ymm7, %%ymm15, %%ymm7\n\tvpaddd %%ymm7, %%ymm3, %%ymm3\n\t"::
+                : CLOBBERS);
+    return (seconds() - t) / (ROUNDS * 4.0);
+}
+
+/* The same 32 weights split into nibbles, as the many-rows kernel takes them (`body_q8_many`):
+ * a vpmaddubsw and a 16-bit vpaddw per nibble, the pairs widened once per block (not timed).
+ * Four rows, independent: seconds per row. */
+static double q8_nibble_row(void) {
+    double t = seconds();
+    for (long k = 0; k < ROUNDS; k++)
+        __asm__ volatile(
+            "vpmaddubsw %%ymm13, %%ymm14, %%ymm8\n\tvpaddw %%ymm8, %%ymm0, %%ymm0\n\t"
+            "vpmaddubsw %%ymm13, %%ymm15, %%ymm9\n\tvpaddw %%ymm9, %%ymm4, %%ymm4\n\t"
+            "vpmaddubsw %%ymm12, %%ymm14, %%ymm10\n\tvpaddw %%ymm10, %%ymm1, %%ymm1\n\t"
+            "vpmaddubsw %%ymm12, %%ymm15, %%ymm11\n\tvpaddw %%ymm11, %%ymm5, %%ymm5\n\t"
+            "vpmaddubsw %%ymm13, %%ymm14, %%ymm8\n\tvpaddw %%ymm8, %%ymm2, %%ymm2\n\t"
+            "vpmaddubsw %%ymm13, %%ymm15, %%ymm9\n\tvpaddw %%ymm9, %%ymm6, %%ymm6\n\t"
+            "vpmaddubsw %%ymm12, %%ymm14, %%ymm10\n\tvpaddw %%ymm10, %%ymm3, %%ymm3\n\t"
+            "vpmaddubsw %%ymm12, %%ymm15, %%ymm11\n\tvpaddw %%ymm11, %%ymm7, %%ymm7\n\t"::
+                : CLOBBERS);
+    return (seconds() - t) / (ROUNDS * 4.0);
+}
+
 int main(void) {
     char model[256];
     cpu_model(model, sizeof model);
@@ -103,6 +144,9 @@ int main(void) {
     double avx2 = maddubsw();
     printf("{\"cpu\": \"%s\", \"maddubsw_ymm_ns\": %.3f, \"maddubsw_gmacs\": %.1f", model,
            avx2 * 1e9, 32 / avx2 / 1e9);
+    double signed_row = q8_signed_row(), nibble_row = q8_nibble_row();
+    printf(", \"q8_signed_row_ns\": %.3f, \"q8_nibble_row_ns\": %.3f", signed_row * 1e9,
+           nibble_row * 1e9);
     fflush(stdout);
     double ymm = dpbusd_ymm(), zmm = dpbusd_zmm(), mixed = dpbusd_mixed();
     printf(", \"ymm_ns\": %.3f, \"ymm_gmacs\": %.1f, \"zmm_ns\": %.3f, \"zmm_gmacs\": %.1f, "

@@ -30,9 +30,10 @@ fn register_rows(format: BlockFormat, vnni: bool) -> usize {
 }
 
 /// Rows one call multiplies: up to [`MANY_ROWS`] where [`many_rows`] (more than
-/// [`register_rows`] go to [`body_32_many`] or [`body_k_many`]), else [`register_rows`].
+/// [`register_rows`] go to [`body_32_many`], [`body_q8_many`] or [`body_k_many`]), else
+/// [`register_rows`].
 pub(super) fn tile_rows(format: BlockFormat, vnni: bool) -> usize {
-    if many_rows(format, vnni) {
+    if many_rows(vnni) {
         MANY_ROWS
     } else {
         register_rows(format, vnni)
@@ -43,13 +44,12 @@ pub(super) fn tile_rows(format: BlockFormat, vnni: bool) -> usize {
 /// block (`super::ROW_BLOCK`), whose rows all share each block's unpacking.
 pub(super) const MANY_ROWS: usize = 64;
 
-/// Whether `format` is multiplied a block at a time for all of a call's rows: on AVX2 every
-/// format whose values are nibbles (Q8_0's bytes take two operations to unpack and a sign per
-/// row). Not on VNNI: the 256-bit VNNI kernel runs only products of fewer rows than the 512-bit
-/// kernel's whole tile (`super::Kernel::for_rows`), and the 512-bit kernel takes Q5_0 a block
-/// at a time itself (`super::columns_zmm`).
-fn many_rows(format: BlockFormat, vnni: bool) -> bool {
-    !vnni && format != BlockFormat::Q8_0
+/// Whether a call's rows are multiplied a block at a time, all of them together: on AVX2, every
+/// format (Q8_0 by its nibbles: [`body_q8_many`]). Not on VNNI: the 256-bit VNNI kernel runs
+/// only products of fewer rows than the 512-bit kernel's whole tile (`super::Kernel::for_rows`),
+/// and the 512-bit kernel takes Q5_0 a block at a time itself (`super::columns_zmm`).
+fn many_rows(vnni: bool) -> bool {
+    !vnni
 }
 
 /// Runs the kernel for `format` on the tile's `rows` rows (1..=[`tile_rows`]).
@@ -58,7 +58,7 @@ fn many_rows(format: BlockFormat, vnni: bool) -> bool {
 /// As [`super::columns::group`]; with `vnni`, the CPU has AVX-512 VNNI, BW and VL, else AVX2;
 /// both need FMA and F16C.
 pub(super) unsafe fn group(format: BlockFormat, t: &GroupTile, rows: usize, vnni: bool) {
-    let many = many_rows(format, vnni) && rows > register_rows(format, vnni);
+    let many = many_rows(vnni) && rows > register_rows(format, vnni);
     per_format!(format, F => match (rows, vnni) {
         _ if many => group_avx2_many::<F>(t, rows),
         (8, true) => group_vnni::<F, 8>(t),
@@ -96,6 +96,7 @@ unsafe fn group_avx2_many<const F: usize>(t: &GroupTile, rows: usize) {
 unsafe fn many<const F: usize>(t: &GroupTile, rows: usize) {
     let format = BlockFormat::ALL[F];
     match (format.is_k(), high_bits(format)) {
+        _ if format == BlockFormat::Q8_0 => body_q8_many(t, rows),
         (true, 1) => body_k_many::<F, 1>(t, rows),
         (true, _) => body_k_many::<F, 0>(t, rows),
         (false, 1) => body_32_many::<F, 1>(t, rows),
@@ -204,6 +205,57 @@ unsafe fn body_32_many<const F: usize, const HIGH: u32>(t: &GroupTile, rows: usi
             let sums =
                 row_sums::<HIGH>(&unpacked, a, r, first_sums(t, r, b, format, offset(format)));
             *acc = scales.add(format, *acc, sums, t, r, b);
+        }
+    }
+    store(t, acc);
+}
+
+/// Q8_0's [`body_32_many`] on AVX2: each block's stored bytes (the values plus 128) split once
+/// into their low and high nibbles for all the rows, and each row's sums taken as `Σ low · a +
+/// 16 · Σ high · a` from what the offset takes off them. Why: the register kernel's signed
+/// product (`sums_q8`) takes a `vpsignb`, a `vpmaddubsw` and a `vpmaddwd` per row and 32
+/// multiply-adds, three operations a Zen 4 runs on the same two pipes; nibbles take two
+/// `vpmaddubsw` whose 16-bit pairs (at most 2 · 15 · 128 each, eight runs 30,720) add up over
+/// the whole block before one `vpmaddwd` per side (`bench/vnni_peak.c` on a Zen 4: 0.47–0.52 ns
+/// a row and 32 weights signed, 0.35–0.37 by nibbles).
+/// Rows go two at a time, so each unpacked run loaded back (sixteen registers' worth, more than
+/// AVX2 keeps beside the sums) serves two rows. The same integers and f32 operations in the
+/// same order, so the same bits.
+#[inline(always)]
+unsafe fn body_q8_many(t: &GroupTile, rows: usize) {
+    const TILE: usize = 2;
+    let format = BlockFormat::Q8_0;
+    let (group, values) = (group_block_bytes(format), values_bytes(format));
+    let (ones, sixteens) = (_mm256_set1_epi16(1), _mm256_set1_epi16(16));
+    let mut acc = [MaybeUninit::uninit(); MANY_ROWS];
+    let acc = first_rows(&mut acc, rows, _mm256_setzero_ps());
+    for b in 0..t.blocks {
+        let (w, a) = (t.weights.add(b * group), Block::of(t, b));
+        let mut unpacked = [[_mm256_setzero_si256(); 2]; 8];
+        for (h, run) in unpacked.iter_mut().enumerate() {
+            *run = run_values::<false, 0>(w, h);
+        }
+        let scales = BlockScales::of(format, w.add(values));
+        let mut r = 0;
+        while r < rows {
+            let here = (rows - r).min(TILE);
+            let mut pairs = [[_mm256_setzero_si256(); 2]; TILE];
+            for (h, sides) in unpacked.iter().enumerate() {
+                for (i, pairs) in pairs.iter_mut().enumerate().take(here) {
+                    let act = a.four(r + i, 4 * h);
+                    for (pairs, &side) in pairs.iter_mut().zip(sides) {
+                        *pairs = _mm256_add_epi16(*pairs, _mm256_maddubs_epi16(side, act));
+                    }
+                }
+            }
+            for (i, pairs) in pairs.iter().enumerate().take(here) {
+                let low = _mm256_madd_epi16(pairs[0], ones);
+                let high = _mm256_madd_epi16(pairs[1], sixteens);
+                let sums = first_sums(t, r + i, b, format, offset(format));
+                let sums = _mm256_add_epi32(sums, _mm256_add_epi32(low, high));
+                acc[r + i] = scales.add(format, acc[r + i], sums, t, r + i, b);
+            }
+            r += here;
         }
     }
     store(t, acc);

@@ -345,8 +345,9 @@ fn the_largest_values_sum_without_overflow_in_every_kernel() {
                     }
                 }
             }
-            for sign in [1.0f32, -1.0] {
-                let x = vec![sign; 2 * 512];
+            // Two rows (the register kernels) and six (AVX2's many-rows kernels).
+            for (sign, m) in [(1.0f32, 2), (-1.0, 2), (1.0, 6), (-1.0, 6)] {
+                let x = vec![sign; m * 512];
                 let portable = product(Kernel::Portable, &x, &w);
                 let wide = w.dequantize();
                 for (r, got) in portable.iter().take(9).enumerate() {
@@ -361,7 +362,7 @@ fn the_largest_values_sum_without_overflow_in_every_kernel() {
                     assert_eq!(
                         bits(got),
                         bits(portable.clone()),
-                        "{format:?} on {kernel:?}"
+                        "{format:?} on {kernel:?}, {m} rows"
                     );
                 }
             }
