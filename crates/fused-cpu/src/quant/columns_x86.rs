@@ -419,7 +419,9 @@ unsafe fn body_k_many<const F: usize, const HIGH: u32>(t: &GroupTile, rows: usiz
 
 /// One side of a Q6_K sub-block (`v`, activation block `ab`) times its `scales`, added to each
 /// row's `totals` on AVX2: its four runs unpacked once, then each row's sums from what the
-/// offset takes off them, as [`sums_q6k_side`] computes them.
+/// offset takes off them, the integers [`sums_q6k_side`] computes. Two runs' 16-bit pairs (each
+/// at most 2 · 63 · 128) are added before they are widened, one `vpmaddwd` a two runs instead of
+/// one a run.
 #[inline(always)]
 unsafe fn q6k_side_many(
     t: &GroupTile,
@@ -438,8 +440,10 @@ unsafe fn q6k_side_many(
     let at = less_offset(BlockFormat::Q6K) + side;
     for (r, total) in totals.iter_mut().enumerate() {
         let mut sums = _mm256_set1_epi32(t.less_offset(r, ab, at));
-        for (h, &run) in runs.iter().enumerate() {
-            let pairs = _mm256_maddubs_epi16(run, a.four(r, 16 * side + 4 * h));
+        for (h, two) in runs.chunks_exact(2).enumerate() {
+            let first = _mm256_maddubs_epi16(two[0], a.four(r, 16 * side + 8 * h));
+            let second = _mm256_maddubs_epi16(two[1], a.four(r, 16 * side + 8 * h + 4));
+            let pairs = _mm256_add_epi16(first, second);
             sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, ones));
         }
         *total = _mm256_add_epi32(*total, _mm256_mullo_epi32(sums, scales));
