@@ -2,9 +2,9 @@
 //! Neoverse N1/V1/N2/V2, Graviton 2 to 4, Ampere Altra, Axion): `sdot` multiplies four weights by
 //! four activations into each output's 32-bit sum, four outputs a register, so a 32-byte run of
 //! the layout is two `sdot`s. The stored values of the nibble formats (0–63) are signed bytes as
-//! they are; Q8_0's are flipped back to signed, so its sums carry no offset (as AVX2's). Then
-//! the portable definition's f32 operations in its order (`fmla`, `fmls`: fused), so it agrees
-//! with [`super::columns::group`] bit for bit.
+//! they are; Q8_0's are flipped back to signed, so its sums carry no offset (as in AVX2's
+//! register kernel). Then the portable definition's f32 operations in its order (`fmla`, `fmls`:
+//! fused), so it agrees with [`super::columns::group`] bit for bit.
 //!
 //! `sdot` is the encoder's ([`crate::packed::int8_arm::sdot`], inline assembly: its intrinsic is
 //! unstable).

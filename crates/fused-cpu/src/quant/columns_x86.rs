@@ -157,7 +157,7 @@ impl Block {
 unsafe fn body_32<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTile) {
     let format = BlockFormat::ALL[F];
     let (group, values) = (group_block_bytes(format), values_bytes(format));
-    // AVX2 multiplies Q8_0's values signed (`sums_q8`), so only VNNI's sums carry its offset.
+    // Here AVX2 multiplies Q8_0's values signed (`sums_q8`), so only VNNI's sums carry its offset.
     let offset = match format {
         BlockFormat::Q8_0 if !VNNI => 0,
         _ => offset(format),
