@@ -420,8 +420,8 @@ unsafe fn body_k_many<const F: usize, const HIGH: u32>(t: &GroupTile, rows: usiz
 /// One side of a Q6_K sub-block (`v`, activation block `ab`) times its `scales`, added to each
 /// row's `totals` on AVX2: its four runs unpacked once, then each row's sums from what the
 /// offset takes off them, the integers [`sums_q6k_side`] computes. Two runs' 16-bit pairs (each
-/// at most 2 · 63 · 128) are added before they are widened, one `vpmaddwd` a two runs instead of
-/// one a run.
+/// at most 2 · 63 · 128) are added before they are widened: one `vpmaddwd` per two runs, not per
+/// run.
 #[inline(always)]
 unsafe fn q6k_side_many(
     t: &GroupTile,
