@@ -376,6 +376,10 @@ pub(super) struct GroupTile {
     pub blocks: usize,
     /// The first row's 8-bit activations; rows `blocks * BLOCK` apart.
     pub q: *const i8,
+    /// The same plus 128 as unsigned bytes, where the product rounded them so
+    /// (`QuantRows::new`), else null. Only AVX2 reads them.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub unsigned: *const u8,
     /// The first row's per-block scale and scaled sum; rows `blocks` apart.
     pub scales: *const [f32; 2],
     /// The first row's per-block integer sums, and those of each block's first 16; rows
@@ -402,6 +406,10 @@ impl GroupTile {
             weights,
             blocks,
             q: rows.q[first * rows.k..].as_ptr(),
+            unsigned: match rows.unsigned.is_empty() {
+                true => std::ptr::null(),
+                false => rows.unsigned[first * rows.k..].as_ptr(),
+            },
             scales: rows.scales[first * blocks..].as_ptr(),
             sums: rows.sums[first * blocks..].as_ptr(),
             halves: rows.halves[first * blocks..].as_ptr(),
@@ -423,6 +431,10 @@ impl GroupTile {
         let at = r * self.blocks;
         Self {
             q: self.q.add(at * BLOCK),
+            unsigned: match self.unsigned.is_null() {
+                true => self.unsigned,
+                false => self.unsigned.add(at * BLOCK),
+            },
             scales: self.scales.add(at),
             sums: self.sums.add(at),
             halves: self.halves.add(at),

@@ -2,16 +2,16 @@
 //! 256-bit registers (four unsigned weights by four signed activations added into each output's
 //! 32-bit sum, one instruction: products of fewer rows than [`super::columns_zmm`]'s whole tile
 //! on AMD's Zen 4 and 5, which run a 512-bit instruction as two halves), or AVX2's
-//! `vpmaddubsw`/`vpmaddwd` where there is no VNNI. Both compute each sub-block's integer sums exactly and then the portable definition's
-//! f32 operations in its order.
+//! `vpmaddubsw`/`vpmaddwd` where there is no VNNI: here its register kernels (up to four rows),
+//! [`super::columns_avx2_pair`] its products of more. Both compute each sub-block's integer sums
+//! exactly and then the portable definition's f32 operations in its order.
 
 use super::columns::{
-    first_rows, group_block_bytes, group_bytes, high_bits, less_offset, offset, per_format,
-    prefetch, sub_bytes, values_bytes, GroupTile, COLUMNS, K_SCALES, MINIMUMS, Q6K_SCALES,
+    group_block_bytes, group_bytes, high_bits, less_offset, offset, per_format, prefetch,
+    sub_bytes, values_bytes, GroupTile, COLUMNS, K_SCALES, MINIMUMS, Q6K_SCALES,
 };
 use super::{BlockFormat, BLOCK};
 use std::arch::x86_64::*;
-use std::mem::MaybeUninit;
 
 /// Rows the register kernels ([`body_32`], [`body_k`]) take a call: each row keeps an i32 and
 /// an f32 register, so AVX2's sixteen registers hold four rows and AVX-512's thirty-two hold
@@ -29,38 +29,29 @@ fn register_rows(format: BlockFormat, vnni: bool) -> usize {
     }
 }
 
-/// Rows one call multiplies: up to [`MANY_ROWS`] where [`many_rows`] (more than
-/// [`register_rows`] go to [`body_32_many`], [`body_q8_many`] or [`body_k_many`]), else
-/// [`register_rows`].
+/// Rows one call multiplies: on AVX2 up to [`MANY_ROWS`] (more than [`register_rows`] go to
+/// [`super::columns_avx2_pair`]), else [`register_rows`]. Not more on VNNI: the 256-bit VNNI
+/// kernel runs only products of fewer rows than the 512-bit kernel's whole tile
+/// (`super::Kernel::for_rows`).
 pub(super) fn tile_rows(format: BlockFormat, vnni: bool) -> usize {
-    if many_rows(vnni) {
-        MANY_ROWS
-    } else {
+    if vnni {
         register_rows(format, vnni)
+    } else {
+        MANY_ROWS
     }
 }
 
-/// Rows one call takes where [`many_rows`]: a decoding step's batch, or a prompt step's row
-/// block (`super::ROW_BLOCK`), whose rows all share each block's unpacking.
+/// Rows one many-rows call takes: a decoding step's batch, or a prompt step's row block
+/// (`super::ROW_BLOCK`), whose rows all share each block's unpacking.
 pub(super) const MANY_ROWS: usize = 64;
 
-/// Whether a call's rows are multiplied a block at a time, all of them together: on AVX2, every
-/// format (Q8_0 by its nibbles: [`body_q8_many`]). Not on VNNI: the 256-bit VNNI kernel runs
-/// only products of fewer rows than the 512-bit kernel's whole tile (`super::Kernel::for_rows`),
-/// and the 512-bit kernel takes Q5_0 a block at a time itself (`super::columns_zmm`).
-fn many_rows(vnni: bool) -> bool {
-    !vnni
-}
-
-/// Runs the kernel for `format` on the tile's `rows` rows (1..=[`tile_rows`]).
+/// Runs the register kernel for `format` on the tile's `rows` rows (1..=[`register_rows`]).
 ///
 /// # Safety
 /// As [`super::columns::group`]; with `vnni`, the CPU has AVX-512 VNNI, BW and VL, else AVX2;
 /// both need FMA and F16C.
 pub(super) unsafe fn group(format: BlockFormat, t: &GroupTile, rows: usize, vnni: bool) {
-    let many = many_rows(vnni) && rows > register_rows(format, vnni);
     per_format!(format, F => match (rows, vnni) {
-        _ if many => group_avx2_many::<F>(t, rows),
         (8, true) => group_vnni::<F, 8>(t),
         (7, true) => group_vnni::<F, 7>(t),
         (6, true) => group_vnni::<F, 6>(t),
@@ -76,6 +67,46 @@ pub(super) unsafe fn group(format: BlockFormat, t: &GroupTile, rows: usize, vnni
     })
 }
 
+/// Whether AVX2 multiplies `m` rows' activations as unsigned bytes, two groups a call
+/// ([`group_pair`]): where a tile can hold more rows than the register kernels take.
+pub(super) fn reads_unsigned(m: usize) -> bool {
+    m > register_rows(BlockFormat::Q5_0, false)
+}
+
+/// AVX2's kernel for a tile of two groups (`super::Kernel::group_width`) and its `rows` rows
+/// (1..=[`MANY_ROWS`]): more rows than the register kernels take both groups at once
+/// ([`super::columns_avx2_pair`]), a remainder of fewer each group by [`group`].
+///
+/// # Safety
+/// As [`super::columns::group`], with two groups' weights (the second after the first) and the
+/// activations as unsigned bytes (`GroupTile::unsigned` not null); the CPU has AVX2, FMA and
+/// F16C.
+pub(super) unsafe fn group_pair(format: BlockFormat, t: &GroupTile, rows: usize) {
+    if rows > register_rows(format, false) {
+        return per_format!(format, F => super::columns_avx2_pair::group::<F>(t, rows));
+    }
+    for half in halves(format, t).into_iter().flatten() {
+        group(format, &half, rows, false);
+    }
+}
+
+/// A tile of two groups as one tile per group: the first, and the second if any of its
+/// outputs exist.
+pub(super) unsafe fn halves(format: BlockFormat, t: &GroupTile) -> [Option<GroupTile>; 2] {
+    let first = GroupTile {
+        cols: t.cols.min(COLUMNS),
+        ..*t
+    };
+    let second = (t.cols > COLUMNS).then(|| GroupTile {
+        weights: t.weights.add(group_bytes(format, t)),
+        out: t.out.add(COLUMNS),
+        cols: t.cols - COLUMNS,
+        bias: t.bias.map(|b| b.add(COLUMNS)),
+        ..*t
+    });
+    [Some(first), second]
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn group_avx2<const F: usize, const R: usize>(t: &GroupTile) {
     body::<F, R, false>(t)
@@ -84,24 +115,6 @@ unsafe fn group_avx2<const F: usize, const R: usize>(t: &GroupTile) {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn group_vnni<const F: usize, const R: usize>(t: &GroupTile) {
     body::<F, R, true>(t)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn group_avx2_many<const F: usize>(t: &GroupTile, rows: usize) {
-    many::<F>(t, rows)
-}
-
-/// The many-rows kernel for `BlockFormat::ALL[F]`, inlined into AVX2's wrapper.
-#[inline(always)]
-unsafe fn many<const F: usize>(t: &GroupTile, rows: usize) {
-    let format = BlockFormat::ALL[F];
-    match (format.is_k(), high_bits(format)) {
-        _ if format == BlockFormat::Q8_0 => body_q8_many(t, rows),
-        (true, 1) => body_k_many::<F, 1>(t, rows),
-        (true, _) => body_k_many::<F, 0>(t, rows),
-        (false, 1) => body_32_many::<F, 1>(t, rows),
-        (false, _) => body_32_many::<F, 0>(t, rows),
-    }
 }
 
 /// Eight f16 at `at` as f32.
@@ -129,7 +142,7 @@ unsafe fn body<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTile) 
 
 /// One activation block of a tile's rows: the first row's part and the rows' distance.
 #[derive(Clone, Copy)]
-struct Block {
+pub(super) struct Block {
     first: *const i8,
     stride: usize,
 }
@@ -137,16 +150,25 @@ struct Block {
 impl Block {
     /// Activation block `ab` of the tile's rows.
     #[inline(always)]
-    unsafe fn of(t: &GroupTile, ab: usize) -> Self {
+    pub(super) unsafe fn of(t: &GroupTile, ab: usize) -> Self {
         Self {
             first: t.q.add(ab * BLOCK),
             stride: t.blocks * BLOCK,
         }
     }
 
+    /// The same of the activations as unsigned bytes (`GroupTile::unsigned`).
+    #[inline(always)]
+    pub(super) unsafe fn of_unsigned(t: &GroupTile, ab: usize) -> Self {
+        Self {
+            first: t.unsigned.add(ab * BLOCK).cast(),
+            stride: t.blocks * BLOCK,
+        }
+    }
+
     /// Four activations of row `r` from input `i` of the block, in every 32-bit lane.
     #[inline(always)]
-    unsafe fn four(self, r: usize, i: usize) -> __m256i {
+    pub(super) unsafe fn four(self, r: usize, i: usize) -> __m256i {
         let at = self.first.add(r * self.stride + i);
         _mm256_set1_epi32(std::ptr::read_unaligned(at.cast::<i32>()))
     }
@@ -181,86 +203,6 @@ unsafe fn body_32<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTil
     store(t, &acc);
 }
 
-/// [`body_32`] for up to [`MANY_ROWS`] rows where [`many_rows`]: each block's values are
-/// unpacked once for all the rows (`body_32` unpacks them once per four rows on AVX2, as many as
-/// its sixteen registers hold sums for; AVX2 has no masked byte add, so Q5's fifth bits alone
-/// took 32 of the Q5_0 loop's 137 vector operations per four rows), and each row's f32 sums wait
-/// in memory between blocks (on an Intel Xeon, AVX2, one thread, 32 rows: Q5_0 1.4–1.6× faster,
-/// Q4_0 unchanged). The same integers and f32 operations in the same order, so the same bits.
-#[inline(always)]
-unsafe fn body_32_many<const F: usize, const HIGH: u32>(t: &GroupTile, rows: usize) {
-    let format = BlockFormat::ALL[F];
-    let (group, values) = (group_block_bytes(format), values_bytes(format));
-    let mut acc = [MaybeUninit::uninit(); MANY_ROWS];
-    let acc = first_rows(&mut acc, rows, _mm256_setzero_ps());
-    for b in 0..t.blocks {
-        let (w, a) = (t.weights.add(b * group), Block::of(t, b));
-        // No closure (`from_fn`): one would be compiled apart from this function, without AVX2.
-        let mut unpacked = [[_mm256_setzero_si256(); 2]; 4];
-        for (h, run) in unpacked.iter_mut().enumerate() {
-            *run = run_values::<false, HIGH>(w, h);
-        }
-        let scales = BlockScales::of(format, w.add(values));
-        for (r, acc) in acc.iter_mut().enumerate() {
-            let sums =
-                row_sums::<HIGH>(&unpacked, a, r, first_sums(t, r, b, format, offset(format)));
-            *acc = scales.add(format, *acc, sums, t, r, b);
-        }
-    }
-    store(t, acc);
-}
-
-/// Q8_0's [`body_32_many`] on AVX2: each block's stored bytes (the values plus 128) split once
-/// into their low and high nibbles for all the rows, and each row's sums taken as `Σ low · a +
-/// 16 · Σ high · a` from what the offset takes off them. Why: the register kernel's signed
-/// product (`sums_q8`) takes a `vpsignb`, a `vpmaddubsw` and a `vpmaddwd` per row and 32
-/// multiply-adds, three operations a Zen 4 runs on the same two pipes; nibbles take two
-/// `vpmaddubsw` whose 16-bit pairs (at most 2 · 15 · 128 each, eight runs 30,720) add up over
-/// the whole block before one `vpmaddwd` per side (`bench/vnni_peak.c` on a Zen 4: 0.47–0.52 ns
-/// a row and 32 weights signed, 0.35–0.37 by nibbles).
-/// Rows go two at a time, so each unpacked run loaded back (sixteen registers' worth, more than
-/// AVX2 keeps beside the sums) serves two rows. The same integers and f32 operations in the
-/// same order, so the same bits.
-#[inline(always)]
-unsafe fn body_q8_many(t: &GroupTile, rows: usize) {
-    const TILE: usize = 2;
-    let format = BlockFormat::Q8_0;
-    let (group, values) = (group_block_bytes(format), values_bytes(format));
-    let (ones, sixteens) = (_mm256_set1_epi16(1), _mm256_set1_epi16(16));
-    let mut acc = [MaybeUninit::uninit(); MANY_ROWS];
-    let acc = first_rows(&mut acc, rows, _mm256_setzero_ps());
-    for b in 0..t.blocks {
-        let (w, a) = (t.weights.add(b * group), Block::of(t, b));
-        let mut unpacked = [[_mm256_setzero_si256(); 2]; 8];
-        for (h, run) in unpacked.iter_mut().enumerate() {
-            *run = run_values::<false, 0>(w, h);
-        }
-        let scales = BlockScales::of(format, w.add(values));
-        let mut r = 0;
-        while r < rows {
-            let here = (rows - r).min(TILE);
-            let mut pairs = [[_mm256_setzero_si256(); 2]; TILE];
-            for (h, sides) in unpacked.iter().enumerate() {
-                for (i, pairs) in pairs.iter_mut().enumerate().take(here) {
-                    let act = a.four(r + i, 4 * h);
-                    for (pairs, &side) in pairs.iter_mut().zip(sides) {
-                        *pairs = _mm256_add_epi16(*pairs, _mm256_maddubs_epi16(side, act));
-                    }
-                }
-            }
-            for (i, pairs) in pairs.iter().enumerate().take(here) {
-                let low = _mm256_madd_epi16(pairs[0], ones);
-                let high = _mm256_madd_epi16(pairs[1], sixteens);
-                let sums = first_sums(t, r + i, b, format, offset(format));
-                let sums = _mm256_add_epi32(sums, _mm256_add_epi32(low, high));
-                acc[r + i] = scales.add(format, acc[r + i], sums, t, r + i, b);
-            }
-            r += here;
-        }
-    }
-    store(t, acc);
-}
-
 /// Where row `r`'s sums over activation block `b` start: what `format`'s `offset` (0: none)
 /// takes off them, loaded ready.
 #[inline(always)]
@@ -279,7 +221,7 @@ unsafe fn first_sums(
 
 /// A 32-weight block's eight f16 scales and minimums as f32.
 #[derive(Clone, Copy)]
-struct BlockScales {
+pub(super) struct BlockScales {
     d: __m256,
     m: __m256,
 }
@@ -287,7 +229,7 @@ struct BlockScales {
 impl BlockScales {
     /// The scales of the group block whose header is at `head`.
     #[inline(always)]
-    unsafe fn of(format: BlockFormat, head: *const u8) -> Self {
+    pub(super) unsafe fn of(format: BlockFormat, head: *const u8) -> Self {
         let m = if format.has_minimum() {
             f16s(head.add(MINIMUMS))
         } else {
@@ -299,7 +241,7 @@ impl BlockScales {
     /// `acc` plus row `r`'s integer `sums` over activation block `b` times `d · row scale`,
     /// then the minimums times the row's scaled sum: [`super::columns::add_block`].
     #[inline(always)]
-    unsafe fn add(
+    pub(super) unsafe fn add(
         self,
         format: BlockFormat,
         acc: __m256,
@@ -371,89 +313,10 @@ unsafe fn body_k<const F: usize, const R: usize, const VNNI: bool>(t: &GroupTile
     store(t, &acc);
 }
 
-/// [`body_k`] for AVX2 and up to [`MANY_ROWS`] rows, as [`body_32_many`] for the 32-weight
-/// formats: each sub-block's values unpacked once for all the rows, each row's block total and
-/// f32 sums waiting in memory. The same integers and f32 operations in the same order.
-#[inline(always)]
-unsafe fn body_k_many<const F: usize, const HIGH: u32>(t: &GroupTile, rows: usize) {
-    let format = BlockFormat::ALL[F];
-    let (group, values) = (group_block_bytes(format), values_bytes(format));
-    let mut acc = [MaybeUninit::uninit(); MANY_ROWS];
-    let acc = first_rows(&mut acc, rows, _mm256_setzero_ps());
-    let mut total = [MaybeUninit::uninit(); MANY_ROWS];
-    let total = first_rows(&mut total, rows, _mm256_setzero_si256());
-    let ahead = 2 * group_bytes(format, t);
-    for b in 0..t.blocks / 8 {
-        let w = t.weights.add(b * group);
-        prefetch(w, ahead, group);
-        let head = w.add(values);
-        total.fill(_mm256_setzero_si256());
-        for s in 0..8 {
-            let (ab, v) = (b * 8 + s, w.add(s * sub_bytes(format)));
-            if format == BlockFormat::Q6K {
-                for side in 0..2 {
-                    let scales = bytes_i32(head.add(Q6K_SCALES + 16 * s + 8 * side));
-                    q6k_side_many(t, v, ab, side, scales, total);
-                }
-            } else {
-                let mut unpacked = [[_mm256_setzero_si256(); 2]; 4];
-                for (h, run) in unpacked.iter_mut().enumerate() {
-                    *run = run_values::<false, HIGH>(v, h);
-                }
-                let scales =
-                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(head.add(K_SCALES + 8 * s).cast()));
-                for (r, total) in total.iter_mut().enumerate() {
-                    let sums =
-                        row_sums::<HIGH>(&unpacked, Block::of(t, ab), r, _mm256_setzero_si256());
-                    *total = _mm256_add_epi32(*total, _mm256_mullo_epi32(sums, scales));
-                }
-            }
-        }
-        let scales = KScales::of(format, head);
-        for (r, acc) in acc.iter_mut().enumerate() {
-            *acc = scales.add(format, *acc, total[r], t, r, b);
-        }
-    }
-    store(t, acc);
-}
-
-/// One side of a Q6_K sub-block (`v`, activation block `ab`) times its `scales`, added to each
-/// row's `totals` on AVX2: its four runs unpacked once, then each row's sums from what the
-/// offset takes off them, the integers [`sums_q6k_side`] computes. Two runs' 16-bit pairs (each
-/// at most 2 · 63 · 128) are added before they are widened: one `vpmaddwd` per two runs, not per
-/// run.
-#[inline(always)]
-unsafe fn q6k_side_many(
-    t: &GroupTile,
-    v: *const u8,
-    ab: usize,
-    side: usize,
-    scales: __m256i,
-    totals: &mut [__m256i],
-) {
-    let (ones, a) = (_mm256_set1_epi16(1), Block::of(t, ab));
-    let plane = _mm256_loadu_si256(v.add(128 + 32 * side).cast());
-    let mut runs = [_mm256_setzero_si256(); 4];
-    for (h, run) in runs.iter_mut().enumerate() {
-        *run = q6k_values(v, plane, side, h);
-    }
-    let at = less_offset(BlockFormat::Q6K) + side;
-    for (r, total) in totals.iter_mut().enumerate() {
-        let mut sums = _mm256_set1_epi32(t.less_offset(r, ab, at));
-        for (h, two) in runs.chunks_exact(2).enumerate() {
-            let first = _mm256_maddubs_epi16(two[0], a.four(r, 16 * side + 8 * h));
-            let second = _mm256_maddubs_epi16(two[1], a.four(r, 16 * side + 8 * h + 4));
-            let pairs = _mm256_add_epi16(first, second);
-            sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, ones));
-        }
-        *total = _mm256_add_epi32(*total, _mm256_mullo_epi32(sums, scales));
-    }
-}
-
 /// A K block's eight f16 scales `d` and minimums' scales `dmin` (Q6_K: none) as f32, and its
 /// header (the minimums).
 #[derive(Clone, Copy)]
-struct KScales {
+pub(super) struct KScales {
     d: __m256,
     dmin: __m256,
     head: *const u8,
@@ -462,7 +325,7 @@ struct KScales {
 impl KScales {
     /// The scales of the group block whose header is at `head`.
     #[inline(always)]
-    unsafe fn of(format: BlockFormat, head: *const u8) -> Self {
+    pub(super) unsafe fn of(format: BlockFormat, head: *const u8) -> Self {
         let dmin = match format {
             BlockFormat::Q6K => _mm256_setzero_ps(),
             _ => f16s(head.add(MINIMUMS)),
@@ -477,7 +340,7 @@ impl KScales {
     /// `acc` plus row `r`'s integer `total` over K block `b` times `row scale · d`, less (Q4_K,
     /// Q5_K) its minimums' sum times `row scale · dmin`: [`super::columns::add_k_block`].
     #[inline(always)]
-    unsafe fn add(
+    pub(super) unsafe fn add(
         self,
         format: BlockFormat,
         acc: __m256,
@@ -581,7 +444,10 @@ unsafe fn sums_nibbles<const R: usize, const VNNI: bool, const HIGH: u32>(
 /// Run `h` of a Q4 or Q5 sub-block at `v` as its two sides' values (inputs `4h…` and
 /// `16 + 4h…`), with Q5's fifth bits (`HIGH` 1) from their plane.
 #[inline(always)]
-unsafe fn run_values<const VNNI: bool, const HIGH: u32>(v: *const u8, h: usize) -> [__m256i; 2] {
+pub(super) unsafe fn run_values<const VNNI: bool, const HIGH: u32>(
+    v: *const u8,
+    h: usize,
+) -> [__m256i; 2] {
     let low = _mm256_set1_epi8(0x0F);
     let bytes = _mm256_loadu_si256(v.add(32 * h).cast());
     let mut side = [
@@ -605,31 +471,6 @@ fn widen_after<const HIGH: u32>(h: usize) -> bool {
     } else {
         h == 3
     }
-}
-
-/// Row `r`'s integer sums over a Q4 or Q5 sub-block already unpacked by runs
-/// ([`run_values`]), from `sums`, on AVX2: the same products and widenings as
-/// [`sums_nibbles`].
-#[inline(always)]
-unsafe fn row_sums<const HIGH: u32>(
-    unpacked: &[[__m256i; 2]; 4],
-    a: Block,
-    r: usize,
-    mut sums: __m256i,
-) -> __m256i {
-    let ones = _mm256_set1_epi16(1);
-    let mut pairs = _mm256_setzero_si256();
-    for (h, side) in unpacked.iter().enumerate() {
-        for (s, &side) in side.iter().enumerate() {
-            let products = _mm256_maddubs_epi16(side, a.four(r, 16 * s + 4 * h));
-            pairs = _mm256_add_epi16(pairs, products);
-        }
-        if widen_after::<HIGH>(h) {
-            sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, ones));
-            pairs = _mm256_setzero_si256();
-        }
-    }
-    sums
 }
 
 /// One side (inputs 0–15 or 16–31) of a Q6_K sub-block added to `sums`: the nibbles of four

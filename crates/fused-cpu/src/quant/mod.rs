@@ -40,6 +40,8 @@ mod columns_amx;
 #[cfg(target_arch = "aarch64")]
 mod columns_arm;
 #[cfg(target_arch = "x86_64")]
+mod columns_avx2_pair;
+#[cfg(target_arch = "x86_64")]
 mod columns_x86;
 #[cfg(target_arch = "x86_64")]
 mod columns_zmm;
@@ -369,12 +371,16 @@ pub(crate) struct QuantRows {
     /// sums, and Q6_K's off each 16 values' ([`columns::offset`] times minus the sum), for a
     /// kernel to start its sums from with one load ([`columns::less_offset`] says which).
     less_offsets: Vec<[i32; 5]>,
+    /// Each value plus 128, as an unsigned byte, where asked for ([`QuantRows::new`]): what
+    /// AVX2's many-rows kernels multiply (`columns_avx2_pair`). Else empty.
+    unsigned: Vec<u8>,
 }
 
 impl QuantRows {
-    /// `x`, rows of `k`, rounded as llama.cpp rounds to Q8_0 (and Q8_1's sums).
-    pub(crate) fn new(x: &[f32], k: usize) -> Self {
-        Self::round_rows(x, k, |mut row, x| {
+    /// `x`, rows of `k`, rounded as llama.cpp rounds to Q8_0 (and Q8_1's sums); with
+    /// `unsigned`, the values also as unsigned bytes.
+    pub(crate) fn new(x: &[f32], k: usize, unsigned: bool) -> Self {
+        Self::round_rows(x, k, unsigned, |mut row, x| {
             for (b, block) in x.chunks_exact(BLOCK).enumerate() {
                 let d = round_32(block, &mut row.q[b * BLOCK..][..BLOCK]);
                 let sum = row.put_sums(b);
@@ -391,8 +397,8 @@ impl QuantRows {
     /// -127 / max`, each value is `iscale · x` rounded half to even (at most 127), and the scale
     /// is `1 / iscale` in f32. Each block of 32 keeps that scale (and no scaled sum) beside its
     /// integer sums, so the K formats' integer sums are llama.cpp's.
-    pub(crate) fn per_256(x: &[f32], k: usize) -> Self {
-        Self::round_rows(x, k, |mut row, x| {
+    pub(crate) fn per_256(x: &[f32], k: usize, unsigned: bool) -> Self {
+        Self::round_rows(x, k, unsigned, |mut row, x| {
             for (b, block) in x.chunks_exact(256).enumerate() {
                 let d = round_256(block, &mut row.q[b * 256..][..256]);
                 for at in 8 * b..8 * b + 8 {
@@ -407,8 +413,13 @@ impl QuantRows {
     /// spare buffers if it has some: before each product of a step, where the other threads
     /// would otherwise wait (on a Zen 4, at 32 rows on the Qwen shape, rounding took ~4% of a
     /// step's samples and zeroing fresh buffers for it ~2%, on one thread of two). Every value
-    /// the `m` rows hold is written.
-    fn round_rows(x: &[f32], k: usize, round: impl Fn(RowParts<'_>, &[f32]) + Sync) -> Self {
+    /// the `m` rows hold is written; with `unsigned`, each also plus 128 as an unsigned byte.
+    fn round_rows(
+        x: &[f32],
+        k: usize,
+        unsigned: bool,
+        round: impl Fn(RowParts<'_>, &[f32]) + Sync,
+    ) -> Self {
         let (values, blocks, row_blocks) = (x.len(), x.len() / BLOCK, k / BLOCK);
         let mut rows = SPARE_ROWS
             .with(|spare| spare.borrow_mut().pop())
@@ -419,25 +430,36 @@ impl QuantRows {
         at_least(&mut rows.sums, blocks);
         at_least(&mut rows.halves, blocks);
         at_least(&mut rows.less_offsets, blocks);
-        let parts: Vec<RowParts<'_>> = rows.q[..values]
+        rows.unsigned.resize(if unsigned { values } else { 0 }, 0);
+        let mut unsigned_rows = rows.unsigned.chunks_mut(k);
+        let parts: Vec<(RowParts<'_>, &mut [u8])> = rows.q[..values]
             .chunks_mut(k)
             .zip(rows.scales[..blocks].chunks_mut(row_blocks))
             .zip(rows.sums[..blocks].chunks_mut(row_blocks))
             .zip(rows.halves[..blocks].chunks_mut(row_blocks))
             .zip(rows.less_offsets[..blocks].chunks_mut(row_blocks))
-            .map(|((((q, scales), sums), halves), less_offsets)| RowParts {
-                q,
-                scales,
-                sums,
-                halves,
-                less_offsets,
+            .map(|((((q, scales), sums), halves), less_offsets)| {
+                let unsigned = unsigned_rows.next().unwrap_or_default();
+                let row = RowParts {
+                    q,
+                    scales,
+                    sums,
+                    halves,
+                    less_offsets,
+                };
+                (row, unsigned)
             })
             .collect();
         parts
             .into_par_iter()
             .zip(x.par_chunks(k))
             .with_min_len(ROUND_VALUES.div_ceil(k))
-            .for_each(|(row, x)| round(row, x));
+            .for_each(|((mut row, unsigned), x)| {
+                round(row.reborrow(), x);
+                for (u, &q) in unsigned.iter_mut().zip(row.q.iter()) {
+                    *u = q as u8 ^ 0x80;
+                }
+            });
         rows
     }
 
@@ -492,6 +514,18 @@ struct RowParts<'a> {
 }
 
 impl RowParts<'_> {
+    /// The same parts, borrowed again (the rounding writes them, then their unsigned bytes are
+    /// taken from `q`).
+    fn reborrow(&mut self) -> RowParts<'_> {
+        RowParts {
+            q: self.q,
+            scales: self.scales,
+            sums: self.sums,
+            halves: self.halves,
+            less_offsets: self.less_offsets,
+        }
+    }
+
     /// Block `b`'s integer sums from its rounded values; returns the whole block's.
     fn put_sums(&mut self, b: usize) -> i32 {
         let (first, second) = half_sums(&self.q[b * BLOCK..][..BLOCK]);
@@ -759,6 +793,9 @@ impl Kernel {
             Self::Avx512VnniWide => columns_zmm::group(format, t, rows),
             #[cfg(target_arch = "x86_64")]
             Self::Avx512Vnni => columns_x86::group(format, t, rows, true),
+            // Two groups a call where the activations were rounded for it (`group_width`).
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 if !t.unsigned.is_null() => columns_x86::group_pair(format, t, rows),
             #[cfg(target_arch = "x86_64")]
             Self::Avx2 => columns_x86::group(format, t, rows, false),
             #[cfg(target_arch = "aarch64")]
@@ -782,11 +819,27 @@ impl Kernel {
         }
     }
 
-    /// Outputs one column kernel call takes: one group, or two side by side on AMX's tiles.
-    fn group_width(self) -> usize {
+    /// Whether a product of `m` rows reads the activations as unsigned bytes too
+    /// ([`QuantRows::new`]): AVX2's many-rows kernels.
+    fn reads_unsigned(self, m: usize) -> bool {
+        let _ = m;
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 => columns_x86::reads_unsigned(m),
+            _ => false,
+        }
+    }
+
+    /// Outputs one column kernel call takes in a product of `m` rows: one group, or two side by
+    /// side on AMX's tiles and in AVX2's many-rows kernels (one answer at a time, AVX2 took
+    /// ~10% longer with two groups a call, each then run alone).
+    fn group_width(self, m: usize) -> usize {
+        let _ = m;
         match self {
             #[cfg(target_arch = "x86_64")]
             Self::Amx | Self::Avx512VnniWide => columns::PAIR,
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 if self.reads_unsigned(m) => columns::PAIR,
             _ => columns::COLUMNS,
         }
     }
@@ -830,7 +883,7 @@ pub(crate) fn linear(
         out.len() == m * n && b.is_none_or(|b| b.len() == n),
         "block product: output of {m} × {n}"
     );
-    let rounded = Rounded::new(x, k);
+    let rounded = Rounded::new(x, k, kernel.reads_unsigned(m));
     // The outputs in chunks of whole column groups, a few per thread; each task writes its own
     // outputs in place.
     let threads = rayon::current_num_threads().max(1);
@@ -896,7 +949,7 @@ pub(crate) fn linear_choosing(
         keep.len(),
         kept.len()
     );
-    let rounded = Rounded::new(x, k);
+    let rounded = Rounded::new(x, k, kernel.reads_unsigned(m));
     let base = OutPtr(kept.as_mut_ptr());
     let shares: Vec<_> = split(parts, &rounded, CHOOSING_OUTPUTS).collect();
     // Per share (in the order of the outputs), per row, its largest output there.
@@ -1006,6 +1059,8 @@ struct Rounded<'x> {
     k: usize,
     by_32: std::cell::OnceCell<QuantRows>,
     by_256: std::cell::OnceCell<QuantRows>,
+    /// Whether the 32-weight formats' kernel reads the values as unsigned bytes too.
+    unsigned: bool,
 }
 
 impl Drop for Rounded<'_> {
@@ -1020,12 +1075,13 @@ impl Drop for Rounded<'_> {
 }
 
 impl<'x> Rounded<'x> {
-    fn new(x: &'x [f32], k: usize) -> Self {
+    fn new(x: &'x [f32], k: usize, unsigned: bool) -> Self {
         Self {
             x,
             k,
             by_32: std::cell::OnceCell::new(),
             by_256: std::cell::OnceCell::new(),
+            unsigned,
         }
     }
 
@@ -1033,9 +1089,10 @@ impl<'x> Rounded<'x> {
     fn for_part(&self, part: &BlockMatrix) -> &QuantRows {
         if part.columns && part.format.is_k() {
             self.by_256
-                .get_or_init(|| QuantRows::per_256(self.x, self.k))
+                .get_or_init(|| QuantRows::per_256(self.x, self.k, self.unsigned))
         } else {
-            self.by_32.get_or_init(|| QuantRows::new(self.x, self.k))
+            self.by_32
+                .get_or_init(|| QuantRows::new(self.x, self.k, self.unsigned))
         }
     }
 }
@@ -1106,7 +1163,7 @@ unsafe fn by_columns(kernel: Kernel, share: &Share<'_>) {
     let m = rows.m;
     let group_bytes =
         part.k / part.format.block_weights() * columns::group_block_bytes(part.format);
-    let (tall, wide) = (kernel.group_rows(part.format), kernel.group_width());
+    let (tall, wide) = (kernel.group_rows(part.format), kernel.group_width(m));
     for lo in (0..m).step_by(ROW_BLOCK) {
         for c in share.outputs.clone().step_by(wide) {
             let weights = part.data[c / columns::COLUMNS * group_bytes..].as_ptr();

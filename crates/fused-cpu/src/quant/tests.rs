@@ -213,14 +213,14 @@ fn activations_round_half_to_even_as_llama_cpp_rounds_them() {
     // 127 / 127 · (±2.5, ±1.5, 0.5, 126.5, …): ties go to the even neighbour.
     let mut x = vec![0f32; 32];
     x[..8].copy_from_slice(&[127.0, 2.5, -2.5, 1.5, -1.5, 0.5, 126.5, -0.49]);
-    let rows = QuantRows::new(&x, 32);
+    let rows = QuantRows::new(&x, 32, false);
     assert_eq!(rows.q[..8], [127, 2, -2, 2, -2, 0, 126, 0]);
     for v in [0.3f32, 3.7, -100.5, 64.5, 33.49999] {
         let mut x = vec![0f32; 32];
         x[0] = 127.0;
         x[1] = v;
         assert_eq!(
-            f32::from(QuantRows::new(&x, 32).q[1]),
+            f32::from(QuantRows::new(&x, 32, false).q[1]),
             v.round_ties_even(),
             "{v}"
         );
@@ -235,13 +235,13 @@ fn rows_rounded_into_a_spare_buffer_are_those_rounded_fresh() {
     let x: Vec<f32> = (0..3 * 512).map(|_| rng.float() * 4.0).collect();
     for per_256 in [false, true] {
         let round = |x: &[f32]| match per_256 {
-            false => QuantRows::new(x, 256),
-            true => QuantRows::per_256(x, 256),
+            false => QuantRows::new(x, 256, false),
+            true => QuantRows::per_256(x, 256, false),
         };
         super::SPARE_ROWS.with(|spare| spare.borrow_mut().clear());
         let fresh = round(&x[..512]);
         let larger: Vec<f32> = (0..4 * 1024).map(|_| rng.float() * 9.0).collect();
-        QuantRows::new(&larger, 1024).recycle();
+        QuantRows::new(&larger, 1024, false).recycle();
         let reused = round(&x[..512]);
         assert!(reused.q.len() > 512, "the spare was taken");
         let blocks = 512 / 32;
@@ -265,7 +265,7 @@ fn k_format_activations_round_per_256_as_llama_cpp_rounds_them() {
             .collect();
         x[5] = max;
         x[300] = 2.5;
-        let rows = QuantRows::per_256(&x, 512);
+        let rows = QuantRows::per_256(&x, 512, false);
         let iscale = -127.0 / max;
         assert_eq!(rows.q[5], -127);
         assert_eq!(rows.scales[0], [1.0 / iscale, 0.0]);
@@ -312,10 +312,10 @@ fn the_rounded_bytes_are_as_i8s_and_odd_blocks_round_as_before() {
     x[3] = f32::NAN;
     x[40] = f32::INFINITY;
     x[41] = 2.0;
-    let rows = QuantRows::new(&x, 256);
+    let rows = QuantRows::new(&x, 256, false);
     assert_eq!((rows.q[3], rows.q[40], rows.q[41]), (0, 0, 0));
     assert_eq!((rows.q[0], rows.q[64]), (127, 127));
-    let rows = QuantRows::per_256(&x, 256);
+    let rows = QuantRows::per_256(&x, 256, false);
     assert_eq!(
         (rows.q[3], rows.q[40], rows.q[41], rows.q[0]),
         (127, 127, 0, 0)
@@ -331,11 +331,12 @@ fn a_shape_that_is_not_whole_blocks_is_refused() {
 
 #[test]
 fn the_largest_values_sum_without_overflow_in_every_kernel() {
-    // Every value byte 0xFF (each format's largest stored value) or 0x80 (Q8_0's -128), every
-    // activation at ±127: the integer sums' extremes, where a 16-bit partial sum would wrap.
+    // Every value byte 0xFF (each format's largest stored value), 0x80 (Q8_0's -128), 0x7F (its
+    // 127) or 0x00 (the others' smallest), activations at ±127: the integer sums' extremes,
+    // where a 16-bit partial sum would wrap.
     let bits = |v: Vec<f32>| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     for format in BlockFormat::ALL {
-        for byte in [0xFF, 0x80] {
+        for byte in [0xFF, 0x80, 0x7F, 0x00] {
             let mut w = random_matrix(format, 9, 512, &mut Rng(1));
             for block in w.data.chunks_exact_mut(format.block_bytes()) {
                 let fields = f16_fields(format);
@@ -345,13 +346,25 @@ fn the_largest_values_sum_without_overflow_in_every_kernel() {
                     }
                 }
             }
-            // Two rows (the register kernels) and six (AVX2's many-rows kernels).
-            for (sign, m) in [(1.0f32, 2), (-1.0, 2), (1.0, 6), (-1.0, 6)] {
-                let x = vec![sign; m * 512];
+            // Two rows (the register kernels) and six (AVX2's many-rows kernels), of ±1, and of
+            // ±1 with each block's first value the other sign: the K formats' rounding takes
+            // the value of largest magnitude to -127, so only then do the others reach +127.
+            let rows = [
+                (1.0f32, 2, false),
+                (-1.0, 2, false),
+                (1.0, 6, false),
+                (-1.0, 6, false),
+            ];
+            let mixed = [(1.0f32, 6, true), (-1.0, 6, true)];
+            for (sign, m, mixed) in rows.into_iter().chain(mixed) {
+                let x: Vec<f32> = (0..m * 512)
+                    .map(|i| if mixed && i % 32 == 0 { -sign } else { sign })
+                    .collect();
                 let portable = product(Kernel::Portable, &x, &w);
                 let wide = w.dequantize();
                 for (r, got) in portable.iter().take(9).enumerate() {
-                    let exact: f32 = wide[r * 512..][..512].iter().map(|v| v * sign).sum();
+                    let row = &wide[r * 512..][..512];
+                    let exact: f32 = row.iter().zip(&x).map(|(v, x)| v * x).sum();
                     assert!(
                         (got - exact).abs() <= 1e-3 * exact.abs().max(1.0),
                         "{format:?} {byte:#x} {sign}: output {r} {got} against {exact}"
