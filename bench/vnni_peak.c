@@ -15,7 +15,8 @@
  * vpdpbusd's time beside as many simple integer operations: what a kernel that unpacks its
  * weights can reach at best. The two q8 figures are AVX2's two ways to multiply Q8_0's bytes by
  * one activation row (a row and 32 weights each): signed (a sign, a product and a widening) and
- * by nibbles (two products).
+ * by nibbles (two products). The last AVX2 figure is a vpmaddubsw's time beside as many f32 FMAs:
+ * where they share pipes (a Zen 4), what each block's scaling costs the products.
  *
  * Build and run: cc -O2 -o vnni_peak vnni_peak.c && ./vnni_peak
  *   (a CPU without AVX-512 VNNI stops with SIGILL after the AVX2 line)
@@ -118,9 +119,9 @@ static double q8_signed_row(void) {
     return (seconds() - t) / (ROUNDS * 4.0);
 }
 
-/* The same 32 weights split into nibbles, as the many-rows kernel takes them (`body_q8_many`):
- * a vpmaddubsw and a 16-bit vpaddw per nibble, the pairs widened once per block (not timed).
- * Four rows, independent: seconds per row. */
+/* The same 32 weights split into nibbles, as the many-rows kernel takes them
+ * (columns_avx2_pair.rs `body_q8`): a vpmaddubsw and a 16-bit vpaddw per nibble, the pairs
+ * widened per four or eight runs (not timed). Four rows, independent: seconds per row. */
 static double q8_nibble_row(void) {
     double t = seconds();
     for (long k = 0; k < ROUNDS; k++)
@@ -137,6 +138,23 @@ static double q8_nibble_row(void) {
     return (seconds() - t) / (ROUNDS * 4.0);
 }
 
+/* Six vpmaddubsw and six f32 FMAs interleaved, independent: seconds per vpmaddubsw. On a Zen 4
+ * both run on the same two pipes (each alone two a cycle), so this is twice `maddubsw`: a
+ * kernel's per-block f32 scaling takes turns with its byte products. */
+static double maddubsw_beside_fma(void) {
+    double t = seconds();
+    for (long k = 0; k < ROUNDS; k++)
+        __asm__ volatile(
+            "vpmaddubsw %%ymm14, %%ymm15, %%ymm0\n\tvfmadd231ps %%ymm14, %%ymm15, %%ymm6\n\t"
+            "vpmaddubsw %%ymm14, %%ymm15, %%ymm1\n\tvfmadd231ps %%ymm14, %%ymm15, %%ymm7\n\t"
+            "vpmaddubsw %%ymm14, %%ymm15, %%ymm2\n\tvfmadd231ps %%ymm14, %%ymm15, %%ymm8\n\t"
+            "vpmaddubsw %%ymm14, %%ymm15, %%ymm3\n\tvfmadd231ps %%ymm14, %%ymm15, %%ymm9\n\t"
+            "vpmaddubsw %%ymm14, %%ymm15, %%ymm4\n\tvfmadd231ps %%ymm14, %%ymm15, %%ymm10\n\t"
+            "vpmaddubsw %%ymm14, %%ymm15, %%ymm5\n\tvfmadd231ps %%ymm14, %%ymm15, %%ymm11\n\t"::
+                : CLOBBERS);
+    return (seconds() - t) / (ROUNDS * 6.0);
+}
+
 int main(void) {
     char model[256];
     cpu_model(model, sizeof model);
@@ -147,6 +165,7 @@ int main(void) {
     double signed_row = q8_signed_row(), nibble_row = q8_nibble_row();
     printf(", \"q8_signed_row_ns\": %.3f, \"q8_nibble_row_ns\": %.3f", signed_row * 1e9,
            nibble_row * 1e9);
+    printf(", \"maddubsw_beside_fma_ns\": %.3f", maddubsw_beside_fma() * 1e9);
     fflush(stdout);
     double ymm = dpbusd_ymm(), zmm = dpbusd_zmm(), mixed = dpbusd_mixed();
     printf(", \"ymm_ns\": %.3f, \"ymm_gmacs\": %.1f, \"zmm_ns\": %.3f, \"zmm_gmacs\": %.1f, "
