@@ -314,8 +314,9 @@ unsafe fn row_sums(
     sums
 }
 
-/// `−128 · Σ value` per output over `runs` of signed values (at most 16 runs of magnitudes up
-/// to 16, or 4 up to 32): what the activations' 128 adds to each row's sums.
+/// `−128 · Σ value` per output over `runs` of values (each pair sum at most 2 · 32 in
+/// magnitude, a block's few runs far within 16 bits): what the activations' 128 adds to each
+/// row's sums.
 #[inline(always)]
 unsafe fn less_flip(runs: &[__m256i]) -> __m256i {
     let (ones, less) = (_mm256_set1_epi8(1), _mm256_set1_epi16(-128));
