@@ -6,17 +6,30 @@
 #   scripts/pubsub-emulator.sh start [HOST:PORT]   start in the background, wait until it answers
 #   scripts/pubsub-emulator.sh stop [HOST:PORT]    stop the one started from this checkout
 #   scripts/pubsub-emulator.sh run [HOST:PORT]     run in the foreground
+#   scripts/pubsub-emulator.sh pack FILE.tar.xz    the emulator for a machine without Java or gcloud
 #
-# The compiled fix and the pid/log files (one pair per port) live under .cache/emulator/.
+# The compiled fix and the pid/log files (one pair per port) live under .cache/emulator/ (or
+# $SPOTINFER_EMULATOR_DIR). A pack unpacked there (`tar xJf FILE -C .cache/emulator`) is what
+# this script then runs: its own Java runtime (jlink: the modules the emulator loads), the
+# emulator's jar cut to the packages it loads (scripts/emulator-trim.py) and the compiled fix.
+# About 20 MB, for a GPU machine that has neither (bench/gpu_job.py's job runs there).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
-state="$root/.cache/emulator"
+state="${SPOTINFER_EMULATOR_DIR:-$root/.cache/emulator}"
 mkdir -p "$state"
+# The runtime's modules: those a traced run of the emulator loaded classes from
+# (scripts/emulator-trim.py says how to trace one), with java.management for gRPC's metrics.
+jre_modules=java.base,java.logging,java.management,java.naming,java.sql,jdk.naming.dns,jdk.net,jdk.unsupported,jdk.localedata
+
+java_bin() {
+  if [ -x "$state/jre/bin/java" ]; then echo "$state/jre/bin/java"; else echo java; fi
+}
 
 find_jar() {
   local sdk
   if [ -n "${PUBSUB_EMULATOR_JAR:-}" ]; then echo "$PUBSUB_EMULATOR_JAR"; return; fi
+  if [ -f "$state/lib/emulator.jar" ]; then echo "$state/lib/emulator.jar"; return; fi
   sdk=$(gcloud info --format='value(installation.sdk_root)' 2>/dev/null || true)
   for d in "$sdk" /usr/lib/google-cloud-sdk /usr/share/google-cloud-sdk /opt/google-cloud-sdk; do
     [ -n "$d" ] || continue
@@ -66,7 +79,7 @@ cmd_line() {
   local addr=${1:-127.0.0.1:8085} jar
   jar=$(find_jar)
   build_fix "$jar"
-  echo java -cp "$state/classes:$jar" com.google.cloud.pubsub.testing.v1.Main \
+  echo "$(java_bin)" -cp "$state/classes:$jar" com.google.cloud.pubsub.testing.v1.Main \
     "--host=${addr%:*}" "--port=${addr##*:}"
 }
 
@@ -81,7 +94,27 @@ wait_ready() {
   return 1
 }
 
+# A pack: the runtime, the cut jar and the compiled fix, laid out as $state is read above.
+pack() {
+  local file=$1 jar tmp
+  jar=$(find_jar)
+  build_fix "$jar"
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' RETURN
+  jlink --add-modules "$jre_modules" --include-locales=en --strip-debug --no-header-files \
+    --no-man-pages --output "$tmp/jre"
+  strip --strip-unneeded "$tmp/jre/lib/server/libjvm.so"
+  mkdir -p "$tmp/lib"
+  python3 "$here/emulator-trim.py" cut "$jar" "$here/emulator-fix/packages.txt" "$tmp/lib/emulator.jar"
+  cp -r "$state/classes" "$state/classes.stamp" "$tmp/"
+  tar -C "$tmp" -cf - . | xz -T0 -6 >"$file"
+  echo "emulator pack: $file ($(du -h "$file" | cut -f1))"
+}
+
 case "${1:-start}" in
+  pack)
+    [ -n "${2:-}" ] || { echo "usage: $0 pack FILE.tar.xz" >&2; exit 2; }
+    pack "$2" ;;
   run)
     # shellcheck disable=SC2046
     exec $(cmd_line "${2:-}") ;;
@@ -100,5 +133,5 @@ case "${1:-start}" in
     addr=${2:-127.0.0.1:8085}
     pidf="$state/${addr##*:}.pid"
     if [ -f "$pidf" ]; then kill "$(cat "$pidf")" 2>/dev/null || true; rm -f "$pidf"; fi ;;
-  *) echo "usage: $0 start|stop|run [HOST:PORT]" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|run [HOST:PORT] | pack FILE.tar.xz" >&2; exit 2 ;;
 esac
