@@ -13,16 +13,25 @@
 # 52): its kernels, its invariance and its greedy tokens on the LLM fixtures, and its speed beside
 # transformers bf16 on random-weight SmolLM2-135M and Qwen2-0.5B shapes (bench/gpu_llm.py);
 # `--llm-only` runs that part alone; `--no-peer-speed` does not time transformers again (after a
-# change, with its figures on the same GPU in hand). Writes OUT/gpu-check.json; exits 1 if a kernel or a vector
-# check fails. Sized to finish in under 8 minutes on an H100.
+# change, with its figures on the same GPU in hand); and a 200-prompt generation job with SIGTERMs
+# mid-answer (bench/gpu_job.py) through the Pub/Sub emulator, which on a machine without Java
+# runs from a pack unpacked into .cache/emulator or `--emulator-dir` (scripts/pubsub-emulator.sh
+# pack). Writes OUT/gpu-check.json; exits 1 if a kernel, a vector or the job's answers fail.
+# Sized to finish in under 8 minutes on an H100.
+#
+# `--bundle DIR` takes the worker and the emulator from bench/gpu-bundle.sh's folder (a machine
+# with no toolchain and no Java): the CUDA libraries it links come from the Python CUDA wheels
+# there (cuBLAS, NVRTC, cuRAND, the runtime), and where no driver is found, the bundle's stub
+# libcuda.so.1 (every call answering "no device", as scripts/cuda-entrypoint.sh does).
 #
 # CI runs it with `--device cpu` on a tiny shape (2 layers, 64 wide), where the reference vectors
 # are the padded encoder's f32 ones (no PyTorch in CI) and the speeds are the CPU's, so that on a
-# GPU only GPU behaviour can fail.
+# GPU only GPU behaviour can fail; CI runs it on a bundle of the `--features cuda` build, so
+# that the binary, the emulator pack and this unpacking are the ones a GPU machine gets.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 device=cpu bin= out=${OUT:-target/gpu-check} source=${SPOTINFER_MODEL:-models/all-MiniLM-L6-v2}
-minutes=7.5 llm_only= peers=
+minutes=7.5 llm_only= peers= emulator_dir= bundle=
 while [[ $# -gt 0 ]]; do
     case $1 in
         --bin) bin=$2; shift 2 ;;
@@ -32,9 +41,43 @@ while [[ $# -gt 0 ]]; do
         --minutes) minutes=$2; shift 2 ;;
         --llm-only) llm_only=--llm-only; shift ;;
         --no-peer-speed) peers=--no-peer-speed; shift ;;
+        --emulator-dir) emulator_dir=$2; shift 2 ;;
+        --bundle) bundle=$2; shift 2 ;;
         *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
     esac
 done
+# The folders of the libraries a `--features cuda` build links, from Python's CUDA wheels (and
+# from the folders given, e.g. scripts/build-cuda.sh's toolchain).
+cuda_libs() {
+    python3 - "$@" <<'PY'
+import glob, os, sys
+want = ["libcublas.so.13", "libcublasLt.so.13", "libnvrtc.so.13", "libcudart.so.13", "libcurand.so.10"]
+found = {}
+for root in [p for p in sys.path + sys.argv[1:] if os.path.isdir(p)]:
+    for name in want:
+        hits = [] if name in found else glob.glob(os.path.join(root, "nvidia", "**", name), recursive=True)
+        if hits:
+            found[name] = os.path.dirname(hits[0])
+missing = [n for n in want if n not in found]
+if missing:
+    sys.exit("gpu-check: not found in Python's nvidia packages: " + ", ".join(missing))
+print(":".join(sorted(set(found.values()))))
+PY
+}
+if [[ -n "$bundle" ]]; then
+    mkdir -p target/bundle
+    xz -dc "$bundle/spotinfer.xz" >target/bundle/spotinfer
+    chmod +x target/bundle/spotinfer
+    bin=target/bundle/spotinfer
+    emulator_dir=target/bundle/emulator
+    rm -rf "$emulator_dir" && mkdir -p "$emulator_dir"
+    tar xJf "$bundle/emulator.tar.xz" -C "$emulator_dir"
+    libs=$(cuda_libs "${SPOTINFER_CUDA_TOOLCHAIN:-target/cuda-toolchain}/site")
+    if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 ' && [[ ! -e /usr/local/nvidia/lib64/libcuda.so.1 ]]; then
+        libs=$libs:$(cd "$bundle" && pwd)/cuda-fallback
+    fi
+    export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$libs:/usr/local/nvidia/lib64
+fi
 if [[ -z "$bin" ]]; then
     cargo build --quiet --bin spotinfer
     bin=$(scripts/cargo-bin.sh spotinfer)
@@ -55,11 +98,18 @@ if [[ $device == cuda ]]; then
     python3 bench/gpu_llm.py make "$out/smollm2-135m" smollm2-135m
     python3 bench/gpu_llm.py make "$out/qwen2-0.5b" qwen2-0.5b
     python3 bench/gpu_check.py --bin "$bin" --device cuda --out "$out" --records 20000 \
-        --minutes "$minutes" $llm_only $peers \
+        --minutes "$minutes" $llm_only $peers ${emulator_dir:+--emulator-dir "$emulator_dir"} \
         --batch-sizes 64,256 --shapes "$(IFS=,; echo "${shapes[*]}")" \
         --llm-shapes "$out/smollm2-135m,$out/qwen2-0.5b"
 else
     make tiny 2 64 2 128
+    if [[ -z $emulator_dir ]]; then
+        emulator_dir=$out/emulator
+        rm -rf "$emulator_dir" && mkdir -p "$emulator_dir"
+        scripts/pubsub-emulator.sh pack "$out/emulator.tar.xz"
+        tar xJf "$out/emulator.tar.xz" -C "$emulator_dir"
+    fi
     python3 bench/gpu_check.py --bin "$bin" --device cpu --out "$out" --records 48 \
-        --batch-sizes 16 --rounds 1 --shapes "$(IFS=,; echo "${shapes[*]}")"
+        --batch-sizes 16 --rounds 1 --shapes "$(IFS=,; echo "${shapes[*]}")" \
+        --emulator-dir "$emulator_dir"
 fi

@@ -37,6 +37,13 @@ bench/gpu-check.sh makes the shapes and calls it.
 8. the default decoder: `spotinfer bench` on the first generation shape without `--backend`,
    8 records of which 4 are constrained by a regular expression: the paged decoder must load
    on CUDA (the CPU decoder on the CPU), and no record may be refused.
+9. a generation job with SIGTERMs mid-answer (bench/gpu_job.py): the first generation shape
+   answers 200 prompts of up to 128 new tokens (on the CPU: the fixture Llama on the paged
+   decoder, 24 of up to 256) through the worker, the Pub/Sub emulator and SQLite, once
+   uninterrupted and once with workers SIGTERMed mid-answer; every answer must be the
+   uninterrupted one and at least one must have resumed from a checkpoint. On a machine
+   without Java the emulator runs from an unpacked `scripts/pubsub-emulator.sh pack`
+   (`--emulator-dir`); where none starts, the job is unmeasured.
 Writes OUT/gpu-check.json with the issue's targets, each met, missed or unmeasured.
 """
 import argparse
@@ -292,6 +299,35 @@ def default_decoder(args, shape):
     return row, failures
 
 
+def sigterm_job(args, shape):
+    """Step 9: bench/gpu_job.py on `shape`, its report and the check's failures from it."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_job.py")
+    cuda = args.device == "cuda"
+    cmd = [sys.executable, script, "--bin", args.bin, "--model", shape, "--device", args.device,
+           "--out", os.path.join(args.out, "job")]
+    # On CUDA the default backend (the paged decoder, what a worker loads there); on the CPU the
+    # paged decoder asked for, on the fixture, with answers long enough to be cut.
+    cmd += (["--prompts", "200", "--new-tokens", "128", "--batch-size", "64",
+             "--max-batch-tokens", "131072"] if cuda else
+            ["--backend", "paged", "--prompts", "24", "--new-tokens", "256", "--batch-size", "8"])
+    if args.emulator_dir:
+        cmd += ["--emulator-dir", args.emulator_dir]
+    row = {"model": os.path.basename(shape.rstrip("/"))}
+    if time.monotonic() - STARTED > args.minutes * 60:
+        return dict(row, unmeasured="past the check's time"), []
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return dict(row, hung="bench/gpu_job.py ran past 300 s"), ["sigterm job: hung"]
+    last = out.stdout.strip().splitlines()[-1:] or [""]
+    if out.returncode == 3:  # no emulator here: a pack was not carried
+        return dict(row, **json.loads(last[0])), []
+    if not last[0].startswith("{"):
+        return dict(row, error=out.stderr[-1500:]), ["sigterm job: " + out.stderr[-300:]]
+    row.update(json.loads(last[0]))
+    return row, [f"sigterm job: {f}" for f in row["failures"]]
+
+
 def agreement(args, shapes):
     """The paged decoder's teacher-forced greedy choices against another engine's, per shape: on
     a GPU against transformers bf16 on the same GPU (16 prompts, 64 tokens each, bench/gpu_llm.py
@@ -406,6 +442,13 @@ def targets(report):
             floor = floors[row["model"]]
             out.append((f"{row['model']} batch 256: paged decoder >= {floor:,} generated tokens/s",
                         got, None if got is None else got >= floor))
+    job = report.get("sigterm_job")
+    if job is not None:
+        figure = None if "resumed" not in job else (
+            f"{job['answers'] - job['differing']} of {job['prompts']} answers equal, "
+            f"{job['resumed_equal']} of {job['resumed']} resumed")
+        out.append((f"{job['model']}: a job with SIGTERMs mid-answer, every answer the "
+                    f"uninterrupted one", figure, None if figure is None else not job["failures"]))
     for name, v in report["vectors"].items():
         for side in ["unpadded_f16", "unpadded-graphs_f16"]:
             if side in v:
@@ -428,6 +471,8 @@ def main():
                    help="generation model folders for the paged decoder's speed")
     p.add_argument("--llm-only", action="store_true",
                    help="the paged decoder's steps alone (4, 6, 7, 8): no encoder or image tower")
+    p.add_argument("--emulator-dir", default=None,
+                   help="an unpacked `scripts/pubsub-emulator.sh pack` for step 9's emulator")
     p.add_argument("--no-peer-speed", action="store_true",
                    help="transformers' generation speed not measured again (after a change, with "
                         "its figures on the same GPU in hand); the agreement still runs")
@@ -485,6 +530,9 @@ def main():
     report["agreement"] = agreement(args, llm_shapes)
     report["default_decoder"], failed = default_decoder(args, llm_shapes[0])
     print(f"default decoder: {json.dumps(report['default_decoder'])}", flush=True)
+    failures += failed
+    report["sigterm_job"], failed = sigterm_job(args, llm_shapes[0])
+    print(f"sigterm job: {json.dumps(report['sigterm_job'])}", flush=True)
     failures += failed
     for row in report["agreement"]:
         if args.device == "cpu" and row.get("agree") != row.get("total"):
