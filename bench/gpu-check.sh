@@ -46,21 +46,23 @@ while [[ $# -gt 0 ]]; do
         *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
     esac
 done
-# The folders of the libraries a `--features cuda` build links, from Python's CUDA wheels (and
-# from the folders given, e.g. scripts/build-cuda.sh's toolchain).
+# The folders of the libraries a `--features cuda` build links: from Python's CUDA wheels, from
+# the folders given (e.g. scripts/build-cuda.sh's toolchain), else from a CUDA install.
 cuda_libs() {
     python3 - "$@" <<'PY'
 import glob, os, sys
 want = ["libcublas.so.13", "libcublasLt.so.13", "libnvrtc.so.13", "libcudart.so.13", "libcurand.so.10"]
+patterns = [os.path.join(p, "nvidia", "**") for p in sys.path + sys.argv[1:] if os.path.isdir(p)]
+patterns += ["/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib"]
 found = {}
-for root in [p for p in sys.path + sys.argv[1:] if os.path.isdir(p)]:
+for pattern in patterns:
     for name in want:
-        hits = [] if name in found else glob.glob(os.path.join(root, "nvidia", "**", name), recursive=True)
+        hits = [] if name in found else glob.glob(os.path.join(pattern, name), recursive=True)
         if hits:
             found[name] = os.path.dirname(hits[0])
 missing = [n for n in want if n not in found]
 if missing:
-    sys.exit("gpu-check: not found in Python's nvidia packages: " + ", ".join(missing))
+    sys.exit("gpu-check: not found in Python's nvidia packages or /usr/local/cuda: " + ", ".join(missing))
 print(":".join(sorted(set(found.values()))))
 PY
 }

@@ -104,6 +104,9 @@ pack() {
   jlink --add-modules "$jre_modules" --include-locales=en --strip-debug --no-header-files \
     --no-man-pages --output "$tmp/jre"
   strip --strip-unneeded "$tmp/jre/lib/server/libjvm.so"
+  # zlib, the one library the runtime needs beyond glibc's and the C++ runtime's: its libraries
+  # look for it beside themselves ($ORIGIN) first, so the pack does not depend on the machine's.
+  cp -L "$(ldconfig -p | awk '/libz\.so\.1 .*x86-64/ {print $NF; exit}')" "$tmp/jre/lib/libz.so.1"
   mkdir -p "$tmp/lib"
   python3 "$here/emulator-trim.py" cut "$jar" "$here/emulator-fix/packages.txt" "$tmp/lib/emulator.jar"
   cp -r "$state/classes" "$state/classes.stamp" "$tmp/"
