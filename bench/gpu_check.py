@@ -20,7 +20,8 @@ bench/gpu-check.sh makes the shapes and calls it.
    Qwen2-0.5B shapes, and one sequence's outputs read whole, in chunks and decoded beside others
    on the device itself (bit for bit); the paged decoder on the repository's random-weight
    Llama, Qwen2 and Qwen3 fixtures in f32 on the device: greedy tokens against transformers'
-   (models.json), and each prompt's first logits alone, batched and chunked (bit for bit).
+   (models.json), and 64 prompts' logits, and the next step's, alone against the same in one
+   batch and in chunks of 17 (bit for bit).
 5. speed: the default path (`--backend candle`), `--backend unpadded`, `--backend
    unpadded-graphs` and, on a GPU,
    sentence-transformers fp16, alternated, medians of tokens/s and the GPU's busy share

@@ -355,94 +355,26 @@ fn invariance(device: &Device, layout: RowLayout, dtype: DType, name: &str) -> R
 /// The paged decoder on `device` over the fixture families of `fixtures` (tests/fixtures/llm:
 /// random-weight Llama, Qwen2 and Qwen3 folders and transformers' greedy tokens for twelve
 /// prompts each in `models.json`), in f32: its greedy tokens against transformers' (the share
-/// that differ; bar: none), and every prompt's logits read alone against the same read in
-/// chunks of 17 and in one batch with the others (bar: none of difference).
+/// that differ; bar: none), and [`decoder_invariance`]: 64 prompts' logits, and the next step's, read
+/// alone against the same read in one batch and in chunks (bar: none of difference).
 pub fn check_decoders(device: &Device, fixtures: &std::path::Path) -> Result<Vec<KernelCheck>> {
-    use super::super::argmax;
     use super::super::load::FolderWeights;
     use super::decoder::PagedDecoder;
     let text = std::fs::read_to_string(fixtures.join("models.json"))?;
     let refs: serde_json::Value = serde_json::from_str(&text).map_err(candle_core::Error::wrap)?;
-    let ids = |v: &serde_json::Value| -> Vec<u32> {
-        v.as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|x| x.as_u64())
-                    .map(|x| x as u32)
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
     let mut checks = vec![];
     for name in ["llama", "qwen2", "qwen3"] {
         let dir = fixtures.join("models").join(name);
         let (_, dims, mut weights) = FolderWeights::open(&dir).map_err(candle_core::Error::wrap)?;
-        let model = PagedDecoder::load(dims, device, DType::F32, 8192, |n, s| weights.read(n, s))?;
+        let model =
+            PagedDecoder::load(dims, device, DType::F32, 16_384, |n, s| weights.read(n, s))?;
         let cases = refs["models"][name].as_array().cloned().unwrap_or_default();
-        let prompts: Vec<Vec<u32>> = cases.iter().map(|c| ids(&c["prompt_ids"])).collect();
-        // Greedy, alone, whole prompts; and the first step's logits three ways.
-        let (mut differ, mut total, mut worst) = (0usize, 0usize, 0f32);
-        let first = |feeds: &[(u64, &[u32])], chunk: usize| -> Result<Vec<Vec<f32>>> {
-            for (seq, p) in feeds {
-                model
-                    .admit(*seq, p.len() + 1)
-                    .map_err(candle_core::Error::wrap)?;
-            }
-            let mut out = vec![];
-            if chunk == usize::MAX {
-                out = model.forward(feeds, false)?;
-            } else {
-                for (seq, p) in feeds {
-                    let mut last = vec![];
-                    for part in p.chunks(chunk) {
-                        last = model.forward(&[(*seq, part)], false)?;
-                    }
-                    out.extend(last);
-                }
-            }
-            for (seq, _) in feeds {
-                model.release(*seq);
-            }
-            Ok(out)
-        };
-        let mut seq = 0u64;
-        for (case, prompt) in cases.iter().zip(&prompts) {
-            let want = ids(&case["greedy"]);
-            seq += 1;
-            model
-                .admit(seq, prompt.len() + want.len())
-                .map_err(candle_core::Error::wrap)?;
-            let mut logits = model
-                .forward(&[(seq, prompt.as_slice())], false)?
-                .swap_remove(0);
-            for (i, &w) in want.iter().enumerate() {
-                let t = argmax(&logits);
-                differ += usize::from(t != w);
-                total += 1;
-                if i + 1 < want.len() {
-                    logits = model.forward(&[(seq, &[t])], false)?.swap_remove(0);
-                }
-            }
-            model.release(seq);
+        let prompts: Vec<Vec<u32>> = cases.iter().map(|c| token_ids(&c["prompt_ids"])).collect();
+        if prompts.iter().all(|p| p.is_empty()) {
+            candle_core::bail!("{}: no prompts for {name}", fixtures.display());
         }
-        let feeds: Vec<(u64, &[u32])> = prompts
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (1000 + i as u64, p.as_slice()))
-            .collect();
-        let batched = first(&feeds, usize::MAX)?;
-        let chunked = first(&feeds, 17)?;
-        for (i, p) in prompts.iter().enumerate() {
-            let alone = first(&[(2000 + i as u64, p.as_slice())], usize::MAX)?;
-            for other in [&batched[i], &chunked[i]] {
-                let d = alone[0]
-                    .iter()
-                    .zip(other)
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0f32, f32::max);
-                worst = worst.max(d);
-            }
-        }
+        let (differ, total) = greedy_against(&model, &cases, &prompts)?;
+        let worst = decoder_invariance(&model, &prompts)?;
         let share = differ as f32 / total.max(1) as f32;
         checks.push(KernelCheck {
             op: "paged-decoder-greedy".into(),
@@ -458,8 +390,8 @@ pub fn check_decoders(device: &Device, fixtures: &std::path::Path) -> Result<Vec
         checks.push(KernelCheck {
             op: "paged-decoder-invariance".into(),
             shape: format!(
-                "{name}: first logits alone, in a batch of {}, in chunks of 17",
-                prompts.len()
+                "{name}: {INVARIANCE_BATCH} prompts' logits alone, batched, in chunks of 17, and \
+                 after a decode step"
             ),
             dtype: "f32".into(),
             largest_difference: worst,
@@ -468,6 +400,131 @@ pub fn check_decoders(device: &Device, fixtures: &std::path::Path) -> Result<Vec
         });
     }
     Ok(checks)
+}
+
+/// How many sequences the decoder invariance check reads at once: the issue's "a sequence alone
+/// against the same in a batch of 64".
+const INVARIANCE_BATCH: usize = 64;
+
+/// Each fixture case's prompt decoded greedily alone, its tokens against transformers' (the
+/// case's `greedy`): how many differ, of how many.
+fn greedy_against(
+    model: &super::decoder::PagedDecoder,
+    cases: &[serde_json::Value],
+    prompts: &[Vec<u32>],
+) -> Result<(usize, usize)> {
+    let (mut differ, mut total) = (0usize, 0usize);
+    for (i, (case, prompt)) in cases.iter().zip(prompts).enumerate() {
+        let want = token_ids(&case["greedy"]);
+        let seq = 1 + i as u64;
+        model
+            .admit(seq, prompt.len() + want.len())
+            .map_err(candle_core::Error::wrap)?;
+        let mut logits = model
+            .forward(&[(seq, prompt.as_slice())], false)?
+            .swap_remove(0);
+        for (i, &w) in want.iter().enumerate() {
+            let t = super::super::argmax(&logits);
+            differ += usize::from(t != w);
+            total += 1;
+            if i + 1 < want.len() {
+                logits = model.forward(&[(seq, &[t])], false)?.swap_remove(0);
+            }
+        }
+        model.release(seq);
+    }
+    Ok((differ, total))
+}
+
+/// [`INVARIANCE_BATCH`] prompts made from the fixture's (each one's first `i / n` tokens left
+/// out, so that no two are the same), each read alone, all in one batch, and each in chunks of
+/// 17; then each sequence's greedy token decoded, alone and all in one step. The largest
+/// difference of any logit from the same read alone (the bar is none).
+fn decoder_invariance(model: &super::decoder::PagedDecoder, prompts: &[Vec<u32>]) -> Result<f32> {
+    let n = prompts.len().max(1);
+    let many: Vec<&[u32]> = (0..INVARIANCE_BATCH)
+        .map(|i| {
+            let p = &prompts[i % n];
+            &p[(i / n).min(p.len().saturating_sub(1))..]
+        })
+        .collect();
+    let feeds: Vec<(u64, &[u32])> = many
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (1000 + i as u64, *p))
+        .collect();
+    let batched = read_twice(model, &feeds, usize::MAX)?;
+    let chunked = read_twice(model, &feeds, 17)?;
+    let mut worst = 0f32;
+    for (i, p) in many.iter().enumerate() {
+        let alone = read_twice(model, &[(5000 + i as u64, *p)], usize::MAX)?;
+        for other in [&batched, &chunked] {
+            let pairs = [
+                (&alone.prompt[0], &other.prompt[i]),
+                (&alone.decoded[0], &other.decoded[i]),
+            ];
+            for (a, b) in pairs {
+                let d = a.iter().zip(b).map(|(a, b)| (a - b).abs());
+                worst = worst.max(d.fold(0f32, f32::max));
+            }
+        }
+    }
+    Ok(worst)
+}
+
+/// Each sequence's logits after its prompt and after one more step (its greedy token decoded).
+struct TwoSteps {
+    prompt: Vec<Vec<f32>>,
+    decoded: Vec<Vec<f32>>,
+}
+
+/// [`TwoSteps`] of `feeds`, their prompts read together (`chunk` MAX) or one after another in
+/// chunks of `chunk`, and their decode step taken together.
+fn read_twice(
+    model: &super::decoder::PagedDecoder,
+    feeds: &[(u64, &[u32])],
+    chunk: usize,
+) -> Result<TwoSteps> {
+    for (seq, p) in feeds {
+        model
+            .admit(*seq, p.len() + 1)
+            .map_err(candle_core::Error::wrap)?;
+    }
+    let mut prompt = vec![];
+    if chunk == usize::MAX {
+        prompt = model.forward(feeds, false)?;
+    } else {
+        for (seq, p) in feeds {
+            let mut last = vec![];
+            for part in p.chunks(chunk) {
+                last = model.forward(&[(*seq, part)], false)?;
+            }
+            prompt.extend(last);
+        }
+    }
+    let next: Vec<[u32; 1]> = prompt.iter().map(|l| [super::super::argmax(l)]).collect();
+    let steps: Vec<(u64, &[u32])> = feeds
+        .iter()
+        .zip(&next)
+        .map(|((s, _), t)| (*s, &t[..]))
+        .collect();
+    let decoded = model.forward(&steps, false)?;
+    for (seq, _) in feeds {
+        model.release(*seq);
+    }
+    Ok(TwoSteps { prompt, decoded })
+}
+
+/// A JSON array of token ids.
+fn token_ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_u64())
+                .map(|x| x as u32)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -690,9 +690,9 @@ mod tests {
     }
 
     /// Greedy tokens equal transformers' `generate(do_sample=False)` in f32 on the random-weight
-    /// Llama, Qwen2 (biases) and Qwen3 (head norms) fixtures, twelve prompts each, and each
-    /// prompt's first logits are the same alone, batched and chunked: the GPU check's decoder
-    /// rows (`check::check_decoders`), on candle's CPU backend.
+    /// Llama, Qwen2 (biases) and Qwen3 (head norms) fixtures, twelve prompts each, and 64
+    /// prompts' logits and the next step's are the same alone, in one batch and chunked: the
+    /// GPU check's decoder rows (`check::check_decoders`), on candle's CPU backend.
     #[test]
     fn greedy_tokens_equal_transformers_for_every_family() {
         let checks = super::super::check::check_decoders(&Device::Cpu, &fixtures()).unwrap();
