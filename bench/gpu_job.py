@@ -44,14 +44,11 @@ WAIT_S = 600
 
 
 def prompts(path, n, new_tokens):
-    """The job's records: gpu_llm's numbered conversations, some sampled, lengths varied."""
-    gpu_llm.prompts(path, n)
-    records = [json.loads(line) for line in open(path)]
+    """The job's records: gpu_llm's numbered conversations, every third sampled, lengths varied."""
+    records = gpu_llm.records(n, sampled=lambda i: i % 3 == 2)
+    low = max(1, new_tokens // 4)
     for i, r in enumerate(records):
-        low = max(1, new_tokens // 4)
         r["max_new_tokens"] = low + (i * 29) % (new_tokens - low + 1)
-        if i % 3 == 2:
-            r.update(temperature=0.8, top_p=0.95, top_k=50, seed=i)
     with open(path, "w") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
@@ -91,28 +88,33 @@ class Job:
         return subprocess.Popen([self.args.bin, "work", *extra], env=self.env,
                                 stdout=self.log, stderr=subprocess.STDOUT)
 
+    def query(self, sql):
+        """The rows of `sql` on the job's database, read-only (a worker may be writing)."""
+        c = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
+        try:
+            return c.execute(sql).fetchall()
+        finally:
+            c.close()
+
     def done(self):
         """Answers committed, read from the database itself: a poll that spawned `status`
         lagged a CPU worker by a batch."""
         if not self.db.exists():
             return 0
-        with sqlite3.connect(f"file:{self.db}?mode=ro", uri=True) as c:
-            return c.execute("SELECT COUNT(*) FROM predictions").fetchone()[0]
+        return self.query("SELECT COUNT(*) FROM predictions")[0][0]
 
     def period(self):
         """The median time between the worker's commits of answers (commits within 0.1 s of
         each other counted as one): about the time a batch takes to answer."""
-        with sqlite3.connect(f"file:{self.db}?mode=ro", uri=True) as c:
-            times = [datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp()
-                     for (t,) in c.execute("SELECT processed_at FROM predictions ORDER BY 1")]
+        times = [datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp()
+                 for (t,) in self.query("SELECT processed_at FROM predictions ORDER BY 1")]
         starts = [t for i, t in enumerate(times) if i == 0 or t - times[i - 1] > 0.1]
         gaps = [b - a for a, b in zip(starts, starts[1:])]
         return statistics.median(gaps) if gaps else 0.5
 
     def checkpoints(self):
         """The record ids with a checkpoint, and the tokens the checkpoints hold."""
-        with sqlite3.connect(self.db) as c:
-            rows = c.execute("SELECT record_id, length(tokens) / 4 FROM generation_checkpoints").fetchall()
+        rows = self.query("SELECT record_id, length(tokens) / 4 FROM generation_checkpoints")
         return {r for r, _ in rows}, sum(t for _, t in rows)
 
     def finish(self, timeout):

@@ -51,15 +51,27 @@ def make(out, shape):
         shutil.copy(source / f, Path(out) / f)
 
 
-def prompts(out, n, sampled=False):
+# What a sampled prompt asks for (besides its seed, its number).
+SAMPLED = dict(temperature=0.8, top_p=0.95, top_k=50)
+
+
+def records(n, sampled=lambda i: False):
+    """N chat records, the fixtures' conversations numbered; record i sampled if `sampled(i)`."""
     cases = [c for m in json.load(open(FIXTURES / "models.json"))["models"].values() for c in m]
+    out = []
+    for i in range(n):
+        messages = [dict(m) for m in cases[i % len(cases)]["messages"]]
+        messages[-1]["content"] = f"{i}. {messages[-1]['content']}"
+        record = {"id": f"p{i:04}", "messages": messages}
+        if sampled(i):
+            record.update(SAMPLED, seed=i)
+        out.append(record)
+    return out
+
+
+def prompts(out, n, sampled=False):
     with open(out, "w") as f:
-        for i in range(n):
-            messages = [dict(m) for m in cases[i % len(cases)]["messages"]]
-            messages[-1]["content"] = f"{i}. {messages[-1]['content']}"
-            record = {"id": f"p{i:04}", "messages": messages}
-            if sampled:
-                record.update(temperature=0.8, top_p=0.95, top_k=50, seed=i)
+        for record in records(n, lambda i: sampled):
             f.write(json.dumps(record) + "\n")
 
 
