@@ -21,8 +21,9 @@
 #
 # `--bundle DIR` takes the worker and the emulator from bench/gpu-bundle.sh's folder (a machine
 # with no toolchain and no Java): the CUDA libraries it links come from the Python CUDA wheels
-# there (cuBLAS, NVRTC, cuRAND, the runtime), and where no driver is found, the bundle's stub
-# libcuda.so.1 (every call answering "no device", as scripts/cuda-entrypoint.sh does).
+# there (cuBLAS, NVRTC, cuRAND, the runtime), and the worker runs through
+# scripts/cuda-entrypoint.sh, which takes the bundle's stub libcuda.so.1 (every call answering
+# "no device") only where no driver is found. Without a bundle the emulator is the installed one.
 #
 # CI runs it with `--device cpu` on a tiny shape (2 layers, 64 wide), where the reference vectors
 # are the padded encoder's f32 ones (no PyTorch in CI) and the speeds are the CPU's, so that on a
@@ -70,15 +71,16 @@ if [[ -n "$bundle" ]]; then
     mkdir -p target/bundle
     xz -dc "$bundle/spotinfer.xz" >target/bundle/spotinfer
     chmod +x target/bundle/spotinfer
-    bin=target/bundle/spotinfer
     emulator_dir=target/bundle/emulator
     rm -rf "$emulator_dir" && mkdir -p "$emulator_dir"
     tar xJf "$bundle/emulator.tar.xz" -C "$emulator_dir"
     libs=$(cuda_libs "${SPOTINFER_CUDA_TOOLCHAIN:-target/cuda-toolchain}/site")
-    if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 ' && [[ ! -e /usr/local/nvidia/lib64/libcuda.so.1 ]]; then
-        libs=$libs:$(cd "$bundle" && pwd)/cuda-fallback
-    fi
     export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$libs:/usr/local/nvidia/lib64
+    # Run as the CUDA image runs it: the entry point puts the stub driver on the path only
+    # where it finds no driver.
+    export SPOTINFER_BIN=$PWD/target/bundle/spotinfer
+    export SPOTINFER_CUDA_FALLBACK_DIR=$(cd "$bundle" && pwd)/cuda-fallback
+    bin=$PWD/scripts/cuda-entrypoint.sh
 fi
 if [[ -z "$bin" ]]; then
     cargo build --quiet --bin spotinfer
@@ -105,13 +107,7 @@ if [[ $device == cuda ]]; then
         --llm-shapes "$out/smollm2-135m,$out/qwen2-0.5b"
 else
     make tiny 2 64 2 128
-    if [[ -z $emulator_dir ]]; then
-        emulator_dir=$out/emulator
-        rm -rf "$emulator_dir" && mkdir -p "$emulator_dir"
-        scripts/pubsub-emulator.sh pack "$out/emulator.tar.xz"
-        tar xJf "$out/emulator.tar.xz" -C "$emulator_dir"
-    fi
     python3 bench/gpu_check.py --bin "$bin" --device cpu --out "$out" --records 48 \
         --batch-sizes 16 --rounds 1 --shapes "$(IFS=,; echo "${shapes[*]}")" \
-        --emulator-dir "$emulator_dir"
+        ${emulator_dir:+--emulator-dir "$emulator_dir"}
 fi
