@@ -355,8 +355,9 @@ fn invariance(device: &Device, layout: RowLayout, dtype: DType, name: &str) -> R
 /// The paged decoder on `device` over the fixture families of `fixtures` (tests/fixtures/llm:
 /// random-weight Llama, Qwen2 and Qwen3 folders and transformers' greedy tokens for twelve
 /// prompts each in `models.json`), in f32: its greedy tokens against transformers' (the share
-/// that differ; bar: none), and [`decoder_invariance`]: 64 prompts' logits, and the next step's, read
-/// alone against the same read in one batch and in chunks (bar: none of difference).
+/// that differ; bar: none), and [`decoder_invariance`]: 64 prompts' logits, and the next
+/// step's, read alone against the same read in one batch and in chunks (bar: none of
+/// difference).
 pub fn check_decoders(device: &Device, fixtures: &std::path::Path) -> Result<Vec<KernelCheck>> {
     use super::super::load::FolderWeights;
     use super::decoder::PagedDecoder;
@@ -370,8 +371,11 @@ pub fn check_decoders(device: &Device, fixtures: &std::path::Path) -> Result<Vec
             PagedDecoder::load(dims, device, DType::F32, 16_384, |n, s| weights.read(n, s))?;
         let cases = refs["models"][name].as_array().cloned().unwrap_or_default();
         let prompts: Vec<Vec<u32>> = cases.iter().map(|c| token_ids(&c["prompt_ids"])).collect();
-        if prompts.iter().all(|p| p.is_empty()) {
-            candle_core::bail!("{}: no prompts for {name}", fixtures.display());
+        if prompts.is_empty() || prompts.iter().any(|p| p.is_empty()) {
+            candle_core::bail!(
+                "{}: {name} has no prompts or an empty one",
+                fixtures.display()
+            );
         }
         let (differ, total) = greedy_against(&model, &cases, &prompts)?;
         let worst = decoder_invariance(&model, &prompts)?;
